@@ -1,0 +1,30 @@
+# The two commands: `make run` (a demo on the embedded defaults) and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: install run test bench lint format clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+install: $(BIN)/.installed
+
+run: install
+	./scripts/run.sh
+
+test: install
+	./scripts/test.sh
+
+bench: install
+	./scripts/bench.sh
+
+format: install
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) var/static var/bench

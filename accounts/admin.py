@@ -1,0 +1,69 @@
+from django.contrib import admin
+
+from accounts.models import ApiKey, Customer, Membership
+
+
+class MembershipInline(admin.TabularInline):
+    model = Membership
+    extra = 0
+    autocomplete_fields = ["user"]
+
+
+@admin.register(Customer)
+class CustomerAdmin(admin.ModelAdmin):
+    list_display = ["slug", "name", "tier", "created_at"]
+    list_filter = ["tier"]
+    search_fields = ["slug", "name"]
+    prepopulated_fields = {"slug": ["name"]}
+    inlines = [MembershipInline]
+
+
+@admin.register(Membership)
+class MembershipAdmin(admin.ModelAdmin):
+    list_display = ["user", "customer", "role", "created_at"]
+    list_filter = ["role"]
+    search_fields = ["user__username", "customer__slug", "customer__name"]
+    autocomplete_fields = ["user", "customer"]
+    list_select_related = ["user", "customer"]
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(admin.ModelAdmin):
+    """Keys are created with `create_api_key` or the API, which show the secret once;
+    the admin only reads and revokes them."""
+
+    list_display = [
+        "prefix",
+        "name",
+        "customer",
+        "service_name",
+        "created_at",
+        "expires_at",
+        "revoked_at",
+        "last_used_at",
+    ]
+    list_filter = ["service_name", "revoked_at", "expires_at"]
+    search_fields = ["prefix", "name", "customer__slug", "service_name"]
+    list_select_related = ["customer"]
+    readonly_fields = [
+        "prefix",
+        "secret_sha256",
+        "customer",
+        "service_name",
+        "created_at",
+        "created_by",
+        "last_used_at",
+    ]
+    fields = [*readonly_fields, "name", "scopes", "expires_at", "revoked_at"]
+    actions = ["revoke_selected"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    @admin.action(description="Revoke the selected keys")
+    def revoke_selected(self, request, queryset):
+        from accounts.services import api_key_revoke
+
+        for api_key in queryset:
+            api_key_revoke(api_key=api_key)
+        self.message_user(request, f"Revoked {queryset.count()} key(s).")

@@ -1,0 +1,91 @@
+from datetime import timedelta
+
+from django.utils import timezone
+from rest_framework import serializers
+
+from accounts import scopes as S
+from accounts.models import ApiKey, Customer
+
+
+class CustomerSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Customer
+        fields = ["id", "name", "slug", "tier", "created_at"]
+        read_only_fields = ["id", "created_at"]
+
+
+class ApiKeySerializer(serializers.ModelSerializer):
+    customer = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    is_active = serializers.SerializerMethodField()
+
+    class Meta:
+        model = ApiKey
+        fields = [
+            "id",
+            "name",
+            "prefix",
+            "customer",
+            "service_name",
+            "scopes",
+            "created_at",
+            "expires_at",
+            "revoked_at",
+            "last_used_at",
+            "is_active",
+        ]
+        read_only_fields = fields
+
+    def get_is_active(self, api_key: ApiKey) -> bool:
+        now = timezone.now()
+        return api_key.revoked_at is None and (
+            api_key.expires_at is None or api_key.expires_at > now
+        )
+
+
+class ApiKeyCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=200)
+    customer = serializers.SlugRelatedField(
+        slug_field="slug", queryset=Customer.objects.all(), required=False, allow_null=True
+    )
+    service_name = serializers.SlugField(max_length=100, required=False, allow_blank=True)
+    scopes = serializers.ListField(
+        child=serializers.ChoiceField(choices=S.ALL_SCOPES), required=False, allow_empty=False
+    )
+    expires_in_days = serializers.IntegerField(
+        required=False, allow_null=True, min_value=1, max_value=3650
+    )
+
+    def validate(self, attrs):
+        if bool(attrs.get("customer")) == bool(attrs.get("service_name")):
+            raise serializers.ValidationError(
+                {"customer": ["Give exactly one of customer (a slug) or service_name."]}
+            )
+        return attrs
+
+    def expires_at(self):
+        days = self.validated_data.get("expires_in_days")
+        return timezone.now() + timedelta(days=days) if days else None
+
+
+class ApiKeyCreatedSerializer(ApiKeySerializer):
+    key = serializers.CharField(help_text="The key, shown this once: `prefix.secret`.")
+
+    class Meta(ApiKeySerializer.Meta):
+        fields = [*ApiKeySerializer.Meta.fields, "key"]
+        read_only_fields = fields
+
+
+class MeMembershipSerializer(serializers.Serializer):
+    customer = serializers.CharField()
+    role = serializers.CharField()
+
+
+class MeSerializer(serializers.Serializer):
+    kind = serializers.ChoiceField(choices=["user", "api_key"])
+    username = serializers.CharField(allow_null=True)
+    is_planner = serializers.BooleanField()
+    is_service = serializers.BooleanField()
+    service_name = serializers.CharField(allow_blank=True)
+    api_key_prefix = serializers.CharField(allow_null=True)
+    scopes = serializers.ListField(child=serializers.CharField())
+    customers = MeMembershipSerializer(many=True)

@@ -1,0 +1,159 @@
+from django_filters import rest_framework as filters
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import NotFound, PermissionDenied
+from rest_framework.permissions import SAFE_METHODS, BasePermission
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from accounts import selectors, services
+from accounts.api.serializers import (
+    ApiKeyCreatedSerializer,
+    ApiKeyCreateSerializer,
+    ApiKeySerializer,
+    CustomerSerializer,
+    MeSerializer,
+)
+from accounts.models import ApiKey, Customer
+from accounts.principals import principal_of
+
+
+class CustomerPermission(BasePermission):
+    message = "Only planners or a service key with the customers:write scope manage customers."
+
+    def has_permission(self, request, view) -> bool:
+        principal = principal_of(request)
+        if request.method in SAFE_METHODS:
+            return principal.has_scope("read")
+        return principal.is_planner or (
+            principal.is_service and principal.has_scope("customers:write")
+        )
+
+
+class CustomerFilter(filters.FilterSet):
+    class Meta:
+        model = Customer
+        fields = {"tier": ["exact"], "slug": ["exact"], "created_at": ["gte", "lte"]}
+
+
+class CustomerViewSet(viewsets.ModelViewSet):
+    """Customers (tenants). Planners manage them; a customer sees only itself."""
+
+    serializer_class = CustomerSerializer
+    permission_classes = [CustomerPermission]
+    lookup_field = "slug"
+    filterset_class = CustomerFilter
+    search_fields = ["name", "slug"]
+    ordering_fields = ["slug", "name", "created_at"]
+
+    def get_queryset(self):
+        return selectors.customers_visible_to(principal_of(self.request))
+
+    def perform_create(self, serializer):
+        serializer.instance = services.customer_create(**serializer.validated_data)
+
+
+class ApiKeyFilter(filters.FilterSet):
+    customer = filters.CharFilter(field_name="customer__slug")
+    revoked = filters.BooleanFilter(field_name="revoked_at", lookup_expr="isnull", exclude=True)
+
+    class Meta:
+        model = ApiKey
+        fields = ["customer", "service_name", "revoked"]
+
+
+class ApiKeyViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    viewsets.GenericViewSet,
+):
+    """API keys. The secret is returned once, by create, and never again.
+
+    Planners manage every key; a customer's owners and members (and its keys with the
+    `write` scope) list, create and revoke that customer's keys.
+    """
+
+    serializer_class = ApiKeySerializer
+    filterset_class = ApiKeyFilter
+    search_fields = ["name", "prefix", "service_name"]
+    ordering_fields = ["created_at", "last_used_at", "name"]
+
+    def get_queryset(self):
+        return selectors.api_keys_visible_to(principal_of(self.request))
+
+    @extend_schema(request=ApiKeyCreateSerializer, responses={201: ApiKeyCreatedSerializer})
+    def create(self, request, *args, **kwargs):
+        principal = principal_of(request)
+        serializer = ApiKeyCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        customer = serializer.validated_data.get("customer")
+        if customer is not None:
+            if not principal.can_see_customer(customer.pk):
+                # Another tenant's slug reads exactly like an unknown one.
+                raise NotFound("No such customer.")
+            if not principal.can_manage_customer_keys(customer.pk):
+                raise PermissionDenied("You may not create keys for this customer.")
+        elif not principal.is_planner:
+            raise PermissionDenied("Only planners create service keys.")
+        created = services.api_key_create(
+            name=serializer.validated_data["name"],
+            customer=customer,
+            service_name=serializer.validated_data.get("service_name", ""),
+            scopes=serializer.validated_data.get("scopes"),
+            expires_at=serializer.expires_at(),
+            created_by=request.user if getattr(request.user, "pk", None) else None,
+        )
+        body = ApiKeySerializer(created.api_key).data | {"key": created.plaintext}
+        return Response(body, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses={200: ApiKeySerializer})
+    @action(detail=True, methods=["post"])
+    def revoke(self, request, pk=None):
+        api_key = self.get_object()
+        principal = principal_of(request)
+        allowed = (
+            principal.is_planner
+            or (principal.api_key is not None and principal.api_key.pk == api_key.pk)
+            or (api_key.customer_id and principal.can_manage_customer_keys(api_key.customer_id))
+        )
+        if not allowed:
+            raise PermissionDenied("You may not revoke this key.")
+        services.api_key_revoke(api_key=api_key)
+        return Response(ApiKeySerializer(api_key).data)
+
+
+class MeView(APIView):
+    """Who the caller is, and what it may see."""
+
+    @extend_schema(responses=MeSerializer)
+    def get(self, request):
+        principal = principal_of(request)
+        if principal.api_key is not None:
+            key = principal.api_key
+            customers = [{"customer": key.customer.slug, "role": "key"}] if key.customer_id else []
+            body = {
+                "kind": "api_key",
+                "username": None,
+                "api_key_prefix": key.prefix,
+                "service_name": key.service_name,
+            }
+        else:
+            customers = [
+                {"customer": slug, "role": role}
+                for slug, role in request.user.memberships.values_list("customer__slug", "role")
+            ]
+            body = {
+                "kind": "user",
+                "username": request.user.get_username(),
+                "api_key_prefix": None,
+                "service_name": "",
+            }
+        body |= {
+            "is_planner": principal.is_planner,
+            "is_service": principal.is_service,
+            "scopes": sorted(principal.scopes),
+            "customers": customers,
+        }
+        return Response(MeSerializer(body).data)

@@ -1,0 +1,100 @@
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+
+class Customer(models.Model):
+    """A tenant: buys reservations, sends usage, receives invoices."""
+
+    class Tier(models.TextChoices):
+        STANDARD = "standard", "Standard"
+        PREMIUM = "premium", "Premium"
+        ENTERPRISE = "enterprise", "Enterprise"
+
+    name = models.CharField(max_length=200)
+    slug = models.SlugField(max_length=64, unique=True)
+    tier = models.CharField(max_length=20, choices=Tier.choices, default=Tier.STANDARD)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Membership(models.Model):
+    """A Django user's role within one customer."""
+
+    class Role(models.TextChoices):
+        OWNER = "owner", "Owner"
+        MEMBER = "member", "Member"
+        VIEWER = "viewer", "Viewer"
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
+    )
+    customer = models.ForeignKey(Customer, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=10, choices=Role.choices, default=Role.MEMBER)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["customer__slug", "user__username"]
+        constraints = [
+            models.UniqueConstraint(fields=["user", "customer"], name="membership_unique_user"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} @ {self.customer} ({self.role})"
+
+
+class ApiKey(models.Model):
+    """A bearer credential, shown once as `prefix.secret` and kept as prefix + SHA-256(secret).
+
+    A key belongs either to a customer (it sees only that customer) or to a platform service
+    such as a gateway or a provisioning system (`service_name`; it acts across customers
+    within its scopes). The secret is never stored.
+    """
+
+    name = models.CharField(max_length=200)
+    customer = models.ForeignKey(
+        Customer, on_delete=models.CASCADE, null=True, blank=True, related_name="api_keys"
+    )
+    service_name = models.CharField(max_length=100, blank=True, default="")
+    prefix = models.CharField(max_length=16, unique=True, editable=False)
+    secret_sha256 = models.CharField(max_length=64, editable=False)
+    scopes = models.JSONField(default=list)
+    created_at = models.DateTimeField(auto_now_add=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+    )
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            # Exactly one owner: a customer or a named service.
+            models.CheckConstraint(
+                condition=(
+                    (Q(customer__isnull=False) & Q(service_name=""))
+                    | (Q(customer__isnull=True) & ~Q(service_name=""))
+                ),
+                name="apikey_one_owner",
+            ),
+        ]
+        indexes = [models.Index(fields=["customer", "-created_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.prefix} ({self.owner_label})"
+
+    @property
+    def owner_label(self) -> str:
+        return (
+            f"customer:{self.customer.slug}" if self.customer_id else f"service:{self.service_name}"
+        )

@@ -1,0 +1,79 @@
+from rest_framework import serializers
+
+from capacity.models import ActuatorKind, Deployment, GpuPool, GpuType, ServedModel
+
+
+class GpuTypeSerializer(serializers.ModelSerializer):
+    hourly_cost_usd = serializers.DecimalField(max_digits=10, decimal_places=4, min_value=0)
+
+    class Meta:
+        model = GpuType
+        fields = ["id", "name", "memory_gb", "hourly_cost_usd"]
+        read_only_fields = ["id"]
+        extra_kwargs = {"memory_gb": {"min_value": 1}}
+
+
+class GpuPoolSerializer(serializers.ModelSerializer):
+    gpu_type = serializers.SlugRelatedField(slug_field="name", queryset=GpuType.objects.all())
+
+    class Meta:
+        model = GpuPool
+        fields = ["id", "name", "gpu_type", "gpu_count"]
+        read_only_fields = ["id"]
+
+
+class ServedModelSerializer(serializers.ModelSerializer):
+    reference_gpu_type = serializers.SlugRelatedField(
+        slug_field="name", queryset=GpuType.objects.all()
+    )
+
+    class Meta:
+        model = ServedModel
+        fields = [
+            "id",
+            "name",
+            "engine_model_id",
+            "parameters_billions",
+            "reference_gpu_type",
+            "context_length_tokens",
+        ]
+        read_only_fields = ["id"]
+        extra_kwargs = {
+            "parameters_billions": {"min_value": 0},
+            "context_length_tokens": {"min_value": 1},
+        }
+
+
+class DeploymentSerializer(serializers.ModelSerializer):
+    served_model = serializers.SlugRelatedField(
+        slug_field="name", queryset=ServedModel.objects.all()
+    )
+    gpu_pool = serializers.SlugRelatedField(slug_field="name", queryset=GpuPool.objects.all())
+    actuator_kind = serializers.ChoiceField(choices=ActuatorKind.choices, required=False)
+    actuator_config = serializers.JSONField(required=False)
+    target_utilisation = serializers.FloatField(required=False, min_value=0.01, max_value=1.0)
+
+    class Meta:
+        model = Deployment
+        fields = [
+            "id",
+            "name",
+            "served_model",
+            "gpu_pool",
+            "gpus_per_replica",
+            "min_replicas",
+            "max_replicas",
+            "current_replicas",
+            "cold_start_seconds",
+            "scale_to_zero_after_seconds",
+            "target_utilisation",
+            "endpoint_url",
+            "actuator_kind",
+            "actuator_config",
+            "created_at",
+            "updated_at",
+        ]
+        read_only_fields = ["id", "created_at", "updated_at"]
+        extra_kwargs = {"gpus_per_replica": {"min_value": 1}}
+        # The database's min ≤ max constraint is checked by the service with a clearer message.
+        validators = []

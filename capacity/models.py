@@ -1,0 +1,137 @@
+from decimal import Decimal
+
+from django.core.validators import MinValueValidator
+from django.db import models
+from django.db.models import F, Q
+
+
+class GpuType(models.Model):
+    """A kind of accelerator, e.g. H100-80GB, with what an hour of one costs."""
+
+    name = models.CharField(max_length=100, unique=True)
+    memory_gb = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    hourly_cost_usd = models.DecimalField(
+        max_digits=10, decimal_places=4, validators=[MinValueValidator(Decimal("0"))]
+    )
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(condition=Q(memory_gb__gte=1), name="gputype_memory_positive"),
+            models.CheckConstraint(
+                condition=Q(hourly_cost_usd__gte=0), name="gputype_cost_not_negative"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class GpuPool(models.Model):
+    """GPUs of one type in one cluster or region: the inventory the allocator may use.
+
+    Deployments share their pool; the allocator never places more GPUs than `gpu_count`.
+    """
+
+    name = models.CharField(max_length=100, unique=True, help_text="Cluster or region name.")
+    gpu_type = models.ForeignKey(GpuType, on_delete=models.PROTECT, related_name="pools")
+    gpu_count = models.PositiveIntegerField()
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.gpu_count}× {self.gpu_type.name})"
+
+
+class ServedModel(models.Model):
+    """A model the fleet serves and sells in its own MU (DESIGN §1)."""
+
+    name = models.SlugField(max_length=100, unique=True)
+    engine_model_id = models.CharField(
+        max_length=200, help_text="The id the engine serves it under, e.g. meta-llama/Llama-3.1-8B."
+    )
+    parameters_billions = models.FloatField(validators=[MinValueValidator(0.0)])
+    reference_gpu_type = models.ForeignKey(
+        GpuType, on_delete=models.PROTECT, related_name="reference_for"
+    )
+    context_length_tokens = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(parameters_billions__gte=0), name="servedmodel_params_not_negative"
+            ),
+            models.CheckConstraint(
+                condition=Q(context_length_tokens__gte=1), name="servedmodel_context_positive"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ActuatorKind(models.TextChoices):
+    DRY_RUN = "dry_run", "Dry run (record only)"
+    KUBERNETES = "kubernetes", "Kubernetes scale subresource"
+    WEBHOOK = "webhook", "Webhook"
+    PROCESS = "process", "Engine processes on a host"
+
+
+class Deployment(models.Model):
+    """A served model on one GPU pool: how many replicas, of what size, pushed where."""
+
+    name = models.SlugField(max_length=100, unique=True)
+    served_model = models.ForeignKey(
+        ServedModel, on_delete=models.PROTECT, related_name="deployments"
+    )
+    gpu_pool = models.ForeignKey(GpuPool, on_delete=models.PROTECT, related_name="deployments")
+    gpus_per_replica = models.PositiveIntegerField(default=1)
+    min_replicas = models.PositiveIntegerField(default=0)
+    max_replicas = models.PositiveIntegerField(default=1)
+    current_replicas = models.PositiveIntegerField(default=0)
+    cold_start_seconds = models.PositiveIntegerField(default=120)
+    scale_to_zero_after_seconds = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        default=None,
+        help_text="Idle time after which the allocator may scale to zero; empty means never.",
+    )
+    target_utilisation = models.FloatField(
+        default=0.8, help_text="Share of a replica's MU/min the allocator aims to use, in (0, 1]."
+    )
+    endpoint_url = models.URLField(max_length=500, blank=True, default="")
+    actuator_kind = models.CharField(
+        max_length=20, choices=ActuatorKind.choices, default=ActuatorKind.DRY_RUN
+    )
+    actuator_config = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(min_replicas__lte=F("max_replicas")),
+                name="deployment_min_le_max",
+                violation_error_message="min_replicas must not exceed max_replicas.",
+            ),
+            models.CheckConstraint(
+                condition=Q(gpus_per_replica__gte=1),
+                name="deployment_gpus_per_replica_positive",
+                violation_error_message="gpus_per_replica must be at least 1.",
+            ),
+            models.CheckConstraint(
+                condition=Q(target_utilisation__gt=0) & Q(target_utilisation__lte=1),
+                name="deployment_target_utilisation_range",
+                violation_error_message="target_utilisation must be in (0, 1].",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def max_gpus(self) -> int:
+        return self.max_replicas * self.gpus_per_replica

@@ -1,0 +1,162 @@
+"""Writes for the fleet catalog.
+
+Placing a deployment reads its pool's size and writes against it, so the pool row is locked
+(`select_for_update`) for the check: a pool cannot shrink under a deployment being created.
+"""
+
+from django.db import transaction
+
+from capacity.actuator_config import validate_actuator_config
+from capacity.models import Deployment, GpuPool, GpuType, ServedModel
+from controlplane.errors import ConflictError, DomainError
+
+DEPLOYMENT_FIELDS = {
+    "name",
+    "served_model",
+    "gpu_pool",
+    "gpus_per_replica",
+    "min_replicas",
+    "max_replicas",
+    "current_replicas",
+    "cold_start_seconds",
+    "scale_to_zero_after_seconds",
+    "target_utilisation",
+    "endpoint_url",
+    "actuator_kind",
+    "actuator_config",
+}
+
+
+def _check_fits_pool(*, pool: GpuPool, max_replicas: int, gpus_per_replica: int) -> None:
+    needed_gpus = max_replicas * gpus_per_replica
+    if needed_gpus > pool.gpu_count:
+        raise DomainError(
+            f"max_replicas {max_replicas} × gpus_per_replica {gpus_per_replica} = {needed_gpus} "
+            f"GPUs exceeds pool '{pool.name}', which has {pool.gpu_count} GPUs.",
+            field="max_replicas",
+            code="exceeds_pool",
+            details={
+                "max_replicas": max_replicas,
+                "gpus_per_replica": gpus_per_replica,
+                "needed_gpus": needed_gpus,
+                "pool": pool.name,
+                "pool_gpu_count": pool.gpu_count,
+            },
+        )
+
+
+def _check_shape(values: dict) -> None:
+    if values["gpus_per_replica"] < 1:
+        raise DomainError("gpus_per_replica must be at least 1.", field="gpus_per_replica")
+    if values["min_replicas"] > values["max_replicas"]:
+        raise DomainError(
+            f"max_replicas ({values['max_replicas']}) must be at least min_replicas "
+            f"({values['min_replicas']}).",
+            field="max_replicas",
+        )
+    if not 0 < values["target_utilisation"] <= 1:
+        raise DomainError("target_utilisation must be in (0, 1].", field="target_utilisation")
+
+
+@transaction.atomic
+def deployment_create(**values) -> Deployment:
+    unknown = set(values) - DEPLOYMENT_FIELDS
+    if unknown:
+        raise DomainError(f"Unknown deployment fields: {', '.join(sorted(unknown))}.")
+    defaults = {
+        field.name: field.get_default()
+        for field in Deployment._meta.concrete_fields
+        if field.name in DEPLOYMENT_FIELDS and field.name not in values and field.has_default()
+    }
+    values = defaults | values
+    _check_shape(values)
+    pool = GpuPool.objects.select_for_update().get(pk=values["gpu_pool"].pk)
+    _check_fits_pool(
+        pool=pool,
+        max_replicas=values["max_replicas"],
+        gpus_per_replica=values["gpus_per_replica"],
+    )
+    values["actuator_config"] = validate_actuator_config(
+        values["actuator_kind"], values.get("actuator_config")
+    )
+    return Deployment.objects.create(**values)
+
+
+@transaction.atomic
+def deployment_update(*, deployment: Deployment, **changes) -> Deployment:
+    unknown = set(changes) - DEPLOYMENT_FIELDS
+    if unknown:
+        raise DomainError(f"Unknown deployment fields: {', '.join(sorted(unknown))}.")
+    deployment = Deployment.objects.select_for_update().get(pk=deployment.pk)
+    values = {name: getattr(deployment, name) for name in DEPLOYMENT_FIELDS} | changes
+    _check_shape(values)
+    pool = GpuPool.objects.select_for_update().get(pk=values["gpu_pool"].pk)
+    _check_fits_pool(
+        pool=pool,
+        max_replicas=values["max_replicas"],
+        gpus_per_replica=values["gpus_per_replica"],
+    )
+    if "actuator_kind" in changes or "actuator_config" in changes:
+        values["actuator_config"] = validate_actuator_config(
+            values["actuator_kind"], values.get("actuator_config")
+        )
+    for name, value in values.items():
+        setattr(deployment, name, value)
+    deployment.save()
+    return deployment
+
+
+@transaction.atomic
+def gpu_pool_create(*, name: str, gpu_type: GpuType, gpu_count: int) -> GpuPool:
+    if GpuPool.objects.filter(name=name).exists():
+        raise ConflictError(f"A GPU pool named '{name}' already exists.", field="name")
+    return GpuPool.objects.create(name=name, gpu_type=gpu_type, gpu_count=gpu_count)
+
+
+@transaction.atomic
+def gpu_pool_update(*, pool: GpuPool, **changes) -> GpuPool:
+    pool = GpuPool.objects.select_for_update().get(pk=pool.pk)
+    type_changes = "gpu_type" in changes and changes["gpu_type"].pk != pool.gpu_type_id
+    if type_changes and pool.deployments.exists():
+        raise ConflictError(
+            "The GPU type of a pool with deployments cannot change: the deployments' "
+            "capacity was measured on the old type.",
+            field="gpu_type",
+        )
+    new_count = changes.get("gpu_count", pool.gpu_count)
+    largest = max(pool.deployments.all(), key=lambda deployment: deployment.max_gpus, default=None)
+    if largest is not None and largest.max_gpus > new_count:
+        raise ConflictError(
+            f"gpu_count {new_count} is below what deployment '{largest.name}' may use: "
+            f"max_replicas {largest.max_replicas} × gpus_per_replica "
+            f"{largest.gpus_per_replica} = {largest.max_gpus} GPUs.",
+            field="gpu_count",
+            details={"deployment": largest.name, "needed_gpus": largest.max_gpus},
+        )
+    for name, value in changes.items():
+        setattr(pool, name, value)
+    pool.save()
+    return pool
+
+
+@transaction.atomic
+def gpu_type_create(**values) -> GpuType:
+    if GpuType.objects.filter(name=values["name"]).exists():
+        raise ConflictError(f"A GPU type named '{values['name']}' already exists.", field="name")
+    return GpuType.objects.create(**values)
+
+
+@transaction.atomic
+def served_model_create(**values) -> ServedModel:
+    if ServedModel.objects.filter(name=values["name"]).exists():
+        raise ConflictError(f"A model named '{values['name']}' already exists.", field="name")
+    return ServedModel.objects.create(**values)
+
+
+@transaction.atomic
+def catalog_update(*, instance, **changes):
+    """GPU types and served models carry no cross-row rules; a plain update suffices."""
+    for name, value in changes.items():
+        setattr(instance, name, value)
+    instance.save()
+    return instance

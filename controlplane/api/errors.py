@@ -1,0 +1,161 @@
+"""One error body shape for every API response that is not a success.
+
+    {"error": {"status": 400, "code": "invalid", "message": "...",
+               "fields": {"max_replicas": ["must be at least min_replicas (3)."]},
+               "details": {...}}}
+
+`fields` maps a field path (dotted for nested objects, e.g. `actuator_config.namespace`, with
+list indexes, e.g. `events.3.model`) to its reasons.
+"""
+
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import IntegrityError
+from django.db.models import ProtectedError
+from django.http import Http404, JsonResponse
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler
+
+from controlplane.errors import DomainError
+
+
+def error_body(
+    *,
+    status_code: int,
+    code: str,
+    message: str,
+    fields: dict | None = None,
+    details: dict | None = None,
+) -> dict:
+    body = {"status": status_code, "code": code, "message": message}
+    if fields:
+        body["fields"] = fields
+    if details:
+        body["details"] = details
+    return {"error": body}
+
+
+def _flatten(detail, prefix: str = "") -> dict[str, list[str]]:
+    """DRF nests errors like its data; callers want one flat map of field path → reasons."""
+    flat: dict[str, list[str]] = {}
+    if isinstance(detail, dict):
+        for key, value in detail.items():
+            path = key if not prefix else f"{prefix}.{key}"
+            if key == "non_field_errors":
+                path = prefix or "non_field_errors"
+            for sub_path, reasons in _flatten(value, path).items():
+                flat.setdefault(sub_path, []).extend(reasons)
+    elif isinstance(detail, list):
+        if detail and all(not isinstance(item, dict | list) for item in detail):
+            flat[prefix or "non_field_errors"] = [str(item) for item in detail]
+        else:
+            for index, item in enumerate(detail):
+                if not item:
+                    continue
+                path = f"{prefix}.{index}" if prefix else str(index)
+                for sub_path, reasons in _flatten(item, path).items():
+                    flat.setdefault(sub_path, []).extend(reasons)
+    else:
+        flat[prefix or "non_field_errors"] = [str(detail)]
+    return flat
+
+
+def _summary(fields: dict[str, list[str]]) -> str:
+    parts = [f"{name}: {reasons[0]}" for name, reasons in list(fields.items())[:3]]
+    more = len(fields) - 3
+    return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
+
+
+def api_exception_handler(exc, context):
+    if isinstance(exc, DomainError):
+        return Response(
+            error_body(
+                status_code=exc.status,
+                code=exc.code,
+                message=exc.message,
+                fields=exc.fields,
+                details=exc.details,
+            ),
+            status=exc.status,
+        )
+    if isinstance(exc, DjangoValidationError):
+        detail = exc.message_dict if hasattr(exc, "error_dict") else exc.messages
+        exc = exceptions.ValidationError(detail)
+    elif isinstance(exc, Http404):
+        exc = exceptions.NotFound()
+    elif isinstance(exc, DjangoPermissionDenied):
+        exc = exceptions.PermissionDenied()
+    elif isinstance(exc, ProtectedError):
+        blockers = sorted({str(obj) for obj in exc.protected_objects})[:10]
+        return Response(
+            error_body(
+                status_code=409,
+                code="in_use",
+                message="Still in use by: " + ", ".join(blockers) + ". Remove those first.",
+                details={"in_use_by": blockers},
+            ),
+            status=409,
+        )
+    elif isinstance(exc, IntegrityError):
+        # A constraint caught what validation missed (e.g. a race on a unique name):
+        # the state conflicts with the request; nothing was written.
+        return Response(
+            error_body(
+                status_code=409,
+                code="conflict",
+                message="The request conflicts with existing data: " + str(exc).splitlines()[0],
+            ),
+            status=409,
+        )
+
+    response = exception_handler(exc, context)
+    if response is None:
+        return None
+
+    if isinstance(exc, exceptions.ValidationError):
+        fields = _flatten(exc.detail)
+        response.data = error_body(
+            status_code=response.status_code,
+            code="invalid",
+            message=_summary(fields) or "Invalid input.",
+            fields=fields,
+        )
+    elif isinstance(exc, exceptions.ParseError):
+        response.data = error_body(
+            status_code=response.status_code,
+            code="malformed_body",
+            message=str(exc.detail),
+        )
+    else:
+        detail = exc.detail if isinstance(exc, exceptions.APIException) else str(exc)
+        code = getattr(exc, "default_code", "error")
+        if isinstance(detail, dict | list):
+            fields = _flatten(detail)
+            response.data = error_body(
+                status_code=response.status_code,
+                code=code,
+                message=_summary(fields),
+                fields=fields,
+            )
+        else:
+            response.data = error_body(
+                status_code=response.status_code,
+                code=getattr(detail, "code", None) or code,
+                message=str(detail),
+            )
+    return response
+
+
+def json_404(request, exception=None):
+    return JsonResponse(
+        error_body(status_code=404, code="not_found", message="Not found."),
+        status=status.HTTP_404_NOT_FOUND,
+    )
+
+
+def json_500(request):
+    return JsonResponse(
+        error_body(status_code=500, code="server_error", message="Internal server error."),
+        status=500,
+    )

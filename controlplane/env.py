@@ -1,0 +1,97 @@
+"""Typed readers for environment variables.
+
+Every setting comes from the environment (DESIGN §5). A malformed value must stop start-up
+with a message that names the variable, so each reader raises ImproperlyConfigured with it.
+"""
+
+import os
+from urllib.parse import urlparse
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _raw(name: str) -> str | None:
+    value = os.environ.get(name)
+    return None if value is None else value.strip()
+
+
+def env_str(name: str, default: str | None = None) -> str | None:
+    value = _raw(name)
+    return default if value is None or value == "" else value
+
+
+def env_bool(name: str, default: bool) -> bool:
+    value = _raw(name)
+    if value is None:
+        return default
+    lowered = value.lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ImproperlyConfigured(
+        f"{name}={value!r} is not a boolean: use one of 1/0, true/false, yes/no, on/off."
+    )
+
+
+def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
+    value = _raw(name)
+    if value is None or value == "":
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={value!r} is not an integer.") from None
+    if minimum is not None and number < minimum:
+        raise ImproperlyConfigured(f"{name}={number} must be at least {minimum}.")
+    return number
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    """A comma-separated list; empty items are dropped."""
+    value = _raw(name)
+    if value is None:
+        return list(default)
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def env_database(name: str, default_url: str) -> dict:
+    url = env_str(name, default_url)
+    try:
+        config = dj_database_url.parse(url, conn_max_age=60, conn_health_checks=True)
+    except Exception as error:  # dj-database-url raises several types for bad URLs
+        raise ImproperlyConfigured(f"{name} is not a usable database URL: {error}") from None
+    if not config.get("ENGINE"):
+        raise ImproperlyConfigured(f"{name} has an unknown database scheme: {url!r}.")
+    return config
+
+
+def env_redis_url(name: str, default_url: str) -> str:
+    url = env_str(name, default_url)
+    parsed = urlparse(url)
+    if parsed.scheme not in {"redis", "rediss", "unix"}:
+        raise ImproperlyConfigured(
+            f"{name}={url!r} is not a Redis URL: expected redis://, rediss:// or unix://."
+        )
+    if parsed.scheme != "unix" and not parsed.hostname:
+        raise ImproperlyConfigured(f"{name}={url!r} has no host.")
+    try:
+        parsed.port  # noqa: B018 - raises ValueError on a malformed port
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={url!r} has a malformed port.") from None
+    return url
+
+
+def env_origins(name: str) -> list[str]:
+    origins = env_list(name, [])
+    for origin in origins:
+        parsed = urlparse(origin)
+        if parsed.scheme not in {"http", "https"} or not parsed.netloc:
+            raise ImproperlyConfigured(
+                f"{name} holds {origin!r}, which is not an origin like https://cp.example.com."
+            )
+    return origins

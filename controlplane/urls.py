@@ -1,0 +1,34 @@
+from django.contrib import admin
+from django.urls import include, path
+from django.views import defaults
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from controlplane import health
+from controlplane.api.errors import json_404, json_500
+
+api_v1 = [
+    path("", include("accounts.api.urls")),
+    path("", include("capacity.api.urls")),
+]
+
+urlpatterns = [
+    path("healthz", health.healthz, name="healthz"),
+    path("readyz", health.readyz, name="readyz"),
+    path("admin/", admin.site.urls),
+    path("api/v1/", include(api_v1)),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+]
+
+
+def handler404(request, exception=None):
+    # API clients get the one error body shape; people get Django's page.
+    if request.path.startswith("/api/"):
+        return json_404(request, exception)
+    return defaults.page_not_found(request, exception)
+
+
+def handler500(request):
+    if request.path.startswith("/api/"):
+        return json_500(request)
+    return defaults.server_error(request)

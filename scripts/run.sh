@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# make run: migrate, seed a demo, start web + worker + beat on the embedded defaults.
+# Ctrl-C stops everything this script started.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=.venv/bin
+
+export DEBUG="${DEBUG:-1}"
+export REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6379/0}"
+PORT="${PORT:-8000}"
+HOST="${HOST:-127.0.0.1}"
+DEMO_PLANNER="${DEMO_PLANNER:-planner}"
+export PLANNER_PASSWORD="${DEMO_PLANNER_PASSWORD:-demo-planner-password}"
+mkdir -p var/log
+
+pids=()
+cleanup() {
+  trap - INT TERM EXIT
+  echo; echo "Stopping ..."
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  if [ -f var/redis/redis.pid ]; then
+    kill "$(cat var/redis/redis.pid)" 2>/dev/null || true
+    rm -f var/redis/redis.pid
+  fi
+}
+trap cleanup INT TERM EXIT
+
+$BIN/python scripts/services.py redis
+$BIN/python manage.py migrate --noinput
+$BIN/python manage.py collectstatic --noinput --verbosity 0
+$BIN/python manage.py create_planner "$DEMO_PLANNER" --skip-password-validation
+echo "== demo data"
+$BIN/python manage.py seed_demo
+
+$BIN/gunicorn controlplane.wsgi:application --bind "$HOST:$PORT" --workers 2 \
+  --access-logfile var/log/web.log --error-logfile var/log/web.log &
+pids+=($!)
+$BIN/celery -A controlplane worker --queues default,allocation,benchmarks --concurrency 2 \
+  --loglevel INFO --logfile var/log/worker.log &
+pids+=($!)
+$BIN/celery -A controlplane beat --loglevel INFO --logfile var/log/beat.log \
+  --pidfile var/beat.pid &
+pids+=($!)
+
+cat <<MSG
+
+Model-Unit Control Plane is running (logs in var/log/):
+  API docs     http://$HOST:$PORT/api/docs/
+  API          http://$HOST:$PORT/api/v1/
+  Admin        http://$HOST:$PORT/admin/   user: $DEMO_PLANNER  password: $PLANNER_PASSWORD
+  Health       http://$HOST:$PORT/healthz   http://$HOST:$PORT/readyz
+Press Ctrl-C to stop.
+MSG
+# Stop everything as soon as any one of them dies.
+wait -n "${pids[@]}"
+echo "A process exited; see var/log/."
