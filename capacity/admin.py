@@ -1,6 +1,53 @@
+from django import forms
 from django.contrib import admin
 
+from capacity.actuator_config import validate_actuator_config
 from capacity.models import Deployment, GpuPool, GpuType, ServedModel
+from capacity.services import check_fits_pool
+from controlplane.errors import DomainError
+
+
+class DeploymentAdminForm(forms.ModelForm):
+    """The admin applies the same rules as the API: the pool fit and the actuator config."""
+
+    endpoint_url = forms.URLField(required=False, max_length=500, assume_scheme="https")
+
+    class Meta:
+        model = Deployment
+        fields = [
+            "name",
+            "served_model",
+            "gpu_pool",
+            "gpus_per_replica",
+            "min_replicas",
+            "max_replicas",
+            "current_replicas",
+            "cold_start_seconds",
+            "scale_to_zero_after_seconds",
+            "target_utilisation",
+            "endpoint_url",
+            "actuator_kind",
+            "actuator_config",
+        ]
+
+    def clean(self):
+        cleaned = super().clean()
+        try:
+            pool = cleaned.get("gpu_pool")
+            if pool and cleaned.get("max_replicas") and cleaned.get("gpus_per_replica"):
+                check_fits_pool(
+                    pool=pool,
+                    max_replicas=cleaned["max_replicas"],
+                    gpus_per_replica=cleaned["gpus_per_replica"],
+                )
+            if cleaned.get("actuator_kind"):
+                cleaned["actuator_config"] = validate_actuator_config(
+                    cleaned["actuator_kind"], cleaned.get("actuator_config")
+                )
+        except DomainError as error:
+            field = error.field.split(".")[0] if error.field else None
+            self.add_error(field if field in self.fields else None, error.message)
+        return cleaned
 
 
 @admin.register(GpuType)
@@ -33,6 +80,7 @@ class ServedModelAdmin(admin.ModelAdmin):
 
 @admin.register(Deployment)
 class DeploymentAdmin(admin.ModelAdmin):
+    form = DeploymentAdminForm
     list_display = [
         "name",
         "served_model",

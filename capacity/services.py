@@ -27,7 +27,7 @@ DEPLOYMENT_FIELDS = {
 }
 
 
-def _check_fits_pool(*, pool: GpuPool, max_replicas: int, gpus_per_replica: int) -> None:
+def check_fits_pool(*, pool: GpuPool, max_replicas: int, gpus_per_replica: int) -> None:
     needed_gpus = max_replicas * gpus_per_replica
     if needed_gpus > pool.gpu_count:
         raise DomainError(
@@ -71,7 +71,7 @@ def deployment_create(**values) -> Deployment:
     values = defaults | values
     _check_shape(values)
     pool = GpuPool.objects.select_for_update().get(pk=values["gpu_pool"].pk)
-    _check_fits_pool(
+    check_fits_pool(
         pool=pool,
         max_replicas=values["max_replicas"],
         gpus_per_replica=values["gpus_per_replica"],
@@ -91,7 +91,7 @@ def deployment_update(*, deployment: Deployment, **changes) -> Deployment:
     values = {name: getattr(deployment, name) for name in DEPLOYMENT_FIELDS} | changes
     _check_shape(values)
     pool = GpuPool.objects.select_for_update().get(pk=values["gpu_pool"].pk)
-    _check_fits_pool(
+    check_fits_pool(
         pool=pool,
         max_replicas=values["max_replicas"],
         gpus_per_replica=values["gpus_per_replica"],

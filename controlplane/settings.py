@@ -144,12 +144,12 @@ STORAGES = {
         "BACKEND": (
             "django.contrib.staticfiles.storage.StaticFilesStorage"
             if DEBUG
-            else "whitenoise.storage.CompressedManifestStaticFilesStorage"
+            # Compressed, without a manifest: a process that has not run collectstatic
+            # (tests, one-off commands) still renders pages.
+            else "whitenoise.storage.CompressedStaticFilesStorage"
         )
     },
 }
-# Tests render pages without running collectstatic first.
-WHITENOISE_MANIFEST_STRICT = False
 
 # --- HTTPS behind a proxy -------------------------------------------------------------------
 # The proxy in front of the control plane terminates TLS and must set X-Forwarded-Proto.
@@ -161,7 +161,7 @@ SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
 CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
 SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0 if DEBUG else 31536000, minimum=0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", not DEBUG)
-SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", not DEBUG)
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
 

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# make bench: services up, then every bench/bench_*.py on a throwaway PostgreSQL database.
+# Arguments select benchmarks by substring: ./scripts/bench.sh api_auth
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=.venv/bin
+
+export DATABASE_URL="${BENCH_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/controlplane_bench}"
+export REDIS_URL="${BENCH_REDIS_URL:-redis://127.0.0.1:6379/14}"
+export SECRET_KEY="bench-only-secret-key-not-for-production-0123456789abcdef"
+export DEBUG=0
+export SECURE_SSL_REDIRECT=0
+
+$BIN/python scripts/services.py test
+$BIN/python -m bench "$@"

@@ -1,0 +1,226 @@
+import pytest
+
+from capacity.models import Deployment, GpuPool
+
+pytestmark = pytest.mark.django_db
+
+DEPLOYMENTS = "/api/v1/deployments/"
+
+
+def deployment_body(**overrides):
+    body = {
+        "name": "llama-8b-h100-b",
+        "served_model": "llama-8b",
+        "gpu_pool": "us-east-h100",
+        "gpus_per_replica": 1,
+        "min_replicas": 1,
+        "max_replicas": 4,
+        "cold_start_seconds": 90,
+        "actuator_kind": "dry_run",
+    }
+    return body | overrides
+
+
+def error_fields(response) -> dict:
+    return response.json()["error"].get("fields", {})
+
+
+def test_a_planner_builds_a_catalog_through_the_api(planner_client):
+    assert (
+        planner_client.post(
+            "/api/v1/gpu-types/",
+            {"name": "H100-80GB", "memory_gb": 80, "hourly_cost_usd": "4.25"},
+            format="json",
+        ).status_code
+        == 201
+    )
+    assert (
+        planner_client.post(
+            "/api/v1/gpu-pools/",
+            {"name": "us-east-h100", "gpu_type": "H100-80GB", "gpu_count": 8},
+            format="json",
+        ).status_code
+        == 201
+    )
+    response = planner_client.post(
+        "/api/v1/models/",
+        {
+            "name": "llama-8b",
+            "engine_model_id": "meta-llama/Llama-3.1-8B-Instruct",
+            "parameters_billions": 8,
+            "reference_gpu_type": "H100-80GB",
+            "context_length_tokens": 131072,
+        },
+        format="json",
+    )
+    assert response.status_code == 201, response.json()
+    response = planner_client.post(
+        DEPLOYMENTS,
+        deployment_body(
+            actuator_kind="kubernetes",
+            actuator_config={"namespace": "inference", "name": "llama-8b"},
+        ),
+        format="json",
+    )
+    assert response.status_code == 201, response.json()
+    deployment = Deployment.objects.get(name="llama-8b-h100-b")
+    # Defaults of the kind are filled in and stored.
+    assert deployment.actuator_config == {
+        "namespace": "inference",
+        "name": "llama-8b",
+        "kind": "Deployment",
+        "verify_tls": True,
+    }
+    listing = planner_client.get(DEPLOYMENTS + "?served_model__name=llama-8b").json()
+    assert [row["name"] for row in listing["results"]] == ["llama-8b-h100-b"]
+
+
+def test_a_catalog_service_key_may_write_the_catalog(catalog_service_client, gpu_type):
+    response = catalog_service_client.post(
+        "/api/v1/gpu-pools/",
+        {"name": "eu-west", "gpu_type": gpu_type.name, "gpu_count": 4},
+        format="json",
+    )
+    assert response.status_code == 201
+    assert GpuPool.objects.filter(name="eu-west").exists()
+
+
+def test_it_refuses_max_below_min(planner_client, served_model, pool):
+    response = planner_client.post(
+        DEPLOYMENTS, deployment_body(min_replicas=5, max_replicas=2), format="json"
+    )
+    assert response.status_code == 400
+    assert "max_replicas" in error_fields(response)
+    assert "min_replicas (5)" in response.json()["error"]["message"]
+    assert not Deployment.objects.exists()
+
+
+def test_it_refuses_an_unknown_pool(planner_client, served_model, pool):
+    response = planner_client.post(DEPLOYMENTS, deployment_body(gpu_pool="nowhere"), format="json")
+    assert response.status_code == 400
+    assert "gpu_pool" in error_fields(response)
+    assert "nowhere" in error_fields(response)["gpu_pool"][0]
+
+
+@pytest.mark.parametrize("field", ["gpus_per_replica", "max_replicas", "min_replicas"])
+def test_it_refuses_negative_counts(planner_client, served_model, pool, field):
+    response = planner_client.post(DEPLOYMENTS, deployment_body(**{field: -1}), format="json")
+    assert response.status_code == 400
+    assert field in error_fields(response)
+
+
+def test_it_refuses_zero_gpus_per_replica(planner_client, served_model, pool):
+    response = planner_client.post(DEPLOYMENTS, deployment_body(gpus_per_replica=0), format="json")
+    assert response.status_code == 400
+    assert "gpus_per_replica" in error_fields(response)
+
+
+def test_it_refuses_a_deployment_larger_than_its_pool_with_the_numbers(
+    planner_client, served_model, pool
+):
+    response = planner_client.post(
+        DEPLOYMENTS, deployment_body(gpus_per_replica=4, max_replicas=3), format="json"
+    )
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "exceeds_pool"
+    assert "max_replicas" in error["fields"]
+    assert error["details"] == {
+        "max_replicas": 3,
+        "gpus_per_replica": 4,
+        "needed_gpus": 12,
+        "pool": "us-east-h100",
+        "pool_gpu_count": 8,
+    }
+    assert "12 GPUs exceeds pool 'us-east-h100', which has 8 GPUs" in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "config", "field"),
+    [
+        ("kubernetes", {"name": "llama"}, "actuator_config.namespace"),
+        ("kubernetes", {"namespace": "Bad_NS", "name": "llama"}, "actuator_config.namespace"),
+        ("webhook", {}, "actuator_config.url"),
+        ("webhook", {"url": "https://x.example/scale", "secret": "s3"}, "actuator_config.secret"),
+        ("process", {"command": ["vllm", "serve"]}, "actuator_config.base_port"),
+        ("process", {"command": [], "base_port": 9000}, "actuator_config.command"),
+        ("dry_run", {"anything": 1}, "actuator_config.anything"),
+        ("kubernetes", [1, 2], "actuator_config"),
+    ],
+)
+def test_it_refuses_an_actuator_config_missing_or_misnaming_a_field(
+    planner_client, served_model, pool, kind, config, field
+):
+    response = planner_client.post(
+        DEPLOYMENTS, deployment_body(actuator_kind=kind, actuator_config=config), format="json"
+    )
+    assert response.status_code == 400, response.json()
+    assert field in error_fields(response)
+    assert not Deployment.objects.exists()
+
+
+def test_it_refuses_an_unknown_actuator_kind(planner_client, served_model, pool):
+    response = planner_client.post(DEPLOYMENTS, deployment_body(actuator_kind="ssh"), format="json")
+    assert response.status_code == 400
+    assert "actuator_kind" in error_fields(response)
+
+
+def test_an_update_is_checked_like_a_creation(planner_client, deployment):
+    url = f"{DEPLOYMENTS}{deployment.name}/"
+    response = planner_client.patch(url, {"max_replicas": 9}, format="json")
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "exceeds_pool"
+
+    response = planner_client.patch(url, {"min_replicas": 6}, format="json")
+    assert response.status_code == 400
+
+    response = planner_client.patch(
+        url, {"actuator_kind": "webhook", "actuator_config": {}}, format="json"
+    )
+    assert "actuator_config.url" in error_fields(response)
+
+    response = planner_client.patch(url, {"max_replicas": 8, "min_replicas": 2}, format="json")
+    assert response.status_code == 200
+    deployment.refresh_from_db()
+    assert (deployment.min_replicas, deployment.max_replicas) == (2, 8)
+
+
+def test_a_pool_cannot_shrink_below_a_deployment(planner_client, deployment, pool):
+    response = planner_client.patch(
+        f"/api/v1/gpu-pools/{pool.name}/", {"gpu_count": 2}, format="json"
+    )
+    assert response.status_code == 409
+    assert "llama-8b-h100" in response.json()["error"]["message"]
+    pool.refresh_from_db()
+    assert pool.gpu_count == 8
+
+
+def test_a_pool_in_use_cannot_be_deleted(planner_client, deployment, pool):
+    response = planner_client.delete(f"/api/v1/gpu-pools/{pool.name}/")
+    assert response.status_code == 409
+    assert response.json()["error"]["code"] == "in_use"
+    assert GpuPool.objects.filter(pk=pool.pk).exists()
+
+
+def test_a_duplicate_name_is_a_clear_400(planner_client, gpu_type):
+    response = planner_client.post(
+        "/api/v1/gpu-types/",
+        {"name": gpu_type.name, "memory_gb": 80, "hourly_cost_usd": "1"},
+        format="json",
+    )
+    assert response.status_code == 400
+    assert "name" in error_fields(response)
+
+
+def test_the_database_refuses_min_above_max_even_without_the_api(deployment):
+    from django.db import IntegrityError, transaction
+
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Deployment.objects.filter(pk=deployment.pk).update(min_replicas=10, max_replicas=1)
+
+
+def test_the_database_refuses_zero_gpus_per_replica(deployment):
+    from django.db import IntegrityError, transaction
+
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Deployment.objects.filter(pk=deployment.pk).update(gpus_per_replica=0)

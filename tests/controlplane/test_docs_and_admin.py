@@ -1,0 +1,89 @@
+import pytest
+from django.apps import apps
+from django.contrib import admin
+from django.urls import reverse
+
+pytestmark = pytest.mark.django_db
+
+
+def test_the_openapi_schema_and_the_docs_are_served(client):
+    schema = client.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
+    assert schema.status_code == 200
+    body = schema.json()
+    assert body["openapi"].startswith("3.")
+    assert "/api/v1/deployments/" in body["paths"]
+    assert "BearerApiKey" in body["components"]["securitySchemes"]
+
+    docs = client.get("/api/docs/")
+    assert docs.status_code == 200
+    assert b"swagger" in docs.content.lower()
+
+
+def test_the_admin_login_page_is_served(client):
+    response = client.get("/admin/login/")
+    assert response.status_code == 200
+    assert b"password" in response.content.lower()
+
+
+def test_every_model_of_our_apps_has_an_admin_page_that_loads(
+    client, django_user_model, deployment, make_key, acme, owner
+):
+    make_key(customer=acme)
+    superuser = django_user_model.objects.create_superuser("root", "root@example.com", "pw")
+    client.force_login(superuser)
+    for app_label in ("accounts", "capacity"):
+        for model in apps.get_app_config(app_label).get_models():
+            assert model in admin.site._registry, f"{model.__name__} has no admin page"
+            opts = model._meta
+            url = reverse(f"admin:{opts.app_label}_{opts.model_name}_changelist")
+            assert client.get(url).status_code == 200, url
+            assert client.get(url + "?q=a").status_code == 200, url
+            instance = model.objects.first()
+            if instance is not None:
+                change = reverse(
+                    f"admin:{opts.app_label}_{opts.model_name}_change", args=[instance.pk]
+                )
+                assert client.get(change).status_code == 200, change
+
+
+def test_pagination_and_filtering_shape(planner_client, gpu_type):
+    from tests.factories import GpuPoolFactory
+
+    for index in range(7):
+        GpuPoolFactory(name=f"pool-{index:02d}", gpu_type=gpu_type, gpu_count=index + 1)
+    page = planner_client.get("/api/v1/gpu-pools/?page_size=3&ordering=-gpu_count").json()
+    assert page["count"] == 7
+    assert [row["name"] for row in page["results"]] == ["pool-06", "pool-05", "pool-04"]
+    assert page["next"] is not None
+    filtered = planner_client.get(f"/api/v1/gpu-pools/?gpu_type__name={gpu_type.name}").json()
+    assert filtered["count"] == 7
+    searched = planner_client.get("/api/v1/gpu-pools/?search=pool-03").json()
+    assert [row["name"] for row in searched["results"]] == ["pool-03"]
+
+
+def test_the_admin_refuses_a_deployment_larger_than_its_pool(
+    client, django_user_model, served_model, pool
+):
+    from capacity.models import Deployment
+
+    superuser = django_user_model.objects.create_superuser("root", "root@example.com", "pw")
+    client.force_login(superuser)
+    response = client.post(
+        reverse("admin:capacity_deployment_add"),
+        {
+            "name": "too-big",
+            "served_model": served_model.pk,
+            "gpu_pool": pool.pk,
+            "gpus_per_replica": 4,
+            "min_replicas": 0,
+            "max_replicas": 3,
+            "current_replicas": 0,
+            "cold_start_seconds": 60,
+            "target_utilisation": 0.8,
+            "actuator_kind": "dry_run",
+            "actuator_config": "{}",
+        },
+    )
+    assert response.status_code == 200  # the form again, with the error
+    assert b"12 GPUs exceeds pool" in response.content
+    assert not Deployment.objects.filter(name="too-big").exists()

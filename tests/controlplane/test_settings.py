@@ -1,0 +1,119 @@
+"""Settings come from the environment; a malformed value stops start-up naming the variable."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PRODUCTION_LIKE = {
+    "DEBUG": "0",
+    "SECRET_KEY": "a-long-random-production-like-secret-" + "q7Z" * 12,
+    "DATABASE_URL": "postgres://postgres@127.0.0.1:5432/controlplane",
+    "REDIS_URL": "redis://127.0.0.1:6379/0",
+    "ALLOWED_HOSTS": "cp.example.com",
+    "CSRF_TRUSTED_ORIGINS": "https://cp.example.com",
+}
+
+
+def run_manage(*args: str, **env: str) -> subprocess.CompletedProcess:
+    environment = {
+        key: value
+        for key, value in os.environ.items()
+        if key
+        not in {
+            "DEBUG",
+            "SECRET_KEY",
+            "DATABASE_URL",
+            "REDIS_URL",
+            "ALLOWED_HOSTS",
+            "CSRF_TRUSTED_ORIGINS",
+            "SECURE_SSL_REDIRECT",
+        }
+    }
+    environment.update(env)
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "says"),
+    [
+        ("DEBUG", "maybe", "DEBUG='maybe' is not a boolean"),
+        ("DATABASE_URL", "mysqlx://nowhere", "DATABASE_URL"),
+        ("REDIS_URL", "http://127.0.0.1:6379", "REDIS_URL='http://127.0.0.1:6379' is not a Redis"),
+        ("REDIS_URL", "redis://127.0.0.1:notaport/0", "REDIS_URL"),
+        ("CSRF_TRUSTED_ORIGINS", "cp.example.com", "CSRF_TRUSTED_ORIGINS"),
+        ("SECURE_HSTS_SECONDS", "a year", "SECURE_HSTS_SECONDS='a year' is not an integer"),
+        ("CELERY_TASK_TIME_LIMIT", "0", "CELERY_TASK_TIME_LIMIT=0 must be at least 1"),
+    ],
+)
+def test_a_malformed_value_stops_start_up_naming_the_variable(variable, value, says):
+    result = run_manage("check", **(PRODUCTION_LIKE | {variable: value}))
+    assert result.returncode != 0
+    assert says in result.stderr
+
+
+def test_a_missing_secret_key_stops_start_up_unless_debug():
+    env = dict(PRODUCTION_LIKE)
+    del env["SECRET_KEY"]
+    result = run_manage("check", **env)
+    assert result.returncode != 0
+    assert "SECRET_KEY is required when DEBUG is off" in result.stderr
+
+    assert run_manage("check", **(env | {"DEBUG": "1"})).returncode == 0
+
+
+def test_check_deploy_passes_with_production_like_settings():
+    result = run_manage("check", "--deploy", "--fail-level", "WARNING", **PRODUCTION_LIKE)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "no issues" in result.stdout
+
+
+def test_the_embedded_default_database_is_sqlite_in_wal_mode(tmp_path):
+    code = (
+        "import django; django.setup();"
+        "from django.conf import settings; from django.db import connection;"
+        "db = settings.DATABASES['default'];"
+        "print(db['ENGINE'], db['NAME']);"
+        "cursor = connection.cursor(); cursor.execute('PRAGMA journal_mode');"
+        "print(cursor.fetchone()[0]);"
+        "cursor.execute('PRAGMA busy_timeout'); print(cursor.fetchone()[0])"
+    )
+    environment = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    environment |= {"DEBUG": "1", "DJANGO_SETTINGS_MODULE": "controlplane.settings"}
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    engine_line, journal_mode, busy_timeout_ms = result.stdout.split("\n")[:3]
+    assert engine_line.startswith("django.db.backends.sqlite3 ")
+    assert engine_line.endswith("var/controlplane.sqlite3")
+    assert journal_mode == "wal"
+    assert int(busy_timeout_ms) >= 5000
+
+
+def test_https_behind_a_proxy_is_honoured(client, settings):
+    settings.SECURE_SSL_REDIRECT = True
+    plain = client.get("/healthz")
+    assert plain.status_code == 200  # probes are exempt from the redirect
+
+    redirected = client.get("/api/docs/")
+    assert redirected.status_code == 301
+    assert redirected["Location"].startswith("https://")
+
+    forwarded = client.get("/api/docs/", HTTP_X_FORWARDED_PROTO="https")
+    assert forwarded.status_code != 301
