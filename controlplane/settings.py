@@ -118,7 +118,9 @@ if CELERY_TASK_SOFT_TIME_LIMIT > CELERY_TASK_TIME_LIMIT:
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_DEFAULT_QUEUE = "default"
-CELERY_TASK_QUEUES = (Queue("default"), Queue("allocation"), Queue("benchmarks"))
+CELERY_TASK_QUEUES = tuple(
+    Queue(name, routing_key=name) for name in ("default", "allocation", "benchmarks")
+)
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_TIMEZONE = "UTC"
 
