@@ -1,0 +1,44 @@
+import pytest
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from accounts.models import ApiKey, Customer
+from accounts.principals import user_is_planner
+from capacity.models import Deployment
+
+pytestmark = pytest.mark.django_db
+
+
+def test_create_planner_makes_a_staff_planner_from_the_environment(monkeypatch, client):
+    monkeypatch.setenv("PLANNER_PASSWORD", "a-Strong-passphrase-42")
+    call_command("create_planner", "alice")
+
+    user = get_user_model().objects.get(username="alice")
+    assert user.is_staff
+    assert user_is_planner(user)
+    assert client.login(username="alice", password="a-Strong-passphrase-42")
+    assert client.get("/api/v1/me").json()["is_planner"] is True
+
+
+def test_create_planner_rejects_a_weak_password(monkeypatch):
+    monkeypatch.setenv("PLANNER_PASSWORD", "123")
+    with pytest.raises(CommandError, match="Password rejected"):
+        call_command("create_planner", "bob")
+    assert not get_user_model().objects.filter(username="bob").exists()
+
+
+def test_seed_demo_can_run_twice_and_leaves_only_the_fresh_keys_working(capsys, key_client):
+    call_command("seed_demo")
+    first = capsys.readouterr().out
+    call_command("seed_demo")
+    second = capsys.readouterr().out
+
+    assert Customer.objects.count() == 2
+    assert Deployment.objects.count() == 4
+    old_key = first.split("Customer acme     key: ")[1].split()[0]
+    new_key = second.split("Customer acme     key: ")[1].split()[0]
+    assert key_client(old_key).get("/api/v1/me").status_code == 401
+    me = key_client(new_key).get("/api/v1/me").json()
+    assert me["customers"] == [{"customer": "acme", "role": "key"}]
+    assert ApiKey.objects.filter(revoked_at__isnull=True).count() == 3
