@@ -2,7 +2,7 @@ from django import forms
 from django.contrib import admin
 
 from capacity.actuator_config import validate_actuator_config
-from capacity.models import Deployment, GpuPool, GpuType, ServedModel
+from capacity.models import CostModel, Deployment, GpuPool, GpuType, ServedModel
 from capacity.services import check_fits_pool
 from controlplane.errors import DomainError
 
@@ -94,3 +94,48 @@ class DeploymentAdmin(admin.ModelAdmin):
     list_filter = ["actuator_kind", "served_model", "gpu_pool"]
     search_fields = ["name", "served_model__name", "gpu_pool__name", "endpoint_url"]
     list_select_related = ["served_model", "gpu_pool"]
+
+
+@admin.register(CostModel)
+class CostModelAdmin(admin.ModelAdmin):
+    list_display = [
+        "served_model",
+        "gpu_type",
+        "gpus_per_replica",
+        "version",
+        "status",
+        "cv_mape",
+        "alpha_mu_per_input_token",
+        "beta_mu_per_output_token",
+        "gamma_mu_per_request",
+        "created_at",
+    ]
+    list_filter = ["status", "served_model", "gpu_type"]
+    search_fields = ["served_model__name", "gpu_type__name"]
+    list_select_related = ["served_model", "gpu_type"]
+    # A fitted version is evidence for the usage it priced: read only, except its status,
+    # which moves through activate / retire.
+    readonly_fields = [
+        field.name for field in CostModel._meta.fields if field.name not in {"id", "status"}
+    ]
+    actions = ["activate_selected", "retire_selected"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    @admin.action(description="Activate (retires the version it replaces)")
+    def activate_selected(self, request, queryset):
+        from capacity.cost_models import cost_model_activate
+
+        for cost_model in queryset:
+            cost_model_activate(cost_model=cost_model)
+
+    @admin.action(description="Retire")
+    def retire_selected(self, request, queryset):
+        from capacity.cost_models import cost_model_retire
+
+        for cost_model in queryset.exclude(status=CostModel.Status.RETIRED):
+            cost_model_retire(cost_model=cost_model)

@@ -47,6 +47,7 @@ INSTALLED_APPS = [
     "django_celery_beat",
     "accounts",
     "capacity",
+    "benchmarking",
 ]
 
 MIDDLEWARE = [
@@ -205,3 +206,12 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
 }
+
+# --- Cost models and benchmarks ---------------------------------------------------------------
+# A fit whose cross-validated MAPE is at most this becomes active by itself (DESIGN §1).
+COST_MODEL_MAX_ACTIVE_MAPE = env_int("COST_MODEL_MAX_ACTIVE_MAPE_PERCENT", 10, minimum=0) / 100
+# A running benchmark whose worker has not reported for this long is failed by the reaper.
+BENCHMARK_STALE_AFTER_SECONDS = env_int("BENCHMARK_STALE_AFTER_SECONDS", 180, minimum=10)
+BENCHMARK_TASK_TIME_LIMIT_SECONDS = env_int(
+    "BENCHMARK_TASK_TIME_LIMIT_SECONDS", 4 * 3600, minimum=60
+)

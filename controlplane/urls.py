@@ -9,6 +9,7 @@ from controlplane.api.errors import json_404, json_500
 api_v1 = [
     path("", include("accounts.api.urls")),
     path("", include("capacity.api.urls")),
+    path("", include("benchmarking.api.urls")),
 ]
 
 urlpatterns = [

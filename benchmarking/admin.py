@@ -1,0 +1,85 @@
+from django.contrib import admin
+
+from benchmarking.models import BenchmarkRun, BenchmarkSample, BenchmarkSuite
+
+
+@admin.register(BenchmarkSuite)
+class BenchmarkSuiteAdmin(admin.ModelAdmin):
+    list_display = [
+        "name",
+        "slo_ttft_p95_ms",
+        "slo_tpot_p95_ms",
+        "duration_per_point_seconds",
+        "max_concurrency",
+        "created_at",
+    ]
+    search_fields = ["name", "description"]
+
+
+class BenchmarkSampleInline(admin.TabularInline):
+    model = BenchmarkSample
+    extra = 0
+    can_delete = False
+    fields = [
+        "input_len",
+        "output_len",
+        "concurrency",
+        "requests_per_s",
+        "ttft_p95_ms",
+        "tpot_p95_ms",
+        "error_count",
+        "slo_met",
+        "sustainable",
+    ]
+    readonly_fields = fields
+
+
+@admin.register(BenchmarkRun)
+class BenchmarkRunAdmin(admin.ModelAdmin):
+    list_display = [
+        "id",
+        "served_model",
+        "gpu_type",
+        "gpus_per_replica",
+        "source",
+        "status",
+        "progress_done",
+        "progress_total",
+        "created_at",
+        "finished_at",
+    ]
+    list_filter = ["status", "source", "served_model", "gpu_type"]
+    search_fields = ["served_model__name", "gpu_type__name", "endpoint_url", "source_detail"]
+    list_select_related = ["served_model", "gpu_type"]
+    readonly_fields = [
+        "status",
+        "progress_done",
+        "progress_total",
+        "progress_message",
+        "attempts",
+        "error",
+        "fit_error",
+        "log",
+        "created_at",
+        "started_at",
+        "heartbeat_at",
+        "finished_at",
+    ]
+    inlines = [BenchmarkSampleInline]
+
+
+@admin.register(BenchmarkSample)
+class BenchmarkSampleAdmin(admin.ModelAdmin):
+    list_display = [
+        "run",
+        "input_len",
+        "output_len",
+        "concurrency",
+        "requests_per_s",
+        "ttft_p95_ms",
+        "tpot_p95_ms",
+        "sustainable",
+    ]
+    list_filter = ["sustainable", "slo_met"]
+    search_fields = ["run__served_model__name"]
+    list_select_related = ["run"]

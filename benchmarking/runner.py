@@ -1,0 +1,333 @@
+"""The load runner: drives an OpenAI-compatible endpoint with exact request shapes.
+
+For each (input length, output length) of a grid it runs closed-loop load at rising
+concurrency until p95 TTFT or p95 TPOT breaks the SLO or throughput stops growing, and
+reports the highest throughput that met the SLO. Exact shapes: the prompt is a list of token
+ids and `max_tokens` = `min_tokens` = the output length with `ignore_eos`, which vLLM honours;
+timings come from the streamed response.
+
+Pure asyncio + httpx; no Django. The service that stores results calls `run_grid`.
+"""
+
+import asyncio
+import json
+import math
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+import httpx
+
+
+class RunnerError(Exception):
+    """The run cannot go on (unreachable endpoint, too many errors): a clear reason."""
+
+
+@dataclass(frozen=True)
+class SuiteSpec:
+    grid: tuple[tuple[int, int], ...]
+    slo_ttft_p95_ms: float
+    slo_tpot_p95_ms: float
+    duration_per_point_seconds: float = 20.0
+    concurrency_start: int = 1
+    max_concurrency: int = 256
+    min_throughput_growth: float = 0.05
+    max_error_rate: float = 0.05
+    request_timeout_seconds: float = 120.0
+
+
+@dataclass(frozen=True)
+class RequestResult:
+    ok: bool
+    started_s: float
+    finished_s: float
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class PointResult:
+    input_len: int
+    output_len: int
+    concurrency: int
+    requests_per_s: float
+    input_tokens_per_s: float
+    output_tokens_per_s: float
+    ttft_p50_ms: float | None
+    ttft_p95_ms: float | None
+    tpot_p50_ms: float | None
+    tpot_p95_ms: float | None
+    e2e_p95_ms: float | None
+    request_count: int
+    error_count: int
+    slo_met: bool
+    first_error: str = ""
+
+    @property
+    def error_rate(self) -> float:
+        total = self.request_count + self.error_count
+        return self.error_count / total if total else 0.0
+
+
+@dataclass
+class ShapeResult:
+    input_len: int
+    output_len: int
+    points: list[PointResult] = field(default_factory=list)
+    sustainable: PointResult | None = None
+    stop_reason: str = ""
+
+
+def percentile(values: Sequence[float], share: float) -> float | None:
+    """Nearest-rank percentile; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(share * len(ordered)))
+    return ordered[rank - 1]
+
+
+def prompt_token_ids(input_len: int, salt: int) -> list[int]:
+    # Distinct ids per request, so an engine's prefix cache cannot make later requests cheaper.
+    return [100 + (salt * 7919 + index * 104729) % 30000 for index in range(input_len)]
+
+
+class Endpoint:
+    """One OpenAI-compatible completions endpoint."""
+
+    def __init__(self, base_url: str, model: str, *, client: httpx.AsyncClient) -> None:
+        self.url = base_url.rstrip("/") + "/v1/completions"
+        self.model = model
+        self.client = client
+        self._salt = 0
+
+    async def check(self) -> None:
+        """Fail fast, with the reason, when the endpoint cannot serve the model at all."""
+        result = await self.complete(input_len=4, output_len=2, timeout_seconds=30.0)
+        if not result.ok:
+            raise RunnerError(
+                f"The endpoint {self.url} cannot serve '{self.model}': {result.error}"
+            )
+
+    async def complete(
+        self, *, input_len: int, output_len: int, timeout_seconds: float
+    ) -> RequestResult:
+        self._salt += 1
+        body = {
+            "model": self.model,
+            "prompt": prompt_token_ids(input_len, self._salt),
+            "max_tokens": output_len,
+            "min_tokens": output_len,
+            "ignore_eos": True,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        started = time.perf_counter()
+        first_token_at = None
+        chunks_with_text = 0
+        usage = None
+        try:
+            async with self.client.stream(
+                "POST", self.url, json=body, timeout=timeout_seconds
+            ) as response:
+                if response.status_code != 200:
+                    detail = (await response.aread())[:200].decode(errors="replace")
+                    return RequestResult(
+                        ok=False,
+                        started_s=started,
+                        finished_s=time.perf_counter(),
+                        error=f"HTTP {response.status_code}: {detail}",
+                    )
+                async for line in response.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == "[DONE]":
+                        break
+                    chunk = json.loads(payload)
+                    if chunk.get("usage"):
+                        usage = chunk["usage"]
+                    for choice in chunk.get("choices") or []:
+                        if choice.get("text"):
+                            chunks_with_text += 1
+                            if first_token_at is None:
+                                first_token_at = time.perf_counter()
+        except (httpx.HTTPError, json.JSONDecodeError) as error:
+            return RequestResult(
+                ok=False,
+                started_s=started,
+                finished_s=time.perf_counter(),
+                error=f"{type(error).__name__}: {error}"[:300],
+            )
+        finished = time.perf_counter()
+        completion_tokens = int(usage["completion_tokens"]) if usage else chunks_with_text
+        prompt_tokens = int(usage["prompt_tokens"]) if usage else input_len
+        if first_token_at is None:
+            return RequestResult(
+                ok=False, started_s=started, finished_s=finished, error="no tokens streamed"
+            )
+        ttft = first_token_at - started
+        tpot = (
+            (finished - first_token_at) / (completion_tokens - 1) if completion_tokens > 1 else None
+        )
+        return RequestResult(
+            ok=True,
+            started_s=started,
+            finished_s=finished,
+            ttft_s=ttft,
+            tpot_s=tpot,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+        )
+
+
+async def measure_point(
+    endpoint: Endpoint,
+    *,
+    input_len: int,
+    output_len: int,
+    concurrency: int,
+    spec: SuiteSpec,
+) -> PointResult:
+    """Closed-loop load: `concurrency` workers send back to back.
+
+    The first quarter of the time is a warm-up that fills the batch. Throughput counts each
+    successful request by the share of its lifetime that falls inside the measuring window:
+    identical requests started together finish together, so counting whole completions in a
+    window would jump by a whole cohort at a time, while lifetime shares flow smoothly.
+    """
+    warmup_seconds = spec.duration_per_point_seconds * 0.25
+    start = time.perf_counter()
+    window_start = start + warmup_seconds
+    window_end = window_start + spec.duration_per_point_seconds
+    results: list[RequestResult] = []
+
+    async def worker() -> None:
+        while time.perf_counter() < window_end:
+            results.append(
+                await endpoint.complete(
+                    input_len=input_len,
+                    output_len=output_len,
+                    timeout_seconds=spec.request_timeout_seconds,
+                )
+            )
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    seconds = spec.duration_per_point_seconds
+    ok = [r for r in results if r.ok]
+    errors = [r for r in results if not r.ok]
+    request_share = 0.0
+    input_tokens = 0.0
+    output_tokens = 0.0
+    for r in ok:
+        lifetime = max(r.finished_s - r.started_s, 1e-9)
+        overlap = min(r.finished_s, window_end) - max(r.started_s, window_start)
+        share = max(0.0, overlap) / lifetime
+        request_share += share
+        input_tokens += share * r.prompt_tokens
+        output_tokens += share * r.completion_tokens
+    # Latencies of the requests that finished inside the window: the steady state.
+    settled = [r for r in ok if window_start <= r.finished_s <= window_end] or ok
+    ttfts = [r.ttft_s * 1000 for r in settled if r.ttft_s is not None]
+    tpots = [r.tpot_s * 1000 for r in settled if r.tpot_s is not None]
+    e2es = [(r.finished_s - r.started_s) * 1000 for r in settled]
+    ttft_p95 = percentile(ttfts, 0.95)
+    tpot_p95 = percentile(tpots, 0.95)
+    slo_met = (
+        bool(ok)
+        and (ttft_p95 or 0) <= spec.slo_ttft_p95_ms
+        and (tpot_p95 is None or tpot_p95 <= spec.slo_tpot_p95_ms)
+    )
+    return PointResult(
+        input_len=input_len,
+        output_len=output_len,
+        concurrency=concurrency,
+        requests_per_s=request_share / seconds,
+        input_tokens_per_s=input_tokens / seconds,
+        output_tokens_per_s=output_tokens / seconds,
+        ttft_p50_ms=percentile(ttfts, 0.5),
+        ttft_p95_ms=ttft_p95,
+        tpot_p50_ms=percentile(tpots, 0.5),
+        tpot_p95_ms=tpot_p95,
+        e2e_p95_ms=percentile(e2es, 0.95),
+        request_count=len(ok),
+        error_count=len(errors),
+        slo_met=slo_met,
+        first_error=errors[0].error if errors else "",
+    )
+
+
+async def sweep_shape(
+    endpoint: Endpoint,
+    *,
+    input_len: int,
+    output_len: int,
+    spec: SuiteSpec,
+    on_point: Callable[[PointResult], Awaitable[None]] | None = None,
+) -> ShapeResult:
+    shape = ShapeResult(input_len=input_len, output_len=output_len)
+    concurrency = spec.concurrency_start
+    while True:
+        point = await measure_point(
+            endpoint,
+            input_len=input_len,
+            output_len=output_len,
+            concurrency=concurrency,
+            spec=spec,
+        )
+        shape.points.append(point)
+        if on_point is not None:
+            await on_point(point)
+        if point.error_rate > spec.max_error_rate:
+            raise RunnerError(
+                f"{point.error_count} of {point.request_count + point.error_count} requests "
+                f"failed at {input_len}/{output_len} with concurrency {concurrency} "
+                f"(over the {spec.max_error_rate:.0%} limit); first error: {point.first_error}"
+            )
+        best = shape.sustainable
+        if not point.slo_met:
+            shape.stop_reason = (
+                f"SLO broken at concurrency {concurrency}: p95 TTFT {point.ttft_p95_ms} ms, "
+                f"p95 TPOT {point.tpot_p95_ms} ms"
+            )
+            break
+        if best is not None and point.requests_per_s < best.requests_per_s * (
+            1 + spec.min_throughput_growth
+        ):
+            if point.requests_per_s > best.requests_per_s:
+                shape.sustainable = point
+            shape.stop_reason = f"throughput stopped growing at concurrency {concurrency}"
+            break
+        shape.sustainable = point
+        if concurrency >= spec.max_concurrency:
+            shape.stop_reason = f"reached max concurrency {spec.max_concurrency}"
+            break
+        concurrency = min(concurrency * 2, spec.max_concurrency)
+    return shape
+
+
+async def run_grid(
+    *,
+    base_url: str,
+    model: str,
+    spec: SuiteSpec,
+    on_point: Callable[[PointResult], Awaitable[None]] | None = None,
+    on_shape: Callable[[ShapeResult], Awaitable[None]] | None = None,
+) -> list[ShapeResult]:
+    limits = httpx.Limits(max_connections=spec.max_concurrency + 4, max_keepalive_connections=None)
+    async with httpx.AsyncClient(limits=limits, timeout=spec.request_timeout_seconds) as client:
+        endpoint = Endpoint(base_url, model, client=client)
+        await endpoint.check()
+        shapes = []
+        for input_len, output_len in spec.grid:
+            shape = await sweep_shape(
+                endpoint, input_len=input_len, output_len=output_len, spec=spec, on_point=on_point
+            )
+            shapes.append(shape)
+            if on_shape is not None:
+                await on_shape(shape)
+        return shapes

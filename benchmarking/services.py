@@ -1,0 +1,466 @@
+"""Writes for benchmark suites and runs, imports, and fits.
+
+A run is a row (DESIGN §6): the task claims it with a conditional update, reports progress
+and a heartbeat on the row while it works, and ends it as succeeded or failed. A run whose
+worker died is failed by `runs_reap_stale`, so no run stays "running" forever, and a fit only
+ever reads a succeeded run.
+"""
+
+import logging
+from datetime import timedelta
+
+from asgiref.sync import async_to_sync, sync_to_async
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from benchmarking import fitting, runner
+from benchmarking.csv_import import parse_throughput_csv
+from benchmarking.models import BenchmarkRun, BenchmarkSample, BenchmarkSuite
+from capacity.cost_models import cost_model_record
+from capacity.models import CostModel, Deployment, GpuType, ServedModel
+from controlplane.errors import ConflictError, DomainError
+
+logger = logging.getLogger(__name__)
+
+MAX_LOG_CHARS = 20_000
+
+
+# --- Suites --------------------------------------------------------------------------------
+
+
+def validate_grid(grid) -> list[list[int]]:
+    if not isinstance(grid, list) or not grid:
+        raise DomainError("grid must be a non-empty list of [input_len, output_len].", field="grid")
+    shapes = []
+    for index, shape in enumerate(grid):
+        valid = (
+            isinstance(shape, list | tuple)
+            and len(shape) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in shape)
+        )
+        if not valid:
+            raise DomainError(
+                f"grid[{index}] must be [input_len, output_len], two positive integers; "
+                f"got {shape!r}.",
+                field="grid",
+            )
+        shapes.append([int(shape[0]), int(shape[1])])
+    if len({tuple(shape) for shape in shapes}) != len(shapes):
+        raise DomainError("grid repeats a shape.", field="grid")
+    return shapes
+
+
+@transaction.atomic
+def suite_create(**values) -> BenchmarkSuite:
+    values["grid"] = validate_grid(values.get("grid"))
+    if BenchmarkSuite.objects.filter(name=values["name"]).exists():
+        raise ConflictError(f"A suite named '{values['name']}' already exists.", field="name")
+    if values.get("max_concurrency", 256) < values.get("concurrency_start", 1):
+        raise DomainError(
+            "max_concurrency must be at least concurrency_start.", field="max_concurrency"
+        )
+    return BenchmarkSuite.objects.create(**values)
+
+
+# --- Queuing and executing runs --------------------------------------------------------------
+
+
+def _queue_task(run_id: int) -> None:
+    from benchmarking.tasks import run_benchmark
+
+    run_benchmark.delay(run_id)
+
+
+@transaction.atomic
+def run_queue(
+    *,
+    suite: BenchmarkSuite,
+    deployment: Deployment | None = None,
+    endpoint_url: str = "",
+    served_model: ServedModel | None = None,
+    gpu_type: GpuType | None = None,
+    gpus_per_replica: int | None = None,
+    replicas: int = 1,
+) -> BenchmarkRun:
+    """Queue a benchmark of a deployment's endpoint (or of an explicit endpoint)."""
+    if deployment is not None:
+        deployment = Deployment.objects.select_related("served_model", "gpu_pool__gpu_type").get(
+            pk=deployment.pk
+        )
+        endpoint_url = endpoint_url or deployment.endpoint_url
+        served_model = served_model or deployment.served_model
+        gpu_type = gpu_type or deployment.gpu_pool.gpu_type
+        gpus_per_replica = gpus_per_replica or deployment.gpus_per_replica
+    if not endpoint_url:
+        raise DomainError(
+            "Nothing to benchmark: the deployment has no endpoint_url; give one.",
+            field="endpoint_url",
+        )
+    if served_model is None or gpu_type is None:
+        raise DomainError("Give a deployment, or a model and a GPU type.", field="deployment")
+    if replicas < 1:
+        raise DomainError("replicas must be at least 1.", field="replicas")
+    run = BenchmarkRun.objects.create(
+        suite=suite,
+        deployment=deployment,
+        served_model=served_model,
+        gpu_type=gpu_type,
+        gpus_per_replica=gpus_per_replica or 1,
+        replicas=replicas,
+        endpoint_url=endpoint_url,
+        engine_model_id=served_model.engine_model_id,
+        source=BenchmarkRun.Source.RUNNER,
+        progress_total=len(suite.grid),
+        progress_message="queued",
+    )
+    run_id = run.pk
+    transaction.on_commit(lambda: _queue_task(run_id))
+    return run
+
+
+def run_claim(*, run_id: int) -> bool:
+    """Take a queued run. False when another worker has it or it has ended."""
+    now = timezone.now()
+    claimed = BenchmarkRun.objects.filter(pk=run_id, status=BenchmarkRun.Status.QUEUED).update(
+        status=BenchmarkRun.Status.RUNNING,
+        started_at=now,
+        heartbeat_at=now,
+        progress_message="starting",
+    )
+    if claimed:
+        BenchmarkRun.objects.filter(pk=run_id).update(attempts=F("attempts") + 1)
+    return bool(claimed)
+
+
+def _append_log(run_id: int, line: str) -> None:
+    run = BenchmarkRun.objects.only("log").get(pk=run_id)
+    stamped = f"{timezone.now():%Y-%m-%d %H:%M:%S} {line}\n"
+    log = (run.log + stamped)[-MAX_LOG_CHARS:]
+    BenchmarkRun.objects.filter(pk=run_id).update(log=log)
+
+
+def _still_running(run_id: int) -> bool:
+    return BenchmarkRun.objects.filter(pk=run_id, status=BenchmarkRun.Status.RUNNING).exists()
+
+
+def _record_point(run_id: int, replicas: int, point: runner.PointResult) -> None:
+    if not _still_running(run_id):
+        # The reaper failed this run (or a planner did); stop writing into it.
+        raise runner.RunnerError("the run was ended while it was measuring")
+    BenchmarkSample.objects.create(
+        run_id=run_id,
+        input_len=point.input_len,
+        output_len=point.output_len,
+        concurrency=point.concurrency,
+        requests_per_s=point.requests_per_s / replicas,
+        input_tokens_per_s=point.input_tokens_per_s / replicas,
+        output_tokens_per_s=point.output_tokens_per_s / replicas,
+        ttft_p50_ms=point.ttft_p50_ms,
+        ttft_p95_ms=point.ttft_p95_ms,
+        tpot_p50_ms=point.tpot_p50_ms,
+        tpot_p95_ms=point.tpot_p95_ms,
+        e2e_p95_ms=point.e2e_p95_ms,
+        request_count=point.request_count,
+        error_count=point.error_count,
+        slo_met=point.slo_met,
+    )
+    BenchmarkRun.objects.filter(pk=run_id).update(
+        heartbeat_at=timezone.now(),
+        progress_message=(
+            f"{point.input_len}/{point.output_len} at concurrency {point.concurrency}: "
+            f"{point.requests_per_s:.3g} req/s, p95 TTFT {point.ttft_p95_ms or 0:.0f} ms, "
+            f"p95 TPOT {point.tpot_p95_ms or 0:.1f} ms"
+        ),
+    )
+
+
+def _record_shape(run_id: int, shape: runner.ShapeResult) -> None:
+    if shape.sustainable is not None:
+        BenchmarkSample.objects.filter(
+            run_id=run_id,
+            input_len=shape.input_len,
+            output_len=shape.output_len,
+            concurrency=shape.sustainable.concurrency,
+        ).update(sustainable=True)
+    BenchmarkRun.objects.filter(pk=run_id).update(
+        progress_done=F("progress_done") + 1, heartbeat_at=timezone.now()
+    )
+    verdict = (
+        f"sustainable {shape.sustainable.requests_per_s:.3g} req/s at concurrency "
+        f"{shape.sustainable.concurrency}"
+        if shape.sustainable
+        else "no concurrency met the SLO"
+    )
+    _append_log(run_id, f"{shape.input_len}/{shape.output_len}: {verdict} ({shape.stop_reason})")
+
+
+def run_fail(*, run_id: int, error: str) -> bool:
+    ended = BenchmarkRun.objects.filter(
+        pk=run_id, status__in=[BenchmarkRun.Status.QUEUED, BenchmarkRun.Status.RUNNING]
+    ).update(status=BenchmarkRun.Status.FAILED, error=error[:5000], finished_at=timezone.now())
+    if ended:
+        _append_log(run_id, f"failed: {error[:500]}")
+    return bool(ended)
+
+
+def run_execute(*, run_id: int) -> BenchmarkRun | None:
+    """Claim a queued run, measure its grid, then fit. Returns None when not claimed."""
+    if not run_claim(run_id=run_id):
+        logger.info("benchmark run %s was not queued; nothing to do", run_id)
+        return None
+    run = BenchmarkRun.objects.select_related("suite").get(pk=run_id)
+    suite = run.suite
+    spec = runner.SuiteSpec(
+        grid=tuple((int(i), int(o)) for i, o in suite.grid),
+        slo_ttft_p95_ms=suite.slo_ttft_p95_ms,
+        slo_tpot_p95_ms=suite.slo_tpot_p95_ms,
+        duration_per_point_seconds=suite.duration_per_point_seconds,
+        concurrency_start=suite.concurrency_start,
+        max_concurrency=suite.max_concurrency,
+        min_throughput_growth=suite.min_throughput_growth,
+        max_error_rate=suite.max_error_rate,
+        request_timeout_seconds=suite.request_timeout_seconds,
+    )
+    _append_log(run_id, f"benchmarking {run.engine_model_id} at {run.endpoint_url}")
+    record_point = sync_to_async(_record_point, thread_sensitive=True)
+    record_shape = sync_to_async(_record_shape, thread_sensitive=True)
+
+    async def on_point(point):
+        await record_point(run_id, run.replicas, point)
+
+    async def on_shape(shape):
+        await record_shape(run_id, shape)
+
+    try:
+        # async_to_sync runs the loop in a side thread and brings sync_to_async callbacks back
+        # to this thread, so progress is written on this thread's database connection.
+        async_to_sync(runner.run_grid)(
+            base_url=run.endpoint_url,
+            model=run.engine_model_id,
+            spec=spec,
+            on_point=on_point,
+            on_shape=on_shape,
+        )
+    except runner.RunnerError as error:
+        run_fail(run_id=run_id, error=str(error))
+        return BenchmarkRun.objects.get(pk=run_id)
+    finished = BenchmarkRun.objects.filter(pk=run_id, status=BenchmarkRun.Status.RUNNING).update(
+        status=BenchmarkRun.Status.SUCCEEDED,
+        finished_at=timezone.now(),
+        heartbeat_at=timezone.now(),
+        progress_message="measured every shape",
+    )
+    if not finished:
+        return BenchmarkRun.objects.get(pk=run_id)
+    _append_log(run_id, "succeeded")
+    try:
+        cost_model = cost_model_fit(run=BenchmarkRun.objects.get(pk=run_id))
+        _append_log(
+            run_id,
+            f"fitted v{cost_model.version}: CV MAPE {cost_model.cv_mape:.1%}, {cost_model.status}",
+        )
+    except DomainError as error:
+        BenchmarkRun.objects.filter(pk=run_id).update(fit_error=error.message)
+        _append_log(run_id, f"no fit: {error.message}")
+    return BenchmarkRun.objects.get(pk=run_id)
+
+
+def runs_reap_stale(*, stale_after_seconds: int | None = None) -> list[int]:
+    """Fail running runs whose worker stopped reporting (killed, lost, out of memory)."""
+    seconds = stale_after_seconds or settings.BENCHMARK_STALE_AFTER_SECONDS
+    cutoff = timezone.now() - timedelta(seconds=seconds)
+    stale_ids = list(
+        BenchmarkRun.objects.filter(
+            status=BenchmarkRun.Status.RUNNING, heartbeat_at__lt=cutoff
+        ).values_list("pk", flat=True)
+    )
+    reaped = []
+    for run_id in stale_ids:
+        if run_fail(
+            run_id=run_id,
+            error=f"The worker stopped reporting for over {seconds} s (killed or lost); "
+            "partial samples are kept for inspection but are never fitted.",
+        ):
+            reaped.append(run_id)
+    return reaped
+
+
+# --- Imports ---------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def benchmark_import(
+    *,
+    csv_text: str,
+    model_name: str,
+    gpu_name: str,
+    gpus_per_replica: int = 1,
+    source_detail: str = "",
+    gpu_memory_gb: int = 80,
+    gpu_hourly_cost_usd=0,
+    engine_model_id: str = "",
+) -> tuple[BenchmarkRun, list[str]]:
+    """Store an imported throughput table as a succeeded run. Returns the run and what was
+    created along the way (a served model, a GPU type), so the caller can say so."""
+    if gpus_per_replica < 1:
+        raise DomainError("gpus_per_replica must be at least 1.", field="gpus_per_replica")
+    rows = parse_throughput_csv(csv_text)
+    created = []
+    gpu_type = GpuType.objects.filter(name=gpu_name).first()
+    if gpu_type is None:
+        gpu_type = GpuType.objects.create(
+            name=gpu_name, memory_gb=gpu_memory_gb, hourly_cost_usd=gpu_hourly_cost_usd
+        )
+        created.append(f"GPU type '{gpu_name}' ({gpu_memory_gb} GB, ${gpu_hourly_cost_usd}/h)")
+    served_model = ServedModel.objects.filter(name=model_name).first()
+    if served_model is None:
+        context = max(row.input_len + row.output_len for row in rows)
+        served_model = ServedModel.objects.create(
+            name=model_name,
+            engine_model_id=engine_model_id or model_name,
+            parameters_billions=0,
+            reference_gpu_type=gpu_type,
+            context_length_tokens=context,
+        )
+        created.append(
+            f"served model '{model_name}' (reference GPU {gpu_name}, context {context} tokens)"
+        )
+    now = timezone.now()
+    run = BenchmarkRun.objects.create(
+        served_model=served_model,
+        gpu_type=gpu_type,
+        gpus_per_replica=gpus_per_replica,
+        source=BenchmarkRun.Source.IMPORT,
+        source_detail=source_detail[:500],
+        status=BenchmarkRun.Status.SUCCEEDED,
+        progress_done=len(rows),
+        progress_total=len(rows),
+        progress_message=f"imported {len(rows)} rows",
+        started_at=now,
+        finished_at=now,
+        heartbeat_at=now,
+    )
+    BenchmarkSample.objects.bulk_create(
+        BenchmarkSample(
+            run=run,
+            input_len=row.input_len,
+            output_len=row.output_len,
+            cached_input_len=row.cached_input_len,
+            concurrency=row.concurrency,
+            requests_per_s=row.requests_per_s,
+            input_tokens_per_s=row.requests_per_s * row.input_len,
+            output_tokens_per_s=row.requests_per_s * row.output_len,
+            ttft_p95_ms=row.ttft_p95_ms,
+            tpot_p95_ms=row.tpot_p95_ms,
+            request_count=0,
+            sustainable=True,
+        )
+        for row in rows
+    )
+    return run, created
+
+
+# --- Fitting -----------------------------------------------------------------------------------
+
+
+def _latest_fittable_run(served_model, gpu_type, gpus_per_replica) -> BenchmarkRun | None:
+    return (
+        BenchmarkRun.objects.filter(
+            served_model=served_model,
+            gpu_type=gpu_type,
+            gpus_per_replica=gpus_per_replica,
+            status=BenchmarkRun.Status.SUCCEEDED,
+        )
+        .order_by("-finished_at", "-id")
+        .first()
+    )
+
+
+def cost_model_fit(
+    *,
+    run: BenchmarkRun | None = None,
+    served_model: ServedModel | None = None,
+    gpu_type: GpuType | None = None,
+    gpus_per_replica: int | None = None,
+) -> CostModel:
+    """Fit a new cost-model version from a succeeded run (default: the latest one)."""
+    if run is None:
+        if served_model is None or gpu_type is None:
+            raise DomainError("Give a run, or a model and a GPU type.", field="run")
+        gpus = gpus_per_replica
+        if gpus is None:
+            latest = (
+                BenchmarkRun.objects.filter(
+                    served_model=served_model,
+                    gpu_type=gpu_type,
+                    status=BenchmarkRun.Status.SUCCEEDED,
+                )
+                .order_by("-finished_at", "-id")
+                .first()
+            )
+            gpus = latest.gpus_per_replica if latest else 1
+        run = _latest_fittable_run(served_model, gpu_type, gpus)
+        if run is None:
+            raise DomainError(
+                f"No succeeded benchmark run for '{served_model.name}' on {gpu_type.name}"
+                f"×{gpus}: import a table or run a benchmark first.",
+                field="run",
+                code="no_run",
+            )
+    if run.status != BenchmarkRun.Status.SUCCEEDED:
+        raise DomainError(
+            f"Run {run.pk} is {run.status}; only a succeeded run is fitted.",
+            field="run",
+            code="run_not_succeeded",
+            status=409,
+        )
+    samples = list(run.samples.filter(sustainable=True, requests_per_s__gt=0))
+    shapes = [
+        fitting.Shape(
+            input_tokens=s.input_len - s.cached_input_len,
+            output_tokens=s.output_len,
+            cached_input_tokens=s.cached_input_len,
+        )
+        for s in samples
+    ]
+    try:
+        result = fitting.fit_cost_model(shapes, [s.requests_per_s for s in samples])
+    except fitting.FitError as error:
+        raise DomainError(str(error), field="run", code="cannot_fit") from None
+    replica_mu_per_minute = 100.0
+    mu_per_unit = fitting.mu_coefficients(result.weights_replica_seconds, replica_mu_per_minute)
+    return cost_model_record(
+        served_model=run.served_model,
+        gpu_type=run.gpu_type,
+        gpus_per_replica=run.gpus_per_replica,
+        features=result.features,
+        weights_replica_seconds=result.weights_replica_seconds,
+        mu_per_unit=mu_per_unit,
+        sample_count=result.sample_count,
+        distinct_shapes=result.distinct_shapes,
+        cv_mape=result.cv_mape,
+        cv_worst_error=result.cv_worst_error,
+        candidates=[
+            {
+                "features": list(candidate.features),
+                "cv_mape": candidate.cv_mape,
+                "cv_worst_error": candidate.cv_worst_error,
+            }
+            for candidate in result.candidates
+        ],
+        residuals=[
+            {
+                "input_tokens": residual.shape.input_tokens,
+                "cached_input_tokens": residual.shape.cached_input_tokens,
+                "output_tokens": residual.shape.output_tokens,
+                "measured_replica_seconds": residual.measured_replica_seconds,
+                "predicted_replica_seconds": residual.predicted_replica_seconds,
+                "relative_error": residual.relative_error,
+            }
+            for residual in result.residuals
+        ],
+        replica_mu_per_minute=replica_mu_per_minute,
+        source_run=run,
+    )
