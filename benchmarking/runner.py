@@ -12,6 +12,7 @@ Pure asyncio + httpx; no Django. The service that stores results calls `run_grid
 import asyncio
 import json
 import math
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -95,13 +96,43 @@ def prompt_token_ids(input_len: int, salt: int) -> list[int]:
     return [100 + (salt * 7919 + index * 104729) % 30000 for index in range(input_len)]
 
 
-class Endpoint:
-    """One OpenAI-compatible completions endpoint."""
+# httpx's connection pool scans all its connections for every request, so one client with
+# hundreds of streams spends its time in the pool rather than on the wire: workers are spread
+# over clients of this many connections each.
+STREAMS_PER_CLIENT = 32
 
-    def __init__(self, base_url: str, model: str, *, client: httpx.AsyncClient) -> None:
+
+def client_count(concurrency: int) -> int:
+    return max(1, math.ceil(concurrency / STREAMS_PER_CLIENT))
+
+
+def make_clients(concurrency: int, *, timeout_seconds: float) -> list[httpx.AsyncClient]:
+    limits = httpx.Limits(
+        max_connections=STREAMS_PER_CLIENT + 2, max_keepalive_connections=STREAMS_PER_CLIENT
+    )
+    tls = ssl.create_default_context()  # loading CA certificates once, not per client
+    return [
+        httpx.AsyncClient(limits=limits, timeout=timeout_seconds, verify=tls)
+        for _ in range(client_count(concurrency))
+    ]
+
+
+class Endpoint:
+    """One OpenAI-compatible completions endpoint, reached through a set of clients."""
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        client: httpx.AsyncClient | None = None,
+        clients: Sequence[httpx.AsyncClient] = (),
+    ) -> None:
         self.url = base_url.rstrip("/") + "/v1/completions"
         self.model = model
-        self.client = client
+        self.clients = list(clients) or ([client] if client is not None else [])
+        if not self.clients:
+            raise ValueError("an Endpoint needs at least one httpx client")
         self._salt = 0
 
     async def check(self) -> None:
@@ -113,7 +144,7 @@ class Endpoint:
             )
 
     async def complete(
-        self, *, input_len: int, output_len: int, timeout_seconds: float
+        self, *, input_len: int, output_len: int, timeout_seconds: float, lane: int = 0
     ) -> RequestResult:
         self._salt += 1
         body = {
@@ -131,7 +162,8 @@ class Endpoint:
         chunks_with_text = 0
         usage = None
         try:
-            async with self.client.stream(
+            client = self.clients[(lane // STREAMS_PER_CLIENT) % len(self.clients)]
+            async with client.stream(
                 "POST", self.url, json=body, timeout=timeout_seconds
             ) as response:
                 if response.status_code != 200:
@@ -148,14 +180,24 @@ class Endpoint:
                     payload = line[5:].strip()
                     if payload == "[DONE]":
                         break
-                    chunk = json.loads(payload)
-                    if chunk.get("usage"):
-                        usage = chunk["usage"]
-                    for choice in chunk.get("choices") or []:
-                        if choice.get("text"):
-                            chunks_with_text += 1
-                            if first_token_at is None:
-                                first_token_at = time.perf_counter()
+                    # Decoding every chunk would make the client, not the engine, the limit at
+                    # high concurrency: only the first token's chunk and the usage chunk are
+                    # parsed. A quoted "prompt_tokens" key appears only in a usage object
+                    # (inside generated text the quotes would be escaped).
+                    if '"prompt_tokens"' in payload:
+                        chunk = json.loads(payload)
+                        usage = chunk.get("usage") or usage
+                        if not any(c.get("text") for c in chunk.get("choices") or []):
+                            continue
+                    elif first_token_at is not None:
+                        chunks_with_text += 1
+                        continue
+                    else:
+                        chunk = json.loads(payload)
+                    if any(choice.get("text") for choice in chunk.get("choices") or []):
+                        chunks_with_text += 1
+                        if first_token_at is None:
+                            first_token_at = time.perf_counter()
         except (httpx.HTTPError, json.JSONDecodeError) as error:
             return RequestResult(
                 ok=False,
@@ -206,17 +248,18 @@ async def measure_point(
     window_end = window_start + spec.duration_per_point_seconds
     results: list[RequestResult] = []
 
-    async def worker() -> None:
+    async def worker(lane: int) -> None:
         while time.perf_counter() < window_end:
             results.append(
                 await endpoint.complete(
                     input_len=input_len,
                     output_len=output_len,
                     timeout_seconds=spec.request_timeout_seconds,
+                    lane=lane,
                 )
             )
 
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    await asyncio.gather(*(worker(lane) for lane in range(concurrency)))
     seconds = spec.duration_per_point_seconds
     ok = [r for r in results if r.ok]
     errors = [r for r in results if not r.ok]
@@ -318,9 +361,9 @@ async def run_grid(
     on_point: Callable[[PointResult], Awaitable[None]] | None = None,
     on_shape: Callable[[ShapeResult], Awaitable[None]] | None = None,
 ) -> list[ShapeResult]:
-    limits = httpx.Limits(max_connections=spec.max_concurrency + 4, max_keepalive_connections=None)
-    async with httpx.AsyncClient(limits=limits, timeout=spec.request_timeout_seconds) as client:
-        endpoint = Endpoint(base_url, model, client=client)
+    clients = make_clients(spec.max_concurrency, timeout_seconds=spec.request_timeout_seconds)
+    try:
+        endpoint = Endpoint(base_url, model, clients=clients)
         await endpoint.check()
         shapes = []
         for input_len, output_len in spec.grid:
@@ -331,3 +374,6 @@ async def run_grid(
             if on_shape is not None:
                 await on_shape(shape)
         return shapes
+    finally:
+        for client in clients:
+            await client.aclose()

@@ -246,24 +246,31 @@ def run_execute(*, run_id: int) -> BenchmarkRun | None:
     except runner.RunnerError as error:
         run_fail(run_id=run_id, error=str(error))
         return BenchmarkRun.objects.get(pk=run_id)
-    finished = BenchmarkRun.objects.filter(pk=run_id, status=BenchmarkRun.Status.RUNNING).update(
-        status=BenchmarkRun.Status.SUCCEEDED,
-        finished_at=timezone.now(),
-        heartbeat_at=timezone.now(),
-        progress_message="measured every shape",
-    )
-    if not finished:
-        return BenchmarkRun.objects.get(pk=run_id)
-    _append_log(run_id, "succeeded")
-    try:
-        cost_model = cost_model_fit(run=BenchmarkRun.objects.get(pk=run_id))
-        _append_log(
-            run_id,
-            f"fitted v{cost_model.version}: CV MAPE {cost_model.cv_mape:.1%}, {cost_model.status}",
+    # The run turns succeeded and its fit lands in one transaction, so nobody sees a succeeded
+    # run whose cost model is still missing.
+    with transaction.atomic():
+        finished = BenchmarkRun.objects.filter(
+            pk=run_id, status=BenchmarkRun.Status.RUNNING
+        ).update(
+            status=BenchmarkRun.Status.SUCCEEDED,
+            finished_at=timezone.now(),
+            heartbeat_at=timezone.now(),
+            progress_message="measured every shape",
         )
-    except DomainError as error:
-        BenchmarkRun.objects.filter(pk=run_id).update(fit_error=error.message)
-        _append_log(run_id, f"no fit: {error.message}")
+        if not finished:
+            return BenchmarkRun.objects.get(pk=run_id)
+        _append_log(run_id, "succeeded")
+        try:
+            with transaction.atomic():
+                cost_model = cost_model_fit(run=BenchmarkRun.objects.get(pk=run_id))
+            _append_log(
+                run_id,
+                f"fitted v{cost_model.version}: CV MAPE {cost_model.cv_mape:.1%}, "
+                f"{cost_model.status}",
+            )
+        except DomainError as error:
+            BenchmarkRun.objects.filter(pk=run_id).update(fit_error=error.message)
+            _append_log(run_id, f"no fit: {error.message}")
     return BenchmarkRun.objects.get(pk=run_id)
 
 

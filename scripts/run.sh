@@ -8,6 +8,7 @@ BIN=.venv/bin
 export DEBUG="${DEBUG:-1}"
 export REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6379/0}"
 PORT="${PORT:-8000}"
+EMULATOR_PORT="${EMULATOR_PORT:-8101}"
 HOST="${HOST:-127.0.0.1}"
 DEMO_PLANNER="${DEMO_PLANNER:-planner}"
 export PLANNER_PASSWORD="${DEMO_PLANNER_PASSWORD:-demo-planner-password}"
@@ -31,7 +32,13 @@ $BIN/python manage.py migrate --noinput
 $BIN/python manage.py collectstatic --noinput --verbosity 0
 $BIN/python manage.py create_planner "$DEMO_PLANNER" --skip-password-validation
 echo "== demo data"
-$BIN/python manage.py seed_demo
+$BIN/python manage.py seed_demo --emulator-url "http://$HOST:$EMULATOR_PORT"
+$BIN/python manage.py setup_periodic_tasks
+
+# The engine emulator stands in for the data plane (a vLLM fleet) in the demo.
+$BIN/python -m benchmarking.emulator --host "$HOST" --port "$EMULATOR_PORT" \
+  --config benchmarking/emulator/demo.json > var/log/emulator.log 2>&1 &
+pids+=($!)
 
 $BIN/gunicorn controlplane.wsgi:application --bind "$HOST:$PORT" --workers 2 \
   --access-logfile var/log/web.log --error-logfile var/log/web.log &
@@ -50,6 +57,10 @@ Model-Unit Control Plane is running (logs in var/log/):
   API          http://$HOST:$PORT/api/v1/
   Admin        http://$HOST:$PORT/admin/   user: $DEMO_PLANNER  password: $PLANNER_PASSWORD
   Health       http://$HOST:$PORT/healthz   http://$HOST:$PORT/readyz
+  Emulator     http://$HOST:$EMULATOR_PORT/v1/models   (metrics: /metrics)
+
+Try a benchmark of the demo deployment against the emulator (a few minutes):
+  .venv/bin/python manage.py run_benchmark --suite demo-quick --deployment llama-8b-h100 --wait
 Press Ctrl-C to stop.
 MSG
 # Stop everything as soon as any one of them dies.

@@ -5,6 +5,7 @@ keys and prints fresh ones (a key's secret cannot be shown twice).
 """
 
 from decimal import Decimal
+from pathlib import Path
 
 from django.core.management.base import BaseCommand
 from django.db import transaction
@@ -13,7 +14,9 @@ from django.utils import timezone
 from accounts import scopes as S
 from accounts.models import ApiKey, Customer
 from accounts.services import api_key_create
-from capacity.models import ActuatorKind, Deployment, GpuPool, GpuType, ServedModel
+from benchmarking.models import BenchmarkSuite
+from benchmarking.services import benchmark_import, cost_model_fit, suite_create
+from capacity.models import ActuatorKind, CostModel, Deployment, GpuPool, GpuType, ServedModel
 
 DEMO_KEY_NAME = "demo key (seed_demo)"
 
@@ -28,7 +31,8 @@ POOLS = [
     ("eu-west-l40s", "L40S-48GB", 8),
 ]
 MODELS = [
-    ("llama-3.1-8b", "meta-llama/Llama-3.1-8B-Instruct", 8.0, "H100-80GB", 131072),
+    # Engine ids match the models of the engine emulator's demo config.
+    ("llama-3.1-8b", "llama-3.1-8b", 8.0, "H100-80GB", 8192),
     ("qwen2.5-72b", "Qwen/Qwen2.5-72B-Instruct", 72.0, "H100-80GB", 32768),
 ]
 DEPLOYMENTS = [
@@ -44,11 +48,36 @@ CUSTOMERS = [
 ]
 
 
+DEMO_SUITE = {
+    "name": "demo-quick",
+    "description": "A small grid that finishes in a few minutes against the emulator.",
+    "grid": [[128, 64], [512, 64], [2048, 64], [128, 256], [512, 256], [1024, 128], [256, 32]],
+    "slo_ttft_p95_ms": 2000.0,
+    "slo_tpot_p95_ms": 60.0,
+    "duration_per_point_seconds": 5.0,
+    "concurrency_start": 4,
+    "max_concurrency": 64,
+}
+DEMO_TABLE = (
+    Path(__file__).resolve().parents[3]
+    / "benchmarking"
+    / "data"
+    / "trtllm_llama31-8b_fp8_h100_tp1.csv"
+)
+
+
 class Command(BaseCommand):
     help = "Seed a demo fleet and customers, and print fresh demo API keys."
 
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--emulator-url",
+            default="",
+            help="Point the demo's llama deployment at this engine emulator.",
+        )
+
     @transaction.atomic
-    def handle(self, *args, **options):
+    def handle(self, *args, emulator_url="", **options):
         gpu_types = {}
         for name, memory_gb, cost in GPU_TYPES:
             gpu_types[name], _ = GpuType.objects.update_or_create(
@@ -85,6 +114,24 @@ class Command(BaseCommand):
                     "actuator_kind": ActuatorKind.DRY_RUN,
                     "actuator_config": {},
                 },
+            )
+        if emulator_url:
+            Deployment.objects.filter(name="llama-8b-h100").update(endpoint_url=emulator_url)
+        suite = BenchmarkSuite.objects.filter(name=DEMO_SUITE["name"]).first()
+        if suite is None:
+            suite = suite_create(**DEMO_SUITE)
+        Deployment.objects.filter(name="llama-8b-h100").update(benchmark_suite=suite)
+        if not CostModel.objects.filter(served_model=models["llama-3.1-8b"]).exists():
+            run, _ = benchmark_import(
+                csv_text=DEMO_TABLE.read_text(),
+                model_name="llama-3.1-8b",
+                gpu_name="H100-80GB",
+                source_detail=DEMO_TABLE.name,
+            )
+            cost_model = cost_model_fit(run=run)
+            self.stdout.write(
+                f"Cost model: llama-3.1-8b on H100-80GB v{cost_model.version} "
+                f"({cost_model.status}, CV MAPE {cost_model.cv_mape:.1%}) from {DEMO_TABLE.name}."
             )
         self.stdout.write(
             f"Catalog: {len(GPU_TYPES)} GPU types, {len(POOLS)} pools, {len(MODELS)} models, "

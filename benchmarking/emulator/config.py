@@ -1,0 +1,179 @@
+"""Emulator configuration: dataclasses and a strict JSON loader.
+
+The loader refuses unknown fields and wrong types with an error that names the field
+(`models[1].max_num_seqs: ...`), because a typo in a ground-truth constant would otherwise
+silently produce a benchmark of a different machine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+# Defaults describe an 8B dense model on one H100 (bf16): weights read once per decode step
+# (~7 ms), a small per-sequence cost, and ~128 KiB of KV cache read per context token.
+DEFAULT_MAX_NUM_SEQS = 256
+DEFAULT_KV_CACHE_TOKENS = 200_000
+DEFAULT_CONTEXT_LENGTH = 8192
+DEFAULT_PREFILL_SECONDS_PER_TOKEN = 1.0e-4
+DEFAULT_DECODE_STEP_BASE_SECONDS = 7.0e-3
+DEFAULT_DECODE_SECONDS_PER_SEQUENCE = 6.0e-5
+DEFAULT_DECODE_SECONDS_PER_CONTEXT_TOKEN = 5.0e-8
+DEFAULT_MEAN_OUTPUT_TOKENS = 200
+DEFAULT_VOCAB_SIZE = 128_256
+DEFAULT_PENDING_TIMEOUT_SECONDS = 60.0
+MAX_REPLICAS = 1024
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, of the wrong type or out of range."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """One served model and the ground truth its replicas follow.
+
+    A decode step of a replica takes
+        prefill_seconds_per_token × (prompt tokens prefilled in the step)
+        + decode_step_base_seconds
+        + decode_seconds_per_sequence × (running sequences)
+        + decode_seconds_per_context_token × (context tokens of the running sequences)
+    and every running sequence emits one token at its end.
+    """
+
+    name: str
+    replicas: int = 1
+    cold_start_seconds: float = 0.0
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    kv_cache_tokens: int = DEFAULT_KV_CACHE_TOKENS
+    context_length: int = DEFAULT_CONTEXT_LENGTH
+    prefill_seconds_per_token: float = DEFAULT_PREFILL_SECONDS_PER_TOKEN
+    decode_step_base_seconds: float = DEFAULT_DECODE_STEP_BASE_SECONDS
+    decode_seconds_per_sequence: float = DEFAULT_DECODE_SECONDS_PER_SEQUENCE
+    decode_seconds_per_context_token: float = DEFAULT_DECODE_SECONDS_PER_CONTEXT_TOKEN
+    mean_output_tokens: int = DEFAULT_MEAN_OUTPUT_TOKENS
+    vocab_size: int = DEFAULT_VOCAB_SIZE
+    # How long a request may wait for a ready replica (model scaled to zero or still cold
+    # starting) before it is answered 503.
+    pending_timeout_seconds: float = DEFAULT_PENDING_TIMEOUT_SECONDS
+
+
+@dataclass(frozen=True)
+class EmulatorConfig:
+    seed: int = 0
+    models: tuple[ModelConfig, ...] = field(default_factory=tuple)
+
+    def model(self, name: str) -> ModelConfig | None:
+        for model in self.models:
+            if model.name == name:
+                return model
+        return None
+
+
+# Inclusive minimum of every numeric field.
+_INT_BOUNDS: dict[str, int] = {
+    "replicas": 0,
+    "max_num_seqs": 1,
+    "kv_cache_tokens": 1,
+    "context_length": 1,
+    "mean_output_tokens": 1,
+    "vocab_size": 2,
+}
+_FLOAT_MINIMUMS: dict[str, float] = {
+    "cold_start_seconds": 0.0,
+    "prefill_seconds_per_token": 0.0,
+    "decode_step_base_seconds": 0.0,
+    "decode_seconds_per_sequence": 0.0,
+    "decode_seconds_per_context_token": 0.0,
+    "pending_timeout_seconds": 0.0,
+}
+
+
+def _is_int(value: Any) -> bool:
+    # bool is an int subclass; `"replicas": true` is a mistake, not 1.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int_field(path: str, value: Any, minimum: int) -> int:
+    if not _is_int(value):
+        raise ConfigError(f"{path}: must be an integer, got {value!r}")
+    if value < minimum:
+        raise ConfigError(f"{path}: must be >= {minimum}, got {value}")
+    return value
+
+
+def _float_field(path: str, value: Any, minimum: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{path}: must be a number, got {value!r}")
+    if not math.isfinite(value) or value < minimum:
+        raise ConfigError(f"{path}: must be a finite number >= {minimum}, got {value!r}")
+    return float(value)
+
+
+def _parse_model(index: int, raw: Any) -> ModelConfig:
+    path = f"models[{index}]"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: must be an object, got {type(raw).__name__}")
+    known = {f.name for f in fields(ModelConfig)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ConfigError(f"{path}.{unknown[0]}: unknown field (known: {', '.join(sorted(known))})")
+    name = raw.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"{path}.name: must be a non-empty string, got {name!r}")
+    values: dict[str, Any] = {"name": name}
+    for key, value in raw.items():
+        if key in _INT_BOUNDS:
+            values[key] = _int_field(f"{path}.{key}", value, _INT_BOUNDS[key])
+        elif key in _FLOAT_MINIMUMS:
+            values[key] = _float_field(f"{path}.{key}", value, _FLOAT_MINIMUMS[key])
+    model = ModelConfig(**values)
+    if model.replicas > MAX_REPLICAS:
+        raise ConfigError(f"{path}.replicas: must be <= {MAX_REPLICAS}, got {model.replicas}")
+    # vLLM refuses to start when one max-length sequence cannot fit in the KV cache; without
+    # this a request could wait forever for a budget that never frees up.
+    if model.kv_cache_tokens < model.context_length:
+        raise ConfigError(
+            f"{path}.kv_cache_tokens: must be >= context_length ({model.context_length}), "
+            f"got {model.kv_cache_tokens}"
+        )
+    return model
+
+
+def parse_config(raw: Any) -> EmulatorConfig:
+    """Build an `EmulatorConfig` from decoded JSON, raising `ConfigError` naming the field."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config: must be a JSON object, got {type(raw).__name__}")
+    unknown = sorted(set(raw) - {"seed", "models"})
+    if unknown:
+        raise ConfigError(f"{unknown[0]}: unknown top-level field (known: models, seed)")
+    seed = raw.get("seed", 0)
+    if not _is_int(seed):
+        raise ConfigError(f"seed: must be an integer, got {seed!r}")
+    raw_models = raw.get("models")
+    if not isinstance(raw_models, list) or not raw_models:
+        raise ConfigError("models: must be a non-empty list of model objects")
+    models = tuple(_parse_model(i, m) for i, m in enumerate(raw_models))
+    seen: set[str] = set()
+    for i, model in enumerate(models):
+        if model.name in seen:
+            raise ConfigError(f"models[{i}].name: duplicate model name {model.name!r}")
+        seen.add(model.name)
+    return EmulatorConfig(seed=seed, models=models)
+
+
+def load_config(path: str | Path) -> EmulatorConfig:
+    """Read and validate a JSON config file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from exc
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: invalid JSON at line {exc.lineno}: {exc.msg}") from exc
+    return parse_config(raw)
