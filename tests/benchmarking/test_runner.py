@@ -1,0 +1,154 @@
+"""The load runner against real HTTP servers: sweeps, SLO stops, error thresholds, timeouts."""
+
+import asyncio
+import json
+import threading
+
+import pytest
+from aiohttp import web
+
+from benchmarking import runner
+from benchmarking.emulator.background import BackgroundEmulator
+from benchmarking.emulator.config import parse_config
+from benchmarking.emulator.ground_truth import ground_truth_replica_seconds
+
+TINY = {
+    "name": "tiny",
+    "max_num_seqs": 8,
+    "kv_cache_tokens": 100_000,
+    "context_length": 4096,
+    "prefill_seconds_per_token": 1e-5,
+    "decode_step_base_seconds": 3e-3,
+    "decode_seconds_per_sequence": 1e-4,
+    "decode_seconds_per_context_token": 0.0,
+}
+
+
+def spec(**overrides) -> runner.SuiteSpec:
+    values = {
+        "grid": ((64, 32),),
+        "slo_ttft_p95_ms": 10_000,
+        "slo_tpot_p95_ms": 1_000,
+        "duration_per_point_seconds": 1.0,
+        "concurrency_start": 2,
+        "max_concurrency": 32,
+        "request_timeout_seconds": 10,
+    }
+    return runner.SuiteSpec(**(values | overrides))
+
+
+@pytest.fixture
+def emulator():
+    config = parse_config({"seed": 3, "models": [TINY]})
+    with BackgroundEmulator(config) as running:
+        yield running
+
+
+class _FlakyServer:
+    """Streams a valid completion, except every `fail_every`-th request gets a 500 (or never
+    answers, to exercise timeouts)."""
+
+    def __init__(self, *, fail_every: int, hang: bool = False):
+        self.fail_every = fail_every
+        self.hang = hang
+        self.count = 0
+        self.url = ""
+        self._ready = threading.Event()
+
+    async def completions(self, request):
+        body = await request.json()
+        self.count += 1
+        if self.count > 1 and self.count % self.fail_every == 0:
+            if self.hang:
+                await asyncio.sleep(2)
+            return web.json_response({"error": {"message": "boom"}}, status=500)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for _ in range(body["max_tokens"]):
+            chunk = {"choices": [{"index": 0, "text": " tok"}]}
+            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": body["max_tokens"]}
+        await response.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    def _serve(self):
+        loop = asyncio.new_event_loop()
+        app = web.Application()
+        app.router.add_post("/v1/completions", self.completions)
+        app_runner = web.AppRunner(app, shutdown_timeout=0.5)
+        loop.run_until_complete(app_runner.setup())
+        site = web.TCPSite(app_runner, "127.0.0.1", 0)
+        loop.run_until_complete(site.start())
+        port = site._server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        self.loop = loop
+        self.app_runner = app_runner
+        self._ready.set()
+        loop.run_forever()
+
+    def __enter__(self):
+        threading.Thread(target=self._serve, daemon=True).start()
+        self._ready.wait(5)
+        return self
+
+    def __exit__(self, *exc):
+        future = asyncio.run_coroutine_threadsafe(self.app_runner.cleanup(), self.loop)
+        future.result(timeout=10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+def test_a_sweep_raises_concurrency_until_throughput_stops_growing(emulator):
+    shapes = asyncio.run(runner.run_grid(base_url=emulator.url, model="tiny", spec=spec()))
+    shape = shapes[0]
+    concurrencies = [point.concurrency for point in shape.points]
+    assert concurrencies[:3] == [2, 4, 8]
+    # Beyond max_num_seqs = 8 requests only wait, so throughput stops growing near there.
+    assert "stopped growing" in shape.stop_reason or "max concurrency" in shape.stop_reason
+    assert shape.sustainable.concurrency >= 8
+    assert shape.points[1].requests_per_s > shape.points[0].requests_per_s * 1.5
+    expected = 1 / ground_truth_replica_seconds(emulator.config.models[0], 64, 32, batch_size=8)
+    assert shape.sustainable.requests_per_s == pytest.approx(expected, rel=0.15)
+
+
+def test_a_tight_slo_stops_the_sweep_and_reports_why(emulator):
+    shapes = asyncio.run(
+        runner.run_grid(base_url=emulator.url, model="tiny", spec=spec(slo_tpot_p95_ms=3.5))
+    )
+    shape = shapes[0]
+    assert "SLO broken" in shape.stop_reason
+    assert all(point.tpot_p95_ms <= 3.5 for point in shape.points if point.slo_met)
+
+
+def test_errors_past_the_threshold_stop_the_run_with_a_clear_error():
+    with _FlakyServer(fail_every=3) as server, pytest.raises(runner.RunnerError) as raised:
+        asyncio.run(runner.run_grid(base_url=server.url, model="m", spec=spec()))
+    message = str(raised.value)
+    assert "failed at 64/32" in message
+    assert "over the 5% limit" in message
+    assert "HTTP 500" in message
+
+
+def test_timeouts_are_counted_as_errors():
+    with (
+        _FlakyServer(fail_every=4, hang=True) as server,
+        pytest.raises(runner.RunnerError, match="ReadTimeout|Timeout"),
+    ):
+        asyncio.run(
+            runner.run_grid(
+                base_url=server.url,
+                model="m",
+                spec=spec(request_timeout_seconds=0.5, max_concurrency=2),
+            )
+        )
+
+
+def test_an_unknown_model_fails_before_any_load(emulator):
+    with pytest.raises(runner.RunnerError, match="cannot serve 'ghost'.*HTTP 404"):
+        asyncio.run(runner.run_grid(base_url=emulator.url, model="ghost", spec=spec()))
+
+
+def test_percentiles_are_nearest_rank():
+    assert runner.percentile([], 0.95) is None
+    assert runner.percentile([5.0], 0.95) == 5.0
+    assert runner.percentile(list(range(1, 101)), 0.95) == 95
