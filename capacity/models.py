@@ -106,6 +106,15 @@ class Deployment(models.Model):
         max_length=20, choices=ActuatorKind.choices, default=ActuatorKind.DRY_RUN
     )
     actuator_config = models.JSONField(default=dict, blank=True)
+    prometheus_selector = models.CharField(
+        max_length=500,
+        blank=True,
+        default="",
+        help_text=(
+            "PromQL label matchers that pick this deployment's vLLM series, e.g. "
+            '\'job="vllm", namespace="prod"\'. Empty: model_name="<engine model id>".'
+        ),
+    )
     benchmark_suite = models.ForeignKey(
         "benchmarking.BenchmarkSuite",
         on_delete=models.SET_NULL,

@@ -217,3 +217,8 @@ BENCHMARK_STALE_AFTER_SECONDS = env_int("BENCHMARK_STALE_AFTER_SECONDS", 180, mi
 BENCHMARK_TASK_TIME_LIMIT_SECONDS = env_int(
     "BENCHMARK_TASK_TIME_LIMIT_SECONDS", 4 * 3600, minimum=60
 )
+
+# --- Load metrics ----------------------------------------------------------------------------
+# Prometheus scraping the engines (vLLM metrics). Empty: deployment load is unknown.
+PROMETHEUS_URL = env_str("PROMETHEUS_URL", "")
+PROMETHEUS_TIMEOUT_SECONDS = env_int("PROMETHEUS_TIMEOUT_SECONDS", 5, minimum=1)
