@@ -2,7 +2,17 @@ from django import forms
 from django.contrib import admin
 
 from capacity.actuator_config import validate_actuator_config
-from capacity.models import CostModel, Deployment, GpuPool, GpuType, ServedModel
+from capacity.models import (
+    CostModel,
+    Deployment,
+    GpuPool,
+    GpuType,
+    Reservation,
+    ReservationChange,
+    ServedModel,
+    UsageEvent,
+    UsageMinute,
+)
 from capacity.services import check_fits_pool
 from controlplane.errors import DomainError
 
@@ -139,3 +149,80 @@ class CostModelAdmin(admin.ModelAdmin):
 
         for cost_model in queryset.exclude(status=CostModel.Status.RETIRED):
             cost_model_retire(cost_model=cost_model)
+
+
+class ReservationChangeInline(admin.TabularInline):
+    model = ReservationChange
+    extra = 0
+    can_delete = False
+    readonly_fields = ["kind", "changes", "changed_by", "changed_at"]
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(Reservation)
+class ReservationAdmin(admin.ModelAdmin):
+    """Read-only here: selling goes through the API, which checks capacity under a lock."""
+
+    list_display = [
+        "customer",
+        "served_model",
+        "mu_per_minute",
+        "starts_at",
+        "ends_at",
+        "status",
+        "keep_warm",
+    ]
+    list_filter = ["status", "served_model", "keep_warm"]
+    search_fields = ["customer__slug", "served_model__name", "notes"]
+    list_select_related = ["customer", "served_model"]
+    inlines = [ReservationChangeInline]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(ReservationChange)
+class ReservationChangeAdmin(admin.ModelAdmin):
+    list_display = ["reservation", "kind", "changed_by", "changed_at"]
+    list_filter = ["kind"]
+    search_fields = ["changed_by", "reservation__customer__slug"]
+
+
+@admin.register(UsageEvent)
+class UsageEventAdmin(admin.ModelAdmin):
+    list_display = [
+        "event_id",
+        "customer",
+        "served_model",
+        "finished_at",
+        "input_tokens",
+        "output_tokens",
+        "outcome",
+        "admission_class",
+        "mu",
+        "rolled_up",
+    ]
+    list_filter = ["outcome", "admission_class", "rolled_up", "served_model"]
+    search_fields = ["event_id", "customer__slug"]
+    list_select_related = ["customer", "served_model"]
+    show_full_result_count = False  # counting millions of events on every page would crawl
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(UsageMinute)
+class UsageMinuteAdmin(admin.ModelAdmin):
+    list_display = ["customer", "served_model", "minute", "requests", "mu", "refused_requests"]
+    list_filter = ["served_model"]
+    search_fields = ["customer__slug"]
+    list_select_related = ["customer", "served_model"]
+    show_full_result_count = False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False

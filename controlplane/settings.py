@@ -222,3 +222,13 @@ BENCHMARK_TASK_TIME_LIMIT_SECONDS = env_int(
 # Prometheus scraping the engines (vLLM metrics). Empty: deployment load is unknown.
 PROMETHEUS_URL = env_str("PROMETHEUS_URL", "")
 PROMETHEUS_TIMEOUT_SECONDS = env_int("PROMETHEUS_TIMEOUT_SECONDS", 5, minimum=1)
+
+# A batch of 5,000 usage events is about 2 MB of JSON; anything far larger is refused with 413
+# before it is parsed.
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("API_MAX_BODY_BYTES", 16 * 1024 * 1024, minimum=1024)
+
+# --- Usage metering ----------------------------------------------------------------------------
+# Events finished longer ago than this are refused (late billing data needs a planner).
+USAGE_LATENESS_WINDOW_HOURS = env_int("USAGE_LATENESS_WINDOW_HOURS", 72, minimum=1)
+# Clocks drift: an event may finish this far in the future.
+USAGE_MAX_FUTURE_SECONDS = env_int("USAGE_MAX_FUTURE_SECONDS", 300, minimum=0)

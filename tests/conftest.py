@@ -149,3 +149,50 @@ def deployment(served_model, pool):
     return DeploymentFactory(
         name="llama-8b-h100", served_model=served_model, gpu_pool=pool, max_replicas=4
     )
+
+
+# Replica-seconds per unit: 1 ms per input token, 20 ms per output token, 50 ms per request.
+SIMPLE_WEIGHTS = {
+    "input_tokens": 0.001,
+    "cached_input_tokens": 0.0,
+    "output_tokens": 0.02,
+    "input_x_output_per_1000": 0.0,
+    "output_sq_per_1000": 0.0,
+    "images": 0.0,
+    "request": 0.05,
+}
+
+
+def make_cost_model(served_model, gpu_type, *, gpus_per_replica=1, weights=None):
+    from benchmarking.fitting import mu_coefficients
+    from capacity.cost_models import cost_model_record
+
+    weights = weights or SIMPLE_WEIGHTS
+    return cost_model_record(
+        served_model=served_model,
+        gpu_type=gpu_type,
+        gpus_per_replica=gpus_per_replica,
+        features=[name for name, value in weights.items() if value],
+        weights_replica_seconds=weights,
+        mu_per_unit=mu_coefficients(weights, 100.0),
+        sample_count=10,
+        distinct_shapes=10,
+        cv_mape=0.02,
+        cv_worst_error=0.05,
+        candidates=[],
+        residuals=[],
+    )
+
+
+@pytest.fixture
+def sellable(served_model, pool, gpu_type):
+    """llama-8b on 8 H100s, 1 GPU per replica: 800 MU/min deployable, 720 sellable (10 %
+    headroom), priced by an active cost model."""
+    DeploymentFactory(
+        name="llama-8b-h100", served_model=served_model, gpu_pool=pool, max_replicas=8
+    )
+    cost_model = make_cost_model(served_model, gpu_type)
+    served_model.headroom = 0.1
+    served_model.overcommit = 1.0
+    served_model.save()
+    return cost_model

@@ -2,6 +2,8 @@ from django.urls import path
 from rest_framework.routers import SimpleRouter
 
 from capacity.api.cost_model_views import CostEstimateView, CostModelViewSet
+from capacity.api.reservation_views import ReservationViewSet
+from capacity.api.usage_views import CustomerUtilisationView, ModelCapacityView, UsageEventsView
 from capacity.api.views import (
     DeploymentViewSet,
     GpuPoolViewSet,
@@ -15,8 +17,16 @@ router.register("gpu-pools", GpuPoolViewSet, basename="gpu-pool")
 router.register("models", ServedModelViewSet, basename="served-model")
 router.register("deployments", DeploymentViewSet, basename="deployment")
 router.register("cost-models", CostModelViewSet, basename="cost-model")
+router.register("reservations", ReservationViewSet, basename="reservation")
 
 urlpatterns = [
     path("cost-models/estimate", CostEstimateView.as_view(), name="cost-estimate"),
+    path("usage/events", UsageEventsView.as_view(), name="usage-events"),
+    path(
+        "customers/<slug:slug>/utilisation",
+        CustomerUtilisationView.as_view(),
+        name="customer-utilisation",
+    ),
+    path("models/<str:name>/capacity", ModelCapacityView.as_view(), name="model-capacity"),
     *router.urls,
 ]

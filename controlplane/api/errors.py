@@ -8,7 +8,9 @@
 list indexes, e.g. `events.3.model`) to its reasons.
 """
 
+from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import IntegrityError
 from django.db.models import ProtectedError
@@ -78,6 +80,18 @@ def api_exception_handler(exc, context):
                 details=exc.details,
             ),
             status=exc.status,
+        )
+    if isinstance(exc, RequestDataTooBig):
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        return Response(
+            error_body(
+                status_code=413,
+                code="body_too_large",
+                message=f"The request body exceeds {limit // (1024 * 1024)} MiB; send less "
+                "per request (usage: at most 5,000 events per batch).",
+                details={"max_body_bytes": limit},
+            ),
+            status=413,
         )
     if isinstance(exc, DjangoValidationError):
         detail = exc.message_dict if hasattr(exc, "error_dict") else exc.messages

@@ -1,6 +1,7 @@
 from django.core.management.base import BaseCommand
 
 from benchmarking.schedules import sync_benchmark_schedules
+from capacity.schedules import sync_capacity_schedules
 
 
 class Command(BaseCommand):
@@ -14,8 +15,10 @@ class Command(BaseCommand):
 
     def handle(self, *args, nightly_hour_utc, **options):
         counts = sync_benchmark_schedules(hour_utc=nightly_hour_utc)
+        capacity_tasks = sync_capacity_schedules()
         self.stdout.write(
             f"Nightly benchmarks: {counts['nightly']} deployment(s) "
             f"({counts['created']} new, {counts['disabled']} disabled). "
             "Stale-run reaper: every 60 s."
         )
+        self.stdout.write(f"Capacity tasks (rollups, reservation status): {capacity_tasks}.")

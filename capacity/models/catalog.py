@@ -56,10 +56,23 @@ class ServedModel(models.Model):
         GpuType, on_delete=models.PROTECT, related_name="reference_for"
     )
     context_length_tokens = models.PositiveIntegerField(validators=[MinValueValidator(1)])
+    # Selling: sellable = deployable MU/min × (1 − headroom) × overcommit (planners set both).
+    headroom = models.FloatField(
+        default=0.1, help_text="Share of deployable capacity kept unsold, in [0, 1)."
+    )
+    overcommit = models.FloatField(
+        default=1.0, help_text="How many MU are sold per deployable MU (> 0; 1.5 = 50 % over)."
+    )
 
     class Meta:
         ordering = ["name"]
         constraints = [
+            models.CheckConstraint(
+                condition=Q(headroom__gte=0) & Q(headroom__lt=1), name="servedmodel_headroom_range"
+            ),
+            models.CheckConstraint(
+                condition=Q(overcommit__gt=0), name="servedmodel_overcommit_positive"
+            ),
             models.CheckConstraint(
                 condition=Q(parameters_billions__gte=0), name="servedmodel_params_not_negative"
             ),
@@ -155,76 +168,3 @@ class Deployment(models.Model):
     @property
     def max_gpus(self) -> int:
         return self.max_replicas * self.gpus_per_replica
-
-
-class CostModel(models.Model):
-    """A fitted cost model for one (served model, GPU type, GPUs per replica) — DESIGN §1.
-
-    `weights_replica_seconds` maps each feature to the replica-seconds one unit of it costs on
-    a saturated replica. MU coefficients follow from `replica_mu_per_minute` (R = 100 by
-    definition on the model's reference GPU type): MU per unit = weight × R / 60.
-    Versions are never edited after the fit: usage stores the version it was priced with.
-    """
-
-    class Status(models.TextChoices):
-        CANDIDATE = "candidate", "Candidate"
-        ACTIVE = "active", "Active"
-        RETIRED = "retired", "Retired"
-
-    served_model = models.ForeignKey(
-        ServedModel, on_delete=models.PROTECT, related_name="cost_models"
-    )
-    gpu_type = models.ForeignKey(GpuType, on_delete=models.PROTECT, related_name="cost_models")
-    gpus_per_replica = models.PositiveIntegerField(default=1)
-    version = models.PositiveIntegerField()
-    features = models.JSONField(help_text="Feature names the fit selected.")
-    weights_replica_seconds = models.JSONField()
-    replica_mu_per_minute = models.FloatField(default=100.0)
-    alpha_mu_per_input_token = models.FloatField()
-    beta_mu_per_output_token = models.FloatField()
-    gamma_mu_per_request = models.FloatField()
-    mu_per_unit = models.JSONField(help_text="MU per unit of every feature.")
-    sample_count = models.PositiveIntegerField()
-    distinct_shapes = models.PositiveIntegerField()
-    cv_mape = models.FloatField(
-        help_text="Cross-validated mean absolute percentage error (0.05 = 5 %)."
-    )
-    cv_worst_error = models.FloatField()
-    candidates = models.JSONField(default=list, help_text="Every feature set tried, with its CV.")
-    residuals = models.JSONField(default=list)
-    status = models.CharField(max_length=10, choices=Status.choices, default=Status.CANDIDATE)
-    source_run = models.ForeignKey(
-        "benchmarking.BenchmarkRun",
-        on_delete=models.SET_NULL,
-        null=True,
-        blank=True,
-        related_name="cost_models",
-    )
-    created_at = models.DateTimeField(auto_now_add=True)
-    activated_at = models.DateTimeField(null=True, blank=True)
-    retired_at = models.DateTimeField(null=True, blank=True)
-
-    class Meta:
-        ordering = ["served_model__name", "gpu_type__name", "gpus_per_replica", "-version"]
-        constraints = [
-            models.UniqueConstraint(
-                fields=["served_model", "gpu_type", "gpus_per_replica", "version"],
-                name="costmodel_unique_version",
-            ),
-            # One active version per (model, GPU type, GPUs per replica), enforced by the database
-            # so two concurrent activations cannot both win.
-            models.UniqueConstraint(
-                fields=["served_model", "gpu_type", "gpus_per_replica"],
-                condition=Q(status="active"),
-                name="costmodel_one_active",
-            ),
-            models.CheckConstraint(
-                condition=Q(replica_mu_per_minute__gt=0), name="costmodel_r_positive"
-            ),
-        ]
-
-    def __str__(self) -> str:
-        return (
-            f"{self.served_model.name} on {self.gpu_type.name}×{self.gpus_per_replica} "
-            f"v{self.version} ({self.status})"
-        )

@@ -1,0 +1,151 @@
+from datetime import timedelta
+
+from django.shortcuts import get_object_or_404
+from django.utils import timezone
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import serializers, status
+from rest_framework.exceptions import PermissionDenied
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from accounts.principals import principal_of
+from accounts.selectors import customers_visible_to
+from capacity.models import ServedModel
+from capacity.usage import MAX_BATCH_EVENTS, usage_ingest
+from capacity.utilisation import customer_utilisation, model_capacity_summary
+from controlplane.api.errors import error_body
+from controlplane.errors import DomainError
+
+IngestResponse = inline_serializer(
+    "UsageIngestResponse",
+    {
+        "accepted_count": serializers.IntegerField(),
+        "duplicate_count": serializers.IntegerField(),
+        "rejected_count": serializers.IntegerField(),
+        "accepted": serializers.ListField(child=serializers.CharField()),
+        "duplicates": serializers.ListField(child=serializers.CharField()),
+        "rejected": serializers.ListField(child=serializers.DictField()),
+    },
+)
+
+
+class UsageEventsView(APIView):
+    """Post a batch of usage events (up to 5,000).
+
+    `{"events": [...]}` or a bare list. Answers 200 when every event was stored or was a
+    duplicate, 207 when some were rejected and others stored, 400 when all were rejected;
+    the body always says which: accepted, duplicates (ignored, never counted twice) and
+    rejected (by index, with reasons).
+    """
+
+    @extend_schema(request=inline_serializer("UsageBatch", {"events": serializers.ListField(
+        child=serializers.DictField(), max_length=MAX_BATCH_EVENTS)}),
+        responses={200: IngestResponse, 207: IngestResponse, 400: IngestResponse})  # fmt: skip
+    def post(self, request):
+        principal = principal_of(request)
+        if not (principal.is_planner or principal.has_scope("usage:write")):
+            raise PermissionDenied("Posting usage needs the usage:write scope.")
+        body = request.data
+        events = body.get("events") if isinstance(body, dict) else body
+        if isinstance(body, dict) and "events" not in body:
+            raise DomainError('Send {"events": [...]}.', field="events")
+        customer = principal.api_key.customer if principal.api_key is not None else None
+        may_name = principal.is_planner or principal.is_service
+        if customer is None and not may_name:
+            raise PermissionDenied("Only customer keys, platform keys and planners post usage.")
+        result = usage_ingest(events=events, customer=customer, may_name_customer=may_name)
+        body = result.as_dict()
+        if result.rejected and not (result.accepted or result.duplicates):
+            code = status.HTTP_400_BAD_REQUEST
+            first = result.rejected[0]
+            body["error"] = error_body(
+                status_code=code,
+                code="all_rejected",
+                message=f"Every event was rejected; event {first['index']}: "
+                + "; ".join(first["reasons"]),
+            )["error"]
+        elif result.rejected:
+            code = status.HTTP_207_MULTI_STATUS
+        else:
+            code = status.HTTP_200_OK
+        return Response(body, status=code)
+
+
+def _parse_time(value: str | None, *, field: str, default):
+    if not value:
+        return default
+    from django.utils.dateparse import parse_datetime
+
+    parsed = parse_datetime(value)
+    if parsed is None:
+        raise DomainError(f"'{value}' is not an ISO 8601 date-time.", field=field)
+    if timezone.is_naive(parsed):
+        raise DomainError("Give a time zone, e.g. 2026-11-01T00:00:00Z.", field=field)
+    return parsed
+
+
+def _parse_step(value: str | None) -> timedelta:
+    if not value:
+        return timedelta(hours=1)
+    units = {"m": 60, "h": 3600, "d": 86400}
+    try:
+        if value[-1] in units:
+            return timedelta(seconds=int(value[:-1]) * units[value[-1]])
+        return timedelta(seconds=int(value))
+    except (ValueError, IndexError):
+        raise DomainError(
+            f"'{value}' is not a step: use seconds or a number with m, h or d (e.g. 15m).",
+            field="step",
+        ) from None
+
+
+class CustomerUtilisationView(APIView):
+    """Reserved versus used MU/min per step for one customer and model."""
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("model", str, required=True),
+            OpenApiParameter("from", str, description="ISO 8601; default: 24 h ago"),
+            OpenApiParameter("to", str, description="ISO 8601; default: now"),
+            OpenApiParameter("step", str, description="e.g. 60, 15m, 1h, 1d; default 1h"),
+        ],
+        responses=inline_serializer("Utilisation", {"steps": serializers.ListField()}),
+    )
+    def get(self, request, slug):
+        principal = principal_of(request)
+        customer = get_object_or_404(customers_visible_to(principal), slug=slug)
+        model_name = request.query_params.get("model")
+        if not model_name:
+            raise DomainError("Name the model: ?model=NAME.", field="model")
+        served_model = ServedModel.objects.filter(name=model_name).first()
+        if served_model is None:
+            raise DomainError(f"No model named '{model_name}'.", field="model")
+        now = timezone.now()
+        end = _parse_time(request.query_params.get("to"), field="to", default=now)
+        start = _parse_time(
+            request.query_params.get("from"), field="from", default=end - timedelta(hours=24)
+        )
+        step = _parse_step(request.query_params.get("step"))
+        steps = customer_utilisation(
+            customer=customer, served_model=served_model, start=start, end=end, step=step
+        )
+        return Response(
+            {
+                "customer": customer.slug,
+                "model": served_model.name,
+                "from": start.isoformat(),
+                "to": end.isoformat(),
+                "step_seconds": int(step.total_seconds()),
+                "steps": steps,
+            }
+        )
+
+
+class ModelCapacityView(APIView):
+    """Deployable, hot, sellable, sold and used MU/min of a model, now."""
+
+    @extend_schema(responses=inline_serializer("ModelCapacity", {
+        "deployable_mu_per_minute": serializers.FloatField()}))  # fmt: skip
+    def get(self, request, name):
+        served_model = get_object_or_404(ServedModel, name=name)
+        return Response(model_capacity_summary(served_model))

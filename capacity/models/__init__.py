@@ -1,0 +1,21 @@
+"""The capacity app's models, one module per concept."""
+
+from capacity.models.catalog import ActuatorKind, Deployment, GpuPool, GpuType, ServedModel
+from capacity.models.cost_models import CostModel
+from capacity.models.reservations import Reservation, ReservationChange
+from capacity.models.usage import AdmissionClass, Outcome, UsageEvent, UsageMinute
+
+__all__ = [
+    "ActuatorKind",
+    "AdmissionClass",
+    "CostModel",
+    "Deployment",
+    "GpuPool",
+    "GpuType",
+    "Outcome",
+    "Reservation",
+    "ReservationChange",
+    "ServedModel",
+    "UsageEvent",
+    "UsageMinute",
+]

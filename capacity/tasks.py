@@ -1,0 +1,15 @@
+"""Thin Celery adapters for the capacity app (DESIGN §6)."""
+
+from celery import shared_task
+
+from capacity import reservations, rollups
+
+
+@shared_task(name="capacity.usage_rollup", expires=25)
+def usage_rollup() -> dict:
+    return rollups.usage_rollup()
+
+
+@shared_task(name="capacity.reservations_refresh_status", expires=55)
+def reservations_refresh_status() -> dict:
+    return reservations.reservations_refresh_status()

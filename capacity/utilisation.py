@@ -1,0 +1,156 @@
+"""Sold versus used per customer over time, from the minute rollups and the reservations."""
+
+from datetime import datetime, timedelta
+
+import numpy as np
+from django.db.models import Q, Sum
+from django.utils import timezone
+
+from accounts.models import Customer
+from capacity.models import Reservation, ServedModel, UsageMinute
+from capacity.sellable import model_capacity
+from controlplane.errors import DomainError
+
+MAX_BUCKETS = 5_000
+MAX_RANGE = timedelta(days=400)
+USED_NOW_WINDOW = timedelta(minutes=5)
+
+
+def _p95(values: np.ndarray) -> float:
+    # Nearest rank, the convention of the whole project (benchmarking.runner.percentile).
+    if values.size == 0:
+        return 0.0
+    ordered = np.sort(values)
+    rank = max(1, int(np.ceil(0.95 * ordered.size)))
+    return float(ordered[rank - 1])
+
+
+def customer_utilisation(
+    *,
+    customer: Customer,
+    served_model: ServedModel,
+    start: datetime,
+    end: datetime,
+    step: timedelta,
+) -> list[dict]:
+    if step < timedelta(minutes=1) or step.total_seconds() % 60:
+        raise DomainError("step must be a whole number of minutes, at least 1.", field="step")
+    if end <= start:
+        raise DomainError("to must be after from.", field="to")
+    if end - start > MAX_RANGE:
+        raise DomainError(f"The range may span at most {MAX_RANGE.days} days.", field="from")
+    start = start.replace(second=0, microsecond=0)
+    minutes = int(np.ceil((end - start).total_seconds() / 60))
+    step_minutes = int(step.total_seconds() // 60)
+    buckets = int(np.ceil(minutes / step_minutes))
+    if buckets > MAX_BUCKETS:
+        raise DomainError(
+            f"{buckets} steps asked for; at most {MAX_BUCKETS}. Use a larger step.", field="step"
+        )
+
+    per_minute = {
+        name: np.zeros(minutes)
+        for name in ("mu", "guaranteed_mu", "best_effort_mu", "refused", "requests")
+    }
+    rows = UsageMinute.objects.filter(
+        customer=customer, served_model=served_model, minute__gte=start, minute__lt=end
+    ).values_list("minute", "mu", "guaranteed_mu", "best_effort_mu", "refused_requests", "requests")
+    for minute, mu, guaranteed, best_effort, refused, requests in rows.iterator(chunk_size=5000):
+        index = int((minute - start).total_seconds() // 60)
+        per_minute["mu"][index] = mu
+        per_minute["guaranteed_mu"][index] = guaranteed
+        per_minute["best_effort_mu"][index] = best_effort
+        per_minute["refused"][index] = refused
+        per_minute["requests"][index] = requests
+
+    reserved = np.zeros(minutes)
+    reservations = Reservation.objects.filter(
+        customer=customer, served_model=served_model, starts_at__lt=end
+    ).filter(Q(ends_at__isnull=True) | Q(ends_at__gt=start))
+    for reservation in reservations:
+        # A cancelled reservation counted until it was cancelled.
+        stop = reservation.ends_at or end
+        if reservation.status == Reservation.Status.CANCELLED and reservation.cancelled_at:
+            stop = min(stop, reservation.cancelled_at)
+        first = max(0, int((reservation.starts_at - start).total_seconds() // 60))
+        last = min(minutes, int(np.ceil((stop - start).total_seconds() / 60)))
+        if last > first:
+            reserved[first:last] += reservation.mu_per_minute
+
+    result = []
+    for bucket in range(buckets):
+        lo, hi = bucket * step_minutes, min(minutes, (bucket + 1) * step_minutes)
+        mu = per_minute["mu"][lo:hi]
+        result.append(
+            {
+                "start": (start + timedelta(minutes=lo)).isoformat(),
+                "end": (start + timedelta(minutes=hi)).isoformat(),
+                "reserved_mu_per_minute": float(reserved[lo:hi].mean()),
+                "used_mu_per_minute_mean": float(mu.mean()),
+                "used_mu_per_minute_p95_minute": _p95(mu),
+                "used_mu_per_minute_peak_minute": float(mu.max()) if mu.size else 0.0,
+                "used_mu": float(mu.sum()),
+                "guaranteed_mu": float(per_minute["guaranteed_mu"][lo:hi].sum()),
+                "best_effort_mu": float(per_minute["best_effort_mu"][lo:hi].sum()),
+                "requests": int(per_minute["requests"][lo:hi].sum()),
+                "refused_requests": int(per_minute["refused"][lo:hi].sum()),
+            }
+        )
+    return result
+
+
+def sold_now(served_model: ServedModel, *, now: datetime | None = None) -> float:
+    now = now or timezone.now()
+    return (
+        Reservation.objects.filter(served_model=served_model, starts_at__lte=now)
+        .exclude(status=Reservation.Status.CANCELLED)
+        .filter(Q(ends_at__isnull=True) | Q(ends_at__gt=now))
+        .aggregate(total=Sum("mu_per_minute"))["total"]
+        or 0.0
+    )
+
+
+def used_now(served_model: ServedModel, *, now: datetime | None = None) -> float:
+    """MU/min over the last five whole minutes, from the rollups."""
+    now = (now or timezone.now()).replace(second=0, microsecond=0)
+    total = UsageMinute.objects.filter(
+        served_model=served_model, minute__gte=now - USED_NOW_WINDOW, minute__lt=now
+    ).aggregate(total=Sum("mu"))["total"]
+    return (total or 0.0) / (USED_NOW_WINDOW.total_seconds() / 60)
+
+
+def model_capacity_summary(served_model: ServedModel) -> dict:
+    capacity = model_capacity(served_model)
+    sold = sold_now(served_model)
+    return {
+        "model": served_model.name,
+        "deployable_mu_per_minute": capacity.deployable_mu_per_minute,
+        "hot_mu_per_minute": capacity.hot_mu_per_minute,
+        "sellable_mu_per_minute": capacity.sellable_mu_per_minute,
+        "sold_mu_per_minute": sold,
+        "used_mu_per_minute": used_now(served_model),
+        "overcommit_ratio": sold / capacity.deployable_mu_per_minute
+        if capacity.deployable_mu_per_minute
+        else None,
+        "headroom": capacity.headroom,
+        "overcommit": capacity.overcommit,
+        "workload_mix": {
+            "input_tokens": capacity.mix.input_tokens,
+            "cached_input_tokens": capacity.mix.cached_input_tokens,
+            "output_tokens": capacity.mix.output_tokens,
+        },
+        "deployments": [
+            {
+                "name": d.name,
+                "gpu_pool": d.gpu_pool,
+                "gpus_per_replica": d.gpus_per_replica,
+                "deployable_replicas": d.deployable_replicas,
+                "current_replicas": d.current_replicas,
+                "mu_per_minute_per_replica": d.mu_per_minute_per_replica,
+                "deployable_mu_per_minute": d.deployable_mu_per_minute,
+                "hot_mu_per_minute": d.hot_mu_per_minute,
+                "note": d.note,
+            }
+            for d in capacity.deployments
+        ],
+    }

@@ -1,0 +1,231 @@
+import json
+import threading
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import httpx
+import pytest
+from django.utils import timezone
+
+from capacity.models import UsageEvent, UsageMinute
+from capacity.rollups import direct_aggregation, usage_rollup
+from tests.servers import gunicorn_server
+
+pytestmark = pytest.mark.django_db
+URL = "/api/v1/usage/events"
+
+
+def event(**overrides) -> dict:
+    finished = timezone.now() - timedelta(minutes=2)
+    body = {
+        "event_id": uuid.uuid4().hex,
+        "model": "llama-8b",
+        "started_at": (finished - timedelta(seconds=3)).isoformat(),
+        "finished_at": finished.isoformat(),
+        "input_tokens": 1000,
+        "cached_input_tokens": 0,
+        "output_tokens": 100,
+        "images": 0,
+        "outcome": "completed",
+        "admission_class": "guaranteed",
+        "ttft_ms": 120.5,
+    }
+    return body | overrides
+
+
+@pytest.fixture
+def usage_client(acme, make_key, key_client):
+    _, plaintext = make_key(customer=acme, scopes=["read", "usage:write"])
+    return key_client(plaintext)
+
+
+@pytest.fixture
+def gateway(make_key, key_client):
+    _, plaintext = make_key(service_name="gateway", scopes=["read", "usage:write"])
+    return key_client(plaintext)
+
+
+def test_events_are_priced_with_the_active_cost_model_and_its_version_is_kept(
+    usage_client, sellable
+):
+    response = usage_client.post(URL, {"events": [event(event_id="e1")]}, format="json")
+    assert response.status_code == 200, response.json()
+    assert response.json()["accepted"] == ["e1"]
+    stored = UsageEvent.objects.get(event_id="e1")
+    # 1000 × 1 ms + 100 × 20 ms + 50 ms = 3.05 replica-s = 3.05 × 100 / 60 MU.
+    assert stored.mu == pytest.approx(3.05 * 100 / 60)
+    assert stored.cost_model == sellable
+    assert stored.customer.slug == "acme"
+
+
+def test_duplicates_within_and_across_batches_are_reported_not_counted(usage_client, sellable):
+    first = usage_client.post(URL, {"events": [event(event_id="a"), event(event_id="a")]},
+                              format="json").json()  # fmt: skip
+    assert (first["accepted"], first["duplicates"]) == (["a"], ["a"])
+    second = usage_client.post(URL, {"events": [event(event_id="a"), event(event_id="b")]},
+                               format="json").json()  # fmt: skip
+    assert (second["accepted"], second["duplicates"]) == (["b"], ["a"])
+    assert UsageEvent.objects.count() == 2
+
+
+@pytest.mark.parametrize(
+    ("overrides", "reason"),
+    [
+        ({"input_tokens": "12"}, "input_tokens"),
+        ({"input_tokens": -1}, "input_tokens"),
+        ({"output_tokens": 1.5}, "output_tokens"),
+        ({"model": "ghost"}, "unknown model 'ghost'"),
+        ({"outcome": "maybe"}, "outcome"),
+        ({"admission_class": 3}, "admission_class"),
+        ({"started_at": "not a time"}, "started_at"),
+        ({"finished_at": "2026-11-01T00:00:00"}, "finished_at"),  # no time zone
+        ({"ttft_ms": -3}, "ttft_ms"),
+        ({"cached_input_tokens": 5000}, "cached_input_tokens exceeds input_tokens"),
+        ({"surprise": 1}, "surprise: is not a field"),
+        ({"event_id": ""}, "event_id"),
+        ({"deployment": "nowhere"}, "unknown deployment 'nowhere'"),
+        ({"customer": "globex"}, "only that customer's usage"),
+    ],
+)
+def test_each_bad_field_is_rejected_by_index_and_the_valid_events_are_kept(
+    usage_client, sellable, globex, overrides, reason
+):
+    batch = [event(event_id="good-1"), event(**({"event_id": "bad"} | overrides)),
+             event(event_id="good-2")]  # fmt: skip
+    response = usage_client.post(URL, {"events": batch}, format="json")
+    assert response.status_code == 207, response.json()
+    body = response.json()
+    assert body["accepted"] == ["good-1", "good-2"]
+    assert [item["index"] for item in body["rejected"]] == [1]
+    assert any(reason in line for line in body["rejected"][0]["reasons"]), body["rejected"]
+    assert set(UsageEvent.objects.values_list("event_id", flat=True)) == {"good-1", "good-2"}
+
+
+def test_events_too_old_or_too_far_in_the_future_are_rejected(usage_client, sellable):
+    now = timezone.now()
+    old = event(finished_at=(now - timedelta(days=30)).isoformat(),
+                started_at=(now - timedelta(days=30, seconds=1)).isoformat())  # fmt: skip
+    future = event(finished_at=(now + timedelta(hours=1)).isoformat(),
+                   started_at=now.isoformat())  # fmt: skip
+    response = usage_client.post(URL, {"events": [old, future]}, format="json")
+    assert response.status_code == 400
+    reasons = [item["reasons"][0] for item in response.json()["rejected"]]
+    assert "lateness window" in reasons[0]
+    assert "in the future" in reasons[1]
+    assert not UsageEvent.objects.exists()
+
+
+def test_a_batch_over_the_limit_is_413_and_stores_nothing(usage_client, sellable):
+    batch = [event() for _ in range(5001)]
+    response = usage_client.post(URL, {"events": batch}, format="json")
+    assert response.status_code == 413
+    assert "at most 5000" in response.json()["error"]["message"]
+    assert not UsageEvent.objects.exists()
+
+
+def test_a_50_megabyte_body_is_refused_cleanly(usage_client, sellable):
+    huge = b'{"events": [' + b'{"event_id": "' + b"x" * (50 * 1024 * 1024) + b'"}]}'
+    response = usage_client.post(URL, data=huge, content_type="application/json")
+    assert response.status_code == 413
+    assert response.json()["error"]["status"] == response.status_code
+    assert not UsageEvent.objects.exists()
+
+
+def test_a_gateway_names_the_customer_and_must_do_so(gateway, sellable, acme):
+    response = gateway.post(URL, {"events": [event(customer="acme"), event()]}, format="json")
+    assert response.status_code == 207
+    assert "customer: required" in response.json()["rejected"][0]["reasons"][0]
+    assert UsageEvent.objects.get().customer == acme
+
+
+def test_a_key_without_usage_scope_cannot_post(acme_key_client, sellable):
+    response = acme_key_client.post(URL, {"events": [event()]}, format="json")
+    assert response.status_code == 403
+
+
+def test_a_refused_request_costs_nothing(usage_client, sellable):
+    usage_client.post(URL, {"events": [event(event_id="r", outcome="refused")]}, format="json")
+    assert UsageEvent.objects.get(event_id="r").mu == 0
+
+
+def test_rollups_equal_a_direct_aggregation_after_late_events(usage_client, sellable):
+    base = timezone.now().replace(second=0, microsecond=0) - timedelta(minutes=30)
+    batch = []
+    for index in range(300):
+        finished = base + timedelta(seconds=index * 3)
+        batch.append(
+            event(
+                event_id=f"ev-{index}",
+                finished_at=finished.isoformat(),
+                started_at=(finished - timedelta(seconds=1)).isoformat(),
+                output_tokens=index % 50,
+                admission_class=["guaranteed", "best_effort", "none"][index % 3],
+                outcome="refused" if index % 17 == 0 else "completed",
+            )
+        )
+    usage_client.post(URL, {"events": batch[:200]}, format="json")
+    usage_rollup()
+    # Late events land in minutes that were already rolled up.
+    usage_client.post(URL, {"events": batch[200:] + batch[:10]}, format="json")
+    assert usage_rollup()["events"] == 100
+    rollups = {
+        (row.customer_id, row.served_model_id, row.minute): row for row in UsageMinute.objects.all()
+    }
+    direct = direct_aggregation()
+    assert set(rollups) == set(direct)
+    for key, expected in direct.items():
+        row = rollups[key]
+        assert row.requests == expected["requests"]
+        assert row.refused_requests == expected["refused_requests"]
+        assert row.output_tokens == expected["output_tokens"]
+        assert row.mu == pytest.approx(expected["mu"])
+        assert row.best_effort_mu == pytest.approx(expected["best_effort_mu"] or 0)
+    assert not UsageEvent.objects.filter(rolled_up=False).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_same_ten_thousand_events_posted_three_times_concurrently_count_once(
+    sellable, acme, make_key, tmp_path
+):
+    _, plaintext = make_key(customer=acme, scopes=["read", "usage:write"])
+    base = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(hours=2)
+    events = [
+        event(
+            event_id=f"c-{index}",
+            finished_at=(base + timedelta(seconds=index * 0.5)).isoformat(),
+            started_at=(base + timedelta(seconds=index * 0.5 - 1)).isoformat(),
+            output_tokens=index % 200,
+        )
+        for index in range(10_000)
+    ]
+    batches = [events[start : start + 2_500] for start in range(0, 10_000, 2_500)]
+    accepted = []
+
+    def post_all(url):
+        with httpx.Client(base_url=url, timeout=120, trust_env=False) as client:
+            for batch in batches:
+                response = client.post(
+                    URL,
+                    content=json.dumps({"events": batch}),
+                    headers={"Authorization": f"Bearer {plaintext}",
+                             "Content-Type": "application/json"},
+                )  # fmt: skip
+                assert response.status_code == 200, response.text[:500]
+                accepted.append(response.json()["accepted_count"])
+
+    with gunicorn_server(tmp_path) as url:
+        threads = [threading.Thread(target=post_all, args=(url,)) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    assert sum(accepted) == 10_000
+    assert UsageEvent.objects.count() == 10_000
+    usage_rollup()
+    first = {(r.minute, r.requests, round(r.mu, 6)) for r in UsageMinute.objects.all()}
+    direct = direct_aggregation()
+    assert sum(row["requests"] for row in direct.values()) == 10_000
+    assert len(first) == len(direct)
+    usage_rollup()  # a second pass changes nothing
+    assert {(r.minute, r.requests, round(r.mu, 6)) for r in UsageMinute.objects.all()} == first
