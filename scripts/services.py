@@ -1,6 +1,8 @@
 """Make sure PostgreSQL and Redis answer, starting installed-but-stopped servers.
 
-    python scripts/services.py test   # PostgreSQL at DATABASE_URL and Redis at REDIS_URL
+    python scripts/services.py test   # PostgreSQL at DATABASE_URL and Redis at REDIS_URL,
+                                      # and the Prometheus binary the tests start (installed
+                                      # with apt-get when missing)
     python scripts/services.py redis  # Redis only; starts a private one under var/ if needed
 
 Uses the start commands of this project's machines (see README, "Services").
@@ -20,6 +22,9 @@ import redis
 
 ROOT = Path(__file__).resolve().parent.parent
 WAIT_SECONDS = 30
+# The tests start their own Prometheus from this binary (tests/prometheus_server.py): Debian's
+# `prometheus` package puts it here.
+PROMETHEUS_BINARY = Path("/usr/bin/prometheus")
 
 
 def _redis_answers(url: str) -> bool:
@@ -134,12 +139,81 @@ def ensure_redis(url: str, *, private_dir: Path | None) -> None:
     _wait(lambda: _redis_answers(url), "Redis")
 
 
+def _apt_get(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["apt-get", *args],
+        # needrestart, when installed, would otherwise scan every process after the install.
+        env=os.environ | {"DEBIAN_FRONTEND": "noninteractive", "NEEDRESTART_SUSPEND": "1"},
+        check=False,
+    )
+
+
+def _apt_knows(package: str) -> bool:
+    """Whether the package lists, as they are now, have a candidate version of the package."""
+    result = subprocess.run(
+        ["apt-cache", "policy", package], capture_output=True, text=True, check=False
+    )
+    return "Candidate:" in result.stdout and "Candidate: (none)" not in result.stdout
+
+
+def _stop_packaged_prometheus() -> None:
+    """Stops and disables the daemon the package installs to run on :9090.
+
+    The tests start their own servers on free ports and never use it; left running (or
+    starting at the next boot), it would scrape and store for nothing on every machine that
+    `make test` installed it on. Only called right after this script installed the package,
+    so nobody relied on that daemon.
+    """
+    quiet = {"check": False, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    if Path("/run/systemd/system").is_dir() and shutil.which("systemctl"):
+        subprocess.run(["systemctl", "disable", "--now", "prometheus.service"], **quiet)
+    elif Path("/etc/init.d/prometheus").exists():
+        subprocess.run(["/etc/init.d/prometheus", "stop"], **quiet)
+        if shutil.which("update-rc.d"):
+            subprocess.run(["update-rc.d", "prometheus", "disable"], **quiet)
+
+
+def ensure_prometheus() -> None:
+    """Installs Debian's `prometheus` package when its binary is missing.
+
+    The Prometheus reader's tests run against a real server scraping the engine emulator; they
+    fail rather than skip without it, so that a fresh machine does not pass by testing less.
+    """
+    if PROMETHEUS_BINARY.exists():
+        print(f"Prometheus is installed ({PROMETHEUS_BINARY}).")
+        return
+    if not shutil.which("apt-get"):
+        sys.exit(
+            f"{PROMETHEUS_BINARY} is missing and this is not a Debian-like system: install "
+            "Prometheus so that the binary is at that path (the tests start it themselves)."
+        )
+    if os.geteuid() != 0:
+        sys.exit(
+            f"{PROMETHEUS_BINARY} is missing; installing it needs root. Run "
+            "`sudo apt-get install --no-install-recommends prometheus`, then `make test` again."
+        )
+    print("Installing Prometheus (apt-get install prometheus) ...", flush=True)
+    # Refreshing the package lists is the slow part; only do it when they cannot serve the
+    # install (never fetched, or stale enough that the install fails).
+    if not _apt_knows("prometheus"):
+        _apt_get("update", "-q")
+    install = ("install", "-y", "-q", "--no-install-recommends", "prometheus")
+    if _apt_get(*install).returncode != 0:
+        _apt_get("update", "-q")
+        if _apt_get(*install).returncode != 0:
+            sys.exit("apt-get could not install prometheus; see its output above.")
+    _stop_packaged_prometheus()
+    if not PROMETHEUS_BINARY.exists():
+        sys.exit(f"the prometheus package is installed but {PROMETHEUS_BINARY} is not there.")
+
+
 def main() -> None:
     mode = sys.argv[1] if len(sys.argv) > 1 else "test"
     redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     if mode == "test":
         ensure_postgres(os.environ["DATABASE_URL"])
         ensure_redis(redis_url, private_dir=None)
+        ensure_prometheus()
     elif mode == "redis":
         ensure_redis(redis_url, private_dir=ROOT / "var" / "redis")
     else:
