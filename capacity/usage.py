@@ -17,7 +17,7 @@ from django.utils import timezone
 from pydantic import ValidationError
 
 from accounts.models import Customer
-from benchmarking.fitting import FEATURES, Shape, feature_matrix
+from benchmarking.fitting import FEATURES, feature_columns
 from capacity.cost_models import active_cost_model
 from capacity.models import CostModel, Deployment, ServedModel, UsageEvent
 from capacity.usage_schema import UsageEventIn, minute_of, reasons_from
@@ -45,11 +45,6 @@ COLUMNS = (
     "ingested_at",
     "rolled_up",
 )
-PG_TYPES = (
-    "text", "bigint", "bigint", "bigint", "timestamptz", "timestamptz", "timestamptz",
-    "integer", "integer", "integer", "integer", "text", "text", "double precision",
-    "double precision", "bigint", "timestamptz", "boolean",
-)  # fmt: skip
 
 
 @dataclass
@@ -70,18 +65,23 @@ class IngestResult:
 
 
 def _mu_per_event(cost_model: CostModel, events: list[UsageEventIn]) -> np.ndarray:
-    shapes = [
-        Shape(
-            input_tokens=event.input_tokens - event.cached_input_tokens,
-            cached_input_tokens=event.cached_input_tokens,
-            output_tokens=event.output_tokens,
-            images=event.images,
-        )
-        for event in events
-    ]
+    counts = np.array(
+        [
+            (e.input_tokens - e.cached_input_tokens, e.cached_input_tokens, e.output_tokens,
+             e.images)
+            for e in events
+        ],
+        dtype=float,
+    ).reshape(-1, 4)  # fmt: skip
     weights = np.array([cost_model.weights_replica_seconds.get(name, 0.0) for name in FEATURES])
-    replica_seconds = feature_matrix(shapes, FEATURES) @ weights
-    return replica_seconds * cost_model.replica_mu_per_minute / 60.0
+    matrix = feature_columns(
+        input_tokens=counts[:, 0],
+        cached_input_tokens=counts[:, 1],
+        output_tokens=counts[:, 2],
+        images=counts[:, 3],
+        features=FEATURES,
+    )
+    return matrix @ weights * cost_model.replica_mu_per_minute / 60.0
 
 
 def usage_ingest(*, events, customer: Customer | None, may_name_customer: bool) -> IngestResult:
@@ -237,16 +237,20 @@ def _insert(valid, *, deployments, ingested_at) -> set[str]:
     table = UsageEvent._meta.db_table
     columns = ", ".join(COLUMNS)
     if connection.vendor == "postgresql":
-        # One statement for the whole batch: arrays in, inserted ids out.
-        arrays = [list(column) for column in zip(*rows, strict=True)]
-        unnest = ", ".join(f"%s::{kind}[]" for kind in PG_TYPES)
-        # Only constant identifiers are formatted in; every value is a parameter.
-        sql = (
-            f"INSERT INTO {table} ({columns}) SELECT * FROM unnest({unnest}) "  # noqa: S608
-            "ON CONFLICT (event_id) DO NOTHING RETURNING event_id"
-        )
+        # COPY the batch into a per-connection staging table (emptied at commit), then move
+        # it over in one statement that skips known event ids and returns the ones it stored.
         with connection.cursor() as cursor:
-            cursor.execute(sql, arrays)
+            cursor.execute(
+                "CREATE TEMP TABLE IF NOT EXISTS usage_staging ON COMMIT DELETE ROWS AS "  # noqa: S608
+                f"SELECT {columns} FROM {table} WITH NO DATA"
+            )
+            with cursor.cursor.copy(f"COPY usage_staging ({columns}) FROM STDIN") as copy:
+                for row in rows:
+                    copy.write_row(row)
+            cursor.execute(
+                f"INSERT INTO {table} ({columns}) SELECT {columns} FROM usage_staging "  # noqa: S608
+                "ON CONFLICT (event_id) DO NOTHING RETURNING event_id"
+            )
             return {row[0] for row in cursor.fetchall()}
     placeholders = ", ".join(["%s"] * len(COLUMNS))
     sql = (

@@ -3,6 +3,7 @@
 from datetime import datetime, timedelta
 
 import numpy as np
+from django.db import connection
 from django.db.models import Q, Sum
 from django.utils import timezone
 
@@ -48,20 +49,10 @@ def customer_utilisation(
             f"{buckets} steps asked for; at most {MAX_BUCKETS}. Use a larger step.", field="step"
         )
 
-    per_minute = {
-        name: np.zeros(minutes)
-        for name in ("mu", "guaranteed_mu", "best_effort_mu", "refused", "requests")
-    }
-    rows = UsageMinute.objects.filter(
-        customer=customer, served_model=served_model, minute__gte=start, minute__lt=end
-    ).values_list("minute", "mu", "guaranteed_mu", "best_effort_mu", "refused_requests", "requests")
-    for minute, mu, guaranteed, best_effort, refused, requests in rows.iterator(chunk_size=5000):
-        index = int((minute - start).total_seconds() // 60)
-        per_minute["mu"][index] = mu
-        per_minute["guaranteed_mu"][index] = guaranteed
-        per_minute["best_effort_mu"][index] = best_effort
-        per_minute["refused"][index] = refused
-        per_minute["requests"][index] = requests
+    if connection.vendor == "postgresql":
+        used = _used_per_bucket_sql(customer, served_model, start, end, minutes, step_minutes)
+    else:
+        used = _used_per_bucket_python(customer, served_model, start, end, minutes, step_minutes)
 
     reserved = np.zeros(minutes)
     reservations = Reservation.objects.filter(
@@ -80,23 +71,96 @@ def customer_utilisation(
     result = []
     for bucket in range(buckets):
         lo, hi = bucket * step_minutes, min(minutes, (bucket + 1) * step_minutes)
-        mu = per_minute["mu"][lo:hi]
+        totals = used.get(bucket, {})
+        used_mu = totals.get("mu", 0.0)
         result.append(
             {
                 "start": (start + timedelta(minutes=lo)).isoformat(),
                 "end": (start + timedelta(minutes=hi)).isoformat(),
                 "reserved_mu_per_minute": float(reserved[lo:hi].mean()),
-                "used_mu_per_minute_mean": float(mu.mean()),
-                "used_mu_per_minute_p95_minute": _p95(mu),
-                "used_mu_per_minute_peak_minute": float(mu.max()) if mu.size else 0.0,
-                "used_mu": float(mu.sum()),
-                "guaranteed_mu": float(per_minute["guaranteed_mu"][lo:hi].sum()),
-                "best_effort_mu": float(per_minute["best_effort_mu"][lo:hi].sum()),
-                "requests": int(per_minute["requests"][lo:hi].sum()),
-                "refused_requests": int(per_minute["refused"][lo:hi].sum()),
+                "used_mu_per_minute_mean": used_mu / (hi - lo),
+                "used_mu_per_minute_p95_minute": totals.get("p95", 0.0),
+                "used_mu_per_minute_peak_minute": max(totals.get("peak", 0.0), 0.0),
+                "used_mu": used_mu,
+                "guaranteed_mu": totals.get("guaranteed_mu", 0.0),
+                "best_effort_mu": totals.get("best_effort_mu", 0.0),
+                "requests": int(totals.get("requests", 0)),
+                "refused_requests": int(totals.get("refused", 0)),
             }
         )
     return result
+
+
+# Per bucket: sums, the peak minute, and the p95 minute counting minutes without usage as 0.
+# With M minutes in a bucket of which n have a row, the nearest-rank p95 is the k-th smallest
+# of M values, k = ceil(0.95 M); the M − n missing minutes are the smallest (0), so it is the
+# (k − (M − n))-th smallest row, or 0 when that rank is not positive.
+_USED_SQL = """
+WITH rows AS (
+    SELECT (extract(epoch FROM (minute - %(start)s))::bigint / 60 / %(step)s)::int AS bucket,
+           mu, guaranteed_mu, best_effort_mu, refused_requests, requests
+    FROM capacity_usageminute
+    WHERE customer_id = %(customer)s AND served_model_id = %(model)s
+      AND minute >= %(start)s AND minute < %(end)s
+), sized AS (
+    SELECT *, least(%(step)s, %(minutes)s - bucket * %(step)s) AS bucket_minutes FROM rows
+)
+SELECT bucket, sum(mu), max(mu), sum(guaranteed_mu), sum(best_effort_mu),
+       sum(refused_requests), sum(requests),
+       -- Out-of-range array subscripts (rank ≤ 0) give NULL, i.e. a p95 of 0.
+       coalesce((array_agg(mu ORDER BY mu))[
+           ceil(0.95 * max(bucket_minutes))::int - (max(bucket_minutes) - count(*))::int], 0)
+FROM sized
+GROUP BY bucket
+"""
+
+
+def _used_per_bucket_sql(customer, served_model, start, end, minutes, step_minutes) -> dict:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _USED_SQL,
+            {
+                "start": start,
+                "end": end,
+                "step": step_minutes,
+                "minutes": minutes,
+                "customer": customer.pk,
+                "model": served_model.pk,
+            },
+        )
+        return {
+            bucket: {
+                "mu": mu or 0.0,
+                "peak": peak or 0.0,
+                "guaranteed_mu": guaranteed or 0.0,
+                "best_effort_mu": best_effort or 0.0,
+                "refused": refused or 0,
+                "requests": requests or 0,
+                "p95": p95 or 0.0,
+            }
+            for bucket, mu, peak, guaranteed, best_effort, refused, requests, p95 in cursor
+        }
+
+
+def _used_per_bucket_python(customer, served_model, start, end, minutes, step_minutes) -> dict:
+    """The same per-bucket figures for SQLite (the `make run` default), in numpy."""
+    names = ("mu", "guaranteed_mu", "best_effort_mu", "refused", "requests")
+    per_minute = {name: np.zeros(minutes) for name in names}
+    rows = UsageMinute.objects.filter(
+        customer=customer, served_model=served_model, minute__gte=start, minute__lt=end
+    ).values_list("minute", "mu", "guaranteed_mu", "best_effort_mu", "refused_requests", "requests")
+    for minute, *values in rows.iterator(chunk_size=5000):
+        index = int((minute - start).total_seconds() // 60)
+        for name, value in zip(names, values, strict=True):
+            per_minute[name][index] = value
+    used = {}
+    for bucket in range(int(np.ceil(minutes / step_minutes))):
+        lo, hi = bucket * step_minutes, min(minutes, (bucket + 1) * step_minutes)
+        mu = per_minute["mu"][lo:hi]
+        used[bucket] = {name: float(per_minute[name][lo:hi].sum()) for name in names}
+        used[bucket]["peak"] = float(mu.max()) if mu.size else 0.0
+        used[bucket]["p95"] = _p95(mu)
+    return used
 
 
 def sold_now(served_model: ServedModel, *, now: datetime | None = None) -> float:

@@ -102,3 +102,28 @@ def test_model_capacity_shows_deployable_hot_sold_and_used(planner_client, sella
     assert body["used_mu_per_minute"] == pytest.approx(5)
     assert body["overcommit_ratio"] == pytest.approx(300 / 800)
     assert body["deployments"][0]["mu_per_minute_per_replica"] == pytest.approx(100)
+
+
+def test_the_sql_and_the_portable_bucketing_agree(sellable, served_model, acme):
+    import random
+
+    from capacity.utilisation import _used_per_bucket_python, _used_per_bucket_sql
+
+    rng = random.Random(4)
+    start = timezone.now().replace(second=0, microsecond=0) - timedelta(hours=10)
+    minutes = sorted(rng.sample(range(600), 400))  # a third of the minutes without usage
+    UsageMinute.objects.bulk_create(
+        UsageMinute(customer=acme, served_model=served_model,
+                    minute=start + timedelta(minutes=m), requests=rng.randint(0, 9),
+                    refused_requests=rng.randint(0, 2), mu=rng.random() * 50,
+                    guaranteed_mu=rng.random(), best_effort_mu=rng.random())
+        for m in minutes
+    )  # fmt: skip
+    end = start + timedelta(minutes=600)
+    for step_minutes in (1, 7, 60, 600):
+        sql = _used_per_bucket_sql(acme, served_model, start, end, 600, step_minutes)
+        portable = _used_per_bucket_python(acme, served_model, start, end, 600, step_minutes)
+        for bucket, expected in portable.items():
+            got = sql.get(bucket, {})
+            for name in ("mu", "peak", "p95", "requests", "refused"):
+                assert got.get(name, 0) == pytest.approx(expected[name]), (step_minutes, name)
