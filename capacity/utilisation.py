@@ -183,9 +183,36 @@ def used_now(served_model: ServedModel, *, now: datetime | None = None) -> float
     return (total or 0.0) / (USED_NOW_WINDOW.total_seconds() / 60)
 
 
+def _prometheus_used(served_model: ServedModel) -> tuple[float | None, dict[int, dict]]:
+    """Engine-side load from Prometheus, when one is configured. Unknown is None, never 0."""
+    from django.conf import settings
+
+    from capacity.prometheus import read_fleet_load
+
+    if not settings.PROMETHEUS_URL:
+        return None, {}
+    deployments = list(served_model.deployments.select_related("served_model"))
+    loads = read_fleet_load(deployments)
+    per_deployment = {
+        deployment_id: {
+            "known": load.known,
+            "reason": load.reason,
+            "mu_per_minute": load.mu_per_minute,
+            "requests_per_s": load.requests_per_s,
+            "concurrency": load.concurrency,
+            "kv_cache_usage": load.kv_cache_usage,
+        }
+        for deployment_id, load in loads.items()
+    }
+    known = [load.mu_per_minute for load in loads.values() if load.known]
+    total = sum(known) if known and len(known) == len(loads) else None
+    return total, per_deployment
+
+
 def model_capacity_summary(served_model: ServedModel) -> dict:
     capacity = model_capacity(served_model)
     sold = sold_now(served_model)
+    engine_used, engine_loads = _prometheus_used(served_model)
     return {
         "model": served_model.name,
         "deployable_mu_per_minute": capacity.deployable_mu_per_minute,
@@ -193,6 +220,8 @@ def model_capacity_summary(served_model: ServedModel) -> dict:
         "sellable_mu_per_minute": capacity.sellable_mu_per_minute,
         "sold_mu_per_minute": sold,
         "used_mu_per_minute": used_now(served_model),
+        # What the engines report through Prometheus; null when it is unknown.
+        "engine_used_mu_per_minute": engine_used,
         "overcommit_ratio": sold / capacity.deployable_mu_per_minute
         if capacity.deployable_mu_per_minute
         else None,
@@ -214,6 +243,7 @@ def model_capacity_summary(served_model: ServedModel) -> dict:
                 "deployable_mu_per_minute": d.deployable_mu_per_minute,
                 "hot_mu_per_minute": d.hot_mu_per_minute,
                 "note": d.note,
+                "engine_load": engine_loads.get(d.deployment_id),
             }
             for d in capacity.deployments
         ],

@@ -142,10 +142,14 @@ class CustomerUtilisationView(APIView):
 
 
 class ModelCapacityView(APIView):
-    """Deployable, hot, sellable, sold and used MU/min of a model, now."""
+    """Deployable, hot, sellable, sold and used MU/min of a model, now. What the fleet has
+    sold in total is the operator's business: planners and platform services only."""
 
     @extend_schema(responses=inline_serializer("ModelCapacity", {
         "deployable_mu_per_minute": serializers.FloatField()}))  # fmt: skip
     def get(self, request, name):
+        principal = principal_of(request)
+        if not (principal.is_planner or (principal.is_service and principal.has_scope("read"))):
+            raise PermissionDenied("Only planners and platform services see fleet capacity.")
         served_model = get_object_or_404(ServedModel, name=name)
         return Response(model_capacity_summary(served_model))

@@ -42,3 +42,9 @@ def test_seed_demo_can_run_twice_and_leaves_only_the_fresh_keys_working(capsys, 
     me = key_client(new_key).get("/api/v1/me").json()
     assert me["customers"] == [{"customer": "acme", "role": "key"}]
     assert ApiKey.objects.filter(revoked_at__isnull=True).count() == 3
+    # The demo sells acme 300 MU/min once, against the cost model fitted from the shipped table.
+    from capacity.models import Reservation
+
+    assert list(Reservation.objects.values_list("customer__slug", "mu_per_minute")) == [
+        ("acme", 300)
+    ]

@@ -127,3 +127,18 @@ def test_the_sql_and_the_portable_bucketing_agree(sellable, served_model, acme):
             got = sql.get(bucket, {})
             for name in ("mu", "peak", "p95", "requests", "refused"):
                 assert got.get(name, 0) == pytest.approx(expected[name]), (step_minutes, name)
+
+
+def test_customers_do_not_see_fleet_capacity(acme_key_client, sellable):
+    assert acme_key_client.get("/api/v1/models/llama-8b/capacity").status_code == 403
+
+
+def test_engine_load_is_unknown_not_zero_when_prometheus_is_down(planner_client, sellable,
+                                                                 settings):  # fmt: skip
+    settings.PROMETHEUS_URL = "http://127.0.0.1:9"  # nothing listens on the discard port
+    body = planner_client.get("/api/v1/models/llama-8b/capacity").json()
+    assert body["engine_used_mu_per_minute"] is None
+    load = body["deployments"][0]["engine_load"]
+    assert load["known"] is False
+    assert load["mu_per_minute"] is None
+    assert "unreachable" in load["reason"]

@@ -16,7 +16,16 @@ from accounts.models import ApiKey, Customer
 from accounts.services import api_key_create
 from benchmarking.models import BenchmarkSuite
 from benchmarking.services import benchmark_import, cost_model_fit, suite_create
-from capacity.models import ActuatorKind, CostModel, Deployment, GpuPool, GpuType, ServedModel
+from capacity.models import (
+    ActuatorKind,
+    CostModel,
+    Deployment,
+    GpuPool,
+    GpuType,
+    Reservation,
+    ServedModel,
+)
+from capacity.reservations import reservation_create
 
 DEMO_KEY_NAME = "demo key (seed_demo)"
 
@@ -153,3 +162,17 @@ class Command(BaseCommand):
             scopes=[S.READ, S.USAGE_WRITE, S.ADMISSION],
         )
         self.stdout.write(f"Service  gateway  key: {gateway.plaintext}")
+
+        acme = Customer.objects.filter(slug="acme").first()
+        if acme and not Reservation.objects.filter(customer=acme).exists():
+            reservation = reservation_create(
+                customer=acme,
+                served_model=models["llama-3.1-8b"],
+                mu_per_minute=300,
+                keep_warm=True,
+                notes="demo reservation (seed_demo)",
+                actor="seed_demo",
+            )
+            self.stdout.write(
+                f"Reservation: acme {reservation.mu_per_minute:g} MU/min of llama-3.1-8b."
+            )
