@@ -1,0 +1,1 @@
+"""Actuators push replica targets to the data plane, one module per kind."""
