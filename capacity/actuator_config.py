@@ -5,6 +5,7 @@ the environment variable that holds it (`secret_env`, `token_env`).
 """
 
 import re
+from urllib.parse import urlsplit
 
 from rest_framework import serializers
 
@@ -14,6 +15,10 @@ from controlplane.errors import DomainError
 _ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_API_VERSION = re.compile(r"^v[1-9][0-9]*((alpha|beta)[1-9][0-9]*)?$")
+
+KUBERNETES_KINDS = ("Deployment", "StatefulSet", "Custom")
+KUBERNETES_DEFAULT_TIMEOUT_SECONDS = 5.0
 
 
 def _env_name(value: str) -> str:
@@ -44,18 +49,87 @@ class DryRunConfig(_StrictSerializer):
 
 
 class KubernetesConfig(_StrictSerializer):
+    """Which object's scale subresource to patch, and how to reach the API server.
+
+    The API server is `api_server` (with a bearer token from `token_env`), else the cluster in
+    the `kubeconfig` file, else the in-cluster service account.
+    """
+
     namespace = serializers.RegexField(
         _DNS_LABEL, max_length=63, error_messages={"invalid": "must be a DNS label."}
     )
     name = serializers.RegexField(
         _DNS_SUBDOMAIN, max_length=253, error_messages={"invalid": "must be a DNS subdomain name."}
     )
-    kind = serializers.ChoiceField(choices=["Deployment", "StatefulSet"], default="Deployment")
-    api_server = serializers.URLField(
-        required=False, help_text="Empty: the in-cluster API server from the service account."
+    kind = serializers.ChoiceField(
+        choices=KUBERNETES_KINDS,
+        default="Deployment",
+        help_text="Custom: any resource with a scale subresource, named by group/version/plural.",
     )
-    token_env = serializers.CharField(required=False, validators=[_env_name])
+    group = serializers.RegexField(
+        _DNS_SUBDOMAIN,
+        max_length=253,
+        required=False,
+        error_messages={"invalid": "must be an API group such as serving.kserve.io."},
+        help_text="Custom only, e.g. serving.kserve.io or leaderworkerset.x-k8s.io.",
+    )
+    version = serializers.RegexField(
+        _API_VERSION,
+        required=False,
+        error_messages={"invalid": "must be an API version such as v1 or v1beta1."},
+        help_text="Custom only, e.g. v1beta1.",
+    )
+    plural = serializers.RegexField(
+        _DNS_LABEL,
+        max_length=63,
+        required=False,
+        error_messages={"invalid": "must be a resource's plural name such as inferenceservices."},
+        help_text="Custom only, e.g. inferenceservices or leaderworkersets.",
+    )
+    api_server = serializers.URLField(
+        required=False,
+        help_text="Empty: the cluster of `kubeconfig`, else the in-cluster service account.",
+    )
+    kubeconfig = serializers.CharField(
+        required=False, max_length=4096, help_text="Path of a kubeconfig file; its current context."
+    )
+    token_env = serializers.CharField(
+        required=False,
+        validators=[_env_name],
+        help_text="Environment variable holding the bearer token for `api_server`.",
+    )
     verify_tls = serializers.BooleanField(default=True)
+    # Not defaulted into the stored config, so configs written before it existed stay equal
+    # to what is stored now; the actuator applies KUBERNETES_DEFAULT_TIMEOUT_SECONDS.
+    timeout_seconds = serializers.FloatField(
+        required=False,
+        min_value=0.1,
+        max_value=60.0,
+        help_text=f"Per API request; default {KUBERNETES_DEFAULT_TIMEOUT_SECONDS:g}.",
+    )
+
+    def validate(self, attrs):
+        errors: dict[str, list[str]] = {}
+        custom_fields = ("group", "version", "plural")
+        if attrs.get("kind") == "Custom":
+            for key in custom_fields:
+                if key not in attrs:
+                    errors[key] = ["is required for kind Custom."]
+        else:
+            for key in custom_fields:
+                if key in attrs:
+                    errors[key] = ["applies only to kind Custom."]
+        api_server = attrs.get("api_server")
+        if api_server and urlsplit(api_server).scheme not in ("http", "https"):
+            errors["api_server"] = ["must be an http or https URL."]
+        if api_server and attrs.get("kubeconfig"):
+            errors["kubeconfig"] = ["give either api_server or kubeconfig, not both."]
+        if "token_env" in attrs and not api_server:
+            # A kubeconfig carries its own credentials and in-cluster uses the service account.
+            errors["token_env"] = ["applies only with api_server."]
+        if errors:
+            raise serializers.ValidationError(errors)
+        return attrs
 
 
 class WebhookConfig(_StrictSerializer):
@@ -65,15 +139,70 @@ class WebhookConfig(_StrictSerializer):
         validators=[_env_name],
         help_text="Environment variable holding the HMAC signing secret.",
     )
-    timeout_seconds = serializers.FloatField(default=5.0, min_value=0.1, max_value=60.0)
+    timeout_seconds = serializers.FloatField(
+        default=5.0, min_value=0.1, max_value=60.0, help_text="Per request, connect and read."
+    )
+
+    def validate_url(self, value: str) -> str:
+        if urlsplit(value).scheme not in ("http", "https"):
+            raise serializers.ValidationError("must be an http or https URL.")
+        return value
 
 
 class ProcessConfig(_StrictSerializer):
+    """Engine processes on one host, run by `manage.py run_process_supervisor` on that host.
+
+    Replica i runs `command` with "{port}" replaced by `base_port + i` and "{replica}" by i;
+    the control plane reaches the supervisor at `supervisor_url` and sends it this whole
+    config, so the supervisor needs no database.
+    """
+
     command = serializers.ListField(
-        child=serializers.CharField(), allow_empty=False, help_text="argv of one engine process."
+        child=serializers.CharField(),
+        allow_empty=False,
+        help_text=(
+            'argv of one engine process; "{port}" becomes the replica\'s port, "{replica}" its '
+            "index (0, 1, …)."
+        ),
     )
-    host = serializers.CharField(default="127.0.0.1")
+    host = serializers.CharField(
+        default="127.0.0.1", help_text="Where the engines answer, for health and drain checks."
+    )
     base_port = serializers.IntegerField(min_value=1024, max_value=65535)
+    # A CharField: URLField refuses the bare host names (`http://gpu-07:8190`) of a GPU LAN.
+    supervisor_url = serializers.CharField(
+        default="http://127.0.0.1:8190",
+        max_length=2000,
+        help_text="Base URL of `manage.py run_process_supervisor` on the engines' host.",
+    )
+    drain_seconds = serializers.FloatField(
+        default=30.0,
+        min_value=0.0,
+        max_value=3600.0,
+        help_text="How long a removed replica may finish its in-flight requests before a kill.",
+    )
+    token_env = serializers.CharField(
+        required=False,
+        validators=[_env_name],
+        help_text="Environment variable holding the supervisor's bearer token.",
+    )
+
+    def validate_command(self, value: list[str]) -> list[str]:
+        # Without the placeholder every replica would try the same port and all but one crash.
+        if not any("{port}" in arg for arg in value):
+            raise serializers.ValidationError(
+                'must contain "{port}" in one argument, so that each replica listens on its own '
+                'port (e.g. ["vllm", "serve", "MODEL", "--port", "{port}"]).'
+            )
+        return value
+
+    def validate_supervisor_url(self, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise serializers.ValidationError(
+                "must be an http or https URL with a host, e.g. http://gpu-07:8190."
+            )
+        return value
 
 
 SCHEMAS: dict[str, type[_StrictSerializer]] = {

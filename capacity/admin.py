@@ -3,6 +3,9 @@ from django.contrib import admin
 
 from capacity.actuator_config import validate_actuator_config
 from capacity.models import (
+    ActuatorCircuit,
+    AdmissionAllowance,
+    AllocationDecision,
     CostModel,
     Deployment,
     GpuPool,
@@ -226,3 +229,49 @@ class UsageMinuteAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request, obj=None) -> bool:
         return False
+
+
+@admin.register(AllocationDecision)
+class AllocationDecisionAdmin(admin.ModelAdmin):
+    list_display = [
+        "created_at",
+        "deployment",
+        "current_replicas",
+        "recommended_replicas",
+        "target_replicas",
+        "actuator_kind",
+        "actuator_ok",
+    ]
+    list_filter = ["actuator_ok", "actuator_kind", "served_model"]
+    search_fields = ["deployment__name", "actuator_error"]
+    list_select_related = ["deployment"]
+    show_full_result_count = False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(AdmissionAllowance)
+class AdmissionAllowanceAdmin(admin.ModelAdmin):
+    list_display = [
+        "customer",
+        "served_model",
+        "guaranteed_mu_per_minute",
+        "best_effort_mu_per_minute",
+        "updated_at",
+    ]
+    list_filter = ["served_model"]
+    search_fields = ["customer__slug"]
+    list_select_related = ["customer", "served_model"]
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(ActuatorCircuit)
+class ActuatorCircuitAdmin(admin.ModelAdmin):
+    """Resetting a circuit (deleting the row) lets the next tick try the deployment again."""
+
+    list_display = ["deployment", "consecutive_failures", "opened_until", "updated_at"]
+    search_fields = ["deployment__name", "last_error"]
+    list_select_related = ["deployment"]

@@ -12,7 +12,8 @@ fleet simulator run the very same code. Rules, in order:
    A short pool therefore reclaims best-effort before guaranteed, and shortfalls are reported.
 4. Capacity per replica counts at the deployment's target utilisation.
 5. Scale up at once; scale down only to the highest recommendation inside the stabilisation
-   window (default 300 s). Unknown load holds the current count rather than scaling down.
+   window (default 300 s), and not at all while no tick has recommended inside it. Unknown
+   load holds the current count rather than scaling down.
 6. No demand and no reservation keeping the model warm: keep one replica until the model has
    been idle for its deployment's `scale_to_zero_after_seconds`, then none.
 7. Never below min, never above max or the pool's inventory.
@@ -307,7 +308,9 @@ def decide(snapshot: Snapshot) -> Decisions:
                     )
                 else:
                     in_window = [r for age, r in d.recent_recommendations if age <= window]
-                    highest = max([recommended, *in_window])
+                    # No tick inside the window (a fresh start, a long pause): no evidence that
+                    # demand stayed low for the whole window, so the current count stands.
+                    highest = max([recommended, *in_window]) if in_window else d.current_replicas
                     target = min(d.current_replicas, highest)
                     if target > recommended:
                         why.append(

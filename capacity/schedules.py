@@ -7,6 +7,8 @@ SCHEDULES = {
     # name: (task, every seconds, expires seconds)
     "usage: fold events into minute rollups": ("capacity.usage_rollup", 30, 25),
     "reservations: refresh status": ("capacity.reservations_refresh_status", 60, 55),
+    # Expires under the interval, so a backlog never runs stale ticks back to back.
+    "allocation: tick": ("capacity.allocation_tick", 15, 12),
 }
 
 
@@ -22,7 +24,7 @@ def sync_capacity_schedules() -> int:
                 "task": task,
                 "interval": interval,
                 "crontab": None,
-                "queue": "default",
+                "queue": "allocation" if task == "capacity.allocation_tick" else "default",
                 "expire_seconds": expires,
                 "enabled": True,
             },

@@ -13,3 +13,12 @@ def usage_rollup() -> dict:
 @shared_task(name="capacity.reservations_refresh_status", expires=55)
 def reservations_refresh_status() -> dict:
     return reservations.reservations_refresh_status()
+
+
+@shared_task(name="capacity.allocation_tick", queue="allocation", expires=12)
+def allocation_tick() -> dict:
+    from capacity.allocation_tick import allocation_tick as tick
+
+    result = tick()
+    return {"tick_id": result.tick_id, "skipped": result.skipped, "applied": result.applied,
+            "failed": result.failed, "seconds": result.seconds}  # fmt: skip

@@ -232,3 +232,8 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("API_MAX_BODY_BYTES", 16 * 1024 * 1024, mi
 USAGE_LATENESS_WINDOW_HOURS = env_int("USAGE_LATENESS_WINDOW_HOURS", 72, minimum=1)
 # Clocks drift: an event may finish this far in the future.
 USAGE_MAX_FUTURE_SECONDS = env_int("USAGE_MAX_FUTURE_SECONDS", 300, minimum=0)
+
+# --- Allocation ----------------------------------------------------------------------------------
+ALLOCATION_TICK_SECONDS = env_int("ALLOCATION_TICK_SECONDS", 15, minimum=1)
+# Scale down only to the highest recommendation of this many seconds (DESIGN §2).
+ALLOCATION_STABILISATION_SECONDS = env_int("ALLOCATION_STABILISATION_SECONDS", 300, minimum=0)

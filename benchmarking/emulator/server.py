@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
+import os
 import time
 import uuid
 from collections.abc import Callable
@@ -30,14 +33,26 @@ from .protocol import (
 EMULATOR_VERSION = "0.1.0"
 MAX_BODY_BYTES = 32 * 1024 * 1024
 
+# The webhook actuator's signing scheme (capacity/actuators/webhook.py); this package imports
+# nothing from the control plane, so it is restated here.
+WEBHOOK_SECRET_ENV = "EMULATOR_WEBHOOK_SECRET"
+WEBHOOK_SIGNATURE_HEADER = "X-Signature-256"
+WEBHOOK_TIMESTAMP_HEADER = "X-Timestamp"
+WEBHOOK_MAX_SKEW_SECONDS = 300
+
 FLEET_KEY = web.AppKey("fleet", Fleet)
 REGISTRY_KEY = web.AppKey("registry", CollectorRegistry)
+WEBHOOK_SECRET_KEY = web.AppKey("webhook_secret", str)
 
 
-def create_app(config: EmulatorConfig) -> web.Application:
+def create_app(config: EmulatorConfig, *, webhook_secret: str | None = None) -> web.Application:
+    """`webhook_secret` (default: $EMULATOR_WEBHOOK_SECRET) signs `/admin/webhook/scale`."""
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_json_errors])
     fleet = Fleet(config)
     app[FLEET_KEY] = fleet
+    if webhook_secret is None:
+        webhook_secret = os.environ.get(WEBHOOK_SECRET_ENV, "")
+    app[WEBHOOK_SECRET_KEY] = webhook_secret
     app[REGISTRY_KEY] = build_registry(
         EmulatorCollector(
             models=lambda: [f.metrics for f in fleet.models.values()],
@@ -54,6 +69,7 @@ def create_app(config: EmulatorConfig) -> web.Application:
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/admin/replicas", list_replicas)
     app.router.add_post("/admin/replicas", scale_replicas)
+    app.router.add_post("/admin/webhook/scale", webhook_scale)
     return app
 
 
@@ -267,16 +283,77 @@ async def scale_replicas(request: web.Request) -> web.Response:
     model_name = body.get("model")
     if not isinstance(model_name, str) or not model_name:
         raise RequestError("'model' is required and must be a string.", param="model")
-    replicas = body.get("replicas")
-    if not isinstance(replicas, int) or isinstance(replicas, bool):
-        raise RequestError("'replicas' is required and must be an integer.", param="replicas")
-    if not 0 <= replicas <= MAX_REPLICAS:
-        raise RequestError(
-            f"'replicas' must be between 0 and {MAX_REPLICAS}, got {replicas}.", param="replicas"
-        )
+    replicas = _replica_count(body, "replicas")
     model_fleet = _model_fleet(request, model_name)
     model_fleet.scale(replicas)
     return web.json_response(model_fleet.status())
+
+
+def _replica_count(body: dict, key: str) -> int:
+    replicas = body.get(key)
+    if not isinstance(replicas, int) or isinstance(replicas, bool):
+        raise RequestError(f"'{key}' is required and must be an integer.", param=key)
+    if not 0 <= replicas <= MAX_REPLICAS:
+        raise RequestError(
+            f"'{key}' must be between 0 and {MAX_REPLICAS}, got {replicas}.", param=key
+        )
+    return replicas
+
+
+async def webhook_scale(request: web.Request) -> web.Response:
+    """The control plane's webhook actuator: `{model, target_replicas, ...}`, signed."""
+    raw = await request.read()
+    secret = request.app[WEBHOOK_SECRET_KEY]
+    if secret:
+        # Checked on the raw bytes before parsing: re-serialised JSON would not match.
+        refusal = _webhook_signature_problem(secret, request.headers, raw)
+        if refusal:
+            return web.json_response(
+                {
+                    "error": {
+                        "message": refusal,
+                        "type": "AuthenticationError",
+                        "param": None,
+                        "code": 401,
+                    }
+                },
+                status=401,
+            )
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RequestError(f"The request body is not valid JSON: {exc}.") from exc
+    if not isinstance(body, dict):
+        raise RequestError("The request body must be a JSON object.")
+    model_name = body.get("model")
+    if not isinstance(model_name, str) or not model_name:
+        raise RequestError("'model' is required and must be a string.", param="model")
+    replicas = _replica_count(body, "target_replicas")
+    model_fleet = _model_fleet(request, model_name)
+    model_fleet.scale(replicas)
+    status = model_fleet.status()
+    # What the actuator reports as observed: replicas that exist toward the target, like a
+    # Deployment's status.replicas counts pods that are not ready yet.
+    status["observed_replicas"] = status["ready"] + status["starting"]
+    return web.json_response(status)
+
+
+def _webhook_signature_problem(secret: str, headers, raw: bytes) -> str:
+    """Why the request's signature is not acceptable, or "" when it is."""
+    timestamp = headers.get(WEBHOOK_TIMESTAMP_HEADER, "")
+    signature = headers.get(WEBHOOK_SIGNATURE_HEADER, "")
+    if not timestamp or not signature:
+        return f"{WEBHOOK_TIMESTAMP_HEADER} and {WEBHOOK_SIGNATURE_HEADER} are required."
+    try:
+        sent_at_seconds = int(timestamp)
+    except ValueError:
+        return f"{WEBHOOK_TIMESTAMP_HEADER} must be unix seconds."
+    if abs(time.time() - sent_at_seconds) > WEBHOOK_MAX_SKEW_SECONDS:
+        return f"{WEBHOOK_TIMESTAMP_HEADER} is more than {WEBHOOK_MAX_SKEW_SECONDS} s from now."
+    digest = hmac.new(secret.encode(), timestamp.encode() + b"." + raw, hashlib.sha256)
+    if not hmac.compare_digest(signature.encode(), f"sha256={digest.hexdigest()}".encode()):
+        return f"{WEBHOOK_SIGNATURE_HEADER} does not match the body."
+    return ""
 
 
 def run(

@@ -1,6 +1,11 @@
 from django.urls import path
 from rest_framework.routers import SimpleRouter
 
+from capacity.api.allocation_views import (
+    AllocationDecisionViewSet,
+    AllowanceViewSet,
+    ModelWhyView,
+)
 from capacity.api.cost_model_views import CostEstimateView, CostModelViewSet
 from capacity.api.reservation_views import ReservationViewSet
 from capacity.api.usage_views import CustomerUtilisationView, ModelCapacityView, UsageEventsView
@@ -18,6 +23,8 @@ router.register("models", ServedModelViewSet, basename="served-model")
 router.register("deployments", DeploymentViewSet, basename="deployment")
 router.register("cost-models", CostModelViewSet, basename="cost-model")
 router.register("reservations", ReservationViewSet, basename="reservation")
+router.register("allocation/decisions", AllocationDecisionViewSet, basename="allocation-decision")
+router.register("allocation/allowances", AllowanceViewSet, basename="allocation-allowance")
 
 urlpatterns = [
     path("cost-models/estimate", CostEstimateView.as_view(), name="cost-estimate"),
@@ -28,5 +35,6 @@ urlpatterns = [
         name="customer-utilisation",
     ),
     path("models/<str:name>/capacity", ModelCapacityView.as_view(), name="model-capacity"),
+    path("models/<str:name>/why", ModelWhyView.as_view(), name="model-why"),
     *router.urls,
 ]

@@ -1,11 +1,15 @@
 """The capacity app's models, one module per concept."""
 
+from capacity.models.allocation import ActuatorCircuit, AdmissionAllowance, AllocationDecision
 from capacity.models.catalog import ActuatorKind, Deployment, GpuPool, GpuType, ServedModel
 from capacity.models.cost_models import CostModel
 from capacity.models.reservations import Reservation, ReservationChange
 from capacity.models.usage import AdmissionClass, Outcome, UsageEvent, UsageMinute
 
 __all__ = [
+    "ActuatorCircuit",
+    "AdmissionAllowance",
+    "AllocationDecision",
     "ActuatorKind",
     "AdmissionClass",
     "CostModel",

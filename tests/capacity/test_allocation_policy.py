@@ -86,9 +86,11 @@ def test_a_spike_then_a_drop_scales_down_only_after_the_window():
     )
     assert target(held) == 6
     assert "stabilising" in codes(held)
-    # Once that recommendation is older than 300 s, down to what is needed.
+    # Once that recommendation is older than 300 s (later ticks recommended 1), down to 1.
     later = decide(
-        snapshot(quiet, [deployment(current_replicas=6, recent_recommendations=((310.0, 6),))])
+        snapshot(
+            quiet, [deployment(current_replicas=6, recent_recommendations=((310.0, 6), (15.0, 1)))]
+        )
     )
     assert target(later) == 1
     assert "scale_down" in codes(later)
@@ -106,6 +108,12 @@ def test_the_highest_recommendation_inside_the_window_wins():
         )
     )
     assert target(decisions) == 5
+
+
+def test_without_any_recent_tick_a_scale_down_waits():
+    decisions = decide(snapshot([customer(recent=100)], [deployment(current_replicas=6)]))
+    assert target(decisions) == 6
+    assert "stabilising" in codes(decisions)
 
 
 def test_unknown_load_holds_rather_than_scaling_down():
@@ -178,12 +186,20 @@ def test_a_reservation_larger_than_the_pool_reports_a_guaranteed_shortfall():
 
 def test_an_idle_model_keeps_one_replica_until_the_idle_window_then_scales_to_zero():
     waiting = decide(
-        snapshot([customer(recent=0)], [deployment(current_replicas=2)], idle_seconds=120)
+        snapshot(
+            [customer(recent=0)],
+            [deployment(current_replicas=2, recent_recommendations=((15.0, 1),))],
+            idle_seconds=120,
+        )
     )
     assert target(waiting) == 1
     assert "idle_wait" in codes(waiting)
     gone = decide(
-        snapshot([customer(recent=0)], [deployment(current_replicas=1)], idle_seconds=900)
+        snapshot(
+            [customer(recent=0)],
+            [deployment(current_replicas=1, recent_recommendations=((15.0, 0),))],
+            idle_seconds=900,
+        )
     )
     assert target(gone) == 0
     assert "scale_to_zero" in codes(gone)

@@ -1,0 +1,588 @@
+"""The allocation tick: snapshot from the database → the policy → decisions stored → targets
+applied through actuators (DESIGN §2). Run every 15 s by Celery beat.
+
+One tick runs at a time across all workers: a PostgreSQL advisory lock (a Redis lock on the
+SQLite demo database); a tick that finds it taken skips. Actuators are called outside any
+database transaction and only with this tick's targets, so a failed push is never re-applied
+later: the next tick decides afresh. Repeated failures open a circuit for the deployment.
+"""
+
+import hashlib
+import logging
+import time
+import uuid
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Max, Q, Sum
+from django.utils import timezone
+
+from benchmarking.fitting import Shape, predict_replica_seconds
+from capacity import allocation
+from capacity.actuators.base import ScaleRequest, apply_with_retries
+from capacity.bulk import copy_upsert
+from capacity.models import (
+    ActuatorCircuit,
+    AdmissionAllowance,
+    AllocationDecision,
+    CostModel,
+    Deployment,
+    GpuPool,
+    Reservation,
+    UsageMinute,
+)
+from capacity.sellable import DEFAULT_MIX, MIX_LOOKBACK
+
+logger = logging.getLogger(__name__)
+
+ADVISORY_LOCK_KEY = 0x4D55_414C  # "MUAL"
+RECENT_WINDOW = timedelta(minutes=5)
+PEAK_WINDOW = timedelta(minutes=15)
+IDLE_LOOKBACK = timedelta(days=1)
+CIRCUIT_THRESHOLD = 3
+CIRCUIT_BASE_SECONDS = 60
+CIRCUIT_MAX_SECONDS = 900
+ACTUATOR_THREADS = 16
+
+
+@dataclass
+class TickResult:
+    tick_id: str
+    skipped: bool = False
+    dry_run: bool = False
+    seconds: float = 0.0
+    decisions: list[dict] = field(default_factory=list)
+    allowances: list[dict] | int = field(default_factory=list)  # dry run: rows; else: count
+    models: list[dict] = field(default_factory=list)
+    applied: int = 0
+    failed: int = 0
+
+
+# --- Snapshot --------------------------------------------------------------------------------
+
+
+def _replica_mu(reference: CostModel | None, own: CostModel | None, mix: Shape) -> float | None:
+    if reference is None or own is None:
+        return None
+    if own.pk == reference.pk:
+        return reference.replica_mu_per_minute
+    t_reference = predict_replica_seconds(reference.weights_replica_seconds, mix)
+    t_own = predict_replica_seconds(own.weights_replica_seconds, mix)
+    return reference.replica_mu_per_minute * t_reference / t_own if t_own > 0 else None
+
+
+def build_snapshot(*, now: datetime, window_seconds: float | None = None):
+    """The policy's input, in a fixed number of queries whatever the fleet size."""
+    window_seconds = window_seconds or settings.ALLOCATION_STABILISATION_SECONDS
+    deployments = list(
+        Deployment.objects.select_related("served_model", "gpu_pool__gpu_type").order_by("pk")
+    )
+    pools = [
+        allocation.PoolState(pool.pk, pool.name, pool.gpu_count) for pool in GpuPool.objects.all()
+    ]
+    active = {
+        (c.served_model_id, c.gpu_type_id, c.gpus_per_replica): c
+        for c in CostModel.objects.filter(status=CostModel.Status.ACTIVE)
+    }
+    # The reference cost model: the model's reference GPU type, fewest GPUs per replica.
+    served_models = {d.served_model_id: d.served_model for d in deployments}
+    references: dict[int, CostModel] = {}
+    for (model_id, gpu_type_id, _gpus), cost_model in sorted(active.items(), key=lambda i: i[0]):
+        served = served_models.get(model_id)
+        if served and gpu_type_id == served.reference_gpu_type_id and model_id not in references:
+            references[model_id] = cost_model
+
+    mixes: dict[int, Shape] = {}
+    for row in (
+        UsageMinute.objects.filter(minute__gte=now - MIX_LOOKBACK)
+        .values("served_model_id")
+        .annotate(
+            requests=Sum("requests"),
+            inp=Sum("input_tokens"),
+            cached=Sum("cached_input_tokens"),
+            out=Sum("output_tokens"),
+        )
+    ):
+        if row["requests"]:
+            n = row["requests"]
+            mixes[row["served_model_id"]] = Shape(
+                input_tokens=round((row["inp"] - row["cached"]) / n),
+                cached_input_tokens=round(row["cached"] / n),
+                output_tokens=round(row["out"] / n),
+            )
+
+    reserved: dict[tuple[int, int], list] = defaultdict(lambda: [0.0, False])
+    for model_id, customer_id, mu, keep_warm in (
+        Reservation.objects.filter(starts_at__lte=now)
+        .exclude(status=Reservation.Status.CANCELLED)
+        .filter(Q(ends_at__isnull=True) | Q(ends_at__gt=now))
+        .values_list("served_model_id", "customer_id", "mu_per_minute", "keep_warm")
+    ):
+        entry = reserved[(model_id, customer_id)]
+        entry[0] += mu
+        entry[1] = entry[1] or keep_warm
+
+    whole_minute = now.replace(second=0, microsecond=0)
+    recent_minutes = RECENT_WINDOW.total_seconds() / 60
+    demand: dict[tuple[int, int], tuple[float, float]] = {}
+    for row in (
+        UsageMinute.objects.filter(minute__gte=whole_minute - PEAK_WINDOW, minute__lt=whole_minute)
+        .values("served_model_id", "customer_id")
+        .annotate(
+            recent=Sum("mu", filter=Q(minute__gte=whole_minute - RECENT_WINDOW)),
+            peak=Max("mu"),
+        )
+    ):
+        demand[(row["served_model_id"], row["customer_id"])] = (
+            (row["recent"] or 0.0) / recent_minutes,
+            row["peak"] or 0.0,
+        )
+
+    last_used = dict(
+        UsageMinute.objects.filter(minute__gte=now - IDLE_LOOKBACK, requests__gt=0)
+        .values("served_model_id")
+        .annotate(last=Max("minute"))
+        .values_list("served_model_id", "last")
+    )
+
+    history: dict[int, list[tuple[float, int]]] = defaultdict(list)
+    for deployment_id, created_at, recommended in AllocationDecision.objects.filter(
+        created_at__gte=now - timedelta(seconds=window_seconds), dry_run=False
+    ).values_list("deployment_id", "created_at", "recommended_replicas"):
+        history[deployment_id].append(((now - created_at).total_seconds(), recommended))
+
+    load_known = _load_known(deployments)
+
+    by_model: dict[int, list[Deployment]] = defaultdict(list)
+    for deployment in deployments:
+        by_model[deployment.served_model_id].append(deployment)
+    customers_of: dict[int, set[int]] = defaultdict(set)
+    for model_id, customer_id in [*reserved, *demand]:
+        customers_of[model_id].add(customer_id)
+    models = []
+    for model_id, model_deployments in by_model.items():
+        mix = mixes.get(model_id, DEFAULT_MIX)
+        states = []
+        for d in model_deployments:
+            own = active.get((model_id, d.gpu_pool.gpu_type_id, d.gpus_per_replica))
+            states.append(
+                allocation.DeploymentState(
+                    deployment_id=d.pk,
+                    name=d.name,
+                    pool_id=d.gpu_pool_id,
+                    gpus_per_replica=d.gpus_per_replica,
+                    mu_per_minute_per_replica=_replica_mu(references.get(model_id), own, mix),
+                    current_replicas=d.current_replicas,
+                    ready_replicas=d.current_replicas,
+                    min_replicas=d.min_replicas,
+                    max_replicas=d.max_replicas,
+                    cold_start_seconds=d.cold_start_seconds,
+                    scale_to_zero_after_seconds=d.scale_to_zero_after_seconds,
+                    target_utilisation=d.target_utilisation,
+                    cost_per_hour_usd=float(d.gpu_pool.gpu_type.hourly_cost_usd)
+                    * d.gpus_per_replica,
+                    recent_recommendations=tuple(history.get(d.pk, ())),
+                )
+            )
+        customer_ids = customers_of.get(model_id, set())
+        customers = tuple(
+            allocation.CustomerDemand(
+                customer_id=customer_id,
+                reserved_mu_per_minute=reserved.get((model_id, customer_id), [0.0, False])[0],
+                recent_mu_per_minute=demand.get((model_id, customer_id), (0.0, 0.0))[0],
+                peak_mu_per_minute=demand.get((model_id, customer_id), (0.0, 0.0))[1],
+                keep_warm=reserved.get((model_id, customer_id), [0.0, False])[1],
+            )
+            for customer_id in sorted(customer_ids)
+        )
+        last = last_used.get(model_id)
+        models.append(
+            allocation.ModelSnapshot(
+                model_id=model_id,
+                name=model_deployments[0].served_model.name,
+                customers=customers,
+                deployments=tuple(states),
+                idle_seconds=(now - last).total_seconds() if last else None,
+                load_known=all(load_known.get(d.pk, True) for d in model_deployments),
+            )
+        )
+    snapshot = allocation.Snapshot(
+        models=tuple(models),
+        pools=tuple(pools),
+        settings=allocation.PolicySettings(stabilisation_window_seconds=window_seconds),
+    )
+    return snapshot, {d.pk: d for d in deployments}
+
+
+def _load_known(deployments: list[Deployment]) -> dict[int, bool]:
+    """Whether each deployment's engine load could be read. Without Prometheus configured,
+    metered usage is the only load signal and counts as known."""
+    if not settings.PROMETHEUS_URL or not deployments:
+        return {}
+    from capacity.prometheus import read_fleet_load
+
+    try:
+        loads = read_fleet_load(deployments)
+    except Exception:  # an unreadable fleet is an unknown load, never a reason to scale down
+        logger.exception("reading the fleet's load from Prometheus failed")
+        return {d.pk: False for d in deployments}
+    return {deployment_id: load.known for deployment_id, load in loads.items()}
+
+
+def _digest(model: allocation.ModelSnapshot) -> str:
+    # The dataclasses' repr is deterministic and far cheaper than asdict + JSON for models
+    # with thousands of customers.
+    return hashlib.sha256(repr(model).encode()).hexdigest()
+
+
+# --- One tick at a time -----------------------------------------------------------------------
+
+
+@contextmanager
+def _tick_lock():
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_try_advisory_lock(%s)", [ADVISORY_LOCK_KEY])
+            taken = cursor.fetchone()[0]
+        try:
+            yield taken
+        finally:
+            if taken:
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT pg_advisory_unlock(%s)", [ADVISORY_LOCK_KEY])
+        return
+    import redis
+
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    lock = client.lock("controlplane:allocation-tick", timeout=120, blocking=False)
+    taken = lock.acquire(blocking=False)
+    try:
+        yield taken
+    finally:
+        if taken:
+            lock.release()
+
+
+# --- The tick ---------------------------------------------------------------------------------
+
+
+def allocation_tick(*, dry_run: bool = False, now: datetime | None = None) -> TickResult:
+    started = time.perf_counter()
+    tick_id = uuid.uuid4()
+    result = TickResult(tick_id=str(tick_id), dry_run=dry_run)
+    with _tick_lock() as taken:
+        if not taken:
+            result.skipped = True
+            return result
+        now = now or timezone.now()
+        snapshot, deployments = build_snapshot(now=now)
+        decisions = allocation.decide(snapshot)
+        result.models = [asdict(outcome) for outcome in decisions.models]
+        result.allowances = (
+            [asdict(a) for a in decisions.allowances] if dry_run else len(decisions.allowances)
+        )
+        digests = {model.model_id: _digest(model) for model in snapshot.models}
+        if dry_run:
+            result.decisions = [_decision_dict(d, deployments) for d in decisions.deployments]
+            result.seconds = time.perf_counter() - started
+            return result
+        rows = _store(tick_id, now, decisions, deployments, digests)
+        _apply(rows, decisions, deployments, result, now)
+        result.decisions = [_row_dict(row) for row in rows]
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+@transaction.atomic
+def _store(tick_id, now, decisions, deployments, digests) -> list[AllocationDecision]:
+    rows = [
+        AllocationDecision(
+            tick_id=tick_id,
+            deployment_id=d.deployment_id,
+            served_model_id=d.model_id,
+            inputs_digest=digests[d.model_id],
+            current_replicas=d.current_replicas,
+            recommended_replicas=d.recommended_replicas,
+            target_replicas=d.target_replicas,
+            reasons=[reason.as_dict() for reason in d.reasons],
+            actuator_kind=deployments[d.deployment_id].actuator_kind,
+            created_at=now,
+        )
+        for d in decisions.deployments
+    ]
+    if connection.vendor == "postgresql":
+        columns = (
+            "tick_id",
+            "deployment_id",
+            "served_model_id",
+            "created_at",
+            "inputs_digest",
+            "current_replicas",
+            "recommended_replicas",
+            "target_replicas",
+            "reasons",
+            "dry_run",
+            "actuator_kind",
+            "actuator_attempts",
+            "actuator_error",
+        )
+        ids = dict(
+            (deployment_id, pk)
+            for pk, deployment_id in copy_upsert(
+                table=AllocationDecision._meta.db_table,
+                columns=columns,
+                rows=[
+                    (
+                        r.tick_id,
+                        r.deployment_id,
+                        r.served_model_id,
+                        now,
+                        r.inputs_digest,
+                        r.current_replicas,
+                        r.recommended_replicas,
+                        r.target_replicas,
+                        r.reasons,
+                        False,
+                        r.actuator_kind,
+                        0,
+                        "",
+                    )
+                    for r in rows
+                ],
+                returning=("id", "deployment_id"),
+            )
+        )
+        for row in rows:
+            row.pk = ids[row.deployment_id]
+    else:
+        rows = AllocationDecision.objects.bulk_create(rows)
+    _store_allowances(tick_id, now, decisions.allowances)
+    return rows
+
+
+# An allowance that moved by less than this share is not rewritten: best-effort shares drift
+# a little every tick, and a 1 % change does not matter to a token bucket refilled every 15 s.
+ALLOWANCE_RELATIVE_TOLERANCE = 0.01
+ALLOWANCE_TOLERANCE_MU = 1e-6
+
+
+def _close(old: float, new: float) -> bool:
+    return abs(old - new) <= max(ALLOWANCE_TOLERANCE_MU, ALLOWANCE_RELATIVE_TOLERANCE * abs(new))
+
+
+def _store_allowances(tick_id, now, allowances) -> None:
+    """Write only the allowances that changed, and delete those the policy no longer gives:
+    most are stable from one tick to the next, and rewriting tens of thousands of rows every
+    15 s would cost more than the rest of the tick."""
+    rows = AdmissionAllowance.objects.values_list(
+        "pk",
+        "customer_id",
+        "served_model_id",
+        "guaranteed_mu_per_minute",
+        "best_effort_mu_per_minute",
+    )
+    existing = {(c, m): (pk, g, b) for pk, c, m, g, b in rows}
+    changed = []
+    for allowance in allowances:
+        key = (allowance.customer_id, allowance.model_id)
+        old = existing.pop(key, None)
+        # Reservations are exact: any change to the guaranteed rate is written.
+        if (
+            old is not None
+            and abs(old[1] - allowance.guaranteed_mu_per_minute) <= ALLOWANCE_TOLERANCE_MU
+            and _close(old[2], allowance.best_effort_mu_per_minute)
+        ):
+            continue
+        changed.append(
+            (
+                allowance.customer_id,
+                allowance.model_id,
+                allowance.guaranteed_mu_per_minute,
+                allowance.best_effort_mu_per_minute,
+                tick_id,
+                now,
+            )
+        )
+    if changed and connection.vendor == "postgresql":
+        copy_upsert(
+            table=AdmissionAllowance._meta.db_table,
+            columns=(
+                "customer_id",
+                "served_model_id",
+                "guaranteed_mu_per_minute",
+                "best_effort_mu_per_minute",
+                "tick_id",
+                "updated_at",
+            ),
+            rows=changed,
+            conflict=("customer_id", "served_model_id"),
+            update=(
+                "guaranteed_mu_per_minute",
+                "best_effort_mu_per_minute",
+                "tick_id",
+                "updated_at",
+            ),
+        )
+    elif changed:
+        AdmissionAllowance.objects.bulk_create(
+            [
+                AdmissionAllowance(
+                    customer_id=c,
+                    served_model_id=m,
+                    guaranteed_mu_per_minute=g,
+                    best_effort_mu_per_minute=b,
+                    tick_id=t,
+                    updated_at=u,
+                )
+                for c, m, g, b, t, u in changed
+            ],
+            batch_size=5000,
+            update_conflicts=True,
+            unique_fields=["customer", "served_model"],
+            update_fields=[
+                "guaranteed_mu_per_minute",
+                "best_effort_mu_per_minute",
+                "tick_id",
+                "updated_at",
+            ],
+        )
+    # Customers the policy no longer sees (reservation ended, no recent use) lose their rows.
+    stale = [pk for pk, _, _ in existing.values()]
+    if stale:
+        AdmissionAllowance.objects.filter(pk__in=stale).delete()
+
+
+def _apply(rows, decisions, deployments, result: TickResult, now) -> None:
+    from capacity.actuators.registry import actuator_for
+
+    circuits = {c.deployment_id: c for c in ActuatorCircuit.objects.all()}
+    work = []
+    for row, decision in zip(rows, decisions.deployments, strict=True):
+        if decision.target_replicas == decision.current_replicas:
+            continue
+        circuit = circuits.get(decision.deployment_id)
+        if circuit and circuit.opened_until and circuit.opened_until > now:
+            row.actuator_ok = False
+            row.actuator_error = (
+                f"circuit open until {circuit.opened_until.isoformat()} after "
+                f"{circuit.consecutive_failures} failures: {circuit.last_error[:200]}"
+            )
+            row.save(update_fields=["actuator_ok", "actuator_error"])
+            result.failed += 1
+            continue
+        deployment = deployments[decision.deployment_id]
+        request = ScaleRequest(
+            deployment_id=deployment.pk,
+            deployment=deployment.name,
+            model=deployment.served_model.engine_model_id,
+            target_replicas=decision.target_replicas,
+            current_replicas=decision.current_replicas,
+            config=deployment.actuator_config,
+            endpoint_url=deployment.endpoint_url,
+            decision_id=row.pk,
+            reasons=row.reasons,
+        )
+        work.append((row, request, deployment.actuator_kind))
+
+    def push(item):
+        row, request, kind = item
+        try:
+            return row, apply_with_retries(actuator_for(kind), request)
+        except Exception as error:  # one broken actuator must not stop the others
+            from capacity.actuators.base import ActuatorResult
+
+            return row, ActuatorResult(ok=False, error=f"{type(error).__name__}: {error}")
+
+    with ThreadPoolExecutor(max_workers=ACTUATOR_THREADS) as pool:
+        outcomes = list(pool.map(push, work))
+    applied_at = timezone.now()
+    succeeded = []
+    for row, outcome in outcomes:
+        row.actuator_ok = outcome.ok
+        row.actuator_attempts = outcome.attempts
+        row.actuator_error = outcome.error
+        row.observed_replicas = outcome.observed_replicas
+        row.applied_at = applied_at
+        if outcome.ok:
+            result.applied += 1
+            succeeded.append(row)
+        else:
+            result.failed += 1
+            _record_failure(row.deployment_id, outcome.error, now)
+    AllocationDecision.objects.bulk_update(
+        [row for row, _ in outcomes],
+        ["actuator_ok", "actuator_attempts", "actuator_error", "observed_replicas", "applied_at"],
+        batch_size=1000,
+    )
+    _record_applied(succeeded)
+
+
+def _record_applied(rows: list[AllocationDecision]) -> None:
+    if not rows:
+        return
+    ids = [row.deployment_id for row in rows]
+    if connection.vendor == "postgresql":
+        # One statement for the whole fleet; conditional on the count the tick saw, so a
+        # planner's edit in between wins over this tick's view.
+        values = ", ".join(["(%s, %s, %s)"] * len(rows))
+        params = [
+            v
+            for row in rows
+            for v in (row.deployment_id, row.current_replicas, row.target_replicas)
+        ]
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE capacity_deployment AS d SET current_replicas = v.target "  # noqa: S608
+                f"FROM (VALUES {values}) AS v(id, seen, target) "
+                "WHERE d.id = v.id AND d.current_replicas = v.seen",
+                params,
+            )
+    else:
+        for row in rows:
+            Deployment.objects.filter(
+                pk=row.deployment_id, current_replicas=row.current_replicas
+            ).update(current_replicas=row.target_replicas)
+    ActuatorCircuit.objects.filter(deployment_id__in=ids, consecutive_failures__gt=0).update(
+        consecutive_failures=0, opened_until=None, last_error=""
+    )
+
+
+def _record_failure(deployment_id: int, error: str, now) -> None:
+    circuit, _ = ActuatorCircuit.objects.get_or_create(deployment_id=deployment_id)
+    circuit.consecutive_failures += 1
+    circuit.last_error = error[:2000]
+    if circuit.consecutive_failures >= CIRCUIT_THRESHOLD:
+        seconds = min(
+            CIRCUIT_MAX_SECONDS,
+            CIRCUIT_BASE_SECONDS * 2 ** (circuit.consecutive_failures - CIRCUIT_THRESHOLD),
+        )
+        circuit.opened_until = now + timedelta(seconds=seconds)
+    circuit.save()
+
+
+def _decision_dict(decision: allocation.DeploymentDecision, deployments) -> dict:
+    return {
+        "deployment": deployments[decision.deployment_id].name,
+        "current_replicas": decision.current_replicas,
+        "recommended_replicas": decision.recommended_replicas,
+        "target_replicas": decision.target_replicas,
+        "reasons": [reason.as_dict() for reason in decision.reasons],
+    }
+
+
+def _row_dict(row: AllocationDecision) -> dict:
+    return {
+        "id": row.pk,
+        "deployment_id": row.deployment_id,
+        "current_replicas": row.current_replicas,
+        "recommended_replicas": row.recommended_replicas,
+        "target_replicas": row.target_replicas,
+        "reasons": row.reasons,
+        "actuator_ok": row.actuator_ok,
+        "actuator_error": row.actuator_error,
+    }

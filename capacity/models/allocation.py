@@ -1,0 +1,72 @@
+from django.db import models
+
+from accounts.models import Customer
+from capacity.models.catalog import Deployment, ServedModel
+
+
+class AllocationDecision(models.Model):
+    """What one tick decided for one deployment, why, and what the actuator made of it."""
+
+    tick_id = models.UUIDField(db_index=True)
+    deployment = models.ForeignKey(
+        Deployment, on_delete=models.CASCADE, related_name="allocation_decisions"
+    )
+    served_model = models.ForeignKey(ServedModel, on_delete=models.CASCADE, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    inputs_digest = models.CharField(max_length=64, help_text="SHA-256 of the model's snapshot.")
+    current_replicas = models.PositiveIntegerField()
+    recommended_replicas = models.PositiveIntegerField()
+    target_replicas = models.PositiveIntegerField()
+    reasons = models.JSONField(default=list)
+    dry_run = models.BooleanField(default=False)
+    actuator_kind = models.CharField(max_length=20)
+    actuator_ok = models.BooleanField(null=True, help_text="Null: not applied (unchanged).")
+    actuator_attempts = models.PositiveIntegerField(default=0)
+    actuator_error = models.TextField(blank=True, default="")
+    observed_replicas = models.PositiveIntegerField(null=True, blank=True)
+    applied_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["deployment", "-created_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.deployment} → {self.target_replicas} at {self.created_at:%H:%M:%S}"
+
+
+class AdmissionAllowance(models.Model):
+    """The latest tick's admission limits for one customer and model (DESIGN §2)."""
+
+    customer = models.ForeignKey(Customer, on_delete=models.CASCADE, related_name="allowances")
+    served_model = models.ForeignKey(ServedModel, on_delete=models.CASCADE, related_name="+")
+    guaranteed_mu_per_minute = models.FloatField()
+    best_effort_mu_per_minute = models.FloatField()
+    tick_id = models.UUIDField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["customer__slug", "served_model__name"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["customer", "served_model"], name="allowance_unique_customer_model"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.customer} {self.served_model}"
+
+
+class ActuatorCircuit(models.Model):
+    """Repeated actuator failures open a circuit: the deployment is left alone for a while
+    instead of being hammered every tick."""
+
+    deployment = models.OneToOneField(
+        Deployment, on_delete=models.CASCADE, related_name="actuator_circuit"
+    )
+    consecutive_failures = models.PositiveIntegerField(default=0)
+    opened_until = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.deployment}: {self.consecutive_failures} failures"
