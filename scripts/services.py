@@ -18,6 +18,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import psycopg
+import psycopg.sql
 import redis
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,9 +62,36 @@ def _wait(check, what: str) -> None:
     sys.exit(f"{what} did not start answering within {WAIT_SECONDS} s.")
 
 
+def ensure_database(url: str) -> None:
+    """Create the database the URL names, so Django's checks against it find it (the tests
+    themselves run in a test_ copy that pytest creates)."""
+    parsed = urlparse(url)
+    name = parsed.path.lstrip("/")
+    if not name:
+        return
+    with psycopg.connect(
+        host=parsed.hostname or "127.0.0.1",
+        port=parsed.port or 5432,
+        user=parsed.username or "postgres",
+        password=parsed.password or None,
+        dbname="postgres",
+        connect_timeout=2,
+        autocommit=True,
+    ) as connection:
+        exists = connection.execute(
+            "SELECT 1 FROM pg_database WHERE datname = %s", [name]
+        ).fetchone()
+        if not exists:
+            connection.execute(
+                psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(name))
+            )
+            print(f"Created database {name}.")
+
+
 def ensure_postgres(url: str) -> None:
     if _postgres_answers(url) is None:
         print(f"PostgreSQL answers at {urlparse(url).hostname}:{urlparse(url).port or 5432}.")
+        ensure_database(url)
         return
     clusters = sorted(glob.glob("/etc/postgresql/*"))
     if not shutil.which("pg_ctlcluster") or not clusters:
@@ -77,6 +105,7 @@ def ensure_postgres(url: str) -> None:
         ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "start"], check=False
     )
     _wait(lambda: _postgres_answers(url) is None, "PostgreSQL")
+    ensure_database(url)
 
 
 def ensure_redis(url: str, *, private_dir: Path | None) -> None:

@@ -93,8 +93,15 @@ class _FlakyServer:
         return self
 
     def __exit__(self, *exc):
-        future = asyncio.run_coroutine_threadsafe(self.app_runner.cleanup(), self.loop)
-        future.result(timeout=10)
+        async def shut_down():
+            await self.app_runner.cleanup()
+            # Handlers still sleeping (the hanging ones) are cancelled, not abandoned.
+            others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in others:
+                task.cancel()
+            await asyncio.gather(*others, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(shut_down(), self.loop).result(timeout=10)
         self.loop.call_soon_threadsafe(self.loop.stop)
 
 

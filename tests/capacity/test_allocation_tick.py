@@ -198,3 +198,16 @@ def test_two_concurrent_ticks_never_both_apply(sellable, served_model, globex):
     assert _SlowScale.calls == 1
     assert AllocationDecision.objects.count() == 1
     assert connection.vendor == "postgresql"
+
+
+def test_prometheus_down_holds_the_fleet_instead_of_scaling_it_down(
+    fleet, served_model, globex, settings
+):
+    Deployment.objects.filter(pk=fleet.pk).update(current_replicas=5)
+    settings.PROMETHEUS_URL = "http://127.0.0.1:9"  # nothing listens there
+    allocation_tick()
+    allocation_tick()
+    fleet.refresh_from_db()
+    assert fleet.current_replicas == 5
+    codes = {r["code"] for r in AllocationDecision.objects.first().reasons}
+    assert "load_unknown" in codes

@@ -125,7 +125,12 @@ class Command(BaseCommand):
                 },
             )
         if emulator_url:
-            Deployment.objects.filter(name="llama-8b-h100").update(endpoint_url=emulator_url)
+            # The allocation loop pushes this deployment's targets to the emulator, signed.
+            Deployment.objects.filter(name="llama-8b-h100").update(
+                endpoint_url=emulator_url,
+                actuator_kind=ActuatorKind.WEBHOOK,
+                actuator_config={"url": f"{emulator_url}/admin/webhook/scale"},
+            )
         suite = BenchmarkSuite.objects.filter(name=DEMO_SUITE["name"]).first()
         if suite is None:
             suite = suite_create(**DEMO_SUITE)
