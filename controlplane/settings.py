@@ -87,6 +87,8 @@ TEMPLATES = [
 _DEFAULT_SQLITE_URL = f"sqlite:///{VAR_DIR / 'controlplane.sqlite3'}"
 _database = env_database("DATABASE_URL", _DEFAULT_SQLITE_URL)
 if _database["ENGINE"] == "django.db.backends.sqlite3":
+    # A fresh checkout has no var/ yet; SQLite creates the file but not its folder.
+    Path(_database["NAME"]).parent.mkdir(parents=True, exist_ok=True)
     _database["CONN_MAX_AGE"] = 0
     _database["CONN_HEALTH_CHECKS"] = False
     _database["OPTIONS"] = {
