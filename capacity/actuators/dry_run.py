@@ -12,7 +12,7 @@ class DryRunActuator(Actuator):
     kind = "dry_run"
 
     def apply(self, request: ScaleRequest) -> int | None:
-        logger.info(
+        logger.debug(
             "dry run: %s (%s) would scale %d -> %d replicas (decision %s)",
             request.deployment,
             request.model,
