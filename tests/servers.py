@@ -4,13 +4,11 @@ that need real concurrent clients over HTTP."""
 import os
 import subprocess
 import sys
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
-
 from tests.benchmarking.processes import free_port, test_database_url
+from tests.subprocesses import stop, wait_until_answering
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,20 +32,7 @@ def gunicorn_server(tmp_path: Path, *, workers: int = 4, threads: int = 4):
         )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(url + "/healthz", timeout=1, trust_env=False).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("gunicorn did not start: " + log_path.read_text()[-2000:])
-            time.sleep(0.2)
+        wait_until_answering(url + "/healthz", process, what="gunicorn", log_path=log_path)
         yield url
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        stop(process)

@@ -11,8 +11,9 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
 from django.db import connection
+
+from tests.subprocesses import stop, wait_until_answering
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,25 +46,15 @@ def emulator_process(config: dict, tmp_path: Path):
     )
     base_url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(base_url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(
-                    "the emulator did not start: " + (tmp_path / f"emulator-{port}.log").read_text()
-                )
-            time.sleep(0.1)
+        wait_until_answering(
+            base_url + "/health",
+            process,
+            what="the emulator",
+            log_path=tmp_path / f"emulator-{port}.log",
+        )
         yield base_url
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        stop(process, timeout_seconds=10)
         log.close()
 
 
