@@ -96,3 +96,36 @@ def test_malformed_json_is_a_400_that_says_so(planner_client):
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "malformed_body"
     assert "JSON" in response.json()["error"]["message"]
+
+
+GARBAGE_QUERY = {
+    "page": "abc",
+    "page_size": "-5",
+    "ordering": "no_such_field",
+    "created_at__gte": "not-a-date",
+    "status": "nonsense",
+    "customer": "../../etc",
+    "model": "ghost",
+    "from": "yesterday",
+    "step": "fortnight",
+    "search": "' OR 1=1 --",
+}
+
+
+def test_no_read_endpoint_answers_500_to_garbage_query_parameters(
+    planner_client, deployment, pool, gpu_type, served_model, acme, make_key
+):
+    api_key, _ = make_key(customer=acme)
+    schema = SchemaGenerator().get_schema(request=None, public=True)
+    checked = 0
+    for path, methods in schema["paths"].items():
+        if "get" not in methods:
+            continue
+        url = _concrete(path, deployment, pool, gpu_type, served_model, acme, api_key)
+        for query in ({}, GARBAGE_QUERY):
+            response = planner_client.get(url, query)
+            assert response.status_code < 500, (url, query, response.content[:300])
+            if response.status_code >= 400 and url.startswith("/api/v1/"):
+                assert response.json()["error"]["status"] == response.status_code
+        checked += 1
+    assert checked >= 20
