@@ -41,7 +41,7 @@ def test_the_process_kind_is_reported_unavailable_when_its_module_is_missing(mon
 
 
 def test_the_dry_run_touches_nothing_and_observes_nothing(caplog):
-    with caplog.at_level("INFO", logger="capacity.actuators.dry_run"):
+    with caplog.at_level("DEBUG", logger="capacity.actuators.dry_run"):
         result = apply(actuator_for("dry_run"), scale_request({}, target_replicas=4))
 
     assert result.ok
