@@ -1,0 +1,217 @@
+"""Run several autoscaling policies over one trace and compare their cost and latency.
+
+`compare(requests, model=..., policies=[...], slo_ttft_ms=...)` builds one `PolicyContext`
+from the trace summary and the model, runs `simulate` once per policy (static-peak first: it is
+the reference for `savings_vs_static`) and returns
+
+    {"policies": {NAME: {gpu_hours, savings_vs_static, slo_attainment, ttft_p50_ms,
+                         ttft_p95_ms, ttft_p99_ms, tpot_p95_ms, guaranteed_refused,
+                         scale_events}}}
+
+A request's cost in MU is its ground-truth replica-seconds at a full batch × 100 / 60, so one
+saturated replica mints 100 MU/min. `guaranteed_refused` counts the requests of customers with
+a reservation that were not served (refused or timed out); no admission policy is applied, so
+it is 0 without reservations. Policies start with the replicas they ask for before the trace
+(`initial_replicas()`, 0 if they do not say): static-peak its whole fleet, the oracle what it
+needs within the first cold start, hpa-rps one, kpa none (or one when kept warm).
+
+Policies: static-peak, kpa, hpa-rps, oracle (`baselines`, `oracle`) and modelunit, the live
+allocation policy (`benchmarking.simulator.modelunit.ModelUnitAutoscaler`), imported by name
+when asked for; if it cannot be imported it is left out with the reason
+(`unavailable_policies`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+import numpy as np
+
+from ..emulator.config import ModelConfig
+from ..emulator.ground_truth import ground_truth_replica_seconds
+from ..traces import TraceRequest, summarise
+from .autoscaling import Autoscaler
+from .baselines import HPARpsAutoscaler, KPAAutoscaler, StaticPeakAutoscaler, replicas_for
+from .fleet import SERVED, SimulationSettings, simulate
+from .oracle import OracleAutoscaler
+from .policy_context import PolicyContext
+
+REPLICA_MU_PER_MINUTE = 100.0
+REFERENCE = "static-peak"
+MODELUNIT = "modelunit"
+MODELUNIT_PATH = "benchmarking.simulator.modelunit:ModelUnitAutoscaler"
+METRICS = (
+    "gpu_hours",
+    "savings_vs_static",
+    "slo_attainment",
+    "ttft_p50_ms",
+    "ttft_p95_ms",
+    "ttft_p99_ms",
+    "tpot_p95_ms",
+    "guaranteed_refused",
+    "scale_events",
+)
+
+_BUILT_IN: dict[str, Callable[[PolicyContext], Autoscaler]] = {
+    "static-peak": StaticPeakAutoscaler,
+    "kpa": KPAAutoscaler,
+    "hpa-rps": HPARpsAutoscaler,
+    "oracle": OracleAutoscaler,
+}
+
+
+class PolicyError(ValueError):
+    """An unknown or unavailable policy name."""
+
+
+def _load_modelunit() -> tuple[Callable[[PolicyContext], Autoscaler] | None, str | None]:
+    module_name, _, class_name = MODELUNIT_PATH.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+        return getattr(module, class_name), None
+    except (ImportError, AttributeError) as exc:
+        return None, f"{MODELUNIT} policy unavailable (cannot import {MODELUNIT_PATH}: {exc})"
+
+
+def policy_registry() -> tuple[dict[str, Callable[[PolicyContext], Autoscaler]], dict[str, str]]:
+    """(name -> factory, name -> why it is missing). The modelunit policy is imported here."""
+    registry = dict(_BUILT_IN)
+    missing: dict[str, str] = {}
+    factory, reason = _load_modelunit()
+    if factory is not None:
+        registry[MODELUNIT] = factory
+    else:
+        missing[MODELUNIT] = reason or f"{MODELUNIT} policy unavailable"
+    return registry, missing
+
+
+def known_policies() -> tuple[str, ...]:
+    return (*_BUILT_IN, MODELUNIT)
+
+
+def request_mu(model: ModelConfig) -> Callable[[TraceRequest], float]:
+    def mu_of(request: TraceRequest) -> float:
+        return (
+            ground_truth_replica_seconds(
+                model,
+                request.input_tokens,
+                max(1, request.output_tokens),
+                batch_size=model.max_num_seqs,
+            )
+            * REPLICA_MU_PER_MINUTE
+            / 60.0
+        )
+
+    return mu_of
+
+
+def build_context(
+    requests: Sequence[TraceRequest],
+    *,
+    model: ModelConfig,
+    cold_start_seconds: float,
+    target_utilisation: float,
+    tick_seconds: float,
+    reservations: dict[str, float] | None = None,
+    keep_warm: bool = False,
+    future: bool = False,
+) -> PolicyContext:
+    """The context every policy is built from; `future=True` adds the requests (oracle only)."""
+    mu_of = request_mu(model)
+    summary = summarise(requests)
+    mean_mu = float(np.mean([mu_of(r) for r in requests])) if requests else 0.0
+    peak_mu_per_minute = summary.peak_rate_req_per_s_1min * 60.0 * mean_mu
+    reservations = dict(reservations or {})
+    base = PolicyContext(
+        replica_mu_per_minute=REPLICA_MU_PER_MINUTE,
+        mu_of=mu_of,
+        max_replicas=1,
+        max_num_seqs=model.max_num_seqs,
+        cold_start_seconds=cold_start_seconds,
+        tick_seconds=tick_seconds,
+        target_utilisation=target_utilisation,
+        reservations_mu_per_minute=reservations,
+        keep_warm=keep_warm,
+        peak_rate_req_per_s=summary.peak_rate_req_per_s_1min,
+        mean_request_mu=mean_mu,
+        future_requests=tuple(requests) if future else (),
+    )
+    top = max(2 * peak_mu_per_minute, sum(reservations.values()))
+    max_replicas = max(1, replicas_for(top, base))
+    return replace(base, max_replicas=max_replicas)
+
+
+def compare(
+    requests: Sequence[TraceRequest],
+    *,
+    model: ModelConfig,
+    policies: list[str],
+    slo_ttft_ms: float,
+    gpus_per_replica: int = 1,
+    cold_start_seconds: float | None = None,
+    target_utilisation: float = 0.8,
+    reservations: dict[str, float] | None = None,
+    keep_warm: bool = False,
+    tick_seconds: float = 15,
+) -> dict:
+    """Simulate each policy over `requests` (see the module docstring for the result)."""
+    if not 0 < target_utilisation <= 1:
+        raise ValueError(f"target_utilisation must be in (0, 1], got {target_utilisation}")
+    if slo_ttft_ms <= 0:
+        raise ValueError(f"slo_ttft_ms must be > 0, got {slo_ttft_ms}")
+    registry, missing = policy_registry() if MODELUNIT in policies else (dict(_BUILT_IN), {})
+    unknown = [p for p in policies if p not in registry and p not in missing]
+    if unknown:
+        raise PolicyError(f"unknown policy {unknown[0]!r} (known: {', '.join(known_policies())})")
+    if MODELUNIT in policies and MODELUNIT in missing:
+        raise PolicyError(missing[MODELUNIT])
+    cold_start = model.cold_start_seconds if cold_start_seconds is None else cold_start_seconds
+    order = [REFERENCE] + [p for p in dict.fromkeys(policies) if p != REFERENCE]
+    reservations = dict(reservations or {})
+    guaranteed = np.asarray([r.client in reservations for r in requests], dtype=bool)
+    settings_kwargs = {
+        "model": model,
+        "gpus_per_replica": gpus_per_replica,
+        "cold_start_seconds": cold_start,
+        "tick_seconds": tick_seconds,
+        "ttft_slo_seconds": slo_ttft_ms / 1000.0,
+        "mu_of": request_mu(model),
+    }
+    results: dict[str, dict] = {}
+    for name in order:
+        context = build_context(
+            requests,
+            model=model,
+            cold_start_seconds=cold_start,
+            target_utilisation=target_utilisation,
+            tick_seconds=tick_seconds,
+            reservations=reservations,
+            keep_warm=keep_warm,
+            future=name == "oracle",
+        )
+        autoscaler = registry[name](context)
+        initial = getattr(autoscaler, "initial_replicas", None)
+        settings = SimulationSettings(
+            **settings_kwargs, initial_replicas=int(initial()) if initial else 0
+        )
+        result = simulate(requests, settings, autoscaler)
+        results[name] = {
+            "gpu_hours": result.gpu_hours,
+            "slo_attainment": result.slo_attainment,
+            "ttft_p50_ms": result.ttft_ms(50),
+            "ttft_p95_ms": result.ttft_ms(95),
+            "ttft_p99_ms": result.ttft_ms(99),
+            "tpot_p95_ms": result.tpot_ms(95),
+            "guaranteed_refused": int(np.count_nonzero(guaranteed & (result.outcome != SERVED))),
+            "scale_events": result.scale_events,
+        }
+    reference_hours = results[REFERENCE]["gpu_hours"]
+    out: dict[str, dict] = {}
+    for name in order:
+        row = results[name]
+        savings = 1.0 - row["gpu_hours"] / reference_hours if reference_hours > 0 else math.nan
+        out[name] = {key: (savings if key == "savings_vs_static" else row[key]) for key in METRICS}
+    return {"policies": out}
