@@ -3,12 +3,14 @@
 from datetime import datetime, timedelta
 
 import numpy as np
+from django.conf import settings
 from django.db import connection
 from django.db.models import Q, Sum
 from django.utils import timezone
 
 from accounts.models import Customer
 from capacity.models import Reservation, ServedModel, UsageMinute
+from capacity.prometheus import read_fleet_load
 from capacity.sellable import model_capacity
 from controlplane.errors import DomainError
 
@@ -185,10 +187,6 @@ def used_now(served_model: ServedModel, *, now: datetime | None = None) -> float
 
 def _prometheus_used(served_model: ServedModel) -> tuple[float | None, dict[int, dict]]:
     """Engine-side load from Prometheus, when one is configured. Unknown is None, never 0."""
-    from django.conf import settings
-
-    from capacity.prometheus import read_fleet_load
-
     if not settings.PROMETHEUS_URL:
         return None, {}
     deployments = list(served_model.deployments.select_related("served_model"))

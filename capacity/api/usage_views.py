@@ -2,6 +2,7 @@ from datetime import timedelta
 
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.exceptions import PermissionDenied
@@ -74,8 +75,6 @@ class UsageEventsView(APIView):
 def _parse_time(value: str | None, *, field: str, default):
     if not value:
         return default
-    from django.utils.dateparse import parse_datetime
-
     parsed = parse_datetime(value)
     if parsed is None:
         raise DomainError(f"'{value}' is not an ISO 8601 date-time.", field=field)
