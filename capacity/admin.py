@@ -16,7 +16,8 @@ from capacity.models import (
     UsageEvent,
     UsageMinute,
 )
-from capacity.services import check_fits_pool
+from capacity.prometheus import validate_selector
+from capacity.services import DEPLOYMENT_FIELDS, check_fits_pool
 from controlplane.errors import DomainError
 
 
@@ -27,21 +28,7 @@ class DeploymentAdminForm(forms.ModelForm):
 
     class Meta:
         model = Deployment
-        fields = [
-            "name",
-            "served_model",
-            "gpu_pool",
-            "gpus_per_replica",
-            "min_replicas",
-            "max_replicas",
-            "current_replicas",
-            "cold_start_seconds",
-            "scale_to_zero_after_seconds",
-            "target_utilisation",
-            "endpoint_url",
-            "actuator_kind",
-            "actuator_config",
-        ]
+        fields = list(DEPLOYMENT_FIELDS)
 
     def clean(self):
         cleaned = super().clean()
@@ -53,6 +40,8 @@ class DeploymentAdminForm(forms.ModelForm):
                     max_replicas=cleaned["max_replicas"],
                     gpus_per_replica=cleaned["gpus_per_replica"],
                 )
+            if cleaned.get("prometheus_selector"):
+                cleaned["prometheus_selector"] = validate_selector(cleaned["prometheus_selector"])
             if cleaned.get("actuator_kind"):
                 cleaned["actuator_config"] = validate_actuator_config(
                     cleaned["actuator_kind"], cleaned.get("actuator_config")

@@ -8,9 +8,12 @@ from django.db import transaction
 
 from capacity.actuator_config import validate_actuator_config
 from capacity.models import Deployment, GpuPool, GpuType, ServedModel
+from capacity.prometheus import validate_selector
 from controlplane.errors import ConflictError, DomainError
 
-DEPLOYMENT_FIELDS = {
+# What a deployment's writer may set, in the order forms and the API show it; the one list the
+# API serializer and the admin form are built from.
+DEPLOYMENT_FIELDS = (
     "name",
     "served_model",
     "gpu_pool",
@@ -24,7 +27,10 @@ DEPLOYMENT_FIELDS = {
     "endpoint_url",
     "actuator_kind",
     "actuator_config",
-}
+    "prometheus_selector",
+    "benchmark_suite",
+    "benchmark_nightly",
+)
 
 
 def check_fits_pool(*, pool: GpuPool, max_replicas: int, gpus_per_replica: int) -> None:
@@ -56,11 +62,14 @@ def _check_shape(values: dict) -> None:
         )
     if not 0 < values["target_utilisation"] <= 1:
         raise DomainError("target_utilisation must be in (0, 1].", field="target_utilisation")
+    if values.get("prometheus_selector"):
+        # Stored normalised; a malformed one is refused here rather than at every tick.
+        values["prometheus_selector"] = validate_selector(values["prometheus_selector"])
 
 
 @transaction.atomic
 def deployment_create(**values) -> Deployment:
-    unknown = set(values) - DEPLOYMENT_FIELDS
+    unknown = set(values) - set(DEPLOYMENT_FIELDS)
     if unknown:
         raise DomainError(f"Unknown deployment fields: {', '.join(sorted(unknown))}.")
     defaults = {
@@ -84,7 +93,7 @@ def deployment_create(**values) -> Deployment:
 
 @transaction.atomic
 def deployment_update(*, deployment: Deployment, **changes) -> Deployment:
-    unknown = set(changes) - DEPLOYMENT_FIELDS
+    unknown = set(changes) - set(DEPLOYMENT_FIELDS)
     if unknown:
         raise DomainError(f"Unknown deployment fields: {', '.join(sorted(unknown))}.")
     deployment = Deployment.objects.select_for_update().get(pk=deployment.pk)

@@ -1,6 +1,8 @@
 from rest_framework import serializers
 
+from benchmarking.models import BenchmarkSuite
 from capacity.models import ActuatorKind, Deployment, GpuPool, GpuType, ServedModel
+from capacity.services import DEPLOYMENT_FIELDS
 
 
 class GpuTypeSerializer(serializers.ModelSerializer):
@@ -52,27 +54,17 @@ class DeploymentSerializer(serializers.ModelSerializer):
     actuator_kind = serializers.ChoiceField(choices=ActuatorKind.choices, required=False)
     actuator_config = serializers.JSONField(required=False)
     target_utilisation = serializers.FloatField(required=False, min_value=0.01, max_value=1.0)
+    benchmark_suite = serializers.SlugRelatedField(
+        slug_field="name",
+        queryset=BenchmarkSuite.objects.all(),
+        required=False,
+        allow_null=True,
+        help_text="The suite the nightly benchmark runs (see benchmark_nightly).",
+    )
 
     class Meta:
         model = Deployment
-        fields = [
-            "id",
-            "name",
-            "served_model",
-            "gpu_pool",
-            "gpus_per_replica",
-            "min_replicas",
-            "max_replicas",
-            "current_replicas",
-            "cold_start_seconds",
-            "scale_to_zero_after_seconds",
-            "target_utilisation",
-            "endpoint_url",
-            "actuator_kind",
-            "actuator_config",
-            "created_at",
-            "updated_at",
-        ]
+        fields = ["id", *DEPLOYMENT_FIELDS, "created_at", "updated_at"]
         read_only_fields = ["id", "created_at", "updated_at"]
         extra_kwargs = {"gpus_per_replica": {"min_value": 1}}
         # The database's min ≤ max constraint is checked by the service with a clearer message.

@@ -224,3 +224,38 @@ def test_the_database_refuses_zero_gpus_per_replica(deployment):
 
     with pytest.raises(IntegrityError), transaction.atomic():
         Deployment.objects.filter(pk=deployment.pk).update(gpus_per_replica=0)
+
+
+def test_nightly_benchmarks_and_the_prometheus_selector_are_set_through_the_api(
+    planner_client, deployment
+):
+    from benchmarking.services import suite_create
+
+    suite_create(name="nightly", grid=[[128, 16]], slo_ttft_p95_ms=1000, slo_tpot_p95_ms=100)
+    url = f"{DEPLOYMENTS}{deployment.name}/"
+    response = planner_client.patch(
+        url,
+        {
+            "benchmark_suite": "nightly",
+            "benchmark_nightly": True,
+            "prometheus_selector": 'job="vllm",  model_name="llama"',
+        },
+        format="json",
+    )
+    assert response.status_code == 200, response.json()
+    deployment.refresh_from_db()
+    assert deployment.benchmark_nightly is True
+    assert deployment.benchmark_suite.name == "nightly"
+    assert deployment.prometheus_selector == 'job="vllm", model_name="llama"'
+
+
+def test_a_malformed_prometheus_selector_is_a_400_naming_it(planner_client, deployment):
+    response = planner_client.patch(
+        f"{DEPLOYMENTS}{deployment.name}/",
+        {"prometheus_selector": 'job="vllm"} or vector(1) or {'},
+        format="json",
+    )
+    assert response.status_code == 400
+    assert "prometheus_selector" in error_fields(response)
+    deployment.refresh_from_db()
+    assert deployment.prometheus_selector == ""
