@@ -12,7 +12,7 @@ fleet simulator run the very same code. Rules, in order:
    A short pool therefore reclaims best-effort before guaranteed, and shortfalls are reported.
 4. Capacity per replica counts at the deployment's target utilisation.
 5. Scale up at once; scale down only to the highest recommendation inside the stabilisation
-   window (default 300 s), and not at all while no tick has recommended inside it. Unknown
+   window (default 120 s), and not at all while no tick has recommended inside it. Unknown
    load holds the current count rather than scaling down.
 6. No demand and no reservation keeping the model warm: keep one replica until the model has
    been idle for its deployment's `scale_to_zero_after_seconds`, then none.
@@ -28,11 +28,16 @@ from dataclasses import dataclass, field
 
 EPSILON = 1e-9
 BEST_EFFORT_DEMAND_SHARE = 0.8
+# The demand the policy is fed (by the live tick and the fleet simulator alike): the mean of
+# the last RECENT_WINDOW, and the busiest minute and burst rate of the last PEAK_WINDOW.
+RECENT_WINDOW_SECONDS = 300
+PEAK_WINDOW_SECONDS = 300
+DEFAULT_TTFT_SLO_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
 class PolicySettings:
-    stabilisation_window_seconds: float = 300.0
+    stabilisation_window_seconds: float = 120.0
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,9 @@ class CustomerDemand:
     recent_mu_per_minute: float  # mean over the last few minutes
     peak_mu_per_minute: float  # busiest recent minute
     keep_warm: bool = False
+    # Busiest recent tick-long window, as MU/min (0: not measured). Sub-minute bursts that a
+    # minute's average hides are what break a TTFT SLO of a few seconds.
+    burst_mu_per_minute: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -80,6 +88,10 @@ class ModelSnapshot:
     deployments: tuple[DeploymentState, ...]
     idle_seconds: float | None  # since the last metered request; None: never used
     load_known: bool = True
+    # MU of the requests queued in the engines (not yet in a batch). Usage is metered when a
+    # request finishes, so a fleet too small for its demand caps what usage shows; the queue
+    # is the demand it hides, planned for as a rate that clears it within a minute.
+    waiting_mu: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -142,6 +154,17 @@ class Decisions:
 
     def for_deployment(self, deployment_id: int) -> DeploymentDecision:
         return next(d for d in self.deployments if d.deployment_id == deployment_id)
+
+
+def _demand(customer: CustomerDemand, burst_share: float = 1.0) -> float:
+    """MU/min to plan for: the recent mean, the busiest recent minute, or the burst rate (which
+    already includes its latency headroom, so it counts at `burst_share` — the deployments'
+    target utilisation — to need full replicas, not replicas at the target), the highest."""
+    return max(
+        customer.recent_mu_per_minute,
+        customer.peak_mu_per_minute,
+        customer.burst_mu_per_minute * burst_share,
+    )
 
 
 def _fill(
@@ -235,9 +258,9 @@ def decide(snapshot: Snapshot) -> Decisions:
     best_effort_demand: dict[int, float] = {}
     for model in snapshot.models:
         guaranteed = sum(c.reserved_mu_per_minute for c in model.customers)
-        demand = sum(
-            max(0.0, max(c.recent_mu_per_minute, c.peak_mu_per_minute) - c.reserved_mu_per_minute)
-            for c in model.customers
+        share = max((d.target_utilisation for d in model.deployments), default=1.0)
+        demand = model.waiting_mu + sum(
+            max(0.0, _demand(c, share) - c.reserved_mu_per_minute) for c in model.customers
         )
         best_effort_demand[model.model_id] = demand
         need = guaranteed + demand - planned(model)
@@ -250,9 +273,8 @@ def decide(snapshot: Snapshot) -> Decisions:
     allowances: list[Allowance] = []
     for model in snapshot.models:
         keep_warm = any(c.keep_warm and c.reserved_mu_per_minute > 0 for c in model.customers)
-        demand_total = sum(
-            max(c.recent_mu_per_minute, c.peak_mu_per_minute, c.reserved_mu_per_minute)
-            for c in model.customers
+        demand_total = model.waiting_mu + sum(
+            max(_demand(c), c.reserved_mu_per_minute) for c in model.customers
         )
         for d in model.deployments:
             recommended = replicas[d.deployment_id]
@@ -397,10 +419,7 @@ def _allowances(model: ModelSnapshot, guaranteed: float) -> list[Allowance]:
     hot = sum(d.ready_replicas * d.effective_mu_per_minute_per_replica for d in model.deployments)
     slack = max(0.0, hot - guaranteed)
     extra = {
-        c.customer_id: max(
-            0.0, max(c.recent_mu_per_minute, c.peak_mu_per_minute) - c.reserved_mu_per_minute
-        )
-        for c in model.customers
+        c.customer_id: max(0.0, _demand(c) - c.reserved_mu_per_minute) for c in model.customers
     }
     total_extra = sum(extra.values())
     customers = len(model.customers) or 1

@@ -17,15 +17,18 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 
+import numpy as np
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Max, Q, Sum
+from django.db.models.functions import Trunc
 from django.utils import timezone
 
 from benchmarking.fitting import Shape, predict_replica_seconds
 from capacity import allocation
 from capacity.actuators.base import ScaleRequest, apply_with_retries
 from capacity.bulk import copy_upsert
+from capacity.bursts import burst_mu_per_minute
 from capacity.models import (
     ActuatorCircuit,
     AdmissionAllowance,
@@ -34,6 +37,7 @@ from capacity.models import (
     Deployment,
     GpuPool,
     Reservation,
+    UsageEvent,
     UsageMinute,
 )
 from capacity.sellable import DEFAULT_MIX, MIX_LOOKBACK
@@ -41,8 +45,8 @@ from capacity.sellable import DEFAULT_MIX, MIX_LOOKBACK
 logger = logging.getLogger(__name__)
 
 ADVISORY_LOCK_KEY = 0x4D55_414C  # "MUAL"
-RECENT_WINDOW = timedelta(minutes=5)
-PEAK_WINDOW = timedelta(minutes=15)
+RECENT_WINDOW = timedelta(seconds=allocation.RECENT_WINDOW_SECONDS)
+PEAK_WINDOW = timedelta(seconds=allocation.PEAK_WINDOW_SECONDS)
 IDLE_LOOKBACK = timedelta(days=1)
 CIRCUIT_THRESHOLD = 3
 CIRCUIT_BASE_SECONDS = 60
@@ -98,6 +102,7 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
             references[model_id] = cost_model
 
     mixes: dict[int, Shape] = {}
+    mu_per_request: dict[int, float] = {}
     for row in (
         UsageMinute.objects.filter(minute__gte=now - MIX_LOOKBACK)
         .values("served_model_id")
@@ -106,10 +111,12 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
             inp=Sum("input_tokens"),
             cached=Sum("cached_input_tokens"),
             out=Sum("output_tokens"),
+            mu=Sum("mu"),
         )
     ):
         if row["requests"]:
             n = row["requests"]
+            mu_per_request[row["served_model_id"]] = (row["mu"] or 0.0) / n
             mixes[row["served_model_id"]] = Shape(
                 input_tokens=round((row["inp"] - row["cached"]) / n),
                 cached_input_tokens=round(row["cached"] / n),
@@ -143,6 +150,8 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
             row["peak"] or 0.0,
         )
 
+    bursts = _bursts(now)
+
     last_used = dict(
         UsageMinute.objects.filter(minute__gte=now - IDLE_LOOKBACK, requests__gt=0)
         .values("served_model_id")
@@ -156,13 +165,14 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
     ).values_list("deployment_id", "created_at", "recommended_replicas"):
         history[deployment_id].append(((now - created_at).total_seconds(), recommended))
 
-    load_known = _load_known(deployments)
+    loads = _loads(deployments)
+    load_known = {deployment_id: load.known for deployment_id, load in loads.items()}
 
     by_model: dict[int, list[Deployment]] = defaultdict(list)
     for deployment in deployments:
         by_model[deployment.served_model_id].append(deployment)
     customers_of: dict[int, set[int]] = defaultdict(set)
-    for model_id, customer_id in [*reserved, *demand]:
+    for model_id, customer_id in [*reserved, *demand, *bursts]:
         customers_of[model_id].add(customer_id)
     models = []
     for model_id, model_deployments in by_model.items():
@@ -196,6 +206,7 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
                 reserved_mu_per_minute=reserved.get((model_id, customer_id), [0.0, False])[0],
                 recent_mu_per_minute=demand.get((model_id, customer_id), (0.0, 0.0))[0],
                 peak_mu_per_minute=demand.get((model_id, customer_id), (0.0, 0.0))[1],
+                burst_mu_per_minute=bursts.get((model_id, customer_id), 0.0),
                 keep_warm=reserved.get((model_id, customer_id), [0.0, False])[1],
             )
             for customer_id in sorted(customer_ids)
@@ -209,6 +220,7 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
                 deployments=tuple(states),
                 idle_seconds=(now - last).total_seconds() if last else None,
                 load_known=all(load_known.get(d.pk, True) for d in model_deployments),
+                waiting_mu=_waiting_mu(model_deployments, loads, mu_per_request.get(model_id)),
             )
         )
     snapshot = allocation.Snapshot(
@@ -219,19 +231,45 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
     return snapshot, {d.pk: d for d in deployments}
 
 
-def _load_known(deployments: list[Deployment]) -> dict[int, bool]:
-    """Whether each deployment's engine load could be read. Without Prometheus configured,
-    metered usage is the only load signal and counts as known."""
+def _bursts(now: datetime) -> dict[tuple[int, int], float]:
+    """Per (model, customer), the burst rate (`capacity.bursts`) of the requests that started
+    in the last PEAK_WINDOW, from usage events in 1-second bins."""
+    since = now - PEAK_WINDOW
+    seconds = int(PEAK_WINDOW.total_seconds())
+    bins: dict[tuple[int, int], np.ndarray] = {}
+    for model_id, customer_id, second, mu in (
+        UsageEvent.objects.filter(started_at__gte=since, started_at__lt=now)
+        .annotate(second=Trunc("started_at", "second"))
+        .values_list("served_model_id", "customer_id", "second")
+        .annotate(mu=Sum("mu"))
+        .values_list("served_model_id", "customer_id", "second", "mu")
+    ):
+        series = bins.setdefault((model_id, customer_id), np.zeros(seconds + 1))
+        series[min(seconds, max(0, int((second - since).total_seconds())))] += mu
+    slo_seconds = settings.ALLOCATION_TTFT_SLO_MS / 1000.0
+    return {key: burst_mu_per_minute(series, slo_seconds) for key, series in bins.items()}
+
+
+def _waiting_mu(deployments: list[Deployment], loads: dict, mu_per_request: float | None) -> float:
+    """MU of the requests queued in a model's engines, at the model's recent mean request."""
+    waiting = sum(
+        loads[d.pk].waiting or 0.0 for d in deployments if d.pk in loads and loads[d.pk].known
+    )
+    return waiting * (mu_per_request or 0.0)
+
+
+def _loads(deployments: list[Deployment]) -> dict:
+    """Each deployment's engine load (`capacity.prometheus.DeploymentLoad`), when Prometheus is
+    configured; without it metered usage is the only load signal and counts as known."""
     if not settings.PROMETHEUS_URL or not deployments:
         return {}
-    from capacity.prometheus import read_fleet_load
+    from capacity.prometheus import DeploymentLoad, read_fleet_load
 
     try:
-        loads = read_fleet_load(deployments)
+        return read_fleet_load(deployments)
     except Exception:  # an unreadable fleet is an unknown load, never a reason to scale down
         logger.exception("reading the fleet's load from Prometheus failed")
-        return {d.pk: False for d in deployments}
-    return {deployment_id: load.known for deployment_id, load in loads.items()}
+        return {d.pk: DeploymentLoad.unknown(d.pk, "Prometheus unreadable", 0) for d in deployments}
 
 
 def _digest(model: allocation.ModelSnapshot) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 
@@ -29,6 +29,9 @@ class Observation:
     draining_replicas: int
     running_requests: int  # in a batch on some replica
     waiting_requests: int  # queued on a replica or waiting for one to be ready
+    # The same requests one by one: (client, arrival time, MU), as usage events (which carry
+    # `started_at`) show them.
+    completed_mu: list[tuple[str, float, float]] = field(default_factory=list)
 
 
 class Autoscaler(Protocol):

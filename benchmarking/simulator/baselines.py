@@ -74,13 +74,14 @@ class KPAAutoscaler:
         self.target = max(1e-9, KPA_TARGET_SHARE * context.max_num_seqs)
         self.max_replicas = context.max_replicas
         self.min_replicas = 1 if context.keep_warm else 0
+        self.warm_replicas = min(self.max_replicas, context.warm_replicas)
         self.history: deque[tuple[float, int]] = deque()  # (timestamp, concurrency)
         self.last_activity_s: float | None = None
         self.panic_until_s = -math.inf
         self.replicas = 0
 
     def initial_replicas(self) -> int:
-        return self.min_replicas
+        return max(self.min_replicas, self.warm_replicas)
 
     def _average(self, now_s: float, window_s: float) -> float:
         values = [c for t, c in self.history if t > now_s - window_s]
@@ -126,10 +127,11 @@ class HPARpsAutoscaler:
         else:
             self.target_rps = math.inf
         self.max_replicas = max(1, context.max_replicas)
+        self.warm_replicas = min(self.max_replicas, max(1, context.warm_replicas))
         self.recommendations: deque[tuple[float, int]] = deque()
 
     def initial_replicas(self) -> int:
-        return 1
+        return self.warm_replicas
 
     def decide(self, observation: Observation) -> int:
         now_s = observation.timestamp_s

@@ -11,9 +11,14 @@ the reference for `savings_vs_static`) and returns
 A request's cost in MU is its ground-truth replica-seconds at a full batch × 100 / 60, so one
 saturated replica mints 100 MU/min. `guaranteed_refused` counts the requests of customers with
 a reservation that were not served (refused or timed out); no admission policy is applied, so
-it is 0 without reservations. Policies start with the replicas they ask for before the trace
-(`initial_replicas()`, 0 if they do not say): static-peak its whole fleet, the oracle what it
-needs within the first cold start, hpa-rps one, kpa none (or one when kept warm).
+it is 0 without reservations.
+
+Warm-up (default on): the trace is played backwards, then forwards, and only the forward pass
+is scored (requests, GPU-hours, scale events), so that every policy meets the trace with the
+history a running control plane would have. Policies also start with the replicas they ask for
+before the trace (`initial_replicas()`, 0 if they do not say): static-peak its whole fleet, the
+oracle what it needs within the first cold start, and the reactive policies (kpa, hpa-rps,
+modelunit) that same opening fleet (`PolicyContext.warm_replicas`; hpa-rps at least one).
 
 Policies: static-peak, kpa, hpa-rps, oracle (`baselines`, `oracle`) and modelunit, the live
 allocation policy (`benchmarking.simulator.modelunit.ModelUnitAutoscaler`), imported by name
@@ -36,7 +41,7 @@ from ..traces import TraceRequest, summarise
 from .autoscaling import Autoscaler
 from .baselines import HPARpsAutoscaler, KPAAutoscaler, StaticPeakAutoscaler, replicas_for
 from .fleet import SERVED, SimulationSettings, simulate
-from .oracle import OracleAutoscaler
+from .oracle import OracleAutoscaler, required_replicas
 from .policy_context import PolicyContext
 
 REPLICA_MU_PER_MINUTE = 100.0
@@ -118,6 +123,7 @@ def build_context(
     reservations: dict[str, float] | None = None,
     keep_warm: bool = False,
     future: bool = False,
+    ttft_slo_seconds: float = 2.0,
 ) -> PolicyContext:
     """The context every policy is built from; `future=True` adds the requests (oracle only)."""
     mu_of = request_mu(model)
@@ -135,13 +141,22 @@ def build_context(
         target_utilisation=target_utilisation,
         reservations_mu_per_minute=reservations,
         keep_warm=keep_warm,
+        ttft_slo_seconds=ttft_slo_seconds,
         peak_rate_req_per_s=summary.peak_rate_req_per_s_1min,
         mean_request_mu=mean_mu,
         future_requests=tuple(requests) if future else (),
     )
-    top = max(2 * peak_mu_per_minute, sum(reservations.values()))
+    top = max(4 * peak_mu_per_minute, sum(reservations.values()))
     max_replicas = max(1, replicas_for(top, base))
-    return replace(base, max_replicas=max_replicas)
+    base = replace(base, max_replicas=max_replicas)
+    # The warm fleet: what the demand needs before a replica started at t = 0 could be ready
+    # (the oracle's own opening fleet), and the reservations.
+    opening = required_replicas(replace(base, future_requests=tuple(requests)))
+    warm = max(
+        int(opening[: int(math.ceil(cold_start_seconds)) + 1].max(initial=0)),
+        replicas_for(sum(reservations.values()), base),
+    )
+    return replace(base, warm_replicas=min(warm, max_replicas))
 
 
 def compare(
@@ -156,6 +171,7 @@ def compare(
     reservations: dict[str, float] | None = None,
     keep_warm: bool = False,
     tick_seconds: float = 15,
+    warm_up: bool = True,
 ) -> dict:
     """Simulate each policy over `requests` (see the module docstring for the result)."""
     if not 0 < target_utilisation <= 1:
@@ -172,6 +188,19 @@ def compare(
     order = [REFERENCE] + [p for p in dict.fromkeys(policies) if p != REFERENCE]
     reservations = dict(reservations or {})
     guaranteed = np.asarray([r.client in reservations for r in requests], dtype=bool)
+    # Warm-up: the trace is played backwards, then forwards, and only the forward pass is
+    # scored, so that every policy meets the trace with the history a running control plane
+    # would have, not from a cold start no live system pays. Backwards, the warm-up ends in
+    # the very demand the trace starts with (replaying it forwards twice would jump from the
+    # trace's end to its start). The scored pass starts on a whole minute.
+    replayed, scored_from_s = list(requests), 0.0
+    if warm_up and requests:
+        last_s = max(r.arrival_s for r in requests)
+        scored_from_s = math.ceil((last_s + tick_seconds) / 60.0) * 60.0
+        replayed = sorted(
+            (replace(r, arrival_s=last_s - r.arrival_s) for r in requests),
+            key=lambda r: r.arrival_s,
+        ) + [replace(r, arrival_s=r.arrival_s + scored_from_s) for r in requests]
     settings_kwargs = {
         "model": model,
         "gpus_per_replica": gpus_per_replica,
@@ -191,13 +220,18 @@ def compare(
             reservations=reservations,
             keep_warm=keep_warm,
             future=name == "oracle",
+            ttft_slo_seconds=slo_ttft_ms / 1000.0,
         )
+        if name == "oracle":
+            context = replace(context, future_requests=tuple(replayed))
         autoscaler = registry[name](context)
         initial = getattr(autoscaler, "initial_replicas", None)
         settings = SimulationSettings(
             **settings_kwargs, initial_replicas=int(initial()) if initial else 0
         )
-        result = simulate(requests, settings, autoscaler)
+        result = simulate(replayed, settings, autoscaler)
+        if scored_from_s:
+            result = result.since(scored_from_s, len(replayed) - len(requests))
         results[name] = {
             "gpu_hours": result.gpu_hours,
             "slo_attainment": result.slo_attainment,

@@ -27,7 +27,7 @@ import heapq
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -75,6 +75,37 @@ class SimulationResult:
     gpu_hours: float
     ttft_slo_seconds: float
     scale_events: int  # ticks whose target differed from the previous tick's
+    gpus_per_replica: int = 1
+    scale_event_s: np.ndarray | None = None  # when each scale event happened
+
+    def since(self, from_s: float, first_request: int) -> SimulationResult:
+        """The part of the run from `from_s` on: requests from `first_request` on (in the order
+        given), GPU-hours and scale events from `from_s` to the end."""
+        change_s, alive = self.replica_change_s, self.replicas_after_change
+        # Replicas alive at from_s, then every change after it.
+        before = np.searchsorted(change_s, from_s, side="right") - 1
+        times = np.concatenate(([from_s], change_s[before + 1 :], [self.end_s]))
+        counts = np.concatenate(([alive[before] if before >= 0 else 0], alive[before + 1 :]))
+        replica_seconds = float(np.sum(np.diff(times) * counts))
+        events = self.scale_event_s
+        part = slice(first_request, None)
+        return replace(
+            self,
+            arrival_s=self.arrival_s[part],
+            start_s=self.start_s[part],
+            first_token_s=self.first_token_s[part],
+            finish_s=self.finish_s[part],
+            outcome=self.outcome[part],
+            ttft_s=self.ttft_s[part],
+            tpot_s=self.tpot_s[part],
+            replica_change_s=times[:-1],
+            replicas_after_change=counts.astype(np.int32),
+            gpu_hours=replica_seconds * self.gpus_per_replica / 3600.0,
+            scale_events=(
+                int(np.count_nonzero(events >= from_s)) if events is not None else self.scale_events
+            ),
+            scale_event_s=None if events is None else events[events >= from_s],
+        )
 
     @property
     def served(self) -> int:
@@ -236,8 +267,10 @@ class _Fleet:
         self.change_alive: list[int] = [0]
         self.window = [0, 0, 0, 0]  # arrived, completed, refused, timed out
         self.mu_by_client: dict[str, float] = {}
+        self.completed_mu: list[tuple[str, float, float]] = []
         self.last_target: int | None = None
         self.scale_events = 0
+        self.scale_event_times: list[float] = []
 
     # --- the loop --------------------------------------------------------------------------
 
@@ -401,6 +434,7 @@ class _Fleet:
             request = self.requests[index]
             mu = self.settings.mu_of(request)
             self.mu_by_client[request.client] = self.mu_by_client.get(request.client, 0.0) + mu
+            self.completed_mu.append((request.client, self.arrival[index], mu))
 
     def _schedule(self, replica: _Replica, steps: int) -> None:
         replica.version += 1
@@ -477,6 +511,7 @@ class _Fleet:
             refused_requests=refused,
             timed_out_requests=timed_out,
             mu_used_by_client=self.mu_by_client,
+            completed_mu=self.completed_mu,
             current_replicas=starting + len(self.ready),
             ready_replicas=len(self.ready),
             starting_replicas=starting,
@@ -486,9 +521,11 @@ class _Fleet:
         )
         self.window = [0, 0, 0, 0]
         self.mu_by_client = {}
+        self.completed_mu = []
         target = max(0, int(self.autoscaler.decide(observation)))
         if self.last_target is not None and target != self.last_target:
             self.scale_events += 1
+            self.scale_event_times.append(t_s)
         self.last_target = target
         self._scale(target, t_s)
 
@@ -514,6 +551,8 @@ class _Fleet:
             replicas_after_change=np.asarray(self.change_alive, np.int32),
             end_s=end_s,
             gpu_hours=self.gpu_seconds / 3600.0,
+            gpus_per_replica=self.settings.gpus_per_replica,
+            scale_event_s=np.asarray(self.scale_event_times, float),
             ttft_slo_seconds=self.settings.ttft_slo_seconds,
             scale_events=self.scale_events,
         )

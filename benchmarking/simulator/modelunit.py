@@ -1,17 +1,31 @@
 """The live allocation policy (`capacity.allocation.decide`) as a simulator autoscaler.
 
 The very same pure function the allocation tick runs is called every simulated tick, with a
-snapshot built only from what the tick could observe live: the MU completed per customer in
-the last window (usage events), what arrived and what waits (the gateway's admission and the
-engines' `num_requests_waiting`), the replicas asked for and ready, and the customers'
-reservations. Nothing here looks at the future.
+snapshot built the way the live tick builds it (`capacity.allocation_tick`), from what it could
+observe live and nothing from the future:
+
+- per customer, the MU its completed requests used (usage events), rolled up per whole minute:
+  `recent` is the mean of the last 5 whole minutes, `peak` the busiest whole minute of the last
+  15 (the minute in progress is left out, as the live tick leaves out a minute whose rollup is
+  not complete);
+- `burst`: per customer, the MU of the requests that arrived in the busiest tick-long window
+  of the last 15 minutes (usage events grouped by `started_at`), as MU/min;
+- the requests waiting in the engines (vLLM's `num_requests_waiting`), priced at the mean
+  request's MU;
+- the replicas asked for and ready, the customers' reservations, and the previous ticks'
+  recommendations (the scale-down stabilisation window).
 """
 
-from collections import deque
+from collections import defaultdict, deque
+
+import numpy as np
+from django.conf import settings
 
 from benchmarking.simulator.autoscaling import Observation
 from benchmarking.simulator.policy_context import PolicyContext
 from capacity.allocation import (
+    PEAK_WINDOW_SECONDS,
+    RECENT_WINDOW_SECONDS,
     CustomerDemand,
     DeploymentState,
     ModelSnapshot,
@@ -20,59 +34,84 @@ from capacity.allocation import (
     Snapshot,
     decide,
 )
+from capacity.bursts import burst_mu_per_minute
 
-RECENT_SECONDS = 300.0  # the live tick's "recent" window (capacity.allocation_tick)
-PEAK_SECONDS = 900.0  # the live tick's peak window
-STABILISATION_SECONDS = 300.0
+# The live tick's windows and stabilisation (controlplane.settings).
+RECENT_MINUTES = RECENT_WINDOW_SECONDS // 60
+PEAK_MINUTES = PEAK_WINDOW_SECONDS // 60
+STABILISATION_SECONDS = float(settings.ALLOCATION_STABILISATION_SECONDS)
 
 
 class ModelUnitAutoscaler:
     def __init__(self, context: PolicyContext) -> None:
         self.context = context
-        # (timestamp, {client: MU/min over that window}) of recent ticks.
-        self._demand: deque[tuple[float, dict[str, float]]] = deque()
+        # minute index -> {client: MU completed in that minute}
+        self._minutes: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        # (client, second) -> MU of the completed requests that started in that second
+        self._starts: dict[tuple[str, float], float] = defaultdict(float)
         self._recommendations: deque[tuple[float, int]] = deque()
-        self._last_arrival_s: float | None = None
+        self._started = False
+        self._last_use_s: float | None = None
 
-    def _observe(self, observation: Observation) -> dict[str, float]:
-        minutes = max(observation.window_s, 1e-9) / 60.0
-        rates = {client: mu / minutes for client, mu in observation.mu_used_by_client.items()}
-        # Completions lag arrivals (and stop entirely while nothing is ready), so what arrived
-        # and what waits count too, priced at the mean request.
-        seen = sum(rates.values())
-        arrived = observation.arrived_requests * self.context.mean_request_mu / minutes
-        waiting = observation.waiting_requests * self.context.mean_request_mu  # within a minute
-        extra = max(0.0, arrived - seen) + waiting
-        if extra > 0:
-            rates["(arrivals)"] = rates.get("(arrivals)", 0.0) + extra
-        if observation.arrived_requests:
-            self._last_arrival_s = observation.timestamp_s
-        return rates
+    def initial_replicas(self) -> int:
+        return self.context.warm_replicas
 
-    def decide(self, observation: Observation) -> int:
+    def _record(self, observation: Observation) -> None:
         now = observation.timestamp_s
-        self._demand.append((now, self._observe(observation)))
-        while self._demand and now - self._demand[0][0] > PEAK_SECONDS:
-            self._demand.popleft()
+        # The window (now - window, now] lies in one minute when ticks divide the minute.
+        minute = int((now - 1e-6) // 60)
+        for client, mu in observation.mu_used_by_client.items():
+            self._minutes[minute][client] += mu
+        for client, started_s, mu in observation.completed_mu:
+            self._starts[(client, int(started_s))] += mu
+        if observation.mu_used_by_client:
+            self._last_use_s = now
+        oldest = int(now // 60) - PEAK_MINUTES
+        for stale in [m for m in self._minutes if m < oldest]:
+            del self._minutes[stale]
+        for stale in [k for k in self._starts if k[1] < now - PEAK_MINUTES * 60]:
+            del self._starts[stale]
         while self._recommendations and now - self._recommendations[0][0] > STABILISATION_SECONDS:
             self._recommendations.popleft()
 
+    def _customers(self, now: float) -> tuple[CustomerDemand, ...]:
+        whole = int(now // 60)  # the minute in progress; only earlier minutes are complete
+        peak_minutes = [self._minutes.get(m, {}) for m in range(whole - PEAK_MINUTES, whole)]
+        recent_minutes = peak_minutes[-RECENT_MINUTES:]
         clients = set(self.context.reservations_mu_per_minute)
-        for _, rates in self._demand:
-            clients.update(rates)
-        customers = []
-        for index, client in enumerate(sorted(clients)):
-            recent = [r.get(client, 0.0) for t, r in self._demand if now - t < RECENT_SECONDS]
-            peak = max((r.get(client, 0.0) for _, r in self._demand), default=0.0)
-            customers.append(
-                CustomerDemand(
-                    customer_id=index,
-                    reserved_mu_per_minute=self.context.reservations_mu_per_minute.get(client, 0.0),
-                    recent_mu_per_minute=sum(recent) / len(recent) if recent else 0.0,
-                    peak_mu_per_minute=peak,
-                    keep_warm=self.context.keep_warm,
-                )
+        for used in peak_minutes:
+            clients.update(used)
+        start_s = int(now) - PEAK_MINUTES * 60
+        seconds: dict[str, np.ndarray] = {}
+        for (client, second), mu in self._starts.items():
+            if second >= start_s:
+                bins = seconds.setdefault(client, np.zeros(PEAK_MINUTES * 60 + 1))
+                bins[second - start_s] += mu
+        burst = {
+            client: burst_mu_per_minute(bins, self.context.ttft_slo_seconds)
+            for client, bins in seconds.items()
+        }
+        clients.update(burst)
+        return tuple(
+            CustomerDemand(
+                customer_id=index,
+                reserved_mu_per_minute=self.context.reservations_mu_per_minute.get(client, 0.0),
+                recent_mu_per_minute=sum(m.get(client, 0.0) for m in recent_minutes)
+                / RECENT_MINUTES,
+                peak_mu_per_minute=max(m.get(client, 0.0) for m in peak_minutes),
+                burst_mu_per_minute=burst.get(client, 0.0),
+                keep_warm=self.context.keep_warm,
             )
+            for index, client in enumerate(sorted(clients))
+        )
+
+    def decide(self, observation: Observation) -> int:
+        now = observation.timestamp_s
+        if not self._started:
+            # A running control plane has recommended the fleet it runs until now.
+            self._started = True
+            self._recommendations.append((now, observation.current_replicas))
+        self._record(observation)
         deployment = DeploymentState(
             deployment_id=1,
             name="simulated",
@@ -89,9 +128,18 @@ class ModelUnitAutoscaler:
             cost_per_hour_usd=1.0,
             recent_recommendations=tuple((now - t, r) for t, r in self._recommendations),
         )
-        idle = None if self._last_arrival_s is None else now - self._last_arrival_s
+        idle = None if self._last_use_s is None else now - self._last_use_s
         snapshot = Snapshot(
-            models=(ModelSnapshot(1, "simulated", tuple(customers), (deployment,), idle),),
+            models=(
+                ModelSnapshot(
+                    1,
+                    "simulated",
+                    self._customers(now),
+                    (deployment,),
+                    idle,
+                    waiting_mu=observation.waiting_requests * self.context.mean_request_mu,
+                ),
+            ),
             pools=(PoolState(1, "simulated", self.context.max_replicas),),
             settings=PolicySettings(stabilisation_window_seconds=STABILISATION_SECONDS),
         )

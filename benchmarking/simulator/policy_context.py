@@ -22,7 +22,13 @@ class PolicyContext:
     target_utilisation: float = 0.8
     reservations_mu_per_minute: dict[str, float] = field(default_factory=dict)
     keep_warm: bool = False
+    ttft_slo_seconds: float = 2.0
     scale_to_zero_after_seconds: float | None = 600.0
     peak_rate_req_per_s: float = 0.0  # of the whole trace: static-peak's sizing
     mean_request_mu: float = 0.0
+    # The fleet already running when the trace begins: replicas for the demand of the first
+    # cold start (and the reservations) at the target utilisation. A live control plane was
+    # watching demand before the trace's first request; starting reactive policies cold would
+    # charge them a cold start no running system pays.
+    warm_replicas: int = 0
     future_requests: Sequence[TraceRequest] = ()  # the oracle only

@@ -59,6 +59,8 @@ class UsageEvent(models.Model):
         ]
         indexes = [
             models.Index(fields=["customer", "served_model", "minute"]),
+            # The allocation tick's burst query (requests started in the last minutes).
+            models.Index(fields=["started_at"], name="usage_started_at"),
             models.Index(fields=["id"], name="usage_not_rolled_up", condition=Q(rolled_up=False)),
         ]
 

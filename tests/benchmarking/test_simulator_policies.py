@@ -13,6 +13,7 @@ from django.core.management.base import CommandError
 
 from benchmarking.emulator.config import ModelConfig
 from benchmarking.simulator import Observation, SimulationSettings, simulate
+from benchmarking.simulator.autoscaling import ScheduledAutoscaler
 from benchmarking.simulator.baselines import (
     HPA_STABILISATION_S,
     HPARpsAutoscaler,
@@ -295,3 +296,38 @@ def test_command_unknown_policy():
         call_command(
             "simulate", "--trace", str(AZURE_CODE), "--scale", "0.05", "--policies", "nope"
         )
+
+
+def test_the_warm_up_pass_is_not_scored():
+    # A static fleet of 3 over a 10-minute trace: whatever the warm-up played before, the
+    # scored part is the trace's own requests and its own 10 minutes (+ the closing tick).
+    requests = [TraceRequest(float(t), 500, 50) for t in range(600)]
+    from benchmarking.simulator.compare import build_context
+
+    ctx = build_context(
+        requests, model=MODEL, cold_start_seconds=30, target_utilisation=0.8, tick_seconds=15
+    )
+    static = compare(
+        requests, model=MODEL, policies=["static-peak"], slo_ttft_ms=2000, warm_up=True
+    )["policies"]["static-peak"]
+    replicas = StaticPeakAutoscaler(ctx).replicas
+    # The run ends on the first tick after the last request resolves.
+    assert replicas * 600 / 3600 <= static["gpu_hours"] <= replicas * 660 / 3600
+    cold = compare(
+        requests, model=MODEL, policies=["static-peak"], slo_ttft_ms=2000, warm_up=False
+    )["policies"]["static-peak"]
+    assert static["gpu_hours"] == pytest.approx(cold["gpu_hours"], rel=0.05)
+
+
+def test_since_counts_only_the_part_after_the_cut():
+    requests = [TraceRequest(float(t), 500, 50) for t in range(0, 1200, 2)]
+    result = simulate(
+        requests,
+        SimulationSettings(model=MODEL, initial_replicas=2),
+        ScheduledAutoscaler([(600.0, 4)], initial=2),
+    )
+    later = result.since(600.0, 300)
+    assert len(later.outcome) == len(requests) - 300
+    # 4 replicas (the new ones start at the 600 s tick) from 600 s to the end.
+    assert later.gpu_hours == pytest.approx(4 * (result.end_s - 600.0) / 3600)
+    assert later.scale_events == 1

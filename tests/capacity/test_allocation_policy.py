@@ -86,7 +86,7 @@ def test_a_spike_then_a_drop_scales_down_only_after_the_window():
     )
     assert target(held) == 6
     assert "stabilising" in codes(held)
-    # Once that recommendation is older than 300 s (later ticks recommended 1), down to 1.
+    # Once that recommendation is older than the window (later ticks recommended 1), down to 1.
     later = decide(
         snapshot(
             quiet, [deployment(current_replicas=6, recent_recommendations=((310.0, 6), (15.0, 1)))]
@@ -102,7 +102,7 @@ def test_the_highest_recommendation_inside_the_window_wins():
             [customer(recent=100)],
             [
                 deployment(
-                    current_replicas=8, recent_recommendations=((50.0, 3), (200.0, 5), (400.0, 8))
+                    current_replicas=8, recent_recommendations=((50.0, 3), (100.0, 5), (400.0, 8))
                 )
             ],
         )
@@ -273,3 +273,22 @@ def test_allowances_guarantee_reservations_and_share_the_slack():
 def test_the_policy_is_deterministic():
     snap = snapshot([customer(reserved=120, recent=300)], [deployment(current_replicas=2)])
     assert decide(snap) == decide(replace(snap))
+
+
+def test_a_burst_needs_full_replicas_not_replicas_at_the_target_utilisation():
+    # The burst rate already holds its latency headroom (capacity.bursts): 640 MU/min of burst
+    # on 100 MU/min replicas planned at 80 % needs 7 replicas (640 / 100), not 8 (640 / 80).
+    burst = CustomerDemand(1, 0.0, 200.0, 300.0, burst_mu_per_minute=640.0)
+    decisions = decide(snapshot([burst], [deployment(target_utilisation=0.8)]))
+    assert target(decisions) == 7
+    # Without the burst, the busiest minute decides: 300 / 80 -> 4.
+    calm = CustomerDemand(1, 0.0, 200.0, 300.0)
+    assert target(decide(snapshot([calm], [deployment(target_utilisation=0.8)]))) == 4
+
+
+def test_requests_queued_in_the_engines_count_as_demand():
+    # Usage is metered when requests finish, so a fleet too small for its demand hides the
+    # rest in its queues: 300 MU waiting on top of 100 MU/min used asks for 4 replicas.
+    model = ModelSnapshot(1, "llama", (customer(recent=100),), (deployment(),), 0.0, True, 300.0)
+    decisions = decide(Snapshot(models=(model,), pools=(PoolState(1, "pool", 8),)))
+    assert target(decisions) == 4

@@ -17,6 +17,7 @@ from capacity.models import (
     AllocationDecision,
     Deployment,
     Reservation,
+    UsageEvent,
     UsageMinute,
 )
 
@@ -69,6 +70,71 @@ def test_a_tick_follows_demand_and_stores_its_decision(fleet, served_model, acme
     assert allowances["acme"].guaranteed_mu_per_minute == 150
     assert allowances["globex"].guaranteed_mu_per_minute == 0
     assert result.applied == 1
+
+
+def test_a_sub_minute_burst_is_planned_for_beyond_its_minute_average(
+    fleet, served_model, globex, sellable
+):
+    # 500 MU of requests that all started within 5 seconds, a minute ago: the minute averages
+    # 500 MU/min (5 replicas of 100), but starting them all within the 2 s TTFT SLO needs
+    # 500 MU over 7 s = 4,286 MU/min, more than the deployment's 8 replicas hold.
+    now = timezone.now()
+    started = now - timedelta(seconds=60)
+    UsageEvent.objects.bulk_create(
+        UsageEvent(
+            event_id=f"burst-{i}",
+            customer=globex,
+            served_model=served_model,
+            started_at=started + timedelta(seconds=i % 5),
+            finished_at=started + timedelta(seconds=10),
+            minute=(started + timedelta(seconds=10)).replace(second=0, microsecond=0),
+            input_tokens=2000,
+            output_tokens=20,
+            outcome="completed",
+            admission_class="best_effort",
+            mu=5.0,
+            cost_model=sellable,
+            ingested_at=now,
+        )
+        for i in range(100)
+    )
+    use(globex, served_model, 100, minutes=1)
+    allocation_tick()
+    fleet.refresh_from_db()
+    assert fleet.current_replicas == 8
+    decision = AllocationDecision.objects.get(deployment=fleet)
+    assert "best_effort_limited" in {reason["code"] for reason in decision.reasons}
+    # The same MU spread over the whole minute is planned at its rate.
+    UsageEvent.objects.all().delete()
+    AllocationDecision.objects.all().delete()
+    Deployment.objects.filter(pk=fleet.pk).update(current_replicas=1)
+    use_events(globex, served_model, sellable, mu_per_second=500 / 60, seconds=60)
+    allocation_tick()
+    fleet.refresh_from_db()
+    assert fleet.current_replicas == 5
+
+
+def use_events(customer, model, cost_model, *, mu_per_second: float, seconds: int):
+    now = timezone.now()
+    start = now - timedelta(seconds=seconds + 5)
+    UsageEvent.objects.bulk_create(
+        UsageEvent(
+            event_id=f"steady-{i}",
+            customer=customer,
+            served_model=model,
+            started_at=start + timedelta(seconds=i),
+            finished_at=start + timedelta(seconds=i + 1),
+            minute=(start + timedelta(seconds=i + 1)).replace(second=0, microsecond=0),
+            input_tokens=100,
+            output_tokens=10,
+            outcome="completed",
+            admission_class="best_effort",
+            mu=mu_per_second,
+            cost_model=cost_model,
+            ingested_at=now,
+        )
+        for i in range(seconds)
+    )
 
 
 def test_a_drop_in_demand_waits_for_the_stabilisation_window(fleet, served_model, globex):
