@@ -32,7 +32,6 @@ BEST_EFFORT_DEMAND_SHARE = 0.8
 # the last RECENT_WINDOW, and the busiest minute and burst rate of the last PEAK_WINDOW.
 RECENT_WINDOW_SECONDS = 300
 PEAK_WINDOW_SECONDS = 300
-DEFAULT_TTFT_SLO_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -47,8 +46,8 @@ class CustomerDemand:
     recent_mu_per_minute: float  # mean over the last few minutes
     peak_mu_per_minute: float  # busiest recent minute
     keep_warm: bool = False
-    # Busiest recent tick-long window, as MU/min (0: not measured). Sub-minute bursts that a
-    # minute's average hides are what break a TTFT SLO of a few seconds.
+    # The rate that starts every recent sub-minute burst within the TTFT SLO (capacity.bursts;
+    # 0: not measured). Bursts a minute's average hides are what break a TTFT SLO.
     burst_mu_per_minute: float = 0.0
 
 

@@ -240,7 +240,7 @@ def _bursts(now: datetime) -> dict[tuple[int, int], float]:
     for model_id, customer_id, second, mu in (
         UsageEvent.objects.filter(started_at__gte=since, started_at__lt=now)
         .annotate(second=Trunc("started_at", "second"))
-        .values_list("served_model_id", "customer_id", "second")
+        .values("served_model_id", "customer_id", "second")
         .annotate(mu=Sum("mu"))
         .values_list("served_model_id", "customer_id", "second", "mu")
     ):

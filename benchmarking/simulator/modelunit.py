@@ -5,11 +5,11 @@ snapshot built the way the live tick builds it (`capacity.allocation_tick`), fro
 observe live and nothing from the future:
 
 - per customer, the MU its completed requests used (usage events), rolled up per whole minute:
-  `recent` is the mean of the last 5 whole minutes, `peak` the busiest whole minute of the last
-  15 (the minute in progress is left out, as the live tick leaves out a minute whose rollup is
-  not complete);
-- `burst`: per customer, the MU of the requests that arrived in the busiest tick-long window
-  of the last 15 minutes (usage events grouped by `started_at`), as MU/min;
+  `recent` is the mean of the last RECENT_WINDOW's whole minutes, `peak` the busiest whole
+  minute of the last PEAK_WINDOW (the minute in progress is left out, as the live tick leaves
+  out a minute whose rollup is not complete);
+- `burst`: per customer, the burst rate (`capacity.bursts`) of the completed requests by the
+  second they started (usage events' `started_at`) over the last PEAK_WINDOW;
 - the requests waiting in the engines (vLLM's `num_requests_waiting`), priced at the mean
   request's MU;
 - the replicas asked for and ready, the customers' reservations, and the previous ticks'
@@ -48,7 +48,7 @@ class ModelUnitAutoscaler:
         # minute index -> {client: MU completed in that minute}
         self._minutes: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         # (client, second) -> MU of the completed requests that started in that second
-        self._starts: dict[tuple[str, float], float] = defaultdict(float)
+        self._starts: dict[tuple[str, int], float] = defaultdict(float)
         self._recommendations: deque[tuple[float, int]] = deque()
         self._started = False
         self._last_use_s: float | None = None
