@@ -46,9 +46,6 @@ class CustomerDemand:
     recent_mu_per_minute: float  # mean over the last few minutes
     peak_mu_per_minute: float  # busiest recent minute
     keep_warm: bool = False
-    # The rate that starts every recent sub-minute burst within the TTFT SLO (capacity.bursts;
-    # 0: not measured). Bursts a minute's average hides are what break a TTFT SLO.
-    burst_mu_per_minute: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -91,6 +88,10 @@ class ModelSnapshot:
     # request finishes, so a fleet too small for its demand caps what usage shows; the queue
     # is the demand it hides, planned for as a rate that clears it within a minute.
     waiting_mu: float = 0.0
+    # The rate that starts every recent sub-minute burst of the model's requests (all customers
+    # together) within the TTFT SLO (capacity.bursts; 0: not measured). Bursts a minute's
+    # average hides are what break a TTFT SLO; the model's capacity never plans below it.
+    burst_mu_per_minute: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -155,15 +156,9 @@ class Decisions:
         return next(d for d in self.deployments if d.deployment_id == deployment_id)
 
 
-def _demand(customer: CustomerDemand, burst_share: float = 1.0) -> float:
-    """MU/min to plan for: the recent mean, the busiest recent minute, or the burst rate (which
-    already includes its latency headroom, so it counts at `burst_share` — the deployments'
-    target utilisation — to need full replicas, not replicas at the target), the highest."""
-    return max(
-        customer.recent_mu_per_minute,
-        customer.peak_mu_per_minute,
-        customer.burst_mu_per_minute * burst_share,
-    )
+def _demand(customer: CustomerDemand) -> float:
+    """MU/min to plan for: the recent mean or the busiest recent minute, the higher."""
+    return max(customer.recent_mu_per_minute, customer.peak_mu_per_minute)
 
 
 def _fill(
@@ -257,10 +252,13 @@ def decide(snapshot: Snapshot) -> Decisions:
     best_effort_demand: dict[int, float] = {}
     for model in snapshot.models:
         guaranteed = sum(c.reserved_mu_per_minute for c in model.customers)
-        share = max((d.target_utilisation for d in model.deployments), default=1.0)
         demand = model.waiting_mu + sum(
-            max(0.0, _demand(c, share) - c.reserved_mu_per_minute) for c in model.customers
+            max(0.0, _demand(c) - c.reserved_mu_per_minute) for c in model.customers
         )
+        # The burst rate already holds its latency headroom, so it needs full replicas, not
+        # replicas at the target utilisation: counted at the target, it plans just that.
+        utilisation = max((d.target_utilisation for d in model.deployments), default=1.0)
+        demand = max(demand, model.burst_mu_per_minute * utilisation - guaranteed)
         best_effort_demand[model.model_id] = demand
         need = guaranteed + demand - planned(model)
         best_effort_short[model.model_id] = _fill(
@@ -272,8 +270,10 @@ def decide(snapshot: Snapshot) -> Decisions:
     allowances: list[Allowance] = []
     for model in snapshot.models:
         keep_warm = any(c.keep_warm and c.reserved_mu_per_minute > 0 for c in model.customers)
-        demand_total = model.waiting_mu + sum(
-            max(_demand(c), c.reserved_mu_per_minute) for c in model.customers
+        demand_total = (
+            model.waiting_mu
+            + model.burst_mu_per_minute
+            + sum(max(_demand(c), c.reserved_mu_per_minute) for c in model.customers)
         )
         for d in model.deployments:
             recommended = replicas[d.deployment_id]

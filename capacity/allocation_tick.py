@@ -172,7 +172,7 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
     for deployment in deployments:
         by_model[deployment.served_model_id].append(deployment)
     customers_of: dict[int, set[int]] = defaultdict(set)
-    for model_id, customer_id in [*reserved, *demand, *bursts]:
+    for model_id, customer_id in [*reserved, *demand]:
         customers_of[model_id].add(customer_id)
     models = []
     for model_id, model_deployments in by_model.items():
@@ -206,7 +206,6 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
                 reserved_mu_per_minute=reserved.get((model_id, customer_id), [0.0, False])[0],
                 recent_mu_per_minute=demand.get((model_id, customer_id), (0.0, 0.0))[0],
                 peak_mu_per_minute=demand.get((model_id, customer_id), (0.0, 0.0))[1],
-                burst_mu_per_minute=bursts.get((model_id, customer_id), 0.0),
                 keep_warm=reserved.get((model_id, customer_id), [0.0, False])[1],
             )
             for customer_id in sorted(customer_ids)
@@ -221,6 +220,7 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
                 idle_seconds=(now - last).total_seconds() if last else None,
                 load_known=all(load_known.get(d.pk, True) for d in model_deployments),
                 waiting_mu=_waiting_mu(model_deployments, loads, mu_per_request.get(model_id)),
+                burst_mu_per_minute=bursts.get(model_id, 0.0),
             )
         )
     snapshot = allocation.Snapshot(
@@ -231,23 +231,23 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
     return snapshot, {d.pk: d for d in deployments}
 
 
-def _bursts(now: datetime) -> dict[tuple[int, int], float]:
-    """Per (model, customer), the burst rate (`capacity.bursts`) of the requests that started
-    in the last PEAK_WINDOW, from usage events in 1-second bins."""
+def _bursts(now: datetime) -> dict[int, float]:
+    """Per model, the burst rate (`capacity.bursts`) of the requests that started in the last
+    PEAK_WINDOW (all customers together), from usage events in 1-second bins."""
     since = now - PEAK_WINDOW
     seconds = int(PEAK_WINDOW.total_seconds())
-    bins: dict[tuple[int, int], np.ndarray] = {}
-    for model_id, customer_id, second, mu in (
+    bins: dict[int, np.ndarray] = {}
+    for model_id, second, mu in (
         UsageEvent.objects.filter(started_at__gte=since, started_at__lt=now)
         .annotate(second=Trunc("started_at", "second"))
-        .values("served_model_id", "customer_id", "second")
+        .values("served_model_id", "second")
         .annotate(mu=Sum("mu"))
-        .values_list("served_model_id", "customer_id", "second", "mu")
+        .values_list("served_model_id", "second", "mu")
     ):
-        series = bins.setdefault((model_id, customer_id), np.zeros(seconds + 1))
+        series = bins.setdefault(model_id, np.zeros(seconds + 1))
         series[min(seconds, max(0, int((second - since).total_seconds())))] += mu
     slo_seconds = settings.ALLOCATION_TTFT_SLO_MS / 1000.0
-    return {key: burst_mu_per_minute(series, slo_seconds) for key, series in bins.items()}
+    return {model_id: burst_mu_per_minute(series, slo_seconds) for model_id, series in bins.items()}
 
 
 def _waiting_mu(deployments: list[Deployment], loads: dict, mu_per_request: float | None) -> float:

@@ -8,8 +8,8 @@ observe live and nothing from the future:
   `recent` is the mean of the last RECENT_WINDOW's whole minutes, `peak` the busiest whole
   minute of the last PEAK_WINDOW (the minute in progress is left out, as the live tick leaves
   out a minute whose rollup is not complete);
-- `burst`: per customer, the burst rate (`capacity.bursts`) of the completed requests by the
-  second they started (usage events' `started_at`) over the last PEAK_WINDOW;
+- `burst`: the burst rate (`capacity.bursts`) of all completed requests by the second they
+  started (usage events' `started_at`) over the last PEAK_WINDOW;
 - the requests waiting in the engines (vLLM's `num_requests_waiting`), priced at the mean
   request's MU;
 - the replicas asked for and ready, the customers' reservations, and the previous ticks'
@@ -47,8 +47,8 @@ class ModelUnitAutoscaler:
         self.context = context
         # minute index -> {client: MU completed in that minute}
         self._minutes: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-        # (client, second) -> MU of the completed requests that started in that second
-        self._starts: dict[tuple[str, int], float] = defaultdict(float)
+        # second -> MU of the completed requests that started in that second
+        self._starts: dict[int, float] = defaultdict(float)
         self._recommendations: deque[tuple[float, int]] = deque()
         self._started = False
         self._last_use_s: float | None = None
@@ -62,14 +62,14 @@ class ModelUnitAutoscaler:
         minute = int((now - 1e-6) // 60)
         for client, mu in observation.mu_used_by_client.items():
             self._minutes[minute][client] += mu
-        for client, started_s, mu in observation.completed_mu:
-            self._starts[(client, int(started_s))] += mu
+        for _client, started_s, mu in observation.completed_mu:
+            self._starts[int(started_s)] += mu
         if observation.mu_used_by_client:
             self._last_use_s = now
         oldest = int(now // 60) - PEAK_MINUTES
         for stale in [m for m in self._minutes if m < oldest]:
             del self._minutes[stale]
-        for stale in [k for k in self._starts if k[1] < now - PEAK_MINUTES * 60]:
+        for stale in [k for k in self._starts if k < now - PEAK_MINUTES * 60]:
             del self._starts[stale]
         while self._recommendations and now - self._recommendations[0][0] > STABILISATION_SECONDS:
             self._recommendations.popleft()
@@ -81,17 +81,6 @@ class ModelUnitAutoscaler:
         clients = set(self.context.reservations_mu_per_minute)
         for used in peak_minutes:
             clients.update(used)
-        start_s = int(now) - PEAK_MINUTES * 60
-        seconds: dict[str, np.ndarray] = {}
-        for (client, second), mu in self._starts.items():
-            if second >= start_s:
-                bins = seconds.setdefault(client, np.zeros(PEAK_MINUTES * 60 + 1))
-                bins[second - start_s] += mu
-        burst = {
-            client: burst_mu_per_minute(bins, self.context.ttft_slo_seconds)
-            for client, bins in seconds.items()
-        }
-        clients.update(burst)
         return tuple(
             CustomerDemand(
                 customer_id=index,
@@ -99,11 +88,18 @@ class ModelUnitAutoscaler:
                 recent_mu_per_minute=sum(m.get(client, 0.0) for m in recent_minutes)
                 / RECENT_MINUTES,
                 peak_mu_per_minute=max(m.get(client, 0.0) for m in peak_minutes),
-                burst_mu_per_minute=burst.get(client, 0.0),
                 keep_warm=self.context.keep_warm,
             )
             for index, client in enumerate(sorted(clients))
         )
+
+    def _burst(self, now: float) -> float:
+        start_s = int(now) - PEAK_MINUTES * 60
+        bins = np.zeros(PEAK_MINUTES * 60 + 1)
+        for second, mu in self._starts.items():
+            if second >= start_s:
+                bins[second - start_s] += mu
+        return burst_mu_per_minute(bins, self.context.ttft_slo_seconds)
 
     def decide(self, observation: Observation) -> int:
         now = observation.timestamp_s
@@ -138,6 +134,7 @@ class ModelUnitAutoscaler:
                     (deployment,),
                     idle,
                     waiting_mu=observation.waiting_requests * self.context.mean_request_mu,
+                    burst_mu_per_minute=self._burst(now),
                 ),
             ),
             pools=(PoolState(1, "simulated", self.context.max_replicas),),

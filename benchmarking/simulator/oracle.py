@@ -9,7 +9,8 @@ precomputes, before the run, how many replicas it wants each second:
    peak (the busiest minute) and static-peak's sizing; a single request keeps one replica for
    the minute around it.
 2. Need. need(t) = ceil(demand(t) / (replica MU/min × target utilisation)), capped at
-   `max_replicas`.
+   `max_replicas`, where a customer with a reservation counts at least its reservation (sold
+   capacity is hot whether it is used or not, for static-peak and the live policy alike).
 3. Cold starts. Starting a replica costs `cold_start_seconds` of GPU time before it serves, so
    keeping it through an idle gap is cheaper than releasing and restarting it whenever the gap
    is shorter than the cold start. The schedule is built layer by layer: the k-th replica is
@@ -42,15 +43,23 @@ def required_replicas(context: PolicyContext) -> np.ndarray:
     requests = context.future_requests
     last_s = max((r.arrival_s for r in requests), default=0.0)
     bins = int(math.ceil(last_s)) + DEMAND_WINDOW_S + 1
-    mu = np.zeros(bins)
+    reservations = context.reservations_mu_per_minute
+    # One series for everyone without a reservation, one per reserved customer.
+    mu = {client: np.zeros(bins) for client in (None, *reservations)}
     for request in requests:
-        mu[max(0, int(request.arrival_s))] += context.mu_of(request)
+        series = mu[request.client if request.client in reservations else None]
+        series[max(0, int(request.arrival_s))] += context.mu_of(request)
     half = DEMAND_WINDOW_S // 2
-    cumulative = np.concatenate(([0.0], np.cumsum(mu)))
     index = np.arange(bins)
     lo = np.clip(index - half, 0, bins)
     hi = np.clip(index + DEMAND_WINDOW_S - half, 0, bins)
-    demand_mu_per_minute = (cumulative[hi] - cumulative[lo]) * 60.0 / DEMAND_WINDOW_S
+    demand_mu_per_minute = np.zeros(bins)
+    for client, series in mu.items():
+        cumulative = np.concatenate(([0.0], np.cumsum(series)))
+        used = (cumulative[hi] - cumulative[lo]) * 60.0 / DEMAND_WINDOW_S
+        # A reservation is sold capacity: hot whether or not it is used (as static-peak and
+        # the live policy keep it).
+        demand_mu_per_minute += used if client is None else np.maximum(used, reservations[client])
     capacity = context.replica_mu_per_minute * context.target_utilisation
     need = np.ceil(demand_mu_per_minute / capacity - 1e-9)
     need = np.where(demand_mu_per_minute > 0, np.maximum(need, 1), 0)

@@ -278,12 +278,20 @@ def test_the_policy_is_deterministic():
 def test_a_burst_needs_full_replicas_not_replicas_at_the_target_utilisation():
     # The burst rate already holds its latency headroom (capacity.bursts): 640 MU/min of burst
     # on 100 MU/min replicas planned at 80 % needs 7 replicas (640 / 100), not 8 (640 / 80).
-    burst = CustomerDemand(1, 0.0, 200.0, 300.0, burst_mu_per_minute=640.0)
-    decisions = decide(snapshot([burst], [deployment(target_utilisation=0.8)]))
-    assert target(decisions) == 7
+    def with_burst(burst_mu_per_minute):
+        model = ModelSnapshot(
+            1,
+            "llama",
+            (customer(recent=200, peak=300),),
+            (deployment(target_utilisation=0.8),),
+            0.0,
+            burst_mu_per_minute=burst_mu_per_minute,
+        )
+        return decide(Snapshot(models=(model,), pools=(PoolState(1, "pool", 8),)))
+
+    assert target(with_burst(640.0)) == 7
     # Without the burst, the busiest minute decides: 300 / 80 -> 4.
-    calm = CustomerDemand(1, 0.0, 200.0, 300.0)
-    assert target(decide(snapshot([calm], [deployment(target_utilisation=0.8)]))) == 4
+    assert target(with_burst(0.0)) == 4
 
 
 def test_requests_queued_in_the_engines_count_as_demand():
