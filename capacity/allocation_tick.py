@@ -28,7 +28,7 @@ from benchmarking.fitting import Shape, predict_replica_seconds
 from capacity import allocation
 from capacity.actuators.base import ScaleRequest, apply_with_retries
 from capacity.bulk import copy_upsert
-from capacity.bursts import burst_mu_per_minute
+from capacity.bursts import Bursts, bursts
 from capacity.models import (
     ActuatorCircuit,
     AdmissionAllowance,
@@ -47,6 +47,8 @@ logger = logging.getLogger(__name__)
 ADVISORY_LOCK_KEY = 0x4D55_414C  # "MUAL"
 RECENT_WINDOW = timedelta(seconds=allocation.RECENT_WINDOW_SECONDS)
 PEAK_WINDOW = timedelta(seconds=allocation.PEAK_WINDOW_SECONDS)
+BURST_WINDOW = timedelta(seconds=allocation.BURST_WINDOW_SECONDS)
+NO_BURSTS = Bursts(0.0, 0.0)
 IDLE_LOOKBACK = timedelta(days=1)
 CIRCUIT_THRESHOLD = 3
 CIRCUIT_BASE_SECONDS = 60
@@ -150,7 +152,7 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
             row["peak"] or 0.0,
         )
 
-    bursts = _bursts(now)
+    model_bursts = _bursts(now)
 
     last_used = dict(
         UsageMinute.objects.filter(minute__gte=now - IDLE_LOOKBACK, requests__gt=0)
@@ -220,7 +222,10 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
                 idle_seconds=(now - last).total_seconds() if last else None,
                 load_known=all(load_known.get(d.pk, True) for d in model_deployments),
                 waiting_mu=_waiting_mu(model_deployments, loads, mu_per_request.get(model_id)),
-                burst_mu_per_minute=bursts.get(model_id, 0.0),
+                burst_mu_per_minute=model_bursts.get(model_id, NO_BURSTS).burst_mu_per_minute,
+                burst_window_busiest_minute_mu=model_bursts.get(
+                    model_id, NO_BURSTS
+                ).busiest_minute_mu,
             )
         )
     snapshot = allocation.Snapshot(
@@ -231,11 +236,11 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
     return snapshot, {d.pk: d for d in deployments}
 
 
-def _bursts(now: datetime) -> dict[int, float]:
-    """Per model, the burst rate (`capacity.bursts`) of the requests that started in the last
-    PEAK_WINDOW (all customers together), from usage events in 1-second bins."""
-    since = now - PEAK_WINDOW
-    seconds = int(PEAK_WINDOW.total_seconds())
+def _bursts(now: datetime) -> dict[int, Bursts]:
+    """Per model, the bursts (`capacity.bursts`) of the requests that started in the last
+    BURST_WINDOW (all customers together), from usage events in 1-second bins."""
+    since = now - BURST_WINDOW
+    seconds = int(BURST_WINDOW.total_seconds())
     bins: dict[int, np.ndarray] = {}
     for model_id, second, mu in (
         UsageEvent.objects.filter(started_at__gte=since, started_at__lt=now)
@@ -247,7 +252,7 @@ def _bursts(now: datetime) -> dict[int, float]:
         series = bins.setdefault(model_id, np.zeros(seconds + 1))
         series[min(seconds, max(0, int((second - since).total_seconds())))] += mu
     slo_seconds = settings.ALLOCATION_TTFT_SLO_MS / 1000.0
-    return {model_id: burst_mu_per_minute(series, slo_seconds) for model_id, series in bins.items()}
+    return {model_id: bursts(series, slo_seconds) for model_id, series in bins.items()}
 
 
 def _waiting_mu(deployments: list[Deployment], loads: dict, mu_per_request: float | None) -> float:

@@ -16,6 +16,10 @@ from typing import Any
 # Defaults describe an 8B dense model on one H100 (bf16): weights read once per decode step
 # (~7 ms), a small per-sequence cost, and ~128 KiB of KV cache read per context token.
 DEFAULT_MAX_NUM_SEQS = 256
+# vLLM's per-step token budget for prompts (`--max-num-batched-tokens`; 8192 is vLLM V1's
+# default for its OpenAI server on large GPUs): a burst of prompts is prefilled a budget at a
+# time, first come first served, rather than all in one step.
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 DEFAULT_KV_CACHE_TOKENS = 200_000
 DEFAULT_CONTEXT_LENGTH = 8192
 DEFAULT_PREFILL_SECONDS_PER_TOKEN = 1.0e-4
@@ -48,6 +52,7 @@ class ModelConfig:
     replicas: int = 1
     cold_start_seconds: float = 0.0
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     kv_cache_tokens: int = DEFAULT_KV_CACHE_TOKENS
     context_length: int = DEFAULT_CONTEXT_LENGTH
     prefill_seconds_per_token: float = DEFAULT_PREFILL_SECONDS_PER_TOKEN
@@ -77,6 +82,7 @@ class EmulatorConfig:
 _INT_BOUNDS: dict[str, int] = {
     "replicas": 0,
     "max_num_seqs": 1,
+    "max_num_batched_tokens": 1,
     "kv_cache_tokens": 1,
     "context_length": 1,
     "mean_output_tokens": 1,

@@ -1,8 +1,9 @@
 """One emulated engine replica: a continuous-batching step loop on the asyncio event loop.
 
 Each step admits waiting sequences (lowest `priority` first, then arrival order) while the
-batch has room (`max_num_seqs`) and the KV budget allows (prompt + output tokens reserved
-on admission), sleeps for the ground-truth step time, then gives every running sequence one
+batch has room (`max_num_seqs`), the KV budget allows (prompt + output tokens reserved
+on admission) and the step's prompt budget (`max_num_batched_tokens`; at least one sequence)
+lasts, sleeps for the ground-truth step time, then gives every running sequence one
 token. A newly admitted sequence gets its first token at the end of its prefill step. Step
 deadlines are absolute (`loop.time()`), so the per-step overhead of this Python code and the
 scheduler's wake-up jitter do not accumulate into lower throughput than the ground truth.
@@ -294,6 +295,7 @@ class Replica:
     def _admit(self, now_seconds: float) -> list[Sequence]:
         admitted: list[Sequence] = []
         model = self.model
+        prefill_tokens = 0
         while self._waiting and len(self.running) < model.max_num_seqs:
             _priority, _order, seq = self._waiting[0]
             if seq.state != WAITING:
@@ -303,6 +305,11 @@ class Replica:
             # as in vLLM, so priority means what it says.
             if self.kv_reserved_tokens + seq.kv_reservation_tokens > model.kv_cache_tokens:
                 break
+            # The step's prompt budget; a prompt larger than the budget goes alone (vLLM would
+            # chunk it over several steps, which costs the same prefill time).
+            if admitted and prefill_tokens + seq.prompt_tokens > model.max_num_batched_tokens:
+                break
+            prefill_tokens += seq.prompt_tokens
             heapq.heappop(self._waiting)
             self._waiting_count -= 1
             seq.state = RUNNING

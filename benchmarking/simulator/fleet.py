@@ -1,8 +1,9 @@
 """The event loop: arrivals, routing, replicas with continuous batching, cold starts, ticks.
 
 A replica follows the engine emulator exactly (benchmarking/emulator/engine.py): each step
-admits waiting requests in order while the batch has room (`max_num_seqs`) and the KV budget
-allows (prompt + output tokens reserved on admission), lasts `step_seconds` (prefill of the
+admits waiting requests in order while the batch has room (`max_num_seqs`), the KV budget
+allows (prompt + output tokens reserved on admission) and the step's prompt budget
+(`max_num_batched_tokens`, at least one request) lasts, lasts `step_seconds` (prefill of the
 newly admitted prompts + base + per running sequence + per context token), and gives every
 running sequence one token at its end; a request's first token comes at the end of its prefill
 step.
@@ -160,6 +161,7 @@ class _Replica:
         "running",  # heap of (finish step number, request index)
         "waiting",  # deque of request indices, in arrival order
         "blocked",  # the head of `waiting` did not fit at the last boundary
+        "budget_spent",  # the last boundary's admissions used up the step's prompt budget
         "context_tokens",
         "kv_tokens",
         "steps_done",  # steps completed up to the current segment's start
@@ -177,7 +179,7 @@ class _Replica:
         self.state = state
         self.running: list[tuple[int, int]] = []
         self.waiting: deque[int] = deque()
-        self.blocked = False
+        self.blocked = self.budget_spent = False
         self.context_tokens = self.kv_tokens = self.steps_done = 0
         self.seg_start_s = self.seg_prefill_s = self.seg_step_s = self.seg_growth_s = 0.0
         self.event_steps = self.version = 0
@@ -395,13 +397,15 @@ class _Fleet:
             first_s = replica.time_after(1)
             for index in admitted:
                 self.first[index] = first_s
-            self._schedule(replica, running[0][0] - done)
+            # Held back only by the prompt budget, the queue moves on at the very next step.
+            self._schedule(replica, 1 if replica.budget_spent else running[0][0] - done)
         elif replica.state == _DRAINING and not replica.waiting:
             self._remove(replica, t_s)
 
     def _admit(self, replica: _Replica, t_s: float) -> tuple[int, list[int]]:
         model, waiting, running = self.model, replica.waiting, replica.running
         prefill_tokens = 0
+        replica.budget_spent = False
         admitted: list[int] = []
         while waiting and len(running) < model.max_num_seqs:
             index = waiting[0]
@@ -412,6 +416,10 @@ class _Fleet:
             need = self.inputs[index] + self.outputs[index]
             if replica.kv_tokens + need > model.kv_cache_tokens:
                 break
+            if admitted and prefill_tokens + self.inputs[index] > model.max_num_batched_tokens:
+                # The step's prompt budget is spent: the rest start at the next step.
+                replica.budget_spent = True
+                break
             waiting.popleft()
             replica.kv_tokens += need
             replica.context_tokens += self.inputs[index]
@@ -419,7 +427,7 @@ class _Fleet:
             heapq.heappush(running, (replica.steps_done + self.outputs[index], index))
             self.start[index] = t_s
             admitted.append(index)
-        replica.blocked = bool(waiting)
+        replica.blocked = bool(waiting) and not replica.budget_spent
         return prefill_tokens, admitted
 
     def _finish(self, replica: _Replica, index: int, t_s: float) -> None:

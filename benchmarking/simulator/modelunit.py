@@ -8,8 +8,8 @@ observe live and nothing from the future:
   `recent` is the mean of the last RECENT_WINDOW's whole minutes, `peak` the busiest whole
   minute of the last PEAK_WINDOW (the minute in progress is left out, as the live tick leaves
   out a minute whose rollup is not complete);
-- `burst`: the burst rate (`capacity.bursts`) of all completed requests by the second they
-  started (usage events' `started_at`) over the last PEAK_WINDOW;
+- bursts (`capacity.bursts`) of all completed requests by the second they started (usage
+  events' `started_at`) over the last BURST_WINDOW;
 - the requests waiting in the engines (vLLM's `num_requests_waiting`), priced at the mean
   request's MU;
 - the replicas asked for and ready, the customers' reservations, and the previous ticks'
@@ -24,6 +24,7 @@ from django.conf import settings
 from benchmarking.simulator.autoscaling import Observation
 from benchmarking.simulator.policy_context import PolicyContext
 from capacity.allocation import (
+    BURST_WINDOW_SECONDS,
     PEAK_WINDOW_SECONDS,
     RECENT_WINDOW_SECONDS,
     CustomerDemand,
@@ -34,7 +35,7 @@ from capacity.allocation import (
     Snapshot,
     decide,
 )
-from capacity.bursts import burst_mu_per_minute
+from capacity.bursts import Bursts, bursts
 
 # The live tick's windows and stabilisation (controlplane.settings).
 RECENT_MINUTES = RECENT_WINDOW_SECONDS // 60
@@ -69,7 +70,7 @@ class ModelUnitAutoscaler:
         oldest = int(now // 60) - PEAK_MINUTES
         for stale in [m for m in self._minutes if m < oldest]:
             del self._minutes[stale]
-        for stale in [k for k in self._starts if k < now - PEAK_MINUTES * 60]:
+        for stale in [k for k in self._starts if k < now - BURST_WINDOW_SECONDS]:
             del self._starts[stale]
         while self._recommendations and now - self._recommendations[0][0] > STABILISATION_SECONDS:
             self._recommendations.popleft()
@@ -93,13 +94,13 @@ class ModelUnitAutoscaler:
             for index, client in enumerate(sorted(clients))
         )
 
-    def _burst(self, now: float) -> float:
-        start_s = int(now) - PEAK_MINUTES * 60
-        bins = np.zeros(PEAK_MINUTES * 60 + 1)
+    def _bursts(self, now: float) -> Bursts:
+        start_s = int(now) - BURST_WINDOW_SECONDS
+        bins = np.zeros(BURST_WINDOW_SECONDS + 1)
         for second, mu in self._starts.items():
             if second >= start_s:
                 bins[second - start_s] += mu
-        return burst_mu_per_minute(bins, self.context.ttft_slo_seconds)
+        return bursts(bins, self.context.ttft_slo_seconds)
 
     def decide(self, observation: Observation) -> int:
         now = observation.timestamp_s
@@ -125,6 +126,7 @@ class ModelUnitAutoscaler:
             recent_recommendations=tuple((now - t, r) for t, r in self._recommendations),
         )
         idle = None if self._last_use_s is None else now - self._last_use_s
+        recent_bursts = self._bursts(now)
         snapshot = Snapshot(
             models=(
                 ModelSnapshot(
@@ -134,7 +136,8 @@ class ModelUnitAutoscaler:
                     (deployment,),
                     idle,
                     waiting_mu=observation.waiting_requests * self.context.mean_request_mu,
-                    burst_mu_per_minute=self._burst(now),
+                    burst_mu_per_minute=recent_bursts.burst_mu_per_minute,
+                    burst_window_busiest_minute_mu=recent_bursts.busiest_minute_mu,
                 ),
             ),
             pools=(PoolState(1, "simulated", self.context.max_replicas),),

@@ -6,6 +6,7 @@ Pure Python on in-memory traces; no database.
 
 import asyncio
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -254,3 +255,24 @@ def test_one_simulated_hour_at_20_requests_per_second_runs_in_seconds():
     print(f"simulated 1 h at 20 req/s ({len(trace)} requests) in {elapsed_s:.2f} s")
     assert_every_request_resolved(result, len(trace))
     assert elapsed_s < 30.0
+
+
+def test_a_burst_of_prompts_is_prefilled_a_token_budget_at_a_time():
+    # Six 1,000-token prompts at once on one replica with a 2,000-token step budget: first
+    # tokens in three waves of two, each a prefill step later than the one before.
+    model = ModelConfig(name="m", max_num_batched_tokens=2000, prefill_seconds_per_token=2e-4)
+    burst = [TraceRequest(1.0, 1000, 5) for _ in range(6)]
+    result = simulate(
+        burst, SimulationSettings(model=model, initial_replicas=1), StaticAutoscaler(1)
+    )
+    waves = np.unique(np.round(result.first_token_s, 9))
+    assert len(waves) == 3
+    assert np.all(np.diff(waves) >= 2000 * 2e-4)
+    assert result.served == 6
+    # Without a budget that binds, all six share one prefill step.
+    together = simulate(
+        burst,
+        SimulationSettings(model=replace(model, max_num_batched_tokens=10_000), initial_replicas=1),
+        StaticAutoscaler(1),
+    )
+    assert len(np.unique(np.round(together.first_token_s, 9))) == 1

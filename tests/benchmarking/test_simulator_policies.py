@@ -12,6 +12,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from benchmarking.emulator.config import ModelConfig
+from benchmarking.management.commands.simulate import BUILT_IN_MODEL
 from benchmarking.simulator import Observation, SimulationSettings, simulate
 from benchmarking.simulator.autoscaling import ScheduledAutoscaler
 from benchmarking.simulator.baselines import (
@@ -21,8 +22,8 @@ from benchmarking.simulator.baselines import (
     StaticPeakAutoscaler,
 )
 from benchmarking.simulator.compare import METRICS, build_context, compare
-from benchmarking.simulator.oracle import OracleAutoscaler, fill_short_gaps
-from benchmarking.traces import TraceRequest
+from benchmarking.simulator.oracle import OracleAutoscaler, fill_short_gaps, required_replicas
+from benchmarking.traces import TraceRequest, load_trace
 
 MODEL = ModelConfig(name="t", max_num_seqs=16, cold_start_seconds=60.0)
 BASELINES = ["static-peak", "kpa", "hpa-rps", "oracle"]
@@ -331,3 +332,48 @@ def test_since_counts_only_the_part_after_the_cut():
     # 4 replicas (the new ones start at the 600 s tick) from 600 s to the end.
     assert later.gpu_hours == pytest.approx(4 * (result.end_s - 600.0) / 3600)
     assert later.scale_events == 1
+
+
+def test_the_oracle_keeps_reservations_hot_even_when_unused():
+    # acme reserves 250 MU/min (4 replicas at 80 of 100 MU/min) but sends one small request a
+    # minute; the oracle still keeps its reservation's replicas for the whole trace.
+    requests = [TraceRequest(float(t), 100, 10, client="acme") for t in range(0, 600, 60)]
+    ctx = build_context(
+        requests,
+        model=MODEL,
+        cold_start_seconds=30,
+        target_utilisation=0.8,
+        tick_seconds=15,
+        reservations={"acme": 250.0},
+        future=True,
+    )
+    need = required_replicas(ctx)
+    assert need[:600].min() == 4
+
+
+AZURE = Path(__file__).resolve().parents[2] / "benchmarking" / "data" / "traces"
+
+
+def test_on_azures_bursty_code_trace_only_the_live_policy_keeps_the_slo():
+    # Scaled to about ten replicas at its busiest minute (static-peak: 9), with the built-in
+    # 8B/H100 profile. Its 5-second bursts carry 3x its busiest minute: the live policy keeps
+    # capacity for them (capacity.bursts), static-peak and the HPA do not.
+    requests = load_trace(AZURE / "AzureLLMInferenceTrace_code_2023.csv", scale=2.6, seed=0)
+    report = compare(
+        requests, model=BUILT_IN_MODEL, policies=["hpa-rps", "modelunit"], slo_ttft_ms=2000
+    )["policies"]
+    assert report["modelunit"]["slo_attainment"] >= 0.99
+    assert report["static-peak"]["slo_attainment"] < 0.99
+    assert report["hpa-rps"]["slo_attainment"] < 0.99
+
+
+def test_on_azures_conversation_trace_the_live_policy_is_the_cheapest_at_the_slo():
+    requests = load_trace(AZURE / "AzureLLMInferenceTrace_conv_2023.csv", scale=5.8, seed=0)
+    report = compare(
+        requests, model=BUILT_IN_MODEL, policies=["hpa-rps", "modelunit"], slo_ttft_ms=2000
+    )["policies"]
+    modelunit = report["modelunit"]
+    assert modelunit["slo_attainment"] >= 0.99
+    for name in ("static-peak", "hpa-rps"):
+        if report[name]["slo_attainment"] >= 0.99:
+            assert modelunit["gpu_hours"] < report[name]["gpu_hours"], name

@@ -275,23 +275,33 @@ def test_the_policy_is_deterministic():
     assert decide(snap) == decide(replace(snap))
 
 
-def test_a_burst_needs_full_replicas_not_replicas_at_the_target_utilisation():
-    # The burst rate already holds its latency headroom (capacity.bursts): 640 MU/min of burst
-    # on 100 MU/min replicas planned at 80 % needs 7 replicas (640 / 100), not 8 (640 / 80).
-    def with_burst(burst_mu_per_minute):
-        model = ModelSnapshot(
-            1,
-            "llama",
-            (customer(recent=200, peak=300),),
-            (deployment(target_utilisation=0.8),),
-            0.0,
-            burst_mu_per_minute=burst_mu_per_minute,
-        )
-        return decide(Snapshot(models=(model,), pools=(PoolState(1, "pool", 8),)))
+def burst_model(burst_mu_per_minute, busiest_minute_mu):
+    model = ModelSnapshot(
+        1,
+        "llama",
+        (customer(recent=200, peak=300),),
+        (deployment(target_utilisation=0.8),),
+        0.0,
+        burst_mu_per_minute=burst_mu_per_minute,
+        burst_window_busiest_minute_mu=busiest_minute_mu,
+    )
+    return decide(Snapshot(models=(model,), pools=(PoolState(1, "pool", 8),)))
 
-    assert target(with_burst(640.0)) == 7
-    # Without the burst, the busiest minute decides: 300 / 80 -> 4.
-    assert target(with_burst(0.0)) == 4
+
+def test_bursts_that_bind_need_full_replicas_not_replicas_at_the_target_utilisation():
+    # 640 MU/min of burst rate, against a busiest minute of 300: bursty traffic. The burst
+    # rate already holds its latency headroom, so it needs 7 replicas (640 / 100), not 8
+    # (640 / 80).
+    assert target(burst_model(640.0, 300.0)) == 7
+    # Without bursts, the busiest minute decides: 300 / 80 -> 4.
+    assert target(burst_model(0.0, 0.0)) == 4
+
+
+def test_bursts_the_minute_plan_absorbs_do_not_hold_capacity():
+    # Over the burst window the busiest minute was 500 MU: bursts needing 600 MU/min at full
+    # capacity (480 at the target) are within what that minute plans, so only the recent
+    # minutes (300 / 80 -> 4) decide.
+    assert target(burst_model(600.0, 500.0)) == 4
 
 
 def test_requests_queued_in_the_engines_count_as_demand():

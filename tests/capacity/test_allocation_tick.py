@@ -104,11 +104,13 @@ def test_a_sub_minute_burst_is_planned_for_beyond_its_minute_average(
     assert fleet.current_replicas == 8
     decision = AllocationDecision.objects.get(deployment=fleet)
     assert "best_effort_limited" in {reason["code"] for reason in decision.reasons}
-    # The same MU spread over the whole minute is planned at its rate.
+    # The same MU spread over the whole minute is no burst: planned at its minute's rate.
     UsageEvent.objects.all().delete()
+    UsageMinute.objects.all().delete()
     AllocationDecision.objects.all().delete()
     Deployment.objects.filter(pk=fleet.pk).update(current_replicas=1)
     use_events(globex, served_model, sellable, mu_per_second=500 / 60, seconds=60)
+    use(globex, served_model, 500, minutes=1)
     allocation_tick()
     fleet.refresh_from_db()
     assert fleet.current_replicas == 5

@@ -171,3 +171,16 @@ def test_requests_go_to_the_least_loaded_replica(start_emulator, http):
 
     assert waiting == 0
     results.result(timeout=10)
+
+
+def test_a_burst_of_prompts_is_prefilled_a_token_budget_at_a_time(start_emulator, http):
+    # Six prompts of 1,000 tokens at 0.2 ms a token, a 2,000-token step budget: two prompts per
+    # 0.4 s prefill step, so first tokens come in three waves, not all after 1.2 s together.
+    emulator = start_emulator(
+        config(model(max_num_batched_tokens=2000, prefill_seconds_per_token=2e-4))
+    )
+    body = {"model": "tiny", "prompt": list(range(1000)), "max_tokens": 2, "ignore_eos": True}
+    results = start_streams(emulator.url, [body] * 6).result(timeout=20)
+    ttfts = sorted(r.ttft_seconds for r in results)
+    assert ttfts[1] < 0.7  # the first wave: one 0.4 s step
+    assert ttfts[-1] > 1.0  # the last wave waits for the two before it
