@@ -256,10 +256,9 @@ def _bursts(now: datetime) -> dict[int, Bursts]:
 
 
 def _waiting_mu(deployments: list[Deployment], loads: dict, mu_per_request: float | None) -> float:
-    """MU of the requests queued in a model's engines, at the model's recent mean request."""
-    waiting = sum(
-        loads[d.pk].waiting or 0.0 for d in deployments if d.pk in loads and loads[d.pk].known
-    )
+    """MU of the requests queued in a model's engines, at the model's recent mean request.
+    The queue is a gauge read directly, so it counts even when the load's rates are unknown."""
+    waiting = sum(loads[d.pk].waiting or 0.0 for d in deployments if d.pk in loads)
     return waiting * (mu_per_request or 0.0)
 
 
