@@ -8,7 +8,9 @@ fleet simulator run the very same code. Rules, in order:
    reservations (a reserved customer may ramp to its reservation faster than a replica can
    cold-start, so that capacity must already run), spread over its deployments cheapest $/MU
    first, within the GPUs its pools have left.
-3. Then best-effort demand (recent use above reservations, at its recent peak), the same way.
+3. Then best-effort demand (recent use above reservations, at its recent peak, plus the
+   requests queued in the engines), the same way; for bursty traffic, never less in all than
+   the rate that starts its sub-minute bursts within the TTFT SLO (`capacity.bursts`).
    A short pool therefore reclaims best-effort before guaranteed, and shortfalls are reported.
 4. Capacity per replica counts at the deployment's target utilisation.
 5. Scale up at once; scale down only to the highest recommendation inside the stabilisation

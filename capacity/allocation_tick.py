@@ -213,6 +213,7 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
             for customer_id in sorted(customer_ids)
         )
         last = last_used.get(model_id)
+        burst = model_bursts.get(model_id, NO_BURSTS)
         models.append(
             allocation.ModelSnapshot(
                 model_id=model_id,
@@ -222,10 +223,8 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
                 idle_seconds=(now - last).total_seconds() if last else None,
                 load_known=all(load_known.get(d.pk, True) for d in model_deployments),
                 waiting_mu=_waiting_mu(model_deployments, loads, mu_per_request.get(model_id)),
-                burst_mu_per_minute=model_bursts.get(model_id, NO_BURSTS).burst_mu_per_minute,
-                burst_window_busiest_minute_mu=model_bursts.get(
-                    model_id, NO_BURSTS
-                ).busiest_minute_mu,
+                burst_mu_per_minute=burst.burst_mu_per_minute,
+                burst_window_busiest_minute_mu=burst.busiest_minute_mu,
             )
         )
     snapshot = allocation.Snapshot(
