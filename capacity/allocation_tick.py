@@ -25,8 +25,9 @@ from django.db.models.functions import Trunc
 from django.utils import timezone
 
 from benchmarking.fitting import Shape, predict_replica_seconds
-from capacity import allocation
+from capacity import allocation, metrics
 from capacity.actuators.base import ScaleRequest, apply_with_retries
+from capacity.admission import publish_limits
 from capacity.bulk import copy_upsert
 from capacity.bursts import Bursts, bursts
 from capacity.models import (
@@ -332,10 +333,14 @@ def allocation_tick(*, dry_run: bool = False, now: datetime | None = None) -> Ti
             result.decisions = [_decision_dict(d, deployments) for d in decisions.deployments]
             result.seconds = time.perf_counter() - started
             return result
-        rows = _store(tick_id, now, decisions, deployments, digests)
+        rows, forgotten = _store(tick_id, now, decisions, deployments, digests)
+        # Admission limits follow the tick within the tick (a reservation that starts or ends
+        # changes admission within one tick).
+        publish_limits(decisions.allowances, forgotten)
         _apply(rows, decisions, deployments, result, now)
         result.decisions = [_row_dict(row) for row in rows]
     result.seconds = time.perf_counter() - started
+    metrics.TICK_SECONDS.observe(result.seconds)
     return result
 
 
@@ -402,8 +407,8 @@ def _store(tick_id, now, decisions, deployments, digests) -> list[AllocationDeci
             row.pk = ids[row.deployment_id]
     else:
         rows = AllocationDecision.objects.bulk_create(rows)
-    _store_allowances(tick_id, now, decisions.allowances)
-    return rows
+    forgotten = _store_allowances(tick_id, now, decisions.allowances)
+    return rows, forgotten
 
 
 # An allowance that moved by less than this share is not rewritten: best-effort shares drift
@@ -416,10 +421,10 @@ def _close(old: float, new: float) -> bool:
     return abs(old - new) <= max(ALLOWANCE_TOLERANCE_MU, ALLOWANCE_RELATIVE_TOLERANCE * abs(new))
 
 
-def _store_allowances(tick_id, now, allowances) -> None:
-    """Write only the allowances that changed, and delete those the policy no longer gives:
-    most are stable from one tick to the next, and rewriting tens of thousands of rows every
-    15 s would cost more than the rest of the tick."""
+def _store_allowances(tick_id, now, allowances) -> set[tuple[int, int]]:
+    """Write only the allowances that changed, and delete those the policy no longer gives
+    (returned as (customer, model) pairs): most are stable from one tick to the next, and
+    rewriting tens of thousands of rows every 15 s would cost more than the rest of the tick."""
     rows = AdmissionAllowance.objects.values_list(
         "pk",
         "customer_id",
@@ -496,6 +501,7 @@ def _store_allowances(tick_id, now, allowances) -> None:
     stale = [pk for pk, _, _ in existing.values()]
     if stale:
         AdmissionAllowance.objects.filter(pk__in=stale).delete()
+    return set(existing)
 
 
 def _apply(rows, decisions, deployments, result: TickResult, now) -> None:
@@ -553,6 +559,7 @@ def _apply(rows, decisions, deployments, result: TickResult, now) -> None:
             result.applied += 1
             succeeded.append(row)
         else:
+            metrics.ACTUATOR_FAILURES.labels(deployments[row.deployment_id].actuator_kind).inc()
             result.failed += 1
             _record_failure(row.deployment_id, outcome.error, now)
     AllocationDecision.objects.bulk_update(

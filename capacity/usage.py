@@ -18,6 +18,8 @@ from pydantic import ValidationError
 
 from accounts.models import Customer
 from benchmarking.fitting import FEATURES, feature_columns
+from capacity import metrics
+from capacity.admission import reconcile_usage
 from capacity.cost_models import active_cost_model
 from capacity.models import CostModel, Deployment, ServedModel, UsageEvent
 from capacity.usage_schema import UsageEventIn, minute_of, reasons_from
@@ -194,7 +196,15 @@ def usage_ingest(*, events, customer: Customer | None, may_name_customer: bool) 
             (result.accepted if event.event_id in inserted else result.duplicates).append(
                 event.event_id
             )
+        # Only events stored now settle their admission: a duplicate never settles twice.
+        reconcile_usage(
+            [(customer_id, model_id, event_id, mu) for event_id, (customer_id, model_id, mu)
+             in inserted.items()]
+        )  # fmt: skip
     result.rejected.sort(key=lambda item: item["index"])
+    metrics.USAGE_EVENTS.labels("accepted").inc(len(result.accepted))
+    metrics.USAGE_EVENTS.labels("duplicate").inc(len(result.duplicates))
+    metrics.USAGE_EVENTS.labels("rejected").inc(len(result.rejected))
     return result
 
 
@@ -231,9 +241,16 @@ def _rows(valid, *, deployments, ingested_at):
         )
 
 
-@transaction.atomic
-def _insert(valid, *, deployments, ingested_at) -> set[str]:
+def _insert(valid, *, deployments, ingested_at) -> dict[str, tuple[int, int, float]]:
+    """Store the events; return those stored now (not known before) as event id ->
+    (customer id, model id, MU)."""
     rows = list(_rows(valid, deployments=deployments, ingested_at=ingested_at))
+    stored = _insert_rows(rows)
+    return {row[0]: (row[1], row[2], row[14]) for row in rows if row[0] in stored}
+
+
+@transaction.atomic
+def _insert_rows(rows) -> set[str]:
     table = UsageEvent._meta.db_table
     columns = ", ".join(COLUMNS)
     if connection.vendor == "postgresql":

@@ -239,5 +239,25 @@ USAGE_MAX_FUTURE_SECONDS = env_int("USAGE_MAX_FUTURE_SECONDS", 300, minimum=0)
 ALLOCATION_TICK_SECONDS = env_int("ALLOCATION_TICK_SECONDS", 15, minimum=1)
 # Scale down only to the highest recommendation of this many seconds (DESIGN §2).
 ALLOCATION_STABILISATION_SECONDS = env_int("ALLOCATION_STABILISATION_SECONDS", 120, minimum=0)
+# --- Admission (capacity/admission.py) ------------------------------------------------------------
+ADMISSION_REDIS_URL = env_redis_url("ADMISSION_REDIS_URL", REDIS_URL)
+# Burst tolerance of every bucket, in seconds of its rate.
+ADMISSION_BURST_SECONDS = env_int("ADMISSION_BURST_SECONDS", 10, minimum=1)
+# A decision waits this long for Redis before the fallback answers.
+ADMISSION_REDIS_TIMEOUT_MS = env_int("ADMISSION_REDIS_TIMEOUT_MS", 250, minimum=1)
+# Redis unreachable: guaranteed (admit up to the reservation from a local bucket, refuse
+# best-effort), all (admit everything) or none (refuse everything).
+ADMISSION_ON_REDIS_DOWN = env_str("ADMISSION_ON_REDIS_DOWN", "guaranteed")
+if ADMISSION_ON_REDIS_DOWN not in {"guaranteed", "all", "none"}:
+    raise ImproperlyConfigured(
+        f"ADMISSION_ON_REDIS_DOWN must be guaranteed, all or none, not {ADMISSION_ON_REDIS_DOWN!r}"
+    )
+# The estimate caps max_tokens at this percentile of the model's recent output lengths.
+ADMISSION_OUTPUT_PERCENTILE = env_int("ADMISSION_OUTPUT_PERCENTILE", 95, minimum=1)
+# Limits the ticks stop refreshing, and idle buckets, vanish after this long.
+ADMISSION_LIMITS_TTL_SECONDS = env_int("ADMISSION_LIMITS_TTL_SECONDS", 600, minimum=30)
+# How long an admitted request waits for its usage event to settle its estimate.
+ADMISSION_RECORD_TTL_SECONDS = env_int("ADMISSION_RECORD_TTL_SECONDS", 3600, minimum=60)
+
 # The TTFT the fleet is sized to keep under sub-minute bursts (capacity.bursts).
 ALLOCATION_TTFT_SLO_MS = env_int("ALLOCATION_TTFT_SLO_MS", 2000, minimum=1)

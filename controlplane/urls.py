@@ -3,7 +3,7 @@ from django.urls import include, path
 from django.views import defaults
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from controlplane import health
+from controlplane import health, metrics_view
 from controlplane.api.errors import json_404, json_500
 
 api_v1 = [
@@ -15,6 +15,7 @@ api_v1 = [
 urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
+    path("metrics", metrics_view.metrics, name="metrics"),
     path("admin/", admin.site.urls),
     path("api/v1/", include(api_v1)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

@@ -1,6 +1,7 @@
 from django.urls import path
 from rest_framework.routers import SimpleRouter
 
+from capacity.api.admission_views import AdmissionView
 from capacity.api.allocation_views import (
     AllocationDecisionViewSet,
     AllowanceViewSet,
@@ -29,6 +30,7 @@ router.register("allocation/allowances", AllowanceViewSet, basename="allocation-
 urlpatterns = [
     path("cost-models/estimate", CostEstimateView.as_view(), name="cost-estimate"),
     path("usage/events", UsageEventsView.as_view(), name="usage-events"),
+    path("admission", AdmissionView.as_view(), name="admission"),
     path(
         "customers/<slug:slug>/utilisation",
         CustomerUtilisationView.as_view(),
