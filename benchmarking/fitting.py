@@ -142,6 +142,22 @@ def _canonical_features(features: Sequence[str]) -> tuple[str, ...]:
     return tuple(name for name in FEATURES if name in chosen)
 
 
+def _feature_values(input_tokens, cached_tokens, output_tokens, images, one) -> dict:
+    """Every feature from uncached input, cached input, output and images — numpy arrays or
+    plain numbers alike. The one definition of every feature."""
+    # Cached tokens still sit in the KV cache that every decode step reads, hence the total.
+    total_input_tokens = input_tokens + cached_tokens
+    return {
+        "input_tokens": input_tokens,
+        "cached_input_tokens": cached_tokens,
+        "output_tokens": output_tokens,
+        "input_x_output_per_1000": total_input_tokens * output_tokens / 1000.0,
+        "output_sq_per_1000": output_tokens * output_tokens / 1000.0,
+        "images": images,
+        "request": one,
+    }
+
+
 def feature_columns(
     *,
     input_tokens: np.ndarray,
@@ -152,24 +168,34 @@ def feature_columns(
 ) -> np.ndarray:
     """The feature matrix from token-count arrays (uncached input, cached input, output,
     images), without building a Shape per request: usage ingestion prices thousands of
-    events per batch this way. The one definition of every feature."""
+    events per batch this way."""
     names = tuple(features)
     _canonical_features(names)  # validates the names
     input_tokens = np.asarray(input_tokens, dtype=float)
-    cached_tokens = np.asarray(cached_input_tokens, dtype=float)
-    output_tokens = np.asarray(output_tokens, dtype=float)
-    total_input_tokens = input_tokens + cached_tokens
-    columns = {
-        "input_tokens": lambda: input_tokens,
-        "cached_input_tokens": lambda: cached_tokens,
-        "output_tokens": lambda: output_tokens,
-        # Cached tokens still sit in the KV cache that every decode step reads, hence the total.
-        "input_x_output_per_1000": lambda: total_input_tokens * output_tokens / 1000.0,
-        "output_sq_per_1000": lambda: output_tokens * output_tokens / 1000.0,
-        "images": lambda: np.asarray(images, dtype=float),
-        "request": lambda: np.ones(len(input_tokens)),
-    }
-    return np.column_stack([columns[name]() for name in names])
+    values = _feature_values(
+        input_tokens,
+        np.asarray(cached_input_tokens, dtype=float),
+        np.asarray(output_tokens, dtype=float),
+        np.asarray(images, dtype=float),
+        np.ones(len(input_tokens)),
+    )
+    return np.column_stack([values[name] for name in names])
+
+
+def replica_seconds_of(
+    weights: Mapping[str, float],
+    *,
+    input_tokens: float,
+    cached_input_tokens: float = 0.0,
+    output_tokens: float,
+    images: float = 0.0,
+) -> float:
+    """`predict_replica_seconds` for one request in plain Python: admission prices one request
+    per decision, where building numpy arrays would cost more than the arithmetic."""
+    values = _feature_values(
+        float(input_tokens), float(cached_input_tokens), float(output_tokens), float(images), 1.0
+    )
+    return sum(float(weight) * values[name] for name, weight in weights.items())
 
 
 def feature_matrix(shapes: Sequence[Shape], features: Sequence[str]) -> np.ndarray:

@@ -25,11 +25,11 @@ import numpy as np
 import redis
 from django.conf import settings
 
+from benchmarking.fitting import replica_seconds_of
 from capacity import metrics
 from capacity.admission_buckets import BEST_EFFORT, GUARANTEED, REFUSED, Buckets
 from capacity.cost_models import pricing_cost_model
 from capacity.models import AdmissionAllowance, CostModel, ServedModel, UsageEvent
-from capacity.pricing import mu_of
 from controlplane.errors import DomainError
 
 # vLLM's priority scheduling runs lower values first.
@@ -144,12 +144,13 @@ def estimate_mu(info: _ModelInfo, *, input_tokens, cached_input_tokens, max_toke
     output = (
         max_tokens if info.output_cap_tokens is None else min(max_tokens, info.output_cap_tokens)
     )
-    row = {
-        "input_tokens": input_tokens,
-        "cached_input_tokens": cached_input_tokens,
-        "output_tokens": output,
-    }
-    return mu_of(info.cost_model, row)
+    replica_seconds = replica_seconds_of(
+        info.cost_model.weights_replica_seconds,
+        input_tokens=input_tokens - cached_input_tokens,
+        cached_input_tokens=cached_input_tokens,
+        output_tokens=output,
+    )
+    return replica_seconds * info.cost_model.replica_mu_per_minute / 60.0
 
 
 def admit(
@@ -175,7 +176,7 @@ def admit(
     except redis.RedisError:
         return _degraded(customer_id, info.model_id, cost)
     admitted = decision.admission_class != REFUSED
-    metrics.ADMISSIONS.labels(decision.admission_class, "admitted" if admitted else "refused").inc()
+    _count(decision.admission_class, admitted)
     wait = decision.retry_after_ms
     return Admission(
         admitted=admitted,
@@ -190,6 +191,20 @@ def admit(
         },
         reason="" if admitted else _refusal_reason(decision),
     )
+
+
+# The counters' label children, looked up once rather than on every decision.
+_COUNTERS = {
+    (admission_class, admitted): metrics.ADMISSIONS.labels(
+        admission_class, "admitted" if admitted else "refused"
+    )
+    for admission_class in (GUARANTEED, BEST_EFFORT, REFUSED)
+    for admitted in (True, False)
+}
+
+
+def _count(admission_class: str, admitted: bool) -> None:
+    _COUNTERS[(admission_class, admitted)].inc()
 
 
 def _refusal_reason(decision) -> str:
@@ -216,7 +231,7 @@ def _degraded(customer_id: int, model_id: int, cost: float) -> Admission:
     else:
         admission_class = REFUSED
     admitted = admission_class != REFUSED
-    metrics.ADMISSIONS.labels(admission_class, "admitted" if admitted else "refused").inc()
+    _count(admission_class, admitted)
     metrics.ADMISSION_DEGRADED.inc()
     return Admission(
         admitted=admitted,

@@ -17,7 +17,10 @@ Every key carries a TTL.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
+
+import redis
 
 GUARANTEED, BEST_EFFORT, REFUSED = "guaranteed", "best_effort", "refused"
 PREFIX = "adm"
@@ -122,8 +125,30 @@ class Buckets:
         self.burst_seconds = burst_seconds
         self.idle_ttl_ms = int(idle_ttl_seconds * 1000)
         self.record_ttl_s = record_ttl_s
+        self._local = threading.local()
         self._admit = client.register_script(_ADMIT)
         self._reconcile = client.register_script(_RECONCILE)
+
+    def _evalsha(self, script, keys: list[str], args: list):
+        """EVALSHA on this thread's own connection: a decision is one round trip, and the
+        pool's checkout and the client's command machinery would cost as much as Redis does."""
+        connection = getattr(self._local, "connection", None)
+        if connection is None:
+            pool = self.client.connection_pool
+            connection = pool.connection_class(**pool.connection_kwargs)
+            self._local.connection = connection
+        for attempt in (1, 2):
+            try:
+                connection.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+                return connection.read_response()
+            except redis.exceptions.NoScriptError:
+                if attempt == 2:
+                    raise
+                self.client.script_load(script.script)  # Redis restarted or flushed its scripts
+            except redis.RedisError:
+                connection.disconnect()
+                raise
+        raise AssertionError("unreachable")
 
     def admit(
         self, *, customer_id: int, model_id: int, cost_mu: float, request_id: str | None
@@ -135,7 +160,7 @@ class Buckets:
             _record_key(customer_id, model_id, request_id) if request_id else "",
         ]
         args = [repr(float(cost_mu)), self.burst_seconds, self.idle_ttl_ms, self.record_ttl_s]
-        admission_class, wait, guaranteed, best_effort = self._admit(keys=keys, args=args)
+        admission_class, wait, guaranteed, best_effort = self._evalsha(self._admit, keys, args)
         return BucketDecision(
             admission_class=admission_class.decode(),
             retry_after_ms=float(wait),

@@ -317,3 +317,27 @@ def test_on_a_published_table_the_selected_features_beat_plain_alpha_beta_gamma_
     # The design's auto-activation threshold is 10 % CV MAPE.
     assert result.cv_mape < 0.10
     assert all(w >= 0 for w in result.weights_replica_seconds.values())
+
+
+def test_the_one_request_price_matches_the_vector_price():
+    import numpy as np
+
+    from benchmarking.fitting import FEATURES, Shape, predict_replica_seconds, replica_seconds_of
+
+    rng = np.random.default_rng(3)
+    draws = rng.uniform(1e-5, 1e-2, len(FEATURES))
+    weights = {name: float(w) for name, w in zip(FEATURES, draws, strict=True)}
+    for _ in range(20):
+        shape = Shape(
+            input_tokens=int(rng.integers(0, 8000)),
+            cached_input_tokens=int(rng.integers(0, 2000)),
+            output_tokens=int(rng.integers(1, 2000)),
+            images=int(rng.integers(0, 3)),
+        )
+        assert replica_seconds_of(
+            weights,
+            input_tokens=shape.input_tokens,
+            cached_input_tokens=shape.cached_input_tokens,
+            output_tokens=shape.output_tokens,
+            images=shape.images,
+        ) == pytest.approx(predict_replica_seconds(weights, shape), rel=1e-12)

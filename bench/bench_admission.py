@@ -1,0 +1,168 @@
+"""Admission decisions: the in-process API and the HTTP endpoint, each beside its floor.
+
+- inprocess_decisions_per_s: `capacity.admission.admit` in a loop, one client process, one
+  connection, no pipelining, against `redis-benchmark` running EVALSHA of a trivial script
+  (`return 1`) with the same connection count and pipelining depth on the same machine — the
+  rate one connection to Redis allows at all. Target: at least 50 % of it. Its p50 and p99
+  latencies are reported beside redis-benchmark's.
+- http_decisions_per_s: POST /api/v1/admission with a Bearer key through the Django stack
+  (in process, as bench_api_auth), beside an endpoint mounted on the same stack with the same
+  authentication that returns a constant. Target: at least 50 % of its throughput.
+"""
+
+import csv
+import io
+import statistics
+import subprocess
+import time
+from urllib.parse import urlparse
+
+import redis
+from django.conf import settings
+from django.test import override_settings
+from django.urls import include, path
+from rest_framework.response import Response
+from rest_framework.test import APIClient
+from rest_framework.views import APIView
+
+from accounts import scopes as S
+from accounts.services import api_key_create, customer_create
+from bench.figures import Figure
+from bench.timing import median_latencies
+from capacity import admission
+from capacity.allocation import Allowance
+from capacity.cost_models import cost_model_record
+from capacity.models import GpuType, ServedModel
+
+DECISIONS = 20_000
+TRIVIAL_SCRIPT = "return 1"
+WEIGHTS = {"input_tokens": 1e-4, "output_tokens": 2e-3, "request": 0.01}
+
+
+class ConstantView(APIView):
+    """The same authentication and DRF stack as the admission view; answers a constant."""
+
+    def post(self, request):
+        return Response({"admitted": True})
+
+
+urlpatterns = [
+    path("bench/constant", ConstantView.as_view()),
+    path("", include(settings.ROOT_URLCONF)),
+]
+
+
+def _fixture():
+    gpu = GpuType.objects.create(name="bench-h100", memory_gb=80, hourly_cost_usd=4)
+    model = ServedModel.objects.create(
+        name="bench-admission",
+        parameters_billions=8,
+        context_length_tokens=8192,
+        reference_gpu_type=gpu,
+    )
+    cost_model_record(
+        served_model=model,
+        gpu_type=gpu,
+        gpus_per_replica=1,
+        features=list(WEIGHTS),
+        weights_replica_seconds=WEIGHTS,
+        mu_per_unit={name: w * 100 / 60 for name, w in WEIGHTS.items()},
+        sample_count=10,
+        distinct_shapes=10,
+        cv_mape=0.01,
+        cv_worst_error=0.02,
+        candidates=[],
+        residuals=[],
+    )
+    customer = customer_create(name="Bench admission", slug="bench-admission")
+    plaintext = api_key_create(name="gateway", customer=customer, scopes=[S.ADMISSION]).plaintext
+    # Limits far above the load: every decision admits, the common case.
+    admission.publish_limits([Allowance(customer.pk, model.pk, 1e9, 1e9)])
+    return customer, model, plaintext
+
+
+def _redis_benchmark() -> dict:
+    url = urlparse(settings.ADMISSION_REDIS_URL)
+    sha = redis.Redis.from_url(settings.ADMISSION_REDIS_URL).script_load(TRIVIAL_SCRIPT)
+    output = subprocess.run(
+        ["redis-benchmark", "-h", url.hostname or "127.0.0.1", "-p", str(url.port or 6379),
+         "-c", "1", "-P", "1", "-n", str(DECISIONS), "--csv", "EVALSHA", sha, "0"],
+        check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    row = list(csv.DictReader(io.StringIO(output)))[-1]
+    return {
+        "rps": float(row["rps"]),
+        "p50_ms": float(row["p50_latency_ms"]),
+        "p99_ms": float(row["p99_latency_ms"]),
+    }
+
+
+def _in_process(customer, model) -> dict:
+    def decide():
+        return admission.admit(
+            customer_id=customer.pk,
+            model=model.name,
+            input_tokens=500,
+            max_tokens=100,
+            request_id=None,
+        )
+
+    for _ in range(500):
+        decide()
+    latencies = []
+    started = time.perf_counter()
+    for _ in range(DECISIONS):
+        t0 = time.perf_counter()
+        decision = decide()
+        latencies.append(time.perf_counter() - t0)
+    elapsed = time.perf_counter() - started
+    if not decision.admitted or decision.degraded:
+        raise AssertionError(f"the benchmark's decisions must be admitted: {decision}")
+    latencies.sort()
+    return {
+        "rps": DECISIONS / elapsed,
+        "p50_ms": statistics.median(latencies) * 1000,
+        "p99_ms": latencies[int(len(latencies) * 0.99)] * 1000,
+    }
+
+
+def _http(plaintext, model) -> dict:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {plaintext}")
+    body = {"model": model.name, "input_tokens": 500, "max_tokens": 100}
+
+    def post(path):
+        def call():
+            response = client.post(path, body, format="json")
+            if response.status_code != 200:
+                raise AssertionError(f"POST {path}: {response.status_code} {response.content}")
+
+        return call
+
+    with override_settings(ROOT_URLCONF=__name__):
+        seconds = median_latencies(
+            {"constant": post("/bench/constant"), "admission": post("/api/v1/admission")},
+            iterations=200,
+            rounds=5,
+        )
+    return {name: 1.0 / value for name, value in seconds.items()}
+
+
+def run() -> list[Figure]:
+    customer, model, plaintext = _fixture()
+    floor = _redis_benchmark()
+    ours = _in_process(customer, model)
+    http = _http(plaintext, model)
+    what = "redis-benchmark EVALSHA 'return 1', 1 connection, no pipelining"
+    return [
+        Figure("inprocess_decisions_per_s", ours["rps"], "decisions/s", floor["rps"], what),
+        Figure("inprocess_p50_latency", ours["p50_ms"], "ms", floor["p50_ms"], what),
+        Figure("inprocess_p99_latency", ours["p99_ms"], "ms", floor["p99_ms"], what),
+        Figure(
+            "http_decisions_per_s",
+            http["admission"],
+            "requests/s",
+            http["constant"],
+            "constant endpoint, same server and authentication",
+        ),
+    ]
