@@ -74,6 +74,7 @@ class _LocalBucket:
 
 _models: dict[str, _ModelInfo] = {}
 _local: dict[tuple[int, int], _LocalBucket] = {}
+_reserved: dict[tuple[int, int], tuple[float, float]] = {}  # -> (MU/min, read at)
 _buckets: Buckets | None = None
 _buckets_lock = threading.Lock()
 
@@ -104,6 +105,7 @@ def reset() -> None:
     _buckets = None
     _models.clear()
     _local.clear()
+    _reserved.clear()
 
 
 def _output_cap(model_id: int) -> int | None:
@@ -214,10 +216,18 @@ def _refusal_reason(decision) -> str:
 
 
 def _reserved_mu_per_minute(customer_id: int, model_id: int) -> float:
+    """The reservation as the last tick stored it, read at most once per tick interval per
+    (customer, model): an outage must not turn every decision into a database query."""
+    cached = _reserved.get((customer_id, model_id))
+    now = time.monotonic()
+    if cached is not None and now - cached[1] < settings.ALLOCATION_TICK_SECONDS:
+        return cached[0]
     allowance = AdmissionAllowance.objects.filter(
         customer_id=customer_id, served_model_id=model_id
     ).first()
-    return allowance.guaranteed_mu_per_minute if allowance else 0.0
+    reserved = allowance.guaranteed_mu_per_minute if allowance else 0.0
+    _reserved[(customer_id, model_id)] = (reserved, now)
+    return reserved
 
 
 def _degraded(customer_id: int, model_id: int, cost: float) -> Admission:
