@@ -48,6 +48,7 @@ INSTALLED_APPS = [
     "accounts",
     "capacity",
     "benchmarking",
+    "billing",
 ]
 
 MIDDLEWARE = [
@@ -258,6 +259,12 @@ ADMISSION_OUTPUT_PERCENTILE = env_int("ADMISSION_OUTPUT_PERCENTILE", 95, minimum
 ADMISSION_LIMITS_TTL_SECONDS = env_int("ADMISSION_LIMITS_TTL_SECONDS", 600, minimum=30)
 # How long an admitted request waits for its usage event to settle its estimate.
 ADMISSION_RECORD_TTL_SECONDS = env_int("ADMISSION_RECORD_TTL_SECONDS", 3600, minimum=60)
+
+# --- Billing ------------------------------------------------------------------------------------
+BILLING_CURRENCY = env_str("BILLING_CURRENCY", "USD")
+# An SLA credit is this share of the commitment of each minute a guaranteed request was
+# refused while the customer used less than its reservation.
+BILLING_SLA_CREDIT_SHARE = float(env_str("BILLING_SLA_CREDIT_SHARE", "0.5"))
 
 # The TTFT the fleet is sized to keep under sub-minute bursts (capacity.bursts).
 ALLOCATION_TTFT_SLO_MS = env_int("ALLOCATION_TTFT_SLO_MS", 2000, minimum=1)

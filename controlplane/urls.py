@@ -10,6 +10,7 @@ api_v1 = [
     path("", include("accounts.api.urls")),
     path("", include("capacity.api.urls")),
     path("", include("benchmarking.api.urls")),
+    path("", include("billing.api.urls")),
 ]
 
 urlpatterns = [

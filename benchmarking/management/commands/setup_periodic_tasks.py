@@ -1,6 +1,7 @@
 from django.core.management.base import BaseCommand
 
 from benchmarking.schedules import sync_benchmark_schedules
+from billing.schedules import sync_billing_schedules
 from capacity.schedules import sync_capacity_schedules
 
 
@@ -16,9 +17,11 @@ class Command(BaseCommand):
     def handle(self, *args, nightly_hour_utc, **options):
         counts = sync_benchmark_schedules(hour_utc=nightly_hour_utc)
         capacity_tasks = sync_capacity_schedules()
+        sync_billing_schedules()
         self.stdout.write(
             f"Nightly benchmarks: {counts['nightly']} deployment(s) "
             f"({counts['created']} new, {counts['disabled']} disabled). "
             "Stale-run reaper: every 60 s."
         )
         self.stdout.write(f"Capacity tasks (rollups, reservation status): {capacity_tasks}.")
+        self.stdout.write("Billing: last month's draft invoices at 03:00 UTC on the 1st.")

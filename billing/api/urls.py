@@ -1,0 +1,12 @@
+from django.urls import path
+from rest_framework.routers import SimpleRouter
+
+from billing.api.views import EstimateView, InvoiceViewSet
+
+router = SimpleRouter()
+router.register("invoices", InvoiceViewSet, basename="invoice")
+
+urlpatterns = [
+    path("customers/<slug:slug>/billing/estimate", EstimateView.as_view(), name="billing-estimate"),
+    *router.urls,
+]

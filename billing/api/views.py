@@ -1,0 +1,152 @@
+"""Invoices for customers (their own) and planners (all); the live month-to-date estimate;
+CSV and JSON exports."""
+
+import csv
+import io
+
+from django.http import HttpResponse
+from django.shortcuts import get_object_or_404
+from django.utils import timezone
+from django_filters import rest_framework as filters
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import mixins, serializers, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import PermissionDenied
+from rest_framework.permissions import BasePermission
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from accounts.principals import principal_of
+from accounts.selectors import customers_visible_to
+from billing.generation import invoice_estimate, invoice_issue, period_bounds
+from billing.models import Invoice, InvoiceLine
+
+LINE_FIELDS = [
+    "kind",
+    "model",
+    "reservation",
+    "description",
+    "starts_at",
+    "ends_at",
+    "quantity",
+    "unit",
+    "unit_price",
+    "amount",
+    "evidence",
+]
+
+
+class ReadPermission(BasePermission):
+    message = "Reading invoices needs the read scope."
+
+    def has_permission(self, request, view) -> bool:
+        return principal_of(request).has_scope("read")
+
+
+class InvoiceLineSerializer(serializers.ModelSerializer):
+    model = serializers.SlugRelatedField(source="served_model", slug_field="name", read_only=True)
+    reservation = serializers.PrimaryKeyRelatedField(read_only=True)
+
+    class Meta:
+        model = InvoiceLine
+        fields = LINE_FIELDS
+
+
+class InvoiceSerializer(serializers.ModelSerializer):
+    customer = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    period = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Invoice
+        fields = [
+            "id",
+            "customer",
+            "period",
+            "status",
+            "currency",
+            "subtotal",
+            "credits",
+            "total",
+            "generated_at",
+            "issued_at",
+        ]
+
+    def get_period(self, invoice) -> str:
+        return f"{invoice.period_start:%Y-%m}"
+
+
+class InvoiceDetailSerializer(InvoiceSerializer):
+    lines = InvoiceLineSerializer(many=True, read_only=True)
+
+    class Meta(InvoiceSerializer.Meta):
+        fields = [*InvoiceSerializer.Meta.fields, "lines"]
+
+
+class InvoiceFilter(filters.FilterSet):
+    customer = filters.CharFilter(field_name="customer__slug")
+    status = filters.ChoiceFilter(choices=Invoice.Status.choices)
+    period = filters.CharFilter(method="filter_period")
+
+    class Meta:
+        model = Invoice
+        fields = ["customer", "status", "period"]
+
+    def filter_period(self, queryset, name, value):
+        first, _, _ = period_bounds(value)
+        return queryset.filter(period_start=first)
+
+
+class InvoiceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """A customer's invoices (customers see their own; planners all). `GET .../{id}/csv` exports
+    the lines as CSV; the detail is the JSON export. Planners issue drafts (`POST .../issue`)."""
+
+    permission_classes = [ReadPermission]
+    filterset_class = InvoiceFilter
+
+    def get_queryset(self):
+        visible = customers_visible_to(principal_of(self.request))
+        queryset = Invoice.objects.filter(customer__in=visible).select_related("customer")
+        if self.action in ("retrieve", "csv"):
+            queryset = queryset.prefetch_related("lines__served_model")
+        return queryset.order_by("-period_start", "customer__slug", "pk")
+
+    def get_serializer_class(self):
+        return InvoiceDetailSerializer if self.action == "retrieve" else InvoiceSerializer
+
+    @extend_schema(responses={(200, "text/csv"): str})
+    @action(detail=True, methods=["get"])
+    def csv(self, request, pk=None):
+        invoice = self.get_object()
+        buffer = io.StringIO()
+        writer = csv.writer(buffer)
+        writer.writerow([f for f in LINE_FIELDS if f != "evidence"])
+        for line in InvoiceLineSerializer(invoice.lines.all(), many=True).data:
+            writer.writerow([line[f] for f in LINE_FIELDS if f != "evidence"])
+        response = HttpResponse(buffer.getvalue(), content_type="text/csv")
+        filename = f"invoice-{invoice.customer.slug}-{invoice.period_start:%Y-%m}-{invoice.pk}.csv"
+        response["Content-Disposition"] = f'attachment; filename="{filename}"'
+        return response
+
+    @action(detail=True, methods=["post"])
+    def issue(self, request, pk=None):
+        if not principal_of(request).is_planner:
+            raise PermissionDenied("Only planners issue invoices.")
+        invoice = invoice_issue(self.get_object())
+        return Response(InvoiceSerializer(invoice).data)
+
+
+class EstimateView(APIView):
+    """The live estimate of a customer's invoice for a month (default: this month, to date):
+    the same computation as the invoice, not stored."""
+
+    permission_classes = [ReadPermission]
+
+    @extend_schema(parameters=[OpenApiParameter("period", str, description="YYYY-MM")])
+    def get(self, request, slug):
+        customer = get_object_or_404(customers_visible_to(principal_of(request)), slug=slug)
+        period = request.query_params.get("period") or f"{timezone.now():%Y-%m}"
+        estimate = invoice_estimate(customer, period)
+        estimate["lines"] = InvoiceLineSerializer(estimate["lines"], many=True).data
+        for name in ("subtotal", "credits", "total"):
+            estimate[name] = str(estimate[name])  # as the invoices' amounts: exact decimals
+        return Response(estimate)

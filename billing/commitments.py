@@ -1,0 +1,43 @@
+"""What a reservation committed to over time: its MU/min, minute by minute, as amended.
+
+Amendments change a reservation in place and record `ReservationChange` rows with the old and
+new values, so the MU/min in force at any time is rebuilt from them: the first change's old
+value until it, then each new value from its `changed_at`. A commitment runs from `starts_at`
+until `ends_at`, or until `cancelled_at` if it was cancelled earlier.
+"""
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from capacity.models import Reservation
+
+
+@dataclass(frozen=True)
+class CommitmentSegment:
+    starts_at: datetime
+    ends_at: datetime
+    mu_per_minute: float
+
+
+def commitment_segments(
+    reservation: Reservation, changes: list, start: datetime, end: datetime
+) -> list[CommitmentSegment]:
+    """`changes`: the reservation's ReservationChange rows, oldest first."""
+    stop = reservation.ends_at or end
+    if reservation.cancelled_at is not None:
+        stop = min(stop, reservation.cancelled_at)
+    lo, hi = max(start, reservation.starts_at), min(end, stop)
+    if lo >= hi:
+        return []
+    # (from, MU/min) steps.
+    mu_changes = [c for c in changes if "mu_per_minute" in (c.changes or {})]
+    first = mu_changes[0].changes["mu_per_minute"][0] if mu_changes else reservation.mu_per_minute
+    steps = [(reservation.starts_at, float(first))]
+    steps += [(c.changed_at, float(c.changes["mu_per_minute"][1])) for c in mu_changes]
+    segments = []
+    for index, (step_start, mu) in enumerate(steps):
+        step_end = steps[index + 1][0] if index + 1 < len(steps) else hi
+        a, b = max(lo, step_start), min(hi, step_end)
+        if a < b and mu > 0:
+            segments.append(CommitmentSegment(a, b, mu))
+    return segments

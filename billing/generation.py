@@ -1,0 +1,397 @@
+"""Monthly invoices from reservations (commitment, prorated to the minute, per rate card in
+force), metered best-effort MU (per rate card in force) and SLA credits.
+
+Idempotent: a run replaces the period's draft invoices and never touches issued ones; issuing
+freezes an invoice (`invoice_issue`). Each customer's invoices are rebuilt in one transaction
+under a per-customer advisory lock, so concurrent runs never interleave.
+"""
+
+from __future__ import annotations
+
+import calendar
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import F, Sum
+from django.utils import timezone
+
+from accounts.models import Customer
+from billing.commitments import commitment_segments
+from billing.models import Invoice, InvoiceLine, RateCard
+from billing.money import money
+from billing.rates import cards_by_model, rate_segments
+from capacity.models import Reservation, ReservationChange, UsageMinute
+from controlplane.errors import ConflictError, DomainError
+
+ADVISORY_LOCK_BASE = 0x4249_4C4C  # "BILL"
+MINUTE = timedelta(minutes=1)
+
+
+@dataclass
+class GenerationResult:
+    period: str
+    drafts: int = 0
+    skipped_issued: int = 0
+    unpriced: list[str] = field(default_factory=list)  # what had no rate card
+
+
+def period_bounds(period: str | date) -> tuple[date, datetime, datetime]:
+    """'2026-11' (or a date in the month) -> (first day, start, end) in UTC."""
+    if isinstance(period, str):
+        try:
+            year, month = (int(part) for part in period.split("-"))
+            first = date(year, month, 1)
+        except (ValueError, TypeError):
+            raise DomainError(f"'{period}' is not a month: use YYYY-MM.", field="period") from None
+    else:
+        first = period.replace(day=1)
+    days = calendar.monthrange(first.year, first.month)[1]
+    start = datetime(first.year, first.month, 1, tzinfo=UTC)
+    return first, start, start + timedelta(days=days)
+
+
+def _whole_minutes(start: datetime, end: datetime) -> int:
+    return int((end - start).total_seconds() // 60)
+
+
+def build_lines(period: str | date, *, customers=None):
+    """(first day, {customer id: [unsaved InvoiceLine]}, result) for the period: what its
+    invoices hold, computed in a fixed number of queries whatever the number of customers."""
+    first, start, end = period_bounds(period)
+    result = GenerationResult(period=f"{first:%Y-%m}")
+    reservations = defaultdict(list)
+    for reservation in (
+        Reservation.objects.filter(starts_at__lt=end)
+        .exclude(ends_at__lte=start)
+        .exclude(cancelled_at__lte=start)
+    ):
+        reservations[reservation.customer_id].append(reservation)
+    changes = defaultdict(list)
+    for change in ReservationChange.objects.filter(
+        reservation_id__in=[r.pk for rs in reservations.values() for r in rs]
+    ).order_by("changed_at"):
+        changes[change.reservation_id].append(change)
+    used = (
+        UsageMinute.objects.filter(minute__gte=start, minute__lt=end)
+        .values_list("customer_id", "served_model_id")
+        .distinct()
+    )
+    late = _late_usage(first)
+    customer_ids = set(reservations) | {c for c, _ in used} | set(late)
+    if customers is not None:
+        customer_ids &= {c.pk for c in customers}
+    model_ids = {r.served_model_id for rs in reservations.values() for r in rs}
+    model_ids |= {m for _, m in used}
+    cards = cards_by_model(model_ids)
+    segments = {m: rate_segments(cards.get(m, []), start, end) for m in model_ids}
+    best_effort = _best_effort_mu(segments)
+    credits = _credit_minutes(start, end)
+    lines_by_customer = {}
+    for customer_id in sorted(customer_ids):
+        own = reservations[customer_id]
+        lines = _commitment_lines(own, changes, segments, start, end, result)
+        lines += _best_effort_lines(customer_id, best_effort, segments)
+        lines += _credit_lines(customer_id, credits, own, changes, segments)
+        lines += late.get(customer_id, [])
+        lines_by_customer[customer_id] = lines
+    return first, lines_by_customer, result
+
+
+def generate_invoices(period: str | date, *, customers=None) -> GenerationResult:
+    first, lines_by_customer, result = build_lines(period, customers=customers)
+    issued = set(
+        Invoice.objects.filter(period_start=first, status=Invoice.Status.ISSUED).values_list(
+            "customer_id", flat=True
+        )
+    )
+    now = timezone.now()
+    for customer in Customer.objects.filter(pk__in=list(lines_by_customer)).order_by("pk"):
+        if customer.pk in issued:
+            result.skipped_issued += 1
+            continue
+        result.drafts += _replace_drafts(customer, first, lines_by_customer[customer.pk], now)
+    return result
+
+
+def invoice_estimate(customer: Customer, period: str | date) -> dict:
+    """What the customer's invoice for the period would hold now (not stored): the live
+    month-to-date estimate."""
+    first, lines_by_customer, _ = build_lines(period, customers=[customer])
+    lines = lines_by_customer.get(customer.pk, [])
+    amounts = [line.amount for line in lines]
+    subtotal = sum((a for a in amounts if a > 0), Decimal(0))
+    credits = -sum((a for a in amounts if a < 0), Decimal(0))
+    return {
+        "customer": customer.slug,
+        "period": f"{first:%Y-%m}",
+        "subtotal": subtotal,
+        "credits": credits,
+        "total": max(Decimal(0), subtotal - credits),
+        "lines": lines,
+    }
+
+
+def _commitment_lines(reservations, changes, segments, start, end, result) -> list[InvoiceLine]:
+    lines = []
+    for reservation in reservations:
+        model_segments = segments.get(reservation.served_model_id, [])
+        for part in commitment_segments(reservation, changes[reservation.pk], start, end):
+            priced = False
+            for rate in model_segments:
+                lo, hi = max(part.starts_at, rate.starts_at), min(part.ends_at, rate.ends_at)
+                minutes = _whole_minutes(lo, hi) if lo < hi else 0
+                if minutes <= 0:
+                    continue
+                priced = True
+                # MU/min reserved for so many hours, prorated to the minute.
+                quantity = Decimal(str(part.mu_per_minute)) * Decimal(minutes) / Decimal(60)
+                price = rate.card.reserved_price_per_mu_minute_hour
+                lines.append(
+                    InvoiceLine(
+                        kind=InvoiceLine.Kind.COMMITMENT,
+                        served_model_id=reservation.served_model_id,
+                        reservation=reservation,
+                        rate_card=rate.card,
+                        description=(
+                            f"Reservation #{reservation.pk}: {part.mu_per_minute:g} MU/min, "
+                            f"{minutes} min"
+                        ),
+                        starts_at=lo,
+                        ends_at=hi,
+                        quantity=quantity,
+                        unit="MU/min·hour",
+                        unit_price=price,
+                        amount=money(quantity * price),
+                        evidence={"mu_per_minute": part.mu_per_minute, "minutes": minutes},
+                    )
+                )
+            if not priced:
+                result.unpriced.append(
+                    f"reservation #{reservation.pk}: no rate card for its model in the period"
+                )
+    return lines
+
+
+def _best_effort_mu(segments) -> dict[tuple[int, int, int], float]:
+    """(customer, model, rate card) -> MU used outside guaranteed admission."""
+    totals: dict[tuple[int, int, int], float] = {}
+    for model_id, model_segments in segments.items():
+        for rate in model_segments:
+            rows = (
+                UsageMinute.objects.filter(
+                    served_model_id=model_id, minute__gte=rate.starts_at, minute__lt=rate.ends_at
+                )
+                .values("customer_id")
+                .annotate(mu=Sum(F("mu") - F("guaranteed_mu")))
+            )
+            for row in rows:
+                if row["mu"] and row["mu"] > 0:
+                    totals[(row["customer_id"], model_id, rate.card.pk)] = row["mu"]
+    return totals
+
+
+def _late_usage(first: date) -> dict[int, list[InvoiceLine]]:
+    """Adjustment lines for best-effort usage that arrived after the previous month's invoice
+    was issued: what the rollups hold for that month now, less what the issued invoice billed,
+    per model and rate card. Usage later than USAGE_LATENESS_WINDOW_HOURS (72 h) is refused at
+    ingestion, so the previous month is the only one that can still change."""
+    previous, start, end = period_bounds(first - timedelta(days=1))
+    issued = {
+        invoice.customer_id: invoice
+        for invoice in Invoice.objects.filter(
+            period_start=previous, status=Invoice.Status.ISSUED
+        ).prefetch_related("lines")
+    }
+    if not issued:
+        return {}
+    model_ids = set(
+        UsageMinute.objects.filter(
+            minute__gte=start, minute__lt=end, customer_id__in=list(issued)
+        ).values_list("served_model_id", flat=True)
+    )
+    cards = cards_by_model(model_ids)
+    segments = {m: rate_segments(cards.get(m, []), start, end) for m in model_ids}
+    by_card = {r.card.pk: r.card for s in segments.values() for r in s}
+    now_mu = _best_effort_mu(segments)
+    adjustments: dict[int, list[InvoiceLine]] = defaultdict(list)
+    for customer_id, invoice in issued.items():
+        billed: dict[tuple[int, int], float] = defaultdict(float)
+        for line in invoice.lines.all():
+            if line.kind == InvoiceLine.Kind.BEST_EFFORT:
+                billed[(line.served_model_id, line.rate_card_id)] += line.evidence.get("mu", 0.0)
+        keys = {(m, c) for (cust, m, c) in now_mu if cust == customer_id} | set(billed)
+        for model_id, card_id in sorted(keys):
+            delta = now_mu.get((customer_id, model_id, card_id), 0.0) - billed[(model_id, card_id)]
+            if abs(delta) < 1e-6 or card_id not in by_card:
+                continue
+            card = by_card[card_id]
+            quantity = Decimal(str(delta)) / Decimal(1000)
+            adjustments[customer_id].append(
+                InvoiceLine(
+                    kind=InvoiceLine.Kind.ADJUSTMENT,
+                    served_model_id=model_id,
+                    rate_card=card,
+                    description=f"Late best-effort usage for {previous:%Y-%m}: {delta:,.3f} MU",
+                    quantity=quantity,
+                    unit="1,000 MU",
+                    unit_price=card.best_effort_price_per_1000_mu,
+                    amount=money(quantity * card.best_effort_price_per_1000_mu),
+                    evidence={"period": f"{previous:%Y-%m}", "mu": delta, "invoice": invoice.pk},
+                )
+            )
+    return adjustments
+
+
+def _best_effort_lines(customer_id, best_effort, segments) -> list[InvoiceLine]:
+    cards = {r.card.pk: r for s in segments.values() for r in s}
+    lines = []
+    for (customer, model_id, card_id), mu in sorted(best_effort.items()):
+        if customer != customer_id:
+            continue
+        rate = cards[card_id]
+        quantity = Decimal(str(mu)) / Decimal(1000)
+        price = rate.card.best_effort_price_per_1000_mu
+        lines.append(
+            InvoiceLine(
+                kind=InvoiceLine.Kind.BEST_EFFORT,
+                served_model_id=model_id,
+                rate_card=rate.card,
+                description=f"Best-effort usage: {mu:,.3f} MU",
+                starts_at=rate.starts_at,
+                ends_at=rate.ends_at,
+                quantity=quantity,
+                unit="1,000 MU",
+                unit_price=price,
+                amount=money(quantity * price),
+                evidence={"mu": mu},
+            )
+        )
+    return lines
+
+
+def _credit_minutes(start, end) -> dict[int, list]:
+    minutes = defaultdict(list)
+    for row in UsageMinute.objects.filter(
+        minute__gte=start, minute__lt=end, guaranteed_refused_requests__gt=0
+    ).values(
+        "customer_id", "served_model_id", "minute", "guaranteed_mu", "guaranteed_refused_requests"
+    ):
+        minutes[row["customer_id"]].append(row)
+    return minutes
+
+
+def _credit_lines(customer_id, credits, reservations, changes, segments) -> list[InvoiceLine]:
+    """A credit for every minute a guaranteed request was refused while the customer used
+    less than its reservation: `BILLING_SLA_CREDIT_SHARE` of that minute's commitment."""
+    share = Decimal(str(settings.BILLING_SLA_CREDIT_SHARE))
+    by_model: dict[int, list] = defaultdict(list)
+    for row in credits.get(customer_id, []):
+        minute = row["minute"]
+        reserved = sum(
+            part.mu_per_minute
+            for r in reservations
+            if r.served_model_id == row["served_model_id"]
+            for part in commitment_segments(r, changes[r.pk], minute, minute + MINUTE)
+        )
+        if reserved <= 0 or row["guaranteed_mu"] >= reserved:
+            continue
+        rate = next(
+            (
+                s
+                for s in segments.get(row["served_model_id"], [])
+                if s.starts_at <= minute < s.ends_at
+            ),
+            None,
+        )
+        if rate is None:
+            continue
+        by_model[row["served_model_id"]].append((row, reserved, rate.card))
+    lines = []
+    for model_id, rows in sorted(by_model.items()):
+        value = sum(
+            Decimal(str(reserved)) * card.reserved_price_per_mu_minute_hour / Decimal(60) * share
+            for _, reserved, card in rows
+        )
+        lines.append(
+            InvoiceLine(
+                kind=InvoiceLine.Kind.CREDIT,
+                served_model_id=model_id,
+                description=f"SLA credit: {len(rows)} minute(s) with guaranteed requests refused "
+                "below the reservation",
+                quantity=Decimal(len(rows)),
+                unit="minute",
+                unit_price=Decimal(0),
+                amount=-money(value),
+                evidence={
+                    "share": str(share),
+                    "minutes": [
+                        {
+                            "minute": row["minute"].isoformat(),
+                            "reserved_mu_per_minute": reserved,
+                            "guaranteed_mu_used": row["guaranteed_mu"],
+                            "guaranteed_refused": row["guaranteed_refused_requests"],
+                        }
+                        for row, reserved, _ in rows
+                    ],
+                },
+            )
+        )
+    return lines
+
+
+def _replace_drafts(customer, first: date, lines: list[InvoiceLine], now) -> int:
+    """Swap the customer's draft(s) for the period for new ones; returns how many it made."""
+    by_currency: dict[str, list[InvoiceLine]] = defaultdict(list)
+    for line in lines:
+        currency = line.rate_card.currency if line.rate_card else settings.BILLING_CURRENCY
+        by_currency[currency].append(line)
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT pg_advisory_xact_lock(%s, %s)", [ADVISORY_LOCK_BASE, customer.pk]
+                )
+        Invoice.objects.filter(
+            customer=customer, period_start=first, status=Invoice.Status.DRAFT
+        ).delete()
+        if Invoice.objects.filter(
+            customer=customer, period_start=first, status=Invoice.Status.ISSUED
+        ).exists():
+            return 0  # issued meanwhile: never touched
+        made = 0
+        for currency, currency_lines in sorted(by_currency.items()):
+            amounts = [line.amount for line in currency_lines]
+            subtotal = sum((a for a in amounts if a > 0), Decimal(0))
+            credits = -sum((a for a in amounts if a < 0), Decimal(0))
+            invoice = Invoice.objects.create(
+                customer=customer,
+                period_start=first,
+                currency=currency,
+                subtotal=subtotal,
+                credits=credits,
+                total=max(Decimal(0), subtotal - credits),
+                generated_at=now,
+            )
+            for line in currency_lines:
+                line.invoice = invoice
+            InvoiceLine.objects.bulk_create(currency_lines)
+            made += 1
+        return made
+
+
+@transaction.atomic
+def invoice_issue(invoice: Invoice) -> Invoice:
+    invoice = Invoice.objects.select_for_update().get(pk=invoice.pk)
+    if invoice.status != Invoice.Status.DRAFT:
+        raise ConflictError(f"Only a draft can be issued; this invoice is {invoice.status}.")
+    invoice.status = Invoice.Status.ISSUED
+    invoice.issued_at = timezone.now()
+    invoice.save(update_fields=["status", "issued_at"])
+    return invoice
+
+
+__all__ = ["generate_invoices", "invoice_issue", "period_bounds", "RateCard"]

@@ -1,0 +1,113 @@
+"""Rate cards (versioned prices per served model) and invoices with their lines.
+
+Money is `Decimal`. Rounding is stated once (`billing.money`): every line's amount is rounded
+to the currency's cents, half up, when the line is made; totals are sums of rounded lines.
+"""
+
+from decimal import Decimal
+
+from django.core.validators import MinValueValidator
+from django.db import models
+from django.db.models import Q
+
+from accounts.models import Customer
+from capacity.models import Reservation, ServedModel
+
+ZERO = Decimal("0")
+
+
+class RateCard(models.Model):
+    """The prices of one served model from `effective_from` until the next version's date.
+
+    A version that an issued invoice has used is never edited: a new version takes effect at
+    its own date (billing.rates.rate_card_create)."""
+
+    served_model = models.ForeignKey(ServedModel, on_delete=models.PROTECT, related_name="+")
+    effective_from = models.DateTimeField()
+    currency = models.CharField(max_length=3, default="USD")
+    reserved_price_per_mu_minute_hour = models.DecimalField(
+        max_digits=14,
+        decimal_places=6,
+        validators=[MinValueValidator(ZERO)],
+        help_text="Price of 1 MU/min reserved for one hour.",
+    )
+    best_effort_price_per_1000_mu = models.DecimalField(
+        max_digits=14, decimal_places=6, validators=[MinValueValidator(ZERO)]
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["served_model__name", "effective_from"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["served_model", "effective_from"], name="rate_card_one_per_date"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.served_model} from {self.effective_from:%Y-%m-%d %H:%M}"
+
+
+class Invoice(models.Model):
+    class Status(models.TextChoices):
+        DRAFT = "draft", "Draft"
+        ISSUED = "issued", "Issued"
+        VOID = "void", "Void"
+
+    customer = models.ForeignKey(Customer, on_delete=models.PROTECT, related_name="invoices")
+    period_start = models.DateField(help_text="The first day of the month billed.")
+    status = models.CharField(max_length=6, choices=Status.choices, default=Status.DRAFT)
+    currency = models.CharField(max_length=3)
+    subtotal = models.DecimalField(max_digits=16, decimal_places=2, default=ZERO)
+    credits = models.DecimalField(max_digits=16, decimal_places=2, default=ZERO)
+    total = models.DecimalField(max_digits=16, decimal_places=2, default=ZERO)
+    generated_at = models.DateTimeField()
+    issued_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-period_start", "customer__slug"]
+        constraints = [
+            # One live invoice per customer, month and currency; void ones are kept beside it.
+            models.UniqueConstraint(
+                fields=["customer", "period_start", "currency"],
+                condition=~Q(status="void"),
+                name="invoice_one_live_per_period",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.customer} {self.period_start:%Y-%m} ({self.status})"
+
+
+class InvoiceLine(models.Model):
+    class Kind(models.TextChoices):
+        COMMITMENT = "commitment", "Commitment"
+        BEST_EFFORT = "best_effort", "Best-effort usage"
+        CREDIT = "credit", "SLA credit"
+        ADJUSTMENT = "adjustment", "Adjustment"
+
+    invoice = models.ForeignKey(Invoice, on_delete=models.CASCADE, related_name="lines")
+    kind = models.CharField(max_length=11, choices=Kind.choices)
+    served_model = models.ForeignKey(
+        ServedModel, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    reservation = models.ForeignKey(
+        Reservation, on_delete=models.PROTECT, null=True, blank=True, related_name="+"
+    )
+    rate_card = models.ForeignKey(
+        RateCard, on_delete=models.PROTECT, null=True, blank=True, related_name="lines"
+    )
+    description = models.CharField(max_length=300)
+    starts_at = models.DateTimeField(null=True, blank=True)
+    ends_at = models.DateTimeField(null=True, blank=True)
+    quantity = models.DecimalField(max_digits=20, decimal_places=6)
+    unit = models.CharField(max_length=40)
+    unit_price = models.DecimalField(max_digits=14, decimal_places=6)
+    amount = models.DecimalField(max_digits=16, decimal_places=2)
+    evidence = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["invoice", "kind", "pk"]
+
+    def __str__(self) -> str:
+        return f"{self.invoice}: {self.description}"

@@ -1,0 +1,82 @@
+"""Rate cards: which version prices a model when, and versioning instead of editing."""
+
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+
+from django.db import transaction
+
+from billing.models import InvoiceLine, RateCard
+from capacity.models import ServedModel
+from controlplane.errors import ConflictError, DomainError
+
+
+@dataclass(frozen=True)
+class RateSegment:
+    starts_at: datetime
+    ends_at: datetime
+    card: RateCard
+
+
+def rate_segments(cards: list[RateCard], start: datetime, end: datetime) -> list[RateSegment]:
+    """The parts of [start, end) each card prices; `cards` are one model's, by effective_from.
+    Time before the first card is unpriced and left out."""
+    segments = []
+    for index, card in enumerate(cards):
+        card_end = cards[index + 1].effective_from if index + 1 < len(cards) else end
+        lo, hi = max(start, card.effective_from), min(end, card_end)
+        if lo < hi:
+            segments.append(RateSegment(lo, hi, card))
+    return segments
+
+
+def cards_by_model(model_ids) -> dict[int, list[RateCard]]:
+    cards: dict[int, list[RateCard]] = {}
+    for card in RateCard.objects.filter(served_model_id__in=model_ids).order_by("effective_from"):
+        cards.setdefault(card.served_model_id, []).append(card)
+    return cards
+
+
+def rate_card_create(
+    *,
+    served_model: ServedModel,
+    effective_from: datetime,
+    reserved_price_per_mu_minute_hour: Decimal,
+    best_effort_price_per_1000_mu: Decimal,
+    currency: str = "USD",
+) -> RateCard:
+    if RateCard.objects.filter(served_model=served_model, effective_from=effective_from).exists():
+        raise ConflictError(
+            "A rate card for this model already takes effect at that time.",
+            field="effective_from",
+        )
+    if reserved_price_per_mu_minute_hour < 0 or best_effort_price_per_1000_mu < 0:
+        raise DomainError("Prices cannot be negative.", field="reserved_price_per_mu_minute_hour")
+    return RateCard.objects.create(
+        served_model=served_model,
+        effective_from=effective_from,
+        currency=currency.upper(),
+        reserved_price_per_mu_minute_hour=reserved_price_per_mu_minute_hour,
+        best_effort_price_per_1000_mu=best_effort_price_per_1000_mu,
+    )
+
+
+def rate_card_used(card: RateCard) -> bool:
+    """Whether an issued invoice has priced with this card."""
+    return InvoiceLine.objects.filter(rate_card=card, invoice__status="issued").exists()
+
+
+@transaction.atomic
+def rate_card_update(card: RateCard, **prices) -> RateCard:
+    """Change an unused card's prices; a used one is refused (publish a new version)."""
+    card = RateCard.objects.select_for_update().get(pk=card.pk)
+    if rate_card_used(card):
+        raise ConflictError(
+            "This rate card has priced an issued invoice and cannot change; create a new "
+            "version that takes effect at a later date.",
+            field="effective_from",
+        )
+    for name, value in prices.items():
+        setattr(card, name, value)
+    card.save()
+    return card

@@ -1,0 +1,17 @@
+"""Thin Celery adapters for the billing app."""
+
+from datetime import timedelta
+
+from celery import shared_task
+from django.utils import timezone
+
+from billing.generation import generate_invoices
+
+
+@shared_task(name="billing.generate_last_month")
+def generate_last_month() -> dict:
+    """The previous month's drafts (run on the 1st; re-running replaces drafts only)."""
+    first_of_this_month = timezone.now().date().replace(day=1)
+    last_month = (first_of_this_month - timedelta(days=1)).replace(day=1)
+    result = generate_invoices(last_month)
+    return {"period": result.period, "drafts": result.drafts, "skipped": result.skipped_issued}

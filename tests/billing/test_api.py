@@ -1,0 +1,81 @@
+"""Invoices over the API: each customer sees its own, exports, the live estimate, issuing."""
+
+import csv
+import io
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import pytest
+
+from billing.generation import generate_invoices
+from billing.models import Invoice
+from billing.rates import rate_card_create
+from capacity.models import Reservation
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def invoices(served_model, acme, globex):
+    rate_card_create(
+        served_model=served_model,
+        effective_from=datetime(2026, 10, 1, tzinfo=UTC),
+        reserved_price_per_mu_minute_hour=Decimal("0.10"),
+        best_effort_price_per_1000_mu=Decimal("2.00"),
+    )
+    for customer, mu in ((acme, 100), (globex, 50)):
+        Reservation.objects.create(
+            customer=customer,
+            served_model=served_model,
+            mu_per_minute=mu,
+            starts_at=datetime(2026, 11, 16, tzinfo=UTC),
+            status="active",
+        )
+    generate_invoices("2026-11")
+    return {i.customer.slug: i for i in Invoice.objects.select_related("customer")}
+
+
+def test_a_customer_sees_only_its_own_invoices(invoices, acme_key_client):
+    listed = acme_key_client.get("/api/v1/invoices/").json()["results"]
+    assert [(row["customer"], row["total"]) for row in listed] == [("acme", "3600.00")]
+    assert acme_key_client.get(f"/api/v1/invoices/{invoices['globex'].pk}/").status_code == 404
+    assert acme_key_client.get(f"/api/v1/invoices/{invoices['globex'].pk}/csv/").status_code == 404
+    estimate = acme_key_client.get("/api/v1/customers/globex/billing/estimate?period=2026-11")
+    assert estimate.status_code == 404
+
+
+def test_the_detail_is_the_json_export_and_the_csv_holds_the_same_lines(invoices, acme_key_client):
+    detail = acme_key_client.get(f"/api/v1/invoices/{invoices['acme'].pk}/").json()
+    assert detail["period"] == "2026-11"
+    assert [(line["kind"], line["amount"]) for line in detail["lines"]] == [
+        ("commitment", "3600.00")
+    ]
+    response = acme_key_client.get(f"/api/v1/invoices/{invoices['acme'].pk}/csv/")
+    assert response["Content-Type"] == "text/csv"
+    rows = list(csv.DictReader(io.StringIO(response.content.decode())))
+    assert [(row["kind"], row["model"], row["amount"]) for row in rows] == [
+        ("commitment", "llama-8b", "3600.00")
+    ]
+
+
+def test_the_estimate_matches_the_invoice_without_storing_anything(invoices, acme_key_client):
+    before = Invoice.objects.count()
+    estimate = acme_key_client.get("/api/v1/customers/acme/billing/estimate?period=2026-11")
+    assert estimate.status_code == 200
+    assert estimate.json()["total"] == "3600.00"
+    assert Invoice.objects.count() == before
+    bad = acme_key_client.get("/api/v1/customers/acme/billing/estimate?period=soon")
+    assert bad.status_code == 400
+    assert "period" in bad.json()["error"]["fields"]
+
+
+def test_planners_issue_and_customers_cannot(invoices, acme_key_client, planner_client):
+    url = f"/api/v1/invoices/{invoices['acme'].pk}/issue/"
+    assert acme_key_client.post(url).status_code == 403
+    issued = planner_client.post(url)
+    assert issued.status_code == 200
+    assert issued.json()["status"] == "issued"
+    again = planner_client.post(url)
+    assert again.status_code == 409
+    listed = planner_client.get("/api/v1/invoices/?period=2026-11&status=issued").json()
+    assert [row["customer"] for row in listed["results"]] == ["acme"]
