@@ -1,12 +1,13 @@
 from django.urls import path
 from rest_framework.routers import SimpleRouter
 
-from billing.api.views import EstimateView, InvoiceViewSet
+from billing.api.views import EstimateView, InvoiceViewSet, MarginView
 
 router = SimpleRouter()
 router.register("invoices", InvoiceViewSet, basename="invoice")
 
 urlpatterns = [
     path("customers/<slug:slug>/billing/estimate", EstimateView.as_view(), name="billing-estimate"),
+    path("billing/margin", MarginView.as_view(), name="billing-margin"),
     *router.urls,
 ]

@@ -19,6 +19,7 @@ from rest_framework.views import APIView
 from accounts.principals import principal_of
 from accounts.selectors import customers_visible_to
 from billing.generation import invoice_estimate, invoice_issue, period_bounds
+from billing.margin import model_margins
 from billing.models import Invoice, InvoiceLine
 
 LINE_FIELDS = [
@@ -150,3 +151,15 @@ class EstimateView(APIView):
         for name in ("subtotal", "credits", "total"):
             estimate[name] = str(estimate[name])  # as the invoices' amounts: exact decimals
         return Response(estimate)
+
+
+class MarginView(APIView):
+    """Planners: revenue per model for a month beside its GPU cost (GPU-hours from the
+    allocation decisions × the GPU type's hourly cost)."""
+
+    @extend_schema(parameters=[OpenApiParameter("period", str, description="YYYY-MM")])
+    def get(self, request):
+        if not principal_of(request).is_planner:
+            raise PermissionDenied("Margins are for planners.")
+        period = request.query_params.get("period") or f"{timezone.now():%Y-%m}"
+        return Response(model_margins(period))
