@@ -28,7 +28,6 @@ from capacity.models import Reservation, ReservationChange, UsageMinute
 from controlplane.errors import ConflictError, DomainError
 
 ADVISORY_LOCK_BASE = 0x4249_4C4C  # "BILL"
-MINUTE = timedelta(minutes=1)
 
 
 @dataclass
@@ -95,7 +94,7 @@ def build_lines(period: str | date, *, customers=None):
         own = reservations[customer_id]
         lines = _commitment_lines(own, changes, segments, start, end, result)
         lines += _best_effort_lines(customer_id, best_effort, segments)
-        lines += _credit_lines(customer_id, credits, own, changes, segments)
+        lines += _credit_lines(customer_id, credits, own, changes, segments, start, end)
         lines += late.get(customer_id, [])
         lines_by_customer[customer_id] = lines
     return first, lines_by_customer, result
@@ -103,17 +102,7 @@ def build_lines(period: str | date, *, customers=None):
 
 def generate_invoices(period: str | date, *, customers=None) -> GenerationResult:
     first, lines_by_customer, result = build_lines(period, customers=customers)
-    issued = set(
-        Invoice.objects.filter(period_start=first, status=Invoice.Status.ISSUED).values_list(
-            "customer_id", flat=True
-        )
-    )
-    now = timezone.now()
-    for customer in Customer.objects.filter(pk__in=list(lines_by_customer)).order_by("pk"):
-        if customer.pk in issued:
-            result.skipped_issued += 1
-            continue
-        result.drafts += _replace_drafts(customer, first, lines_by_customer[customer.pk], now)
+    _store_drafts(first, lines_by_customer, result)
     return result
 
 
@@ -176,9 +165,9 @@ def _commitment_lines(reservations, changes, segments, start, end, result) -> li
     return lines
 
 
-def _best_effort_mu(segments) -> dict[tuple[int, int, int], float]:
-    """(customer, model, rate card) -> MU used outside guaranteed admission."""
-    totals: dict[tuple[int, int, int], float] = {}
+def _best_effort_mu(segments) -> dict[int, dict[tuple[int, int], float]]:
+    """customer -> (model, rate card) -> MU used outside guaranteed admission."""
+    totals: dict[int, dict[tuple[int, int], float]] = defaultdict(dict)
     for model_id, model_segments in segments.items():
         for rate in model_segments:
             rows = (
@@ -190,7 +179,7 @@ def _best_effort_mu(segments) -> dict[tuple[int, int, int], float]:
             )
             for row in rows:
                 if row["mu"] and row["mu"] > 0:
-                    totals[(row["customer_id"], model_id, rate.card.pk)] = row["mu"]
+                    totals[row["customer_id"]][(model_id, rate.card.pk)] = row["mu"]
     return totals
 
 
@@ -223,9 +212,9 @@ def _late_usage(first: date) -> dict[int, list[InvoiceLine]]:
         for line in invoice.lines.all():
             if line.kind == InvoiceLine.Kind.BEST_EFFORT:
                 billed[(line.served_model_id, line.rate_card_id)] += line.evidence.get("mu", 0.0)
-        keys = {(m, c) for (cust, m, c) in now_mu if cust == customer_id} | set(billed)
-        for model_id, card_id in sorted(keys):
-            delta = now_mu.get((customer_id, model_id, card_id), 0.0) - billed[(model_id, card_id)]
+        current = now_mu.get(customer_id, {})
+        for model_id, card_id in sorted(set(current) | set(billed)):
+            delta = current.get((model_id, card_id), 0.0) - billed[(model_id, card_id)]
             if abs(delta) < 1e-6 or card_id not in by_card:
                 continue
             card = by_card[card_id]
@@ -249,9 +238,7 @@ def _late_usage(first: date) -> dict[int, list[InvoiceLine]]:
 def _best_effort_lines(customer_id, best_effort, segments) -> list[InvoiceLine]:
     cards = {r.card.pk: r for s in segments.values() for r in s}
     lines = []
-    for (customer, model_id, card_id), mu in sorted(best_effort.items()):
-        if customer != customer_id:
-            continue
+    for (model_id, card_id), mu in sorted(best_effort.get(customer_id, {}).items()):
         rate = cards[card_id]
         quantity = Decimal(str(mu)) / Decimal(1000)
         price = rate.card.best_effort_price_per_1000_mu
@@ -275,8 +262,13 @@ def _best_effort_lines(customer_id, best_effort, segments) -> list[InvoiceLine]:
 
 def _credit_minutes(start, end) -> dict[int, list]:
     minutes = defaultdict(list)
+    # Only customers with a reservation can earn a credit.
+    reserved = Reservation.objects.filter(starts_at__lt=end).values("customer_id")
     for row in UsageMinute.objects.filter(
-        minute__gte=start, minute__lt=end, guaranteed_refused_requests__gt=0
+        minute__gte=start,
+        minute__lt=end,
+        guaranteed_refused_requests__gt=0,
+        customer_id__in=reserved,
     ).values(
         "customer_id", "served_model_id", "minute", "guaranteed_mu", "guaranteed_refused_requests"
     ):
@@ -284,18 +276,26 @@ def _credit_minutes(start, end) -> dict[int, list]:
     return minutes
 
 
-def _credit_lines(customer_id, credits, reservations, changes, segments) -> list[InvoiceLine]:
+def _credit_lines(
+    customer_id, credits, reservations, changes, segments, start, end
+) -> list[InvoiceLine]:
     """A credit for every minute a guaranteed request was refused while the customer used
     less than its reservation: `BILLING_SLA_CREDIT_SHARE` of that minute's commitment."""
+    rows = credits.get(customer_id, [])
+    if not rows or not reservations:
+        return []
     share = Decimal(str(settings.BILLING_SLA_CREDIT_SHARE))
+    # Each reservation's commitment over the period, once, rather than once per minute.
+    committed: dict[int, list] = defaultdict(list)
+    for r in reservations:
+        committed[r.served_model_id] += commitment_segments(r, changes[r.pk], start, end)
     by_model: dict[int, list] = defaultdict(list)
-    for row in credits.get(customer_id, []):
+    for row in rows:
         minute = row["minute"]
         reserved = sum(
             part.mu_per_minute
-            for r in reservations
-            if r.served_model_id == row["served_model_id"]
-            for part in commitment_segments(r, changes[r.pk], minute, minute + MINUTE)
+            for part in committed.get(row["served_model_id"], ())
+            if part.starts_at <= minute < part.ends_at
         )
         if reserved <= 0 or row["guaranteed_mu"] >= reserved:
             continue
@@ -343,44 +343,59 @@ def _credit_lines(customer_id, credits, reservations, changes, segments) -> list
     return lines
 
 
-def _replace_drafts(customer, first: date, lines: list[InvoiceLine], now) -> int:
-    """Swap the customer's draft(s) for the period for new ones; returns how many it made."""
-    by_currency: dict[str, list[InvoiceLine]] = defaultdict(list)
-    for line in lines:
-        currency = line.rate_card.currency if line.rate_card else settings.BILLING_CURRENCY
-        by_currency[currency].append(line)
+def _store_drafts(first: date, lines_by_customer: dict, result: GenerationResult) -> None:
+    """Replace the period's drafts of these customers in one transaction, under a lock per
+    period so that concurrent runs never interleave; customers with an issued invoice for the
+    period are left exactly as they are."""
+    now = timezone.now()
     with transaction.atomic():
         if connection.vendor == "postgresql":
             with connection.cursor() as cursor:
                 cursor.execute(
-                    "SELECT pg_advisory_xact_lock(%s, %s)", [ADVISORY_LOCK_BASE, customer.pk]
+                    "SELECT pg_advisory_xact_lock(%s, %s)",
+                    [ADVISORY_LOCK_BASE, first.year * 12 + first.month],
                 )
-        Invoice.objects.filter(
-            customer=customer, period_start=first, status=Invoice.Status.DRAFT
-        ).delete()
-        if Invoice.objects.filter(
-            customer=customer, period_start=first, status=Invoice.Status.ISSUED
-        ).exists():
-            return 0  # issued meanwhile: never touched
-        made = 0
-        for currency, currency_lines in sorted(by_currency.items()):
-            amounts = [line.amount for line in currency_lines]
-            subtotal = sum((a for a in amounts if a > 0), Decimal(0))
-            credits = -sum((a for a in amounts if a < 0), Decimal(0))
-            invoice = Invoice.objects.create(
-                customer=customer,
+        issued = set(
+            Invoice.objects.filter(
                 period_start=first,
-                currency=currency,
-                subtotal=subtotal,
-                credits=credits,
-                total=max(Decimal(0), subtotal - credits),
-                generated_at=now,
-            )
+                status=Invoice.Status.ISSUED,
+                customer_id__in=list(lines_by_customer),
+            ).values_list("customer_id", flat=True)
+        )
+        result.skipped_issued = len(issued)
+        customer_ids = [c for c in lines_by_customer if c not in issued]
+        drafts = Invoice.objects.filter(
+            period_start=first, status=Invoice.Status.DRAFT, customer_id__in=customer_ids
+        )
+        InvoiceLine.objects.filter(invoice__in=drafts).delete()
+        drafts.delete()
+        invoices, lines = [], []
+        for customer_id in customer_ids:
+            by_currency: dict[str, list[InvoiceLine]] = defaultdict(list)
+            for line in lines_by_customer[customer_id]:
+                currency = line.rate_card.currency if line.rate_card else settings.BILLING_CURRENCY
+                by_currency[currency].append(line)
+            for currency, currency_lines in sorted(by_currency.items()):
+                amounts = [line.amount for line in currency_lines]
+                subtotal = sum((a for a in amounts if a > 0), Decimal(0))
+                credits = -sum((a for a in amounts if a < 0), Decimal(0))
+                invoice = Invoice(
+                    customer_id=customer_id,
+                    period_start=first,
+                    currency=currency,
+                    subtotal=subtotal,
+                    credits=credits,
+                    total=max(Decimal(0), subtotal - credits),
+                    generated_at=now,
+                )
+                invoices.append((invoice, currency_lines))
+        Invoice.objects.bulk_create([invoice for invoice, _ in invoices], batch_size=2000)
+        for invoice, currency_lines in invoices:
             for line in currency_lines:
                 line.invoice = invoice
-            InvoiceLine.objects.bulk_create(currency_lines)
-            made += 1
-        return made
+                lines.append(line)
+        InvoiceLine.objects.bulk_create(lines, batch_size=5000)
+        result.drafts = len(invoices)
 
 
 @transaction.atomic

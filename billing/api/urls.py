@@ -1,10 +1,11 @@
 from django.urls import path
 from rest_framework.routers import SimpleRouter
 
-from billing.api.views import EstimateView, InvoiceViewSet, MarginView
+from billing.api.views import EstimateView, InvoiceViewSet, MarginView, RateCardViewSet
 
 router = SimpleRouter()
 router.register("invoices", InvoiceViewSet, basename="invoice")
+router.register("rate-cards", RateCardViewSet, basename="rate-card")
 
 urlpatterns = [
     path("customers/<slug:slug>/billing/estimate", EstimateView.as_view(), name="billing-estimate"),

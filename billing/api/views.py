@@ -3,6 +3,7 @@ CSV and JSON exports."""
 
 import csv
 import io
+from decimal import Decimal
 
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404
@@ -12,7 +13,7 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, serializers, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied
-from rest_framework.permissions import BasePermission
+from rest_framework.permissions import SAFE_METHODS, BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -20,7 +21,9 @@ from accounts.principals import principal_of
 from accounts.selectors import customers_visible_to
 from billing.generation import invoice_estimate, invoice_issue, period_bounds
 from billing.margin import model_margins
-from billing.models import Invoice, InvoiceLine
+from billing.models import Invoice, InvoiceLine, RateCard
+from billing.rates import rate_card_create, rate_card_update
+from capacity.models import ServedModel
 
 LINE_FIELDS = [
     "kind",
@@ -163,3 +166,75 @@ class MarginView(APIView):
             raise PermissionDenied("Margins are for planners.")
         period = request.query_params.get("period") or f"{timezone.now():%Y-%m}"
         return Response(model_margins(period))
+
+
+class RateCardSerializer(serializers.ModelSerializer):
+    model = serializers.SlugRelatedField(
+        source="served_model", slug_field="name", queryset=ServedModel.objects.all()
+    )
+    reserved_price_per_mu_minute_hour = serializers.DecimalField(
+        max_digits=14, decimal_places=6, min_value=Decimal(0)
+    )
+    best_effort_price_per_1000_mu = serializers.DecimalField(
+        max_digits=14, decimal_places=6, min_value=Decimal(0)
+    )
+    currency = serializers.RegexField(r"^[A-Za-z]{3}$", required=False, default="USD")
+
+    class Meta:
+        model = RateCard
+        fields = [
+            "id",
+            "model",
+            "effective_from",
+            "currency",
+            "reserved_price_per_mu_minute_hour",
+            "best_effort_price_per_1000_mu",
+            "created_at",
+        ]
+        read_only_fields = ["id", "created_at"]
+        # A second card for the same model and date conflicts with what exists: the service
+        # answers 409, not a validation 400.
+        validators = []
+
+
+class RateCardPermission(BasePermission):
+    message = "Pricing needs a planner or a key with the catalog:write scope."
+
+    def has_permission(self, request, view) -> bool:
+        principal = principal_of(request)
+        if request.method in SAFE_METHODS:
+            return principal.has_scope("read")
+        return principal.is_planner or (
+            principal.is_service and principal.has_scope("catalog:write")
+        )
+
+
+class RateCardViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.UpdateModelMixin,
+    viewsets.GenericViewSet,
+):
+    """Prices per model, versioned by `effective_from`. A card an issued invoice has used
+    cannot change (409): publish a new version that takes effect later."""
+
+    serializer_class = RateCardSerializer
+    permission_classes = [RateCardPermission]
+    queryset = RateCard.objects.select_related("served_model").order_by(
+        "served_model__name", "effective_from"
+    )
+    filterset_fields = {"served_model__name": ["exact"]}
+
+    def perform_create(self, serializer):
+        data = serializer.validated_data
+        serializer.instance = rate_card_create(
+            served_model=data["served_model"],
+            effective_from=data["effective_from"],
+            reserved_price_per_mu_minute_hour=data["reserved_price_per_mu_minute_hour"],
+            best_effort_price_per_1000_mu=data["best_effort_price_per_1000_mu"],
+            currency=data.get("currency", "USD"),
+        )
+
+    def perform_update(self, serializer):
+        serializer.instance = rate_card_update(serializer.instance, **serializer.validated_data)

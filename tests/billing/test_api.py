@@ -79,3 +79,34 @@ def test_planners_issue_and_customers_cannot(invoices, acme_key_client, planner_
     assert again.status_code == 409
     listed = planner_client.get("/api/v1/invoices/?period=2026-11&status=issued").json()
     assert [row["customer"] for row in listed["results"]] == ["acme"]
+
+
+def test_rate_cards_are_versioned_over_the_api(invoices, planner_client, acme_key_client):
+    body = {
+        "model": "llama-8b",
+        "effective_from": "2026-12-01T00:00:00Z",
+        "reserved_price_per_mu_minute_hour": "0.09",
+        "best_effort_price_per_1000_mu": "1.80",
+    }
+    assert acme_key_client.post("/api/v1/rate-cards/", body, format="json").status_code == 403
+    created = planner_client.post("/api/v1/rate-cards/", body, format="json")
+    assert created.status_code == 201, created.json()
+    duplicate = planner_client.post("/api/v1/rate-cards/", body, format="json")
+    assert duplicate.status_code == 409
+    negative = planner_client.post(
+        "/api/v1/rate-cards/",
+        {**body, "effective_from": "2027-01-01T00:00:00Z", "best_effort_price_per_1000_mu": "-1"},
+        format="json",
+    )
+    assert negative.status_code == 400
+    assert "best_effort_price_per_1000_mu" in negative.json()["error"]["fields"]
+    # The October card priced November's invoices; once one is issued it cannot change.
+    old = planner_client.get("/api/v1/rate-cards/").json()["results"][0]
+    planner_client.post(f"/api/v1/invoices/{invoices['acme'].pk}/issue/")
+    refused = planner_client.patch(
+        f"/api/v1/rate-cards/{old['id']}/",
+        {"reserved_price_per_mu_minute_hour": "0.01"},
+        format="json",
+    )
+    assert refused.status_code == 409
+    assert acme_key_client.get("/api/v1/rate-cards/").status_code == 200
