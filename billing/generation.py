@@ -320,6 +320,8 @@ def _credit_lines(
             InvoiceLine(
                 kind=InvoiceLine.Kind.CREDIT,
                 served_model_id=model_id,
+                # The card of its first minute: the credit is in that card's currency.
+                rate_card=rows[0][2],
                 description=f"SLA credit: {len(rows)} minute(s) with guaranteed requests refused "
                 "below the reservation",
                 quantity=Decimal(len(rows)),
