@@ -110,3 +110,14 @@ def test_rate_cards_are_versioned_over_the_api(invoices, planner_client, acme_ke
     )
     assert refused.status_code == 409
     assert acme_key_client.get("/api/v1/rate-cards/").status_code == 200
+
+
+def test_a_bad_period_is_a_400_naming_it(invoices, planner_client):
+    for url in (
+        "/api/v1/invoices/?period=garbage",
+        "/api/v1/billing/margin?period=2026-13",
+        "/api/v1/customers/acme/billing/estimate?period=26",
+    ):
+        response = planner_client.get(url)
+        assert response.status_code == 400, url
+        assert "period" in response.json()["error"]["fields"], url
