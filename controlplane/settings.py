@@ -200,6 +200,13 @@ SPECTACULAR_SETTINGS = {
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
     "SECURITY": [{"BearerApiKey": []}],
+    # Several models have a `status` field with their own choices: name each enum after its model.
+    "ENUM_NAME_OVERRIDES": {
+        "CostModelStatusEnum": "capacity.models.cost_models.CostModel.Status",
+        "ReservationStatusEnum": "capacity.models.reservations.Reservation.Status",
+        "BenchmarkRunStatusEnum": "benchmarking.models.BenchmarkRun.Status",
+        "InvoiceStatusEnum": "billing.models.Invoice.Status",
+    },
 }
 
 LOGGING = {

@@ -9,7 +9,7 @@ from django.http import HttpResponse
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from django_filters import rest_framework as filters
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import mixins, serializers, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied
@@ -145,7 +145,20 @@ class EstimateView(APIView):
 
     permission_classes = [ReadPermission]
 
-    @extend_schema(parameters=[OpenApiParameter("period", str, description="YYYY-MM")])
+    @extend_schema(
+        parameters=[OpenApiParameter("period", str, description="YYYY-MM")],
+        responses=inline_serializer(
+            "InvoiceEstimate",
+            {
+                "customer": serializers.CharField(),
+                "period": serializers.CharField(),
+                "subtotal": serializers.DecimalField(max_digits=16, decimal_places=2),
+                "credits": serializers.DecimalField(max_digits=16, decimal_places=2),
+                "total": serializers.DecimalField(max_digits=16, decimal_places=2),
+                "lines": InvoiceLineSerializer(many=True),
+            },
+        ),
+    )
     def get(self, request, slug):
         customer = get_object_or_404(customers_visible_to(principal_of(request)), slug=slug)
         period = request.query_params.get("period") or f"{timezone.now():%Y-%m}"
@@ -160,7 +173,13 @@ class MarginView(APIView):
     """Planners: revenue per model for a month beside its GPU cost (GPU-hours from the
     allocation decisions × the GPU type's hourly cost)."""
 
-    @extend_schema(parameters=[OpenApiParameter("period", str, description="YYYY-MM")])
+    @extend_schema(
+        parameters=[OpenApiParameter("period", str, description="YYYY-MM")],
+        responses=inline_serializer(
+            "ModelMargins",
+            {"period": serializers.CharField(), "models": serializers.ListField()},
+        ),
+    )
     def get(self, request):
         if not principal_of(request).is_planner:
             raise PermissionDenied("Margins are for planners.")
