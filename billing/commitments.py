@@ -29,11 +29,15 @@ def commitment_segments(
     lo, hi = max(start, reservation.starts_at), min(end, stop)
     if lo >= hi:
         return []
-    # (from, MU/min) steps.
-    mu_changes = [c for c in changes if "mu_per_minute" in (c.changes or {})]
-    first = mu_changes[0].changes["mu_per_minute"][0] if mu_changes else reservation.mu_per_minute
+    # (from, MU/min) steps. The creation record has no old value; amendments have both.
+    amendments = [
+        c
+        for c in changes
+        if "mu_per_minute" in (c.changes or {}) and c.changes["mu_per_minute"][0] is not None
+    ]
+    first = amendments[0].changes["mu_per_minute"][0] if amendments else reservation.mu_per_minute
     steps = [(reservation.starts_at, float(first))]
-    steps += [(c.changed_at, float(c.changes["mu_per_minute"][1])) for c in mu_changes]
+    steps += [(c.changed_at, float(c.changes["mu_per_minute"][1])) for c in amendments]
     segments = []
     for index, (step_start, mu) in enumerate(steps):
         step_end = steps[index + 1][0] if index + 1 < len(steps) else hi

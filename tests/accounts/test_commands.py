@@ -2,6 +2,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.utils import timezone
 
 from accounts.models import ApiKey, Customer
 from accounts.principals import user_is_planner
@@ -48,3 +49,10 @@ def test_seed_demo_can_run_twice_and_leaves_only_the_fresh_keys_working(capsys, 
     assert list(Reservation.objects.values_list("customer__slug", "mu_per_minute")) == [
         ("acme", 300)
     ]
+    # Every model is priced once, so acme's month-to-date estimate bills its reservation.
+    from billing.generation import invoice_estimate
+    from billing.models import RateCard
+
+    assert RateCard.objects.count() == 2
+    estimate = invoice_estimate(Customer.objects.get(slug="acme"), timezone.now().date())
+    assert [line.kind for line in estimate["lines"]] == ["commitment"]

@@ -140,8 +140,15 @@ def test_an_amendment_changes_the_commitment_from_its_time(card, served_model, a
     # 100 MU/min from 1 Nov, amended to 200 MU/min on 26 Nov: 25 days at 100 (600 h, $6,000)
     # then 5 days at 200 (120 h, $2,400).
     reservation = reserve(acme, served_model, 200, at(1))
+    # As the reservation service records them: its creation, then the amendment.
+    created = ReservationChange.objects.create(
+        reservation=reservation, kind="created", changes={"mu_per_minute": [None, 100]}
+    )
     change = ReservationChange.objects.create(
-        reservation=reservation, kind="amend", changes={"mu_per_minute": [100, 200]}
+        reservation=reservation, kind="amended", changes={"mu_per_minute": [100, 200]}
+    )
+    ReservationChange.objects.filter(pk=created.pk).update(
+        changed_at=datetime(2026, 10, 30, tzinfo=UTC)
     )
     ReservationChange.objects.filter(pk=change.pk).update(changed_at=at(26))
     generate_invoices("2026-11")

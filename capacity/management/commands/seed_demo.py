@@ -4,6 +4,7 @@ Safe to run again: the catalog is updated in place, and each run revokes the pre
 keys and prints fresh ones (a key's secret cannot be shown twice).
 """
 
+from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
 
@@ -16,6 +17,8 @@ from accounts.models import ApiKey, Customer
 from accounts.services import api_key_create
 from benchmarking.models import BenchmarkSuite
 from benchmarking.services import benchmark_import, cost_model_fit, suite_create
+from billing.models import RateCard
+from billing.rates import rate_card_create
 from capacity.models import (
     ActuatorKind,
     CostModel,
@@ -108,6 +111,18 @@ class Command(BaseCommand):
                     "context_length_tokens": context,
                 },
             )
+        # Prices from the start of last month, so that this month's estimate is priced.
+        first = (timezone.now().replace(day=1) - timedelta(days=1)).replace(
+            day=1, hour=0, minute=0, second=0, microsecond=0
+        )
+        for model in models.values():
+            if not RateCard.objects.filter(served_model=model).exists():
+                rate_card_create(
+                    served_model=model,
+                    effective_from=first,
+                    reserved_price_per_mu_minute_hour=Decimal("0.02"),
+                    best_effort_price_per_1000_mu=Decimal("0.50"),
+                )
         for name, model, pool, gpus, low, high, cold, idle in DEPLOYMENTS:
             Deployment.objects.update_or_create(
                 name=name,
