@@ -111,17 +111,24 @@ def invoice_estimate(customer: Customer, period: str | date) -> dict:
     month-to-date estimate."""
     first, lines_by_customer, _ = build_lines(period, customers=[customer])
     lines = lines_by_customer.get(customer.pk, [])
-    amounts = [line.amount for line in lines]
-    subtotal = sum((a for a in amounts if a > 0), Decimal(0))
-    credits = -sum((a for a in amounts if a < 0), Decimal(0))
+    subtotal, credits, total = _totals(lines)
     return {
         "customer": customer.slug,
         "period": f"{first:%Y-%m}",
         "subtotal": subtotal,
         "credits": credits,
-        "total": max(Decimal(0), subtotal - credits),
+        "total": total,
         "lines": lines,
     }
+
+
+def _totals(lines: list[InvoiceLine]) -> tuple[Decimal, Decimal, Decimal]:
+    """(subtotal, credits, total) of lines already rounded: sums, never rounded again; a
+    credit larger than the charges leaves a total of zero, not a negative invoice."""
+    amounts = [line.amount for line in lines]
+    subtotal = sum((a for a in amounts if a > 0), Decimal(0))
+    credits = -sum((a for a in amounts if a < 0), Decimal(0))
+    return subtotal, credits, max(Decimal(0), subtotal - credits)
 
 
 def _commitment_lines(reservations, changes, segments, start, end, result) -> list[InvoiceLine]:
@@ -378,16 +385,14 @@ def _store_drafts(first: date, lines_by_customer: dict, result: GenerationResult
                 currency = line.rate_card.currency if line.rate_card else settings.BILLING_CURRENCY
                 by_currency[currency].append(line)
             for currency, currency_lines in sorted(by_currency.items()):
-                amounts = [line.amount for line in currency_lines]
-                subtotal = sum((a for a in amounts if a > 0), Decimal(0))
-                credits = -sum((a for a in amounts if a < 0), Decimal(0))
+                subtotal, credits, total = _totals(currency_lines)
                 invoice = Invoice(
                     customer_id=customer_id,
                     period_start=first,
                     currency=currency,
                     subtotal=subtotal,
                     credits=credits,
-                    total=max(Decimal(0), subtotal - credits),
+                    total=total,
                     generated_at=now,
                 )
                 invoices.append((invoice, currency_lines))
