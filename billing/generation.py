@@ -57,10 +57,12 @@ def _whole_minutes(start: datetime, end: datetime) -> int:
     return int((end - start).total_seconds() // 60)
 
 
-def build_lines(period: str | date, *, customers=None):
+def build_lines(period: str | date, *, customers=None, until: datetime | None = None):
     """(first day, {customer id: [unsaved InvoiceLine]}, result) for the period: what its
     invoices hold, computed in a fixed number of queries whatever the number of customers."""
     first, start, end = period_bounds(period)
+    if until is not None:  # to date: nothing after `until` is billed
+        end = max(start, min(end, until))
     result = GenerationResult(period=f"{first:%Y-%m}")
     reservations = defaultdict(list)
     for reservation in (
@@ -107,9 +109,9 @@ def generate_invoices(period: str | date, *, customers=None) -> GenerationResult
 
 
 def invoice_estimate(customer: Customer, period: str | date) -> dict:
-    """What the customer's invoice for the period would hold now (not stored): the live
-    month-to-date estimate."""
-    first, lines_by_customer, _ = build_lines(period, customers=[customer])
+    """What the customer's invoice for the period holds so far (not stored): the live
+    month-to-date estimate; commitments count up to now, not to the month's end."""
+    first, lines_by_customer, _ = build_lines(period, customers=[customer], until=timezone.now())
     lines = lines_by_customer.get(customer.pk, [])
     subtotal, credits, total = _totals(lines)
     return {
@@ -128,7 +130,7 @@ def _totals(lines: list[InvoiceLine]) -> tuple[Decimal, Decimal, Decimal]:
     amounts = [line.amount for line in lines]
     subtotal = sum((a for a in amounts if a > 0), Decimal(0))
     credits = -sum((a for a in amounts if a < 0), Decimal(0))
-    return subtotal, credits, max(Decimal(0), subtotal - credits)
+    return money(subtotal), money(credits), money(max(Decimal(0), subtotal - credits))
 
 
 def _commitment_lines(reservations, changes, segments, start, end, result) -> list[InvoiceLine]:

@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 
 import pytest
+import time_machine
 
 from billing.generation import generate_invoices
 from billing.models import Invoice
@@ -60,7 +61,8 @@ def test_the_detail_is_the_json_export_and_the_csv_holds_the_same_lines(invoices
 
 def test_the_estimate_matches_the_invoice_without_storing_anything(invoices, acme_key_client):
     before = Invoice.objects.count()
-    estimate = acme_key_client.get("/api/v1/customers/acme/billing/estimate?period=2026-11")
+    with time_machine.travel(datetime(2026, 12, 5, tzinfo=UTC), tick=False):  # November is over
+        estimate = acme_key_client.get("/api/v1/customers/acme/billing/estimate?period=2026-11")
     assert estimate.status_code == 200
     assert estimate.json()["total"] == "3600.00"
     assert Invoice.objects.count() == before
@@ -121,3 +123,27 @@ def test_a_bad_period_is_a_400_naming_it(invoices, planner_client):
         response = planner_client.get(url)
         assert response.status_code == 400, url
         assert "period" in response.json()["error"]["fields"], url
+
+
+def test_this_months_estimate_counts_commitments_to_date_only(served_model, acme, acme_key_client):
+    rate_card_create(
+        served_model=served_model,
+        effective_from=datetime(2026, 10, 1, tzinfo=UTC),
+        reserved_price_per_mu_minute_hour=Decimal("0.10"),
+        best_effort_price_per_1000_mu=Decimal("2.00"),
+    )
+    Reservation.objects.create(
+        customer=acme,
+        served_model=served_model,
+        mu_per_minute=100,
+        starts_at=datetime(2026, 11, 1, tzinfo=UTC),
+        status="active",
+    )
+    # On 11 November at noon: 10.5 days = 252 h × 100 MU/min × $0.10 = $2,520.00, not the month.
+    with time_machine.travel(datetime(2026, 11, 11, 12, tzinfo=UTC), tick=False):
+        estimate = acme_key_client.get("/api/v1/customers/acme/billing/estimate").json()
+    assert (estimate["period"], estimate["total"], estimate["credits"]) == (
+        "2026-11",
+        "2520.00",
+        "0.00",
+    )
