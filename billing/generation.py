@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from accounts.models import Customer
 from billing.commitments import commitment_segments
-from billing.models import Invoice, InvoiceLine, RateCard
+from billing.models import Invoice, InvoiceLine
 from billing.money import money
 from billing.rates import cards_by_model, rate_segments
 from capacity.models import Reservation, ReservationChange, UsageMinute
@@ -416,6 +416,3 @@ def invoice_issue(invoice: Invoice) -> Invoice:
     invoice.issued_at = timezone.now()
     invoice.save(update_fields=["status", "issued_at"])
     return invoice
-
-
-__all__ = ["generate_invoices", "invoice_issue", "period_bounds", "RateCard"]
