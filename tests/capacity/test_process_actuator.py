@@ -78,7 +78,8 @@ def wait_until(predicate, *, timeout_seconds: float = 15.0, what: str = "conditi
 def process_gone(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
+        # The process can exit between opening its stat file and reading it (ESRCH).
         return True
     return stat.rsplit(")", 1)[1].split()[0] == "Z"  # a zombie no longer runs
 
