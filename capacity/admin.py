@@ -6,6 +6,7 @@ from capacity.models import (
     ActuatorCircuit,
     AdmissionAllowance,
     AllocationDecision,
+    CapacitySample,
     CostModel,
     Deployment,
     GpuPool,
@@ -264,3 +265,24 @@ class ActuatorCircuitAdmin(admin.ModelAdmin):
     list_display = ["deployment", "consecutive_failures", "opened_until", "updated_at"]
     search_fields = ["deployment__name", "last_error"]
     list_select_related = ["deployment"]
+
+
+@admin.register(CapacitySample)
+class CapacitySampleAdmin(admin.ModelAdmin):
+    """Written by the allocation tick once a minute; the planner's fleet page charts them."""
+
+    list_display = [
+        "served_model",
+        "minute",
+        "deployable_mu_per_minute",
+        "hot_mu_per_minute",
+        "sold_mu_per_minute",
+        "used_mu_per_minute",
+    ]
+    list_filter = ["served_model"]
+    date_hierarchy = "minute"
+    list_select_related = ["served_model"]
+    show_full_result_count = False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False

@@ -30,6 +30,7 @@ from capacity.actuators.base import ScaleRequest, apply_with_retries
 from capacity.admission import publish_limits
 from capacity.bulk import copy_upsert
 from capacity.bursts import Bursts, bursts
+from capacity.history import record_capacity
 from capacity.models import (
     ActuatorCircuit,
     AdmissionAllowance,
@@ -339,6 +340,7 @@ def allocation_tick(*, dry_run: bool = False, now: datetime | None = None) -> Ti
         publish_limits(decisions.allowances, forgotten)
         _apply(rows, decisions, deployments, result, now)
         result.decisions = [_row_dict(row) for row in rows]
+        record_capacity(now=now)
     result.seconds = time.perf_counter() - started
     metrics.TICK_SECONDS.observe(result.seconds)
     return result

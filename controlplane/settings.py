@@ -49,6 +49,7 @@ INSTALLED_APPS = [
     "capacity",
     "benchmarking",
     "billing",
+    "planner",
 ]
 
 MIDDLEWARE = [
@@ -135,7 +136,10 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
-LOGIN_URL = "admin:login"
+# Planners log in to the web UI here (the admin keeps its own login page).
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "planner:fleet"
+LOGOUT_REDIRECT_URL = "login"
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
@@ -247,6 +251,8 @@ USAGE_MAX_FUTURE_SECONDS = env_int("USAGE_MAX_FUTURE_SECONDS", 300, minimum=0)
 ALLOCATION_TICK_SECONDS = env_int("ALLOCATION_TICK_SECONDS", 15, minimum=1)
 # Scale down only to the highest recommendation of this many seconds (DESIGN §2).
 ALLOCATION_STABILISATION_SECONDS = env_int("ALLOCATION_STABILISATION_SECONDS", 120, minimum=0)
+# The fleet page charts 7 days; a day more keeps the oldest bucket whole.
+CAPACITY_HISTORY_DAYS = env_int("CAPACITY_HISTORY_DAYS", 8, minimum=1)
 # --- Admission (capacity/admission.py) ------------------------------------------------------------
 ADMISSION_REDIS_URL = env_redis_url("ADMISSION_REDIS_URL", REDIS_URL)
 # Burst tolerance of every bucket, in seconds of its rate.

@@ -1,6 +1,8 @@
 from django.contrib import admin
+from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from django.views import defaults
+from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from controlplane import health, metrics_view
@@ -18,6 +20,14 @@ urlpatterns = [
     path("readyz", health.readyz, name="readyz"),
     path("metrics", metrics_view.metrics, name="metrics"),
     path("admin/", admin.site.urls),
+    path(
+        "login/",
+        auth_views.LoginView.as_view(redirect_authenticated_user=False),
+        name="login",
+    ),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("planner/", include("planner.urls")),
+    path("", RedirectView.as_view(pattern_name="planner:fleet", permanent=False)),
     path("api/v1/", include(api_v1)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),

@@ -1,8 +1,9 @@
 """Make sure PostgreSQL and Redis answer, starting installed-but-stopped servers.
 
     python scripts/services.py test   # PostgreSQL at DATABASE_URL and Redis at REDIS_URL,
-                                      # and the Prometheus binary the tests start (installed
-                                      # with apt-get when missing)
+                                      # the Prometheus binary the tests start and the Chromium
+                                      # the browser tests drive (both installed with apt-get
+                                      # when missing)
     python scripts/services.py redis  # Redis only; starts a private one under var/ if needed
 
 Uses the start commands of this project's machines (see README, "Services").
@@ -26,6 +27,7 @@ WAIT_SECONDS = 30
 # The tests start their own Prometheus from this binary (tests/prometheus_server.py): Debian's
 # `prometheus` package puts it here.
 PROMETHEUS_BINARY = Path("/usr/bin/prometheus")
+CHROMIUM_BINARY = Path(os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium"))
 
 
 def _redis_answers(url: str) -> bool:
@@ -202,38 +204,49 @@ def _stop_packaged_prometheus() -> None:
             subprocess.run(["update-rc.d", "prometheus", "disable"], **quiet)
 
 
-def ensure_prometheus() -> None:
-    """Installs Debian's `prometheus` package when its binary is missing.
+def _ensure_debian_package(binary: Path, package: str, *, after_install=None) -> None:
+    """Installs a Debian package when its binary is missing.
 
-    The Prometheus reader's tests run against a real server scraping the engine emulator; they
-    fail rather than skip without it, so that a fresh machine does not pass by testing less.
+    The tests that need it (a real Prometheus, a real browser) fail rather than skip without
+    it, so that a fresh machine does not pass by testing less.
     """
-    if PROMETHEUS_BINARY.exists():
-        print(f"Prometheus is installed ({PROMETHEUS_BINARY}).")
+    if binary.exists():
+        print(f"{package} is installed ({binary}).")
         return
     if not shutil.which("apt-get"):
         sys.exit(
-            f"{PROMETHEUS_BINARY} is missing and this is not a Debian-like system: install "
-            "Prometheus so that the binary is at that path (the tests start it themselves)."
+            f"{binary} is missing and this is not a Debian-like system: install {package} "
+            "so that the binary is at that path (the tests start it themselves)."
         )
     if os.geteuid() != 0:
         sys.exit(
-            f"{PROMETHEUS_BINARY} is missing; installing it needs root. Run "
-            "`sudo apt-get install --no-install-recommends prometheus`, then `make test` again."
+            f"{binary} is missing; installing it needs root. Run "
+            f"`sudo apt-get install --no-install-recommends {package}`, then `make test` again."
         )
-    print("Installing Prometheus (apt-get install prometheus) ...", flush=True)
+    print(f"Installing {package} (apt-get install {package}) ...", flush=True)
     # Refreshing the package lists is the slow part; only do it when they cannot serve the
     # install (never fetched, or stale enough that the install fails).
-    if not _apt_knows("prometheus"):
+    if not _apt_knows(package):
         _apt_get("update", "-q")
-    install = ("install", "-y", "-q", "--no-install-recommends", "prometheus")
+    install = ("install", "-y", "-q", "--no-install-recommends", package)
     if _apt_get(*install).returncode != 0:
         _apt_get("update", "-q")
         if _apt_get(*install).returncode != 0:
-            sys.exit("apt-get could not install prometheus; see its output above.")
-    _stop_packaged_prometheus()
-    if not PROMETHEUS_BINARY.exists():
-        sys.exit(f"the prometheus package is installed but {PROMETHEUS_BINARY} is not there.")
+            sys.exit(f"apt-get could not install {package}; see its output above.")
+    if after_install is not None:
+        after_install()
+    if not binary.exists():
+        sys.exit(f"the {package} package is installed but {binary} is not there.")
+
+
+def ensure_prometheus() -> None:
+    """The Prometheus reader's tests run against a real server scraping the engine emulator."""
+    _ensure_debian_package(PROMETHEUS_BINARY, "prometheus", after_install=_stop_packaged_prometheus)
+
+
+def ensure_chromium() -> None:
+    """The planner UI's browser tests drive Debian's Chromium through Playwright."""
+    _ensure_debian_package(CHROMIUM_BINARY, "chromium")
 
 
 def main() -> None:
@@ -243,6 +256,7 @@ def main() -> None:
         ensure_postgres(os.environ["DATABASE_URL"])
         ensure_redis(redis_url, private_dir=None)
         ensure_prometheus()
+        ensure_chromium()
     elif mode == "redis":
         ensure_redis(redis_url, private_dir=ROOT / "var" / "redis")
     else:

@@ -14,10 +14,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @contextmanager
-def gunicorn_server(tmp_path: Path, *, workers: int = 4, threads: int = 4):
+def gunicorn_server(
+    tmp_path: Path, *, workers: int = 4, threads: int = 4, env: dict[str, str] | None = None
+):
     port = free_port()
     log_path = tmp_path / f"gunicorn-{port}.log"
-    env = os.environ | {"DATABASE_URL": test_database_url(), "SECURE_SSL_REDIRECT": "0"}
+    env = (
+        os.environ | {"DATABASE_URL": test_database_url(), "SECURE_SSL_REDIRECT": "0"} | (env or {})
+    )
     with open(log_path, "w") as log:
         process = subprocess.Popen(
             [

@@ -3,6 +3,7 @@
 from capacity.models.allocation import ActuatorCircuit, AdmissionAllowance, AllocationDecision
 from capacity.models.catalog import ActuatorKind, Deployment, GpuPool, GpuType, ServedModel
 from capacity.models.cost_models import CostModel
+from capacity.models.history import CapacitySample
 from capacity.models.reservations import Reservation, ReservationChange
 from capacity.models.usage import AdmissionClass, Outcome, UsageEvent, UsageMinute
 
@@ -12,6 +13,7 @@ __all__ = [
     "AllocationDecision",
     "ActuatorKind",
     "AdmissionClass",
+    "CapacitySample",
     "CostModel",
     "Deployment",
     "GpuPool",

@@ -1,0 +1,31 @@
+from django.db import models
+
+from capacity.models.catalog import ServedModel
+
+
+class CapacitySample(models.Model):
+    """One minute of a model's capacity as the allocation loop saw it: the fleet page's charts.
+
+    Written by the allocation tick at most once per model per minute (capacity.history), so
+    the last 24 h and 7 days of deployable / hot / sellable / sold / used can be drawn without
+    replaying decisions. Old rows are pruned after CAPACITY_HISTORY_DAYS.
+    """
+
+    served_model = models.ForeignKey(ServedModel, on_delete=models.CASCADE, related_name="+")
+    minute = models.DateTimeField(help_text="The whole UTC minute the sample stands for.")
+    deployable_mu_per_minute = models.FloatField()
+    hot_mu_per_minute = models.FloatField()
+    sellable_mu_per_minute = models.FloatField()
+    sold_mu_per_minute = models.FloatField()
+    used_mu_per_minute = models.FloatField()
+
+    class Meta:
+        ordering = ["served_model_id", "minute"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["served_model", "minute"], name="capacitysample_one_per_minute"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.served_model_id} {self.minute:%Y-%m-%d %H:%M}"

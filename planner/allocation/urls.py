@@ -1,0 +1,9 @@
+from django.urls import path
+
+from planner.allocation import views
+
+app_name = "allocation"
+
+urlpatterns = [
+    path("", views.index, name="index"),
+]

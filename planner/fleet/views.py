@@ -1,0 +1,102 @@
+"""Fleet: per model, capacity deployable / hot / sold / used now and over time; GPU pools."""
+
+from decimal import Decimal
+
+from django.db.models import F, Sum
+from django.shortcuts import render
+from django.utils import timezone
+
+from capacity.history import capacity_history
+from capacity.models import GpuPool, ServedModel
+from capacity.sellable import model_capacity
+from capacity.utilisation import sold_now, used_now
+from planner.access import planner_required
+from planner.charts import chart_range, chart_window, line_chart, time_label
+
+SERIES_STYLE = [
+    ("deployable", "Deployable", "#9ca3af", {"borderDash": [6, 4]}),
+    ("hot", "Hot", "#16a34a", {}),
+    ("sellable", "Sellable", "#9333ea", {"borderDash": [2, 3]}),
+    ("sold", "Sold", "#2563eb", {}),
+    ("used", "Used", "#dc2626", {"fill": "origin"}),
+]
+
+
+def _model_rows(served_models, start, end, step, span):
+    history = capacity_history([m.pk for m in served_models], start=start, end=end, step=step)
+    buckets = int((end - start) / step)
+    moments = [start + i * step for i in range(buckets)]
+    labels = [time_label(moment, span) for moment in moments]
+    rows = []
+    for served_model in served_models:
+        capacity = model_capacity(served_model)
+        sold = sold_now(served_model)
+        per_bucket = history[served_model.pk]
+        chart = None
+        if per_bucket:
+            chart = line_chart(
+                labels,
+                [
+                    {
+                        "label": label,
+                        "color": color,
+                        "data": [
+                            round(per_bucket[m][key], 2) if m in per_bucket else None
+                            for m in moments
+                        ],
+                        **style,
+                    }
+                    for key, label, color, style in SERIES_STYLE
+                ],
+                y_title="MU per minute",
+            )
+        rows.append(
+            {
+                "model": served_model,
+                "capacity": capacity,
+                "sold": sold,
+                "used": used_now(served_model),
+                "overcommit_ratio": sold / capacity.deployable_mu_per_minute
+                if capacity.deployable_mu_per_minute
+                else None,
+                "chart": chart,
+                "chart_id": f"capacity-{served_model.pk}",
+            }
+        )
+    return rows
+
+
+@planner_required
+def fleet(request):
+    range_name, span, step = chart_range(request)
+    start, end = chart_window(timezone.now(), span, step)
+    served_models = list(ServedModel.objects.select_related("reference_gpu_type").order_by("name"))
+    pools = list(
+        GpuPool.objects.select_related("gpu_type")
+        .annotate(
+            used_gpus=Sum(F("deployments__current_replicas") * F("deployments__gpus_per_replica"))
+        )
+        .order_by("name")
+    )
+    pool_rows = []
+    for pool in pools:
+        used = min(pool.used_gpus or 0, pool.gpu_count)
+        hourly = pool.gpu_type.hourly_cost_usd
+        pool_rows.append(
+            {
+                "pool": pool,
+                "used_gpus": used,
+                "free_gpus": pool.gpu_count - used,
+                "running_cost_usd_per_hour": hourly * used,
+                "full_cost_usd_per_hour": hourly * pool.gpu_count,
+            }
+        )
+    context = {
+        "range": range_name,
+        "models": _model_rows(served_models, start, end, step, span),
+        "pools": pool_rows,
+        "running_cost_usd_per_hour": sum(
+            (row["running_cost_usd_per_hour"] for row in pool_rows), Decimal("0")
+        ),
+    }
+    return render(request, "planner/fleet/index.html", context)

@@ -1,0 +1,9 @@
+from django.urls import path
+
+from planner.whatif import views
+
+app_name = "whatif"
+
+urlpatterns = [
+    path("", views.index, name="index"),
+]

@@ -1,0 +1,19 @@
+"""The planner logs in with a real browser and reads the fleet page."""
+
+import pytest
+
+from tests.planner.browser import log_in, screenshot
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_a_planner_logs_in_and_sees_the_fleet(site, page, planner_user):
+    page.goto(site + "/planner/")
+    # Not logged in: the login page, which brings the planner back afterwards.
+    assert "/login/" in page.url
+    screenshot(page, "login")
+    log_in(page, site, "pat")
+    page.goto(site + "/planner/")
+    assert page.get_by_role("heading", name="Fleet").is_visible()
+    assert page.get_by_text("No fleet yet.").is_visible()
+    screenshot(page, "fleet-empty")
