@@ -85,9 +85,12 @@ def site(django_db_setup, django_db_blocker, collected_static, tmp_path_factory)
         "SESSION_COOKIE_SECURE": "0",
         "CSRF_COOKIE_SECURE": "0",
     }
-    with django_db_blocker.unblock():
-        with gunicorn_server(tmp_path_factory.mktemp("site"), workers=2, threads=4, env=env) as url:
-            yield url
+    folder = tmp_path_factory.mktemp("site")
+    with (
+        django_db_blocker.unblock(),
+        gunicorn_server(folder, workers=2, threads=4, env=env) as url,
+    ):
+        yield url
 
 
 @pytest.fixture
