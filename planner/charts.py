@@ -42,7 +42,8 @@ def line_chart(labels: list[str], datasets: list[dict], *, y_title: str, x_title
             {
                 "borderColor": color,
                 "backgroundColor": color + "33",
-                "pointRadius": 0,
+                # Small points: a lone sample between gaps (the loop was down) still shows.
+                "pointRadius": 1.5,
                 "borderWidth": 2,
                 "tension": 0,
                 "spanGaps": False,

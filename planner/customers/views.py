@@ -1,8 +1,284 @@
-from django.shortcuts import render
+"""Customers: the list with reserved versus used, and a customer's page (utilisation chart,
+reservations, API keys, invoices). Writes go through the same services as the API."""
 
+from datetime import timedelta
+
+from django.contrib import messages
+from django.db.models import F, OuterRef, Q, Subquery, Sum, Value
+from django.db.models.functions import Coalesce
+from django.http import Http404
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_POST
+
+from accounts.models import ApiKey, Customer
+from accounts.services import api_key_create, api_key_revoke, customer_create
+from capacity.models import Reservation, ServedModel, UsageMinute
+from capacity.reservations import reservation_amend, reservation_cancel, reservation_create
+from capacity.utilisation import customer_utilisation
+from controlplane.errors import DomainError
 from planner.access import planner_required
+from planner.charts import chart_range, chart_window, line_chart, time_label
+from planner.customers.forms import AmendForm, ApiKeyForm, CustomerForm, ReservationForm
+from planner.paging import page_of, query_without
+
+USAGE_WINDOW = timedelta(hours=24)
+
+
+def _sum_subquery(queryset, field: str):
+    """A correlated SUM per customer: one column, computed only for the rows of the page."""
+    total = queryset.order_by().values("customer").annotate(total=Sum(field)).values("total")
+    return Coalesce(Subquery(total), Value(0.0) if field.endswith("mu") else Value(0))
+
+
+def customers_with_totals(now):
+    active = (
+        Reservation.objects.filter(customer=OuterRef("pk"), starts_at__lte=now)
+        .exclude(status=Reservation.Status.CANCELLED)
+        .filter(Q(ends_at__isnull=True) | Q(ends_at__gt=now))
+    )
+    recent = UsageMinute.objects.filter(customer=OuterRef("pk"), minute__gte=now - USAGE_WINDOW)
+    minutes = USAGE_WINDOW.total_seconds() / 60
+    return Customer.objects.annotate(
+        reserved_mu_per_minute=Coalesce(
+            Subquery(
+                active.order_by()
+                .values("customer")
+                .annotate(total=Sum("mu_per_minute"))
+                .values("total")
+            ),
+            Value(0.0),
+        ),
+        used_mu=_sum_subquery(recent, "mu"),
+        refused_requests=_sum_subquery(recent, "refused_requests"),
+        guaranteed_refused_requests=_sum_subquery(recent, "guaranteed_refused_requests"),
+    ).annotate(used_mu_per_minute=F("used_mu") / minutes)
+
+
+def _list_page(request, form, status=200):
+    customers = customers_with_totals(timezone.now()).order_by("slug")
+    query = request.GET.get("q", "").strip()
+    if query:
+        customers = customers.filter(Q(slug__icontains=query) | Q(name__icontains=query))
+    context = {
+        "form": form,
+        "q": query,
+        "page": page_of(request, customers),
+        "query": query_without(request),
+        "any_customers": bool(query) or Customer.objects.exists(),
+    }
+    return render(request, "planner/customers/list.html", context, status=status)
 
 
 @planner_required
-def list(request):
-    return render(request, "planner/placeholder.html", {"section": "customers"})
+def customer_list(request):
+    if request.method == "POST":
+        form = CustomerForm(request.POST)
+        if form.is_valid():
+            try:
+                customer = customer_create(**form.cleaned_data)
+            except DomainError as error:
+                form.add_error(error.field if error.field in form.fields else None, error.message)
+            else:
+                messages.success(request, f"Customer {customer.slug} created.")
+                return redirect("planner:customers:detail", slug=customer.slug)
+        return _list_page(request, form, status=400)
+    return _list_page(request, CustomerForm())
+
+
+def _utilisation_chart(request, customer, served_model):
+    range_name, span, step = chart_range(request)
+    start, end = chart_window(timezone.now(), span, step)
+    buckets = customer_utilisation(
+        customer=customer, served_model=served_model, start=start, end=end, step=step
+    )
+    if not any(b["reserved_mu_per_minute"] or b["used_mu"] for b in buckets):
+        return range_name, None
+    labels = [time_label(start + i * step, span) for i in range(len(buckets))]
+    chart = line_chart(
+        labels,
+        [
+            {
+                "label": "Reserved MU/min",
+                "data": [round(b["reserved_mu_per_minute"], 2) for b in buckets],
+                "color": "#2563eb",
+                "stepped": True,
+            },
+            {
+                "label": "Used MU/min",
+                "data": [round(b["used_mu_per_minute_mean"], 2) for b in buckets],
+                "color": "#dc2626",
+                "fill": "origin",
+            },
+        ],
+        y_title="MU per minute",
+    )
+    return range_name, chart
+
+
+def _models_of(customer):
+    """The customer's models: those it reserves or used, reservations first."""
+    reserved = set(customer.reservations.values_list("served_model_id", flat=True))
+    used = set(
+        UsageMinute.objects.filter(customer=customer)
+        .values_list("served_model_id", flat=True)
+        .distinct()
+    )
+    return sorted(
+        ServedModel.objects.filter(pk__in=reserved | used),
+        key=lambda m: (m.pk not in reserved, m.name),
+    )
+
+
+def detail_context(request, customer, **extra):
+    models_used = _models_of(customer)
+    chosen = None
+    wanted = request.GET.get("model")
+    for served_model in models_used:
+        if served_model.name == wanted:
+            chosen = served_model
+    chosen = chosen or (models_used[0] if models_used else None)
+    range_name, chart = (
+        _utilisation_chart(request, customer, chosen) if chosen else (chart_range(request)[0], None)
+    )
+    reservations = customer.reservations.select_related("served_model").order_by(
+        "status", "-starts_at", "-id"
+    )
+    keys = customer.api_keys.order_by("-created_at", "-id")
+    context = {
+        "customer": customer,
+        "models": models_used,
+        "model": chosen,
+        "range": range_name,
+        "range_extra": f"model={chosen.name}" if chosen else "",
+        "chart": chart,
+        "reservations": page_of(request, reservations, param="reservations_page", per_page=20),
+        "keys": page_of(request, keys, param="keys_page", per_page=20),
+        "invoices": customer.invoices.order_by("-period_start", "-id")[:12],
+        "reservation_form": ReservationForm(),
+        "key_form": ApiKeyForm(),
+        "now": timezone.now(),
+    }
+    context.update(extra)
+    return context
+
+
+@planner_required
+def detail(request, slug):
+    customer = get_object_or_404(Customer, slug=slug)
+    return render(request, "planner/customers/detail.html", detail_context(request, customer))
+
+
+def _actor(request) -> str:
+    return f"planner:{request.user.get_username()}"
+
+
+@planner_required
+@require_POST
+def reservation_new(request, slug):
+    customer = get_object_or_404(Customer, slug=slug)
+    form = ReservationForm(request.POST)
+    problem = None
+    if form.is_valid():
+        try:
+            reservation = reservation_create(
+                customer=customer, actor=_actor(request), **form.cleaned_data
+            )
+        except DomainError as error:
+            problem = error
+            # A refusal with its numbers is shown whole above the form; a plain invalid
+            # value is marked on its field.
+            if error.field in form.fields and not error.details:
+                form.add_error(error.field, error.message)
+        else:
+            messages.success(
+                request,
+                f"Reserved {reservation.mu_per_minute:g} MU/min "
+                f"of {reservation.served_model.name}.",
+            )
+            return redirect("planner:customers:detail", slug=customer.slug)
+    context = detail_context(request, customer, reservation_form=form, problem=problem)
+    return render(
+        request,
+        "planner/customers/detail.html",
+        context,
+        status=problem.status if problem else 400,
+    )
+
+
+def _reservation_of(customer, pk) -> Reservation:
+    reservation = Reservation.objects.filter(customer=customer, pk=pk).first()
+    if reservation is None:
+        raise Http404("No such reservation for this customer.")
+    return reservation
+
+
+@planner_required
+@require_POST
+def reservation_amend_view(request, slug, pk):
+    customer = get_object_or_404(Customer, slug=slug)
+    reservation = _reservation_of(customer, pk)
+    form = AmendForm(request.POST)
+    if not form.is_valid():
+        for field, errors in form.errors.items():
+            messages.error(request, f"Reservation {pk}: {field}: {' '.join(errors)}")
+        return redirect("planner:customers:detail", slug=customer.slug)
+    try:
+        reservation_amend(
+            reservation=reservation,
+            mu_per_minute=form.cleaned_data["mu_per_minute"],
+            ends_at=form.cleaned_data["ends_at"],
+            actor=_actor(request),
+        )
+    except DomainError as error:
+        messages.error(request, f"Reservation {pk} was not amended: {error.message}")
+    else:
+        messages.success(request, f"Reservation {pk} amended.")
+    return redirect("planner:customers:detail", slug=customer.slug)
+
+
+@planner_required
+@require_POST
+def reservation_cancel_view(request, slug, pk):
+    customer = get_object_or_404(Customer, slug=slug)
+    reservation = _reservation_of(customer, pk)
+    try:
+        reservation_cancel(reservation=reservation, actor=_actor(request))
+    except DomainError as error:
+        messages.error(request, f"Reservation {pk} was not cancelled: {error.message}")
+    else:
+        messages.success(request, f"Reservation {pk} cancelled.")
+    return redirect("planner:customers:detail", slug=customer.slug)
+
+
+@planner_required
+@require_POST
+def api_key_new(request, slug):
+    customer = get_object_or_404(Customer, slug=slug)
+    form = ApiKeyForm(request.POST)
+    if form.is_valid():
+        try:
+            created = api_key_create(
+                customer=customer, created_by=request.user, **form.cleaned_data
+            )
+        except DomainError as error:
+            form.add_error(error.field if error.field in form.fields else None, error.message)
+        else:
+            # The plaintext is in this response only: it is not stored, not in the session,
+            # and not shown again (the list shows the prefix).
+            context = detail_context(request, customer, new_key=created)
+            return render(request, "planner/customers/detail.html", context, status=201)
+    context = detail_context(request, customer, key_form=form)
+    return render(request, "planner/customers/detail.html", context, status=400)
+
+
+@planner_required
+@require_POST
+def api_key_revoke_view(request, slug, pk):
+    customer = get_object_or_404(Customer, slug=slug)
+    api_key = ApiKey.objects.filter(customer=customer, pk=pk).first()
+    if api_key is None:
+        raise Http404("No such key for this customer.")
+    api_key_revoke(api_key=api_key)
+    messages.success(request, f"Key {api_key.prefix} revoked: it no longer authenticates.")
+    return redirect("planner:customers:detail", slug=customer.slug)

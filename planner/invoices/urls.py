@@ -5,5 +5,7 @@ from planner.invoices import views
 app_name = "invoices"
 
 urlpatterns = [
-    path("", views.list, name="list"),
+    path("", views.invoice_list, name="list"),
+    path("<int:pk>/", views.invoice_detail, name="detail"),
+    path("<int:pk>/issue", views.invoice_issue_view, name="issue"),
 ]

@@ -1,0 +1,54 @@
+"""Forms of the customer pages; they validate shape only, the services decide the rest."""
+
+from django import forms
+
+from accounts import scopes as S
+from accounts.models import Customer
+from capacity.models import ServedModel
+
+
+class CustomerForm(forms.Form):
+    name = forms.CharField(max_length=200)
+    slug = forms.SlugField(max_length=64, help_text="Lower-case letters, digits and hyphens.")
+    tier = forms.ChoiceField(choices=Customer.Tier.choices, initial=Customer.Tier.STANDARD)
+
+
+class DateTimeInput(forms.DateTimeInput):
+    input_type = "datetime-local"
+
+    def __init__(self, **kwargs):
+        super().__init__(format="%Y-%m-%dT%H:%M", **kwargs)
+
+
+class ReservationForm(forms.Form):
+    served_model = forms.ModelChoiceField(
+        queryset=ServedModel.objects.order_by("name"), label="Model", empty_label=None
+    )
+    mu_per_minute = forms.FloatField(label="MU per minute", min_value=0.000001)
+    starts_at = forms.DateTimeField(
+        label="Starts (UTC)", required=False, widget=DateTimeInput, help_text="Empty: now."
+    )
+    ends_at = forms.DateTimeField(
+        label="Ends (UTC)", required=False, widget=DateTimeInput, help_text="Empty: open-ended."
+    )
+    keep_warm = forms.BooleanField(required=False, label="Keep warm")
+    notes = forms.CharField(required=False, max_length=500)
+
+
+class AmendForm(forms.Form):
+    mu_per_minute = forms.FloatField(label="MU per minute", min_value=0.000001)
+    ends_at = forms.DateTimeField(
+        label="Ends (UTC)", required=False, widget=DateTimeInput, help_text="Empty: open-ended."
+    )
+
+
+class ApiKeyForm(forms.Form):
+    name = forms.CharField(max_length=200)
+    scopes = forms.MultipleChoiceField(
+        choices=[(scope, scope) for scope in S.CUSTOMER_SCOPES],
+        initial=S.DEFAULT_CUSTOMER_SCOPES,
+        widget=forms.CheckboxSelectMultiple,
+    )
+    expires_at = forms.DateTimeField(
+        label="Expires (UTC)", required=False, widget=DateTimeInput, help_text="Empty: never."
+    )
