@@ -53,6 +53,7 @@ pids+=($!)
 cat <<MSG
 
 Model-Unit Control Plane is running (logs in var/log/):
+  Planner UI   http://$HOST:$PORT/planner/   user: $DEMO_PLANNER  password: $PLANNER_PASSWORD
   API docs     http://$HOST:$PORT/api/docs/
   API          http://$HOST:$PORT/api/v1/
   Admin        http://$HOST:$PORT/admin/   user: $DEMO_PLANNER  password: $PLANNER_PASSWORD
