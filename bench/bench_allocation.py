@@ -145,7 +145,7 @@ def _median_seconds(call) -> float:
 def run() -> list[Figure]:
     _fleet()
     load_seconds = _median_seconds(_load_rows)
-    snapshot, _ = build_snapshot(now=timezone.now())
+    snapshot, _, _ = build_snapshot(now=timezone.now())
     assert sum(len(m.deployments) for m in snapshot.models) == MODELS * DEPLOYMENTS_PER_MODEL
     assert sum(len(m.customers) for m in snapshot.models) >= CUSTOMERS
     policy_seconds = _median_seconds(lambda: allocation.decide(snapshot))

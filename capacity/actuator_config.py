@@ -108,6 +108,17 @@ class KubernetesConfig(_StrictSerializer):
         help_text=f"Per API request; default {KUBERNETES_DEFAULT_TIMEOUT_SECONDS:g}.",
     )
 
+    # Health probes (capacity.health) reach each pod; without a selector they probe the
+    # deployment's endpoint_url as a whole and cannot restart one pod.
+    pod_selector = serializers.CharField(
+        required=False,
+        max_length=1000,
+        help_text="Label selector of the engine pods, e.g. app=llama-8b; enables per-pod probes.",
+    )
+    pod_port = serializers.IntegerField(
+        required=False, min_value=1, max_value=65535, help_text="The engines' port (default 8000)."
+    )
+
     def validate(self, attrs):
         errors: dict[str, list[str]] = {}
         custom_fields = ("group", "version", "plural")

@@ -29,6 +29,8 @@ from benchmarking.fitting import replica_seconds_of
 from capacity import metrics
 from capacity.admission_buckets import BEST_EFFORT, GUARANTEED, REFUSED, Buckets
 from capacity.cost_models import pricing_cost_model
+from capacity.degradation import current as current_degradation
+from capacity.degradation import forget as forget_degradation
 from capacity.models import AdmissionAllowance, CostModel, ServedModel, UsageEvent
 from controlplane.errors import DomainError
 
@@ -48,6 +50,11 @@ class Admission:
     limits: dict
     degraded: bool = False
     reason: str = ""
+    # Set while the model's healthy capacity is short (capacity.degradation): the max_tokens
+    # the request must be capped at, the model refused requests should go to, and the level.
+    max_tokens: int | None = None
+    fallback_model: str | None = None
+    degradation_level: int = 0
 
     def as_dict(self) -> dict:
         body = asdict(self)
@@ -106,6 +113,7 @@ def reset() -> None:
     _models.clear()
     _local.clear()
     _reserved.clear()
+    forget_degradation()
 
 
 def _output_cap(model_id: int) -> int | None:
@@ -165,6 +173,10 @@ def admit(
     request_id: str | None = None,
 ) -> Admission:
     info = _model(model)
+    degradation = current_degradation(info.model_id)
+    cap = degradation.max_tokens_cap
+    if cap is not None:
+        max_tokens = min(max_tokens, cap)
     cost = estimate_mu(
         info,
         input_tokens=input_tokens,
@@ -177,13 +189,23 @@ def admit(
         )
     except redis.RedisError:
         return _degraded(customer_id, info.model_id, cost)
-    admitted = decision.admission_class != REFUSED
-    _count(decision.admission_class, admitted)
+    admission_class = decision.admission_class
+    reason = "" if admission_class != REFUSED else _refusal_reason(decision)
+    if admission_class == BEST_EFFORT and degradation.refuse_best_effort:
+        # What the best-effort bucket gave is not returned: it only matters to best-effort
+        # traffic, which is refused while the degradation lasts.
+        admission_class = REFUSED
+        reason = (
+            "best-effort traffic is refused while the model's healthy capacity is short "
+            f"(degradation level {degradation.level})"
+        )
+    admitted = admission_class != REFUSED
+    _count(admission_class, admitted)
     wait = decision.retry_after_ms
     return Admission(
         admitted=admitted,
-        admission_class=decision.admission_class,
-        priority=PRIORITY.get(decision.admission_class),
+        admission_class=admission_class,
+        priority=PRIORITY.get(admission_class),
         estimated_mu=cost,
         retry_after_ms=None if admitted else (int(np.ceil(wait)) if wait >= 0 else None),
         limits={
@@ -191,7 +213,10 @@ def admit(
             "best_effort_mu_per_minute": decision.best_effort_mu_per_minute,
             "burst_seconds": settings.ADMISSION_BURST_SECONDS,
         },
-        reason="" if admitted else _refusal_reason(decision),
+        reason=reason,
+        max_tokens=cap if admitted else None,
+        fallback_model=None if admitted else degradation.fallback_model,
+        degradation_level=degradation.level,
     )
 
 

@@ -13,8 +13,7 @@ import time
 import uuid
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta
 
 import numpy as np
@@ -30,7 +29,9 @@ from capacity.actuators.base import ScaleRequest, apply_with_retries
 from capacity.admission import publish_limits
 from capacity.bulk import copy_upsert
 from capacity.bursts import Bursts, bursts
+from capacity.health import unhealthy_replicas_by_deployment
 from capacity.history import record_capacity
+from capacity.locks import exclusive
 from capacity.models import (
     ActuatorCircuit,
     AdmissionAllowance,
@@ -90,8 +91,17 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
     deployments = list(
         Deployment.objects.select_related("served_model", "gpu_pool__gpu_type").order_by("pk")
     )
+    # Replicas the probes found unhealthy are being restarted: they hold their GPUs but serve
+    # nothing, so the policy plans without them (and `with_replacements` adds them back).
+    unhealthy = unhealthy_replicas_by_deployment()
+    held_gpus: dict[int, int] = defaultdict(int)
+    for d in deployments:
+        held_gpus[d.gpu_pool_id] += min(unhealthy.get(d.pk, 0), d.current_replicas) * (
+            d.gpus_per_replica
+        )
     pools = [
-        allocation.PoolState(pool.pk, pool.name, pool.gpu_count) for pool in GpuPool.objects.all()
+        allocation.PoolState(pool.pk, pool.name, max(0, pool.gpu_count - held_gpus[pool.pk]))
+        for pool in GpuPool.objects.all()
     ]
     active = {
         (c.served_model_id, c.gpu_type_id, c.gpus_per_replica): c
@@ -184,6 +194,7 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
         states = []
         for d in model_deployments:
             own = active.get((model_id, d.gpu_pool.gpu_type_id, d.gpus_per_replica))
+            broken = min(unhealthy.get(d.pk, 0), d.current_replicas)
             states.append(
                 allocation.DeploymentState(
                     deployment_id=d.pk,
@@ -191,10 +202,10 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
                     pool_id=d.gpu_pool_id,
                     gpus_per_replica=d.gpus_per_replica,
                     mu_per_minute_per_replica=_replica_mu(references.get(model_id), own, mix),
-                    current_replicas=d.current_replicas,
-                    ready_replicas=d.current_replicas,
-                    min_replicas=d.min_replicas,
-                    max_replicas=d.max_replicas,
+                    current_replicas=d.current_replicas - broken,
+                    ready_replicas=d.current_replicas - broken,
+                    min_replicas=min(d.min_replicas, max(0, d.max_replicas - broken)),
+                    max_replicas=max(0, d.max_replicas - broken),
                     cold_start_seconds=d.cold_start_seconds,
                     scale_to_zero_after_seconds=d.scale_to_zero_after_seconds,
                     target_utilisation=d.target_utilisation,
@@ -234,7 +245,41 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
         pools=tuple(pools),
         settings=allocation.PolicySettings(stabilisation_window_seconds=window_seconds),
     )
-    return snapshot, {d.pk: d for d in deployments}
+    return snapshot, {d.pk: d for d in deployments}, unhealthy
+
+
+def with_replacements(
+    decisions: allocation.Decisions, unhealthy: dict[int, int], deployments: dict
+) -> allocation.Decisions:
+    """Add the unhealthy replicas back to what the policy planned without them: they still
+    exist (being restarted), so the actuator's target is the healthy plan plus them, and a
+    replacement starts at once while they come back."""
+    if not unhealthy:
+        return decisions
+    result = []
+    for decision in decisions.deployments:
+        broken = min(
+            unhealthy.get(decision.deployment_id, 0),
+            deployments[decision.deployment_id].current_replicas,
+        )
+        if broken:
+            decision = replace(
+                decision,
+                current_replicas=decision.current_replicas + broken,
+                recommended_replicas=decision.recommended_replicas + broken,
+                target_replicas=decision.target_replicas + broken,
+                reasons=(
+                    *decision.reasons,
+                    allocation.Reason(
+                        "unhealthy_replicas",
+                        f"{broken} unhealthy replica(s) are being restarted: planned without "
+                        "them, so a replacement starts now",
+                        {"unhealthy": broken},
+                    ),
+                ),
+            )
+        result.append(decision)
+    return replace(decisions, deployments=tuple(result))
 
 
 def _bursts(now: datetime) -> dict[int, Bursts]:
@@ -286,29 +331,8 @@ def _digest(model: allocation.ModelSnapshot) -> str:
 # --- One tick at a time -----------------------------------------------------------------------
 
 
-@contextmanager
 def _tick_lock():
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_try_advisory_lock(%s)", [ADVISORY_LOCK_KEY])
-            taken = cursor.fetchone()[0]
-        try:
-            yield taken
-        finally:
-            if taken:
-                with connection.cursor() as cursor:
-                    cursor.execute("SELECT pg_advisory_unlock(%s)", [ADVISORY_LOCK_KEY])
-        return
-    import redis
-
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    lock = client.lock("controlplane:allocation-tick", timeout=120, blocking=False)
-    taken = lock.acquire(blocking=False)
-    try:
-        yield taken
-    finally:
-        if taken:
-            lock.release()
+    return exclusive("allocation-tick", ADVISORY_LOCK_KEY)
 
 
 # --- The tick ---------------------------------------------------------------------------------
@@ -323,8 +347,8 @@ def allocation_tick(*, dry_run: bool = False, now: datetime | None = None) -> Ti
             result.skipped = True
             return result
         now = now or timezone.now()
-        snapshot, deployments = build_snapshot(now=now)
-        decisions = allocation.decide(snapshot)
+        snapshot, deployments, unhealthy = build_snapshot(now=now)
+        decisions = with_replacements(allocation.decide(snapshot), unhealthy, deployments)
         result.models = [asdict(outcome) for outcome in decisions.models]
         result.allowances = (
             [asdict(a) for a in decisions.allowances] if dry_run else len(decisions.allowances)

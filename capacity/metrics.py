@@ -31,3 +31,23 @@ USAGE_EVENTS = Counter(
     "Usage events received, by result.",
     ["result"],
 )
+HEALTH_PROBES = Counter(
+    "controlplane_health_probes",
+    "Inference probes of engine replicas, by outcome (skipped: real requests completed).",
+    ["outcome"],
+)
+HEALTH_INCIDENTS = Counter(
+    "controlplane_health_incidents",
+    "Replicas marked unhealthy, by the cause of the last failed probe.",
+    ["cause"],
+)
+HEALTH_SECONDS_TO_READY = Histogram(
+    "controlplane_health_seconds_to_ready",
+    "From marking a replica unhealthy to its first good probe after the restart.",
+    buckets=(5, 10, 20, 30, 45, 60, 90, 120, 300, 600),
+)
+DEGRADATION_LEVEL_CHANGES = Counter(
+    "controlplane_degradation_level_changes",
+    "Degradation level changes, by direction.",
+    ["direction"],
+)

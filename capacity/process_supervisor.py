@@ -295,6 +295,32 @@ class ProcessSupervisor:
             self._spawn_due_locked(time.monotonic())
             return self._deployment_status_locked(deployment)
 
+    def restart(self, name: str, index: int) -> dict:
+        """Kill replica `index` of `name` at once (a hung engine ignores SIGTERM's polite
+        request) and start it again; answers the replica's status."""
+        with self._lock:
+            if self._closing:
+                raise SupervisorClosed("the process supervisor is shutting down.")
+            deployment = self._deployments.get(name)
+            replica = deployment.active.get(index) if deployment is not None else None
+            if replica is None:
+                raise LookupError(f"no running replica {index} of deployment {name!r}.")
+            process = replica.process
+            if process is not None:
+                _signal_group(process, signal.SIGKILL)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(timeout=5)
+            replica.process = None
+            replica.ready_since_monotonic = None
+            replica.last_error = "restarted on request (health probes failed)"
+            replica.consecutive_crashes = 0
+            replica.next_start_monotonic = 0.0
+            replica.state = STARTING
+            replica.restarts += 1
+            logger.warning("%s[%d]: restarting on request", name, index)
+            self._spawn_locked(replica, time.monotonic())
+            return replica.status()
+
     def status(self) -> dict:
         """Per deployment: target, ready count, and each replica's pid, port, state, restarts."""
         with self._lock:

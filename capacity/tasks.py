@@ -22,3 +22,15 @@ def allocation_tick() -> dict:
     result = tick()
     return {"tick_id": result.tick_id, "skipped": result.skipped, "applied": result.applied,
             "failed": result.failed, "seconds": result.seconds}  # fmt: skip
+
+
+@shared_task(name="capacity.health_probes", queue="health", expires=10)
+def health_probes() -> dict:
+    from capacity.degradation import evaluate_all
+    from capacity.health import probe_round
+
+    result = probe_round()
+    changes = evaluate_all()
+    return {"probed": result.probed, "skipped": result.skipped, "failed": result.failed,
+            "unhealthy": result.marked_unhealthy, "recovered": result.recovered,
+            "degradation_changes": changes}  # fmt: skip

@@ -51,6 +51,32 @@ def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
     return number
 
 
+def env_float(name: str, default: float, *, minimum: float | None = None) -> float:
+    value = _raw(name)
+    if value is None or value == "":
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={value!r} is not a number.") from None
+    if number != number or (minimum is not None and number < minimum):
+        raise ImproperlyConfigured(f"{name}={number} must be at least {minimum}.")
+    return number
+
+
+def env_optional_int(name: str, default: int | None) -> int | None:
+    """An integer, or None when set to "none" (e.g. to leave a request field out)."""
+    value = _raw(name)
+    if value is None or value == "":
+        return default
+    if value.lower() == "none":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={value!r} is not an integer or 'none'.") from None
+
+
 def env_list(name: str, default: list[str]) -> list[str]:
     """A comma-separated list; empty items are dropped."""
     value = _raw(name)

@@ -8,8 +8,10 @@ from kombu import Queue
 from controlplane.env import (
     env_bool,
     env_database,
+    env_float,
     env_int,
     env_list,
+    env_optional_int,
     env_origins,
     env_redis_url,
     env_str,
@@ -124,7 +126,7 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_DEFAULT_QUEUE = "default"
 CELERY_TASK_QUEUES = tuple(
-    Queue(name, routing_key=name) for name in ("default", "allocation", "benchmarks")
+    Queue(name, routing_key=name) for name in ("default", "allocation", "benchmarks", "health")
 )
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_TIMEZONE = "UTC"
@@ -253,6 +255,16 @@ ALLOCATION_TICK_SECONDS = env_int("ALLOCATION_TICK_SECONDS", 15, minimum=1)
 ALLOCATION_STABILISATION_SECONDS = env_int("ALLOCATION_STABILISATION_SECONDS", 120, minimum=0)
 # The fleet page charts 7 days; a day more keeps the oldest bucket whole.
 CAPACITY_HISTORY_DAYS = env_int("CAPACITY_HISTORY_DAYS", 8, minimum=1)
+# --- Health probes (capacity/health.py) ---------------------------------------------------------
+HEALTH_PROBE_INTERVAL_SECONDS = env_int("HEALTH_PROBE_INTERVAL_SECONDS", 5, minimum=1)
+HEALTH_PROBE_TIMEOUT_SECONDS = env_float("HEALTH_PROBE_TIMEOUT_SECONDS", 5.0, minimum=0.1)
+HEALTH_PROBE_FAILURES = env_int("HEALTH_PROBE_FAILURES", 3, minimum=1)
+HEALTH_PROBE_QUIET_SECONDS = env_int("HEALTH_PROBE_QUIET_SECONDS", 30, minimum=0)
+HEALTH_PROBE_MAX_SKIP_SECONDS = env_int("HEALTH_PROBE_MAX_SKIP_SECONDS", 60, minimum=0)
+# vLLM runs lower priority values first (--scheduling-policy priority); admission uses 0 and 1.
+HEALTH_PROBE_PRIORITY = env_optional_int("HEALTH_PROBE_PRIORITY", -1)
+HEALTH_PROBE_HISTORY_HOURS = env_int("HEALTH_PROBE_HISTORY_HOURS", 24, minimum=1)
+HEALTH_RESTART_RETRY_SECONDS = env_int("HEALTH_RESTART_RETRY_SECONDS", 120, minimum=1)
 # --- Admission (capacity/admission.py) ------------------------------------------------------------
 ADMISSION_REDIS_URL = env_redis_url("ADMISSION_REDIS_URL", REDIS_URL)
 # Burst tolerance of every bucket, in seconds of its rate.

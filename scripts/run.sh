@@ -46,6 +46,10 @@ pids+=($!)
 $BIN/celery -A controlplane worker --queues default,allocation,benchmarks --concurrency 2 \
   --loglevel INFO --logfile var/log/worker.log &
 pids+=($!)
+# Health probes on their own worker, so they never wait behind a benchmark.
+$BIN/celery -A controlplane worker --queues health --concurrency 1 -n health@%h \
+  --loglevel INFO --logfile var/log/health-worker.log &
+pids+=($!)
 $BIN/celery -A controlplane beat --loglevel INFO --logfile var/log/beat.log \
   --pidfile var/beat.pid &
 pids+=($!)

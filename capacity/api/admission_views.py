@@ -50,6 +50,13 @@ AdmissionResponse = inline_serializer(
         "limits": serializers.DictField(),
         "degraded": serializers.BooleanField(),
         "reason": serializers.CharField(),
+        "max_tokens": serializers.IntegerField(
+            allow_null=True, help_text="Set while degraded: cap the request's max_tokens here."
+        ),
+        "fallback_model": serializers.CharField(
+            allow_null=True, help_text="Set while degraded: send the refused request here."
+        ),
+        "degradation_level": serializers.IntegerField(),
     },
 )
 

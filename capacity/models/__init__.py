@@ -3,6 +3,17 @@
 from capacity.models.allocation import ActuatorCircuit, AdmissionAllowance, AllocationDecision
 from capacity.models.catalog import ActuatorKind, Deployment, GpuPool, GpuType, ServedModel
 from capacity.models.cost_models import CostModel
+from capacity.models.health import (
+    DegradationChange,
+    DegradationPolicy,
+    DegradationState,
+    DeploymentFingerprint,
+    Incident,
+    IncidentStep,
+    ProbeOutcome,
+    ProbeResult,
+    Replica,
+)
 from capacity.models.history import CapacitySample
 from capacity.models.reservations import Reservation, ReservationChange
 from capacity.models.usage import AdmissionClass, Outcome, UsageEvent, UsageMinute
@@ -15,6 +26,15 @@ __all__ = [
     "AdmissionClass",
     "CapacitySample",
     "CostModel",
+    "DegradationChange",
+    "DegradationPolicy",
+    "DegradationState",
+    "DeploymentFingerprint",
+    "Incident",
+    "IncidentStep",
+    "ProbeOutcome",
+    "ProbeResult",
+    "Replica",
     "Deployment",
     "GpuPool",
     "GpuType",

@@ -46,7 +46,9 @@ def async_unsafe_allowed():
             os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = old
 
 
-@pytest.fixture(scope="session")
+# Per module, not per session: Django's async-unsafe guard is lifted only while a browser
+# is open, so the rest of the suite (and `check --deploy`) runs with it in place.
+@pytest.fixture(scope="module")
 def chromium():
     if not Path(CHROMIUM_PATH).exists():
         pytest.fail(

@@ -87,7 +87,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _post(self) -> None:
         if not self._authorised():
             return
-        if self.path != "/scale":
+        if self.path not in ("/scale", "/restart"):
             self._json(404, {"error": f"no such endpoint: POST {self.path}"})
             return
         try:
@@ -103,11 +103,36 @@ class _Handler(BaseHTTPRequestHandler):
         except (UnicodeDecodeError, json.JSONDecodeError) as error:
             self._json(400, {"error": f"the body is not valid JSON: {error}."})
             return
+        if self.path == "/restart":
+            self._restart(body)
+            return
         try:
             name, replicas, spec = parse_scale_request(body)
             status = self.server.supervisor.scale(name, replicas, spec)
         except SpecError as error:
             self._json(400, {"error": str(error)})
+            return
+        except SupervisorClosed as error:
+            self._json(503, {"error": str(error)})
+            return
+        self._json(200, status)
+
+    def _restart(self, body) -> None:
+        """POST /restart {"deployment": name, "replica": index}: the health probes' restart."""
+        if not isinstance(body, dict):
+            self._json(400, {"error": "the body must be a JSON object."})
+            return
+        name, index = body.get("deployment"), body.get("replica")
+        if not isinstance(name, str) or not name:
+            self._json(400, {"error": "deployment: must be a deployment name."})
+            return
+        if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+            self._json(400, {"error": "replica: must be a replica index (an integer ≥ 0)."})
+            return
+        try:
+            status = self.server.supervisor.restart(name, index)
+        except LookupError as error:
+            self._json(404, {"error": str(error)})
             return
         except SupervisorClosed as error:
             self._json(503, {"error": str(error)})

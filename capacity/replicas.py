@@ -1,0 +1,187 @@
+"""Which engine endpoints a deployment runs, and how to restart one, per actuator kind.
+
+- `process`: the replicas the process supervisor reports (`GET /status`), each at
+  http://host:port; restart: `POST /restart` (the supervisor kills and starts it again).
+- `kubernetes` with `pod_selector`: the running pods (by IP and `pod_port`); restart: delete
+  the pod, so its ReplicaSet (or the like) starts another.
+- `webhook`: the deployment's `endpoint_url` as one endpoint; restart: a signed POST to the
+  webhook with `"action": "restart"`.
+- `dry_run` (and kubernetes without a selector): `endpoint_url` as one endpoint; a restart
+  is only recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+
+import httpx
+from kubernetes import client as k8s_client
+from kubernetes.client.rest import ApiException
+
+from capacity.actuator_config import KUBERNETES_DEFAULT_TIMEOUT_SECONDS, validate_actuator_config
+from capacity.actuators import kubernetes as k8s_actuator
+from capacity.actuators.webhook import SIGNATURE_HEADER, TIMESTAMP_HEADER, sign
+from capacity.models import ActuatorKind, Deployment
+
+ENDPOINT_KEY = "endpoint"
+SUPERVISOR_TIMEOUT_SECONDS = 5.0
+DEFAULT_POD_PORT = 8000
+
+
+class ReplicaError(Exception):
+    """Listing or restarting replicas failed; the message says where and why."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    key: str
+    url: str
+
+
+def _endpoint_only(deployment: Deployment) -> list[Endpoint]:
+    if not deployment.endpoint_url:
+        return []
+    return [Endpoint(ENDPOINT_KEY, deployment.endpoint_url.rstrip("/"))]
+
+
+def _supervisor(config: dict) -> tuple[str, dict]:
+    headers = {}
+    if config.get("token_env"):
+        token = os.environ.get(config["token_env"], "")
+        if not token:
+            raise ReplicaError(f"environment variable {config['token_env']} is not set")
+        headers["Authorization"] = f"Bearer {token}"
+    return config["supervisor_url"].rstrip("/"), headers
+
+
+def list_endpoints(deployment: Deployment) -> list[Endpoint]:
+    """The endpoints to probe now (replicas still starting are left out)."""
+    kind = deployment.actuator_kind
+    config = validate_actuator_config(kind, deployment.actuator_config)
+    if kind == ActuatorKind.PROCESS:
+        base, headers = _supervisor(config)
+        try:
+            response = httpx.get(
+                f"{base}/status", headers=headers, timeout=SUPERVISOR_TIMEOUT_SECONDS
+            )
+            response.raise_for_status()
+            status = response.json()["deployments"].get(deployment.name)
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as error:
+            raise ReplicaError(f"process supervisor at {base}: {error}") from error
+        if status is None:
+            return []
+        host = config["host"]
+        host = f"[{host}]" if ":" in host else host
+        return [
+            Endpoint(f"process:{r['replica']}", f"http://{host}:{r['port']}")
+            for r in status["replicas"]
+            if r["state"] == "ready" and r["replica"] < status["target"]
+        ]
+    if kind == ActuatorKind.KUBERNETES and config.get("pod_selector"):
+        port = config.get("pod_port", DEFAULT_POD_PORT)
+        with _core_api(config) as core:
+            try:
+                pods = core.list_namespaced_pod(
+                    config["namespace"],
+                    label_selector=config["pod_selector"],
+                    _request_timeout=config.get(
+                        "timeout_seconds", KUBERNETES_DEFAULT_TIMEOUT_SECONDS
+                    ),
+                )
+            except (ApiException, OSError) as error:
+                raise ReplicaError(f"listing pods {config['pod_selector']}: {error}") from error
+        endpoints = []
+        for pod in pods.items:
+            status = pod.status
+            ready = any(c.type == "Ready" and c.status == "True" for c in (status.conditions or []))
+            if (
+                status.phase == "Running"
+                and ready
+                and status.pod_ip
+                and not pod.metadata.deletion_timestamp
+            ):
+                endpoints.append(
+                    Endpoint(f"pod:{pod.metadata.name}", f"http://{status.pod_ip}:{port}")
+                )
+        return sorted(endpoints, key=lambda e: e.key)
+    return _endpoint_only(deployment)
+
+
+class _core_api:
+    """A CoreV1Api over the same connection settings as the kubernetes actuator."""
+
+    def __init__(self, config: dict):
+        self.api_client = k8s_actuator._api_client(config)
+
+    def __enter__(self) -> k8s_client.CoreV1Api:
+        return k8s_client.CoreV1Api(self.api_client)
+
+    def __exit__(self, *exc_info) -> None:
+        k8s_actuator._close(self.api_client)
+
+
+def restart(deployment: Deployment, key: str) -> str:
+    """Ask the data plane to restart or replace one replica; returns what was done."""
+    kind = deployment.actuator_kind
+    config = validate_actuator_config(kind, deployment.actuator_config)
+    if kind == ActuatorKind.PROCESS and key.startswith("process:"):
+        base, headers = _supervisor(config)
+        body = {"deployment": deployment.name, "replica": int(key.split(":", 1)[1])}
+        try:
+            response = httpx.post(
+                f"{base}/restart", json=body, headers=headers, timeout=SUPERVISOR_TIMEOUT_SECONDS
+            )
+        except httpx.HTTPError as error:
+            raise ReplicaError(f"process supervisor at {base}: {error}") from error
+        if response.status_code != 200:
+            raise ReplicaError(
+                f"process supervisor at {base} answered {response.status_code}: "
+                f"{response.text[:300]}"
+            )
+        return f"process supervisor restarted replica {body['replica']}"
+    if kind == ActuatorKind.KUBERNETES and key.startswith("pod:"):
+        name = key.split(":", 1)[1]
+        with _core_api(config) as core:
+            try:
+                core.delete_namespaced_pod(
+                    name,
+                    config["namespace"],
+                    grace_period_seconds=0,
+                    _request_timeout=config.get(
+                        "timeout_seconds", KUBERNETES_DEFAULT_TIMEOUT_SECONDS
+                    ),
+                )
+            except ApiException as error:
+                if error.status != 404:  # already gone: its replacement is on its way
+                    raise ReplicaError(
+                        f"deleting pod {name}: {error.status} {error.reason}"
+                    ) from error
+            except OSError as error:
+                raise ReplicaError(f"deleting pod {name}: {error}") from error
+        return f"pod {config['namespace']}/{name} deleted"
+    if kind == ActuatorKind.WEBHOOK:
+        body = json.dumps(
+            {"action": "restart", "deployment": deployment.name, "replica": key},
+            separators=(",", ":"),
+        ).encode()
+        headers = {"Content-Type": "application/json"}
+        if config.get("secret_env"):
+            secret = os.environ.get(config["secret_env"], "")
+            if not secret:
+                raise ReplicaError(f"environment variable {config['secret_env']} is not set")
+            timestamp = str(int(time.time()))
+            headers[TIMESTAMP_HEADER] = timestamp
+            headers[SIGNATURE_HEADER] = sign(secret, timestamp, body)
+        try:
+            response = httpx.post(
+                config["url"], content=body, headers=headers, timeout=config["timeout_seconds"]
+            )
+        except httpx.HTTPError as error:
+            raise ReplicaError(f"{config['url']}: {error}") from error
+        if not 200 <= response.status_code < 300:
+            raise ReplicaError(f"{config['url']} answered {response.status_code}")
+        return f"restart posted to {config['url']}"
+    return "recorded only (dry run: nothing to restart)"
