@@ -264,9 +264,11 @@ def fit_points(cost_model: CostModel, samples) -> list[dict]:
     """Predicted against measured requests/s per replica, for the samples the fit used."""
     points = []
     for sample in samples:
-        replica_seconds = predict_replica_seconds(
-            cost_model.weights_replica_seconds, sample_shape(sample)
-        )
+        try:
+            shape = sample_shape(sample)
+        except ValueError:
+            continue  # more cached than input tokens: not a shape (nor one the fit could use)
+        replica_seconds = predict_replica_seconds(cost_model.weights_replica_seconds, shape)
         if not replica_seconds > 0:
             continue  # a shape the model prices at nothing has no predicted throughput
         predicted = 1.0 / replica_seconds
@@ -374,11 +376,19 @@ def history_chart(versions) -> dict | None:
 
 
 class RunNowForm(forms.Form):
-    deployment = forms.ModelChoiceField(queryset=Deployment.objects.none())
+    deployment = forms.ModelChoiceField(
+        queryset=Deployment.objects.none(), empty_label="Choose a deployment"
+    )
     suite = forms.ModelChoiceField(
         queryset=BenchmarkSuite.objects.all(),
         required=False,
         empty_label="The deployment's suite",
+    )
+    replicas = forms.IntegerField(
+        min_value=1,
+        max_value=1000,
+        initial=1,
+        help_text="Replicas behind the endpoint: measured throughput is divided by this.",
     )
 
     def __init__(self, *args, deployments, **kwargs):
@@ -500,7 +510,9 @@ def run_now(request, model: str, gpu_type: int, gpus: int):
         return redirect(back)
     try:
         run = run_queue(
-            suite=form.cleaned_data["suite"], deployment=form.cleaned_data["deployment"]
+            suite=form.cleaned_data["suite"],
+            deployment=form.cleaned_data["deployment"],
+            replicas=form.cleaned_data["replicas"],
         )
     except DomainError as error:
         messages.error(request, f"Run not queued: {error.message}")

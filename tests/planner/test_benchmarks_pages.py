@@ -179,13 +179,13 @@ def test_the_runs_list_shows_runs_newest_first_and_polls_only_while_one_is_unfin
     fragment = text(planner_client.get(RUNS_TABLE))
     assert fragment.lstrip().startswith('<div id="runs-table"')
     assert "<html" not in fragment
-    assert POLLING not in fragment  # the last swap stops the polling
+    assert POLLING not in fragment and "hx-get" not in fragment  # the last swap stops polling
     assert fragment.count('<span class="badge succeeded">') == 2
 
 
 def test_the_runs_list_is_paginated(planner_client, served_model, gpu_type):
     BenchmarkRun.objects.bulk_create(
-        BenchmarkRun(served_model=served_model, gpu_type=gpu_type, status="failed")
+        BenchmarkRun(served_model=served_model, gpu_type=gpu_type, status="running")
         for _ in range(55)
     )
     first = text(planner_client.get(RUNS))
@@ -393,16 +393,18 @@ def test_run_now_queues_a_run_of_the_deployment_and_opens_it(
 
     with django_capture_on_commit_callbacks() as callbacks:
         response = planner_client.post(
-            cost_model_path(served_model, gpu_type) + "run/", {"deployment": deployment.pk}
+            cost_model_path(served_model, gpu_type) + "run/",
+            {"deployment": deployment.pk, "replicas": 2},
         )
     run = BenchmarkRun.objects.get()
     assert response.status_code == 302
     assert response["Location"] == f"/planner/benchmarks/runs/{run.pk}/"
-    assert (run.status, run.suite, run.deployment, run.progress_total) == (
+    assert (run.status, run.suite, run.deployment, run.progress_total, run.replicas) == (
         "queued",
         suite,
         deployment,
         3,
+        2,
     )
     assert len(callbacks) == 1  # the Celery task is sent when the transaction commits
 
@@ -418,7 +420,7 @@ def test_run_now_shows_why_a_run_cannot_be_queued(
     url = cost_model_path(served_model, gpu_type) + "run/"
     # No endpoint: the service's own words.
     response = planner_client.post(
-        url, {"deployment": deployment.pk, "suite": suite.pk}, follow=True
+        url, {"deployment": deployment.pk, "suite": suite.pk, "replicas": 1}, follow=True
     )
     assert response.status_code == 200
     assert (
@@ -428,14 +430,18 @@ def test_run_now_shows_why_a_run_cannot_be_queued(
     # No suite on the deployment and none chosen.
     deployment.endpoint_url = "http://127.0.0.1:8101"
     deployment.save()
-    response = planner_client.post(url, {"deployment": deployment.pk}, follow=True)
+    response = planner_client.post(url, {"deployment": deployment.pk, "replicas": 1}, follow=True)
     assert "Deployment llama-8b-h100 has no benchmark suite: choose a suite." in text(response)
     # A deployment of another model is not a choice here.
     elsewhere = DeploymentFactory(endpoint_url="http://127.0.0.1:8102")
     response = planner_client.post(
-        url, {"deployment": elsewhere.pk, "suite": suite.pk}, follow=True
+        url, {"deployment": elsewhere.pk, "suite": suite.pk, "replicas": 1}, follow=True
     )
     assert "Run not queued: Select a valid choice." in text(response)
+    response = planner_client.post(
+        url, {"deployment": deployment.pk, "suite": suite.pk, "replicas": 0}, follow=True
+    )
+    assert "Run not queued: Ensure this value is greater than or equal to 1." in text(response)
     assert not BenchmarkRun.objects.exists()
 
 

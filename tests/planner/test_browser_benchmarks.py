@@ -31,6 +31,15 @@ def test_a_planner_watches_a_run_and_reads_the_fit_of_its_cost_model(site, page,
         gpu_pool=GpuPoolFactory(name="us-east-h100", gpu_type=gpu_type),
         endpoint_url="http://127.0.0.1:8101",
     )
+    suite = services.suite_create(
+        name="quick", grid=[[128, 16], [512, 64]], slo_ttft_p95_ms=2000, slo_tpot_p95_ms=200
+    )
+    DeploymentFactory(
+        name="llama-8b-h100-canary",
+        served_model=served_model,
+        gpu_pool=deployment.gpu_pool,
+        benchmark_suite=suite,
+    )
     older = measured_run(
         served_model, gpu_type, noise=[0.06, -0.05, 0.04, -0.06, 0.05, -0.04, 0.02, 0.05]
     )
@@ -105,6 +114,17 @@ def test_a_planner_watches_a_run_and_reads_the_fit_of_its_cost_model(site, page,
     expect(page.locator("#version-1 .badge")).to_have_text("Active")
     expect(page.locator("#version-2 .badge")).to_have_text("Retired")
     screenshot(page, "cost-model-activated")
+
+    # Run now on a deployment without an endpoint: the service's reason, not an error page.
+    page.locator("select#id_deployment").select_option(
+        label="llama-8b-h100-canary (quick; no endpoint)"
+    )
+    page.get_by_role("button", name="Run now").click()
+    expect(page.locator(".messages li.error")).to_contain_text(
+        "Run not queued: Nothing to benchmark: the deployment has no endpoint_url"
+    )
+    assert BenchmarkRun.objects.count() == 3
+    screenshot(page, "run-now-refused")
 
     page.get_by_role("tablist", name="Benchmarks").get_by_role("link", name="Cost models").click()
     expect(page.get_by_role("heading", name="Cost models")).to_be_visible()
