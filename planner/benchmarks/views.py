@@ -1,8 +1,591 @@
-from django.shortcuts import render
+"""Benchmarks: runs (live while they measure), their samples and log; cost models per (model,
+GPU type, GPUs per replica) with the fit chart, the coefficient history, activate / retire and
+"Run now".
 
+Every write goes through the services the API uses (benchmarking.services.run_queue,
+capacity.cost_models.cost_model_activate / cost_model_retire); a refusal (DomainError) is shown
+as a message on the page, never as a server error.
+"""
+
+import math
+
+from django import forms
+from django.contrib import messages
+from django.db.models import Count, Exists, Max, OuterRef
+from django.http import Http404
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_POST
+
+from benchmarking.fitting import Shape, predict_replica_seconds
+from benchmarking.models import BenchmarkRun, BenchmarkSample, BenchmarkSuite
+from benchmarking.services import run_queue
+from capacity.cost_models import cost_model_activate, cost_model_retire
+from capacity.models import CostModel, Deployment, GpuType, ServedModel
+from controlplane.errors import DomainError
 from planner.access import planner_required
+from planner.charts import PALETTE, line_chart, scatter_chart
+from planner.paging import page_of, query_without
+
+UNFINISHED = (BenchmarkRun.Status.QUEUED, BenchmarkRun.Status.RUNNING)
+LOG_TAIL_LINES = 80
+POLL_TRIGGER = "every 2s"
+
+
+def sig(value, digits: int = 4) -> str:
+    """A coefficient for people: four significant digits, whatever its magnitude."""
+    if value is None:
+        return "—"
+    return f"{value:.{digits}g}"
+
+
+def percent(value) -> str:
+    return "—" if value is None else f"{value * 100:.1f} %"
+
+
+def cost_model_url(served_model, gpu_type_id: int, gpus_per_replica: int, version=None) -> str:
+    url = reverse(
+        "planner:benchmarks:cost_model",
+        args=[served_model.name, gpu_type_id, gpus_per_replica],
+    )
+    return f"{url}?version={version}" if version is not None else url
+
+
+# --- Runs ------------------------------------------------------------------------------------
+
+
+def _runs_queryset():
+    # The log can hold 20,000 characters per run; the list never shows it.
+    return BenchmarkRun.objects.select_related(
+        "suite", "deployment", "served_model", "gpu_type"
+    ).defer("log")
+
+
+def _runs_context(request):
+    page = page_of(request, _runs_queryset())
+    runs = list(page.object_list)
+    for run in runs:
+        run.cost_model_url = cost_model_url(run.served_model, run.gpu_type_id, run.gpus_per_replica)
+    return {
+        "page": page,
+        "runs": runs,
+        "query": query_without(request),
+        "live": any(run.status in UNFINISHED for run in runs),
+        "poll_trigger": POLL_TRIGGER,
+        "table_url": reverse("planner:benchmarks:runs_table") + _query_string(request),
+    }
+
+
+def _query_string(request) -> str:
+    query = request.GET.urlencode()
+    return f"?{query}" if query else ""
 
 
 @planner_required
 def runs(request):
-    return render(request, "planner/placeholder.html", {"section": "benchmarks"})
+    return render(request, "planner/benchmarks/runs.html", _runs_context(request))
+
+
+@planner_required
+def runs_table(request):
+    """The runs table alone: what the list page polls while a shown run is unfinished."""
+    return render(request, "planner/benchmarks/_runs_table.html", _runs_context(request))
+
+
+def _run_or_404(pk: int) -> BenchmarkRun:
+    return get_object_or_404(
+        BenchmarkRun.objects.select_related("suite", "deployment", "served_model", "gpu_type"),
+        pk=pk,
+    )
+
+
+def _run_live_context(run: BenchmarkRun) -> dict:
+    samples = list(
+        run.samples.order_by("input_len", "output_len", "cached_input_len", "concurrency", "id")
+    )
+    log_lines = run.log.splitlines()
+    return {
+        "run": run,
+        "samples": samples,
+        "sustainable_count": sum(1 for sample in samples if sample.sustainable),
+        "log_tail": "\n".join(log_lines[-LOG_TAIL_LINES:]),
+        "log_lines": len(log_lines),
+        "log_tail_lines": LOG_TAIL_LINES,
+        "live": run.status in UNFINISHED,
+        "poll_trigger": POLL_TRIGGER,
+        "cost_models": [
+            {
+                "cost_model": cost_model,
+                "url": cost_model_url(
+                    run.served_model,
+                    cost_model.gpu_type_id,
+                    cost_model.gpus_per_replica,
+                    cost_model.version,
+                ),
+                "cv_mape": percent(cost_model.cv_mape),
+            }
+            for cost_model in run.cost_models.order_by("version")
+        ],
+        "group_url": cost_model_url(run.served_model, run.gpu_type_id, run.gpus_per_replica),
+    }
+
+
+@planner_required
+def run_detail(request, pk: int):
+    return render(request, "planner/benchmarks/run_detail.html", _run_live_context(_run_or_404(pk)))
+
+
+@planner_required
+def run_live(request, pk: int):
+    """Status, progress, samples and log of one run: what its page polls until it ends."""
+    return render(request, "planner/benchmarks/_run_live.html", _run_live_context(_run_or_404(pk)))
+
+
+# --- Cost models overview ------------------------------------------------------------------------
+
+
+@planner_required
+def cost_models(request):
+    groups = (
+        CostModel.objects.values(
+            "served_model_id",
+            "served_model__name",
+            "gpu_type_id",
+            "gpu_type__name",
+            "gpus_per_replica",
+        )
+        .annotate(versions=Count("id"), latest_version=Max("version"))
+        .order_by("served_model__name", "gpu_type__name", "gpus_per_replica")
+    )
+    page = page_of(request, groups)
+    keys = [
+        (g["served_model_id"], g["gpu_type_id"], g["gpus_per_replica"]) for g in page.object_list
+    ]
+    active = {}
+    if keys:
+        for cost_model in CostModel.objects.filter(
+            status=CostModel.Status.ACTIVE,
+            served_model_id__in={key[0] for key in keys},
+            gpu_type_id__in={key[1] for key in keys},
+        ):
+            active[
+                (cost_model.served_model_id, cost_model.gpu_type_id, cost_model.gpus_per_replica)
+            ] = cost_model
+    rows = []
+    for group in page.object_list:
+        key = (group["served_model_id"], group["gpu_type_id"], group["gpus_per_replica"])
+        current = active.get(key)
+        rows.append(
+            {
+                "model_name": group["served_model__name"],
+                "gpu_name": group["gpu_type__name"],
+                "gpus_per_replica": group["gpus_per_replica"],
+                "versions": group["versions"],
+                "latest_version": group["latest_version"],
+                "active": current,
+                "alpha": sig(current.alpha_mu_per_input_token) if current else None,
+                "beta": sig(current.beta_mu_per_output_token) if current else None,
+                "gamma": sig(current.gamma_mu_per_request) if current else None,
+                "cv_mape": percent(current.cv_mape) if current else None,
+                "url": reverse(
+                    "planner:benchmarks:cost_model",
+                    args=[
+                        group["served_model__name"],
+                        group["gpu_type_id"],
+                        group["gpus_per_replica"],
+                    ],
+                ),
+            }
+        )
+    context = {
+        "page": page,
+        "rows": rows,
+        "query": query_without(request),
+        "unfitted": _unfitted_groups(),
+    }
+    return render(request, "planner/benchmarks/cost_models.html", context)
+
+
+UNFITTED_SHOWN = 100
+
+
+def _unfitted_groups() -> list[dict]:
+    """(model, GPU type, GPUs per replica) of deployments that no cost model version covers:
+    where "Run now" gets a model its first version."""
+    fitted = CostModel.objects.filter(
+        served_model_id=OuterRef("served_model_id"),
+        gpu_type_id=OuterRef("gpu_pool__gpu_type_id"),
+        gpus_per_replica=OuterRef("gpus_per_replica"),
+    )
+    groups = (
+        Deployment.objects.filter(~Exists(fitted))
+        .values(
+            "served_model__name",
+            "gpu_pool__gpu_type_id",
+            "gpu_pool__gpu_type__name",
+            "gpus_per_replica",
+        )
+        .annotate(deployments=Count("id"))
+        .order_by("served_model__name", "gpu_pool__gpu_type__name", "gpus_per_replica")
+    )[:UNFITTED_SHOWN]
+    return [
+        {
+            "model_name": group["served_model__name"],
+            "gpu_name": group["gpu_pool__gpu_type__name"],
+            "gpus_per_replica": group["gpus_per_replica"],
+            "deployments": group["deployments"],
+            "url": reverse(
+                "planner:benchmarks:cost_model",
+                args=[
+                    group["served_model__name"],
+                    group["gpu_pool__gpu_type_id"],
+                    group["gpus_per_replica"],
+                ],
+            ),
+        }
+        for group in groups
+    ]
+
+
+# --- One cost model: fit chart, history, activate / retire, run now --------------------------
+
+
+def sample_shape(sample: BenchmarkSample) -> Shape:
+    """The shape a sample was fitted as (benchmarking.services.cost_model_fit): input_len counts
+    every prompt token, of which cached_input_len hit the prefix cache."""
+    return Shape(
+        input_tokens=sample.input_len - sample.cached_input_len,
+        output_tokens=sample.output_len,
+        cached_input_tokens=sample.cached_input_len,
+    )
+
+
+def fit_points(cost_model: CostModel, samples) -> list[dict]:
+    """Predicted against measured requests/s per replica, for the samples the fit used."""
+    points = []
+    for sample in samples:
+        try:
+            shape = sample_shape(sample)
+        except ValueError:
+            continue  # more cached than input tokens: not a shape (nor one the fit could use)
+        replica_seconds = predict_replica_seconds(cost_model.weights_replica_seconds, shape)
+        if not replica_seconds > 0:
+            continue  # a shape the model prices at nothing has no predicted throughput
+        predicted = 1.0 / replica_seconds
+        error = (predicted - sample.requests_per_s) / sample.requests_per_s
+        points.append(
+            {
+                "sample": sample,
+                "measured": sample.requests_per_s,
+                "predicted": predicted,
+                "error": error,
+                "error_text": f"{error * 100:+.1f} %" if abs(error) >= 0.0005 else "0.0 %",
+            }
+        )
+    return points
+
+
+def nice_bound(value: float, *, up: bool) -> float:
+    """The nearest 1, 2 or 5 × 10ⁿ above (or below) value: log-axis ends that read cleanly."""
+    exponent = math.floor(math.log10(value))
+    steps = [m * 10.0**e for e in (exponent - 1, exponent, exponent + 1) for m in (1, 2, 5)]
+    if up:
+        return min(step for step in steps if step >= value)
+    return max(step for step in steps if step <= value)
+
+
+def fit_chart(points: list[dict]) -> dict:
+    measured = [point["measured"] for point in points]
+    predicted = [point["predicted"] for point in points]
+    low = nice_bound(min(measured + predicted) / 1.2, up=False)
+    high = nice_bound(max(measured + predicted) * 1.2, up=True)
+    config = scatter_chart(
+        [
+            {
+                "label": "Sustainable samples",
+                "data": [
+                    {
+                        "x": round(point["measured"], 6),
+                        "y": round(point["predicted"], 6),
+                        "shape": f"{point['sample'].input_len}/{point['sample'].output_len}",
+                    }
+                    for point in points
+                ],
+            },
+            {
+                "type": "line",
+                "label": "predicted = measured",
+                "data": [{"x": low, "y": low}, {"x": high, "y": high}],
+                "borderColor": "#9ca3af",
+                "backgroundColor": "#9ca3af",
+                "borderDash": [6, 4],
+                "pointRadius": 0,
+                "borderWidth": 1,
+            },
+        ],
+        x_title="Measured requests/s per replica (log)",
+        y_title="Predicted requests/s per replica (log)",
+    )
+    # Throughputs span orders of magnitude and the fit minimises relative error, so both axes
+    # are logarithmic: equal distances from the diagonal are equal relative errors.
+    for axis in ("x", "y"):
+        scale = config["options"]["scales"][axis]
+        scale.pop("beginAtZero", None)
+        scale.update({"type": "logarithmic", "min": low, "max": high})
+    return config
+
+
+def history_chart(versions) -> dict | None:
+    if not versions:
+        return None
+
+    def positive(value):
+        return value if value and value > 0 else None
+
+    config = line_chart(
+        [f"v{cost_model.version}" for cost_model in versions],
+        [
+            {
+                "label": "α MU per input token",
+                "data": [positive(c.alpha_mu_per_input_token) for c in versions],
+                "color": PALETTE[0],
+                "pointRadius": 3,
+            },
+            {
+                "label": "β MU per output token",
+                "data": [positive(c.beta_mu_per_output_token) for c in versions],
+                "color": PALETTE[1],
+                "pointRadius": 3,
+            },
+            {
+                "label": "γ MU per request",
+                "data": [positive(c.gamma_mu_per_request) for c in versions],
+                "color": PALETTE[2],
+                "pointRadius": 3,
+            },
+        ],
+        y_title="MU (log)",
+        x_title="Version",
+    )
+    # α, β and γ differ by orders of magnitude: a log axis shows all three moving.
+    config["options"]["scales"]["x"]["offset"] = True
+    y = config["options"]["scales"]["y"]
+    y.pop("beginAtZero", None)
+    y["type"] = "logarithmic"
+    return config
+
+
+class RunNowForm(forms.Form):
+    deployment = forms.ModelChoiceField(
+        queryset=Deployment.objects.none(), empty_label="Choose a deployment"
+    )
+    suite = forms.ModelChoiceField(
+        queryset=BenchmarkSuite.objects.all(),
+        required=False,
+        empty_label="The deployment's suite",
+    )
+    replicas = forms.IntegerField(
+        min_value=1,
+        max_value=1000,
+        initial=1,
+        help_text="Replicas behind the endpoint: measured throughput is divided by this.",
+    )
+
+    def __init__(self, *args, deployments, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["deployment"].queryset = deployments
+        self.fields["deployment"].label_from_instance = self._deployment_label
+
+    @staticmethod
+    def _deployment_label(deployment):
+        suite = deployment.benchmark_suite.name if deployment.benchmark_suite else "no suite"
+        endpoint = deployment.endpoint_url or "no endpoint"
+        return f"{deployment.name} ({suite}; {endpoint})"
+
+    def clean(self):
+        cleaned = super().clean()
+        deployment = cleaned.get("deployment")
+        if deployment is not None and cleaned.get("suite") is None:
+            if deployment.benchmark_suite is None:
+                raise forms.ValidationError(
+                    f"Deployment {deployment.name} has no benchmark suite: choose a suite."
+                )
+            cleaned["suite"] = deployment.benchmark_suite
+        return cleaned
+
+
+def _group(model: str, gpu_type: int):
+    served_model = get_object_or_404(ServedModel, name=model)
+    gpu = get_object_or_404(GpuType, pk=gpu_type)
+    return served_model, gpu
+
+
+def _group_deployments(served_model, gpu, gpus: int):
+    """Deployments whose runs fit this cost model: this model on this GPU type and size."""
+    return (
+        Deployment.objects.filter(
+            served_model=served_model, gpu_pool__gpu_type=gpu, gpus_per_replica=gpus
+        )
+        .select_related("benchmark_suite")
+        .order_by("name")
+    )
+
+
+@planner_required
+def cost_model(request, model: str, gpu_type: int, gpus: int):
+    served_model, gpu = _group(model, gpu_type)
+    versions = list(
+        CostModel.objects.filter(served_model=served_model, gpu_type=gpu, gpus_per_replica=gpus)
+        .select_related("source_run")
+        .order_by("version")
+    )
+    selected = None
+    wanted = request.GET.get("version")
+    if wanted:
+        selected = next((c for c in versions if str(c.version) == wanted), None)
+        if selected is None:
+            raise Http404(f"No version {wanted} of this cost model.")
+    if selected is None and versions:
+        active = [c for c in versions if c.status == CostModel.Status.ACTIVE]
+        selected = active[0] if active else versions[-1]
+
+    points = []
+    if selected is not None and selected.source_run_id:
+        samples = BenchmarkSample.objects.filter(
+            run_id=selected.source_run_id, sustainable=True, requests_per_s__gt=0
+        ).order_by("input_len", "output_len", "cached_input_len")
+        points = fit_points(selected, samples)
+    chart = fit_chart(points) if points else None
+    in_sample_mape = sum(abs(point["error"]) for point in points) / len(points) if points else None
+
+    version_rows = [
+        {
+            "cost_model": c,
+            "alpha": sig(c.alpha_mu_per_input_token),
+            "beta": sig(c.beta_mu_per_output_token),
+            "gamma": sig(c.gamma_mu_per_request),
+            "cv_mape": percent(c.cv_mape),
+            "url": cost_model_url(served_model, gpu.pk, gpus, c.version),
+            "selected": c == selected,
+        }
+        for c in reversed(versions)
+    ]
+    deployments = _group_deployments(served_model, gpu, gpus)
+    context = {
+        "served_model": served_model,
+        "gpu": gpu,
+        "gpus": gpus,
+        "versions": version_rows,
+        "selected": selected,
+        "selected_row": next((row for row in version_rows if row["selected"]), None),
+        "points": points,
+        "in_sample_mape": percent(in_sample_mape) if in_sample_mape is not None else None,
+        "fit_chart": chart,
+        "history_chart": history_chart(versions) if len(versions) > 1 else None,
+        "form": RunNowForm(deployments=deployments),
+        "has_deployments": deployments.exists(),
+        "has_suites": BenchmarkSuite.objects.exists(),
+        "run_now_url": reverse(
+            "planner:benchmarks:run_now", args=[served_model.name, gpu.pk, gpus]
+        ),
+        "latest_runs": list(
+            _runs_queryset().filter(served_model=served_model, gpu_type=gpu, gpus_per_replica=gpus)[
+                :5
+            ]
+        ),
+    }
+    return render(request, "planner/benchmarks/cost_model.html", context)
+
+
+@planner_required
+@require_POST
+def run_now(request, model: str, gpu_type: int, gpus: int):
+    served_model, gpu = _group(model, gpu_type)
+    back = cost_model_url(served_model, gpu.pk, gpus)
+    form = RunNowForm(request.POST, deployments=_group_deployments(served_model, gpu, gpus))
+    if not form.is_valid():
+        for errors in form.errors.values():
+            for error in errors:
+                messages.error(request, f"Run not queued: {error}")
+        return redirect(back)
+    try:
+        run = run_queue(
+            suite=form.cleaned_data["suite"],
+            deployment=form.cleaned_data["deployment"],
+            replicas=form.cleaned_data["replicas"],
+        )
+    except DomainError as error:
+        messages.error(request, f"Run not queued: {error.message}")
+        return redirect(back)
+    messages.success(
+        request,
+        f"Run {run.pk} queued: {form.cleaned_data['deployment'].name} with suite "
+        f"{form.cleaned_data['suite'].name}. It starts when a worker on the benchmarks queue "
+        "takes it.",
+    )
+    return redirect("planner:benchmarks:run_detail", pk=run.pk)
+
+
+def _version_action(request, pk: int, action, done: str):
+    cost_model = get_object_or_404(
+        CostModel.objects.select_related("served_model", "gpu_type"), pk=pk
+    )
+    back = cost_model_url(
+        cost_model.served_model,
+        cost_model.gpu_type_id,
+        cost_model.gpus_per_replica,
+        cost_model.version,
+    )
+    label = (
+        f"{cost_model.served_model.name} on {cost_model.gpu_type.name}"
+        f"×{cost_model.gpus_per_replica} v{cost_model.version}"
+    )
+    try:
+        changed = action(cost_model=cost_model)
+    except DomainError as error:
+        messages.error(request, f"{label} not changed: {error.message}")
+        return redirect(back)
+    messages.success(request, f"{label} {done(changed)}")
+    return redirect(back)
+
+
+@planner_required
+@require_POST
+def version_activate(request, pk: int):
+    return _version_action(
+        request,
+        pk,
+        cost_model_activate,
+        lambda c: (
+            "is active: prices and capacity use it from now on, and the version that was "
+            "active is retired."
+        ),
+    )
+
+
+@planner_required
+@require_POST
+def version_retire(request, pk: int):
+    def done(cost_model):
+        still_active = CostModel.objects.filter(
+            served_model_id=cost_model.served_model_id,
+            gpu_type_id=cost_model.gpu_type_id,
+            gpus_per_replica=cost_model.gpus_per_replica,
+            status=CostModel.Status.ACTIVE,
+        ).exists()
+        if still_active:
+            return "is retired."
+        consequence = "deployments on these GPUs are not sold"
+        reference_priced = CostModel.objects.filter(
+            served_model_id=cost_model.served_model_id,
+            gpu_type_id=cost_model.served_model.reference_gpu_type_id,
+            status=CostModel.Status.ACTIVE,
+        ).exists()
+        if not reference_priced:
+            consequence += " and metered usage of the model cannot be priced"
+        return (
+            f"is retired. No version is active now: {consequence} until you activate one "
+            "(estimates fall back to the newest candidate)."
+        )
+
+    return _version_action(request, pk, cost_model_retire, done)
