@@ -445,7 +445,8 @@ def test_the_command_stops_its_replicas_on_sigterm(tmp_path, emulator_command):
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until(lambda: healthy(port), what="the supervisor's API")
+        # Django starts in the child first: give a loaded machine time.
+        wait_until(lambda: healthy(port), timeout_seconds=45, what="the supervisor's API")
         body = {
             "deployment": "llm",
             "replicas": 1,
