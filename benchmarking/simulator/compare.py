@@ -20,6 +20,15 @@ before the trace (`initial_replicas()`, 0 if they do not say): static-peak its w
 oracle what it needs within the first cold start, and the reactive policies (kpa, hpa-rps,
 modelunit) that same opening fleet (`PolicyContext.warm_replicas`; hpa-rps at least one).
 
+Fleet cap (`max_replicas`, optional): no policy may hold more replicas than this. It lowers the
+context's `max_replicas` (what the reactive policies and the oracle plan within, like a
+deployment's limit) and clamps every policy's decisions and opening fleet, static-peak's
+included; the what-if page uses it to ask whether a fleet sized for the sold reservations at
+some overcommit still meets the SLO. Without it nothing changes.
+
+Progress (`on_policy`, optional): called as `on_policy(name, done, total)` after each policy's
+simulation; it does not change the results.
+
 Policies: static-peak, kpa, hpa-rps, oracle (`baselines`, `oracle`) and modelunit, the live
 allocation policy (`benchmarking.simulator.modelunit.ModelUnitAutoscaler`), imported by name
 when asked for; if it cannot be imported it is left out with the reason
@@ -81,6 +90,21 @@ def _load_modelunit() -> tuple[Callable[[PolicyContext], Autoscaler] | None, str
         return None, f"{MODELUNIT} policy unavailable (cannot import {MODELUNIT_PATH}: {exc})"
 
 
+class _Capped:
+    """A policy whose fleet never exceeds `cap` replicas (its decisions and opening fleet)."""
+
+    def __init__(self, autoscaler: Autoscaler, cap: int):
+        self.autoscaler = autoscaler
+        self.cap = cap
+
+    def initial_replicas(self) -> int:
+        initial = getattr(self.autoscaler, "initial_replicas", None)
+        return min(self.cap, int(initial()) if initial else 0)
+
+    def decide(self, observation) -> int:
+        return min(self.cap, self.autoscaler.decide(observation))
+
+
 def policy_registry() -> tuple[dict[str, Callable[[PolicyContext], Autoscaler]], dict[str, str]]:
     """(name -> factory, name -> why it is missing). The modelunit policy is imported here."""
     registry = dict(_BUILT_IN)
@@ -124,8 +148,12 @@ def build_context(
     keep_warm: bool = False,
     future: bool = False,
     ttft_slo_seconds: float = 2.0,
+    max_replicas: int | None = None,
 ) -> PolicyContext:
-    """The context every policy is built from; `future=True` adds the requests (oracle only)."""
+    """The context every policy is built from; `future=True` adds the requests (oracle only).
+
+    `max_replicas`, if given, caps the fleet below what the trace and reservations would allow.
+    """
     mu_of = request_mu(model)
     summary = summarise(requests)
     mean_mu = float(np.mean([mu_of(r) for r in requests])) if requests else 0.0
@@ -147,7 +175,10 @@ def build_context(
         future_requests=tuple(requests) if future else (),
     )
     top = max(4 * peak_mu_per_minute, sum(reservations.values()))
+    cap = max_replicas
     max_replicas = max(1, replicas_for(top, base))
+    if cap is not None:
+        max_replicas = max(1, min(max_replicas, int(cap)))
     base = replace(base, max_replicas=max_replicas)
     # The warm fleet: what the demand needs before a replica started at t = 0 could be ready
     # (the oracle's own opening fleet), and the reservations.
@@ -172,8 +203,12 @@ def compare(
     keep_warm: bool = False,
     tick_seconds: float = 15,
     warm_up: bool = True,
+    max_replicas: int | None = None,
+    on_policy: Callable[[str, int, int], None] | None = None,
 ) -> dict:
     """Simulate each policy over `requests` (see the module docstring for the result)."""
+    if max_replicas is not None and max_replicas < 1:
+        raise ValueError(f"max_replicas must be at least 1, got {max_replicas}")
     if not 0 < target_utilisation <= 1:
         raise ValueError(f"target_utilisation must be in (0, 1], got {target_utilisation}")
     if slo_ttft_ms <= 0:
@@ -221,10 +256,13 @@ def compare(
             keep_warm=keep_warm,
             future=name == "oracle",
             ttft_slo_seconds=slo_ttft_ms / 1000.0,
+            max_replicas=max_replicas,
         )
         if name == "oracle":
             context = replace(context, future_requests=tuple(replayed))
         autoscaler = registry[name](context)
+        if max_replicas is not None:
+            autoscaler = _Capped(autoscaler, context.max_replicas)
         initial = getattr(autoscaler, "initial_replicas", None)
         settings = SimulationSettings(
             **settings_kwargs, initial_replicas=int(initial()) if initial else 0
@@ -242,6 +280,8 @@ def compare(
             "guaranteed_refused": int(np.count_nonzero(guaranteed & (result.outcome != SERVED))),
             "scale_events": result.scale_events,
         }
+        if on_policy is not None:
+            on_policy(name, len(results), len(order))
     reference_hours = results[REFERENCE]["gpu_hours"]
     out: dict[str, dict] = {}
     for name in order:

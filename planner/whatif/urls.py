@@ -6,4 +6,6 @@ app_name = "whatif"
 
 urlpatterns = [
     path("", views.index, name="index"),
+    path("<int:pk>/", views.detail, name="detail"),
+    path("<int:pk>/progress/", views.progress, name="progress"),
 ]

@@ -1,8 +1,176 @@
-from django.shortcuts import render
+"""What-if: simulate a model's fleet over a trace with changed reservations, overcommit or
+policy settings (a Celery job, benchmarking.whatif), then compare the policies."""
 
+from django.contrib import messages
+from django.db.models import Sum
+from django.shortcuts import get_object_or_404, redirect, render
+
+from benchmarking import whatif
+from benchmarking.models import WhatIfRun
+from capacity.models import Reservation, ServedModel
+from controlplane.errors import DomainError
 from planner.access import planner_required
+from planner.paging import page_of, query_without
+from planner.whatif.forms import WhatIfForm
+
+COLUMNS = [
+    # key, heading, format
+    ("gpu_hours", "GPU-hours", "hours"),
+    ("savings_vs_static", "Savings vs static-peak", "percent"),
+    ("slo_attainment", "SLO attainment", "percent"),
+    ("ttft_p50_ms", "TTFT p50 (ms)", "ms"),
+    ("ttft_p95_ms", "TTFT p95 (ms)", "ms"),
+    ("ttft_p99_ms", "TTFT p99 (ms)", "ms"),
+    ("tpot_p95_ms", "TPOT p95 (ms)", "ms1"),
+    ("guaranteed_refused", "Guaranteed refused", "count"),
+    ("scale_events", "Scale events", "count"),
+]
+
+
+FORMATS = {
+    "hours": "{:,.3f}",
+    "percent": "{:.1%}",
+    "ms": "{:,.0f}",
+    "ms1": "{:,.1f}",
+    "count": "{:,}",
+}
+
+
+def _cell(value, kind: str) -> str:
+    return "—" if value is None else FORMATS[kind].format(value)
+
+
+def _initial_for(request) -> dict:
+    """?model=<id> starts from that model's overcommit and active reservations (per customer)."""
+    model_id = request.GET.get("model")
+    if not (model_id and model_id.isdigit()):
+        return {}
+    served_model = ServedModel.objects.filter(pk=int(model_id)).first()
+    if served_model is None:
+        return {}
+    sold = (
+        Reservation.objects.filter(served_model=served_model, status=Reservation.Status.ACTIVE)
+        .values("customer__slug")
+        .annotate(mu=Sum("mu_per_minute"))
+        .order_by("customer__slug")
+    )
+    return {
+        "served_model": served_model,
+        "overcommit": served_model.overcommit,
+        "reservations": whatif.format_reservations(
+            {row["customer__slug"]: row["mu"] for row in sold}
+        ),
+    }
+
+
+def _runs_page(request):
+    runs = (
+        WhatIfRun.objects.select_related("served_model", "requested_by")
+        .defer("trace_csv")
+        .order_by("-created_at", "-id")
+    )
+    page = page_of(request, runs)
+    for run in page:
+        run.best = whatif.best_policy(run)
+    return page
 
 
 @planner_required
 def index(request):
-    return render(request, "planner/placeholder.html", {"section": "whatif"})
+    if request.method == "POST":
+        form = WhatIfForm(request.POST, request.FILES)
+        if form.is_valid():
+            data = form.cleaned_data
+            upload = data["trace_file"]
+            try:
+                run = whatif.whatif_create(
+                    requested_by=request.user,
+                    served_model=data["served_model"],
+                    trace_name=data["trace"],
+                    trace_csv=upload.read() if upload else "",
+                    trace_filename=upload.name if upload else "",
+                    model_config=data["model_config"],
+                    policies=data["policies"],
+                    reservations=data["reservations"],
+                    overcommit=data["overcommit"],
+                    keep_warm=data["keep_warm"],
+                    duration_minutes=data["duration_minutes"],
+                    rate_scale=data["rate_scale"],
+                    slo_ttft_ms=data["slo_ttft_ms"],
+                    slo_goal=data["slo_goal"],
+                    target_utilisation=data["target_utilisation"],
+                    cold_start_seconds=data["cold_start_seconds"],
+                    tick_seconds=data["tick_seconds"],
+                )
+            except DomainError as error:
+                field = error.field if error.field in form.fields else None
+                form.add_error(field, error.message)
+            else:
+                messages.success(request, f"What-if {run.pk} is queued.")
+                return redirect("planner:whatif:detail", pk=run.pk)
+        status = 400
+    else:
+        form = WhatIfForm(initial=_initial_for(request))
+        status = 200
+    context = {
+        "form": form,
+        "has_models": ServedModel.objects.exists(),
+        "built_in": whatif.BUILT_IN_DESCRIPTION,
+        "max_requests": whatif.MAX_REQUESTS,
+        "page": _runs_page(request),
+        "query": query_without(request),
+    }
+    return render(request, "planner/whatif/index.html", context, status=status)
+
+
+def _run_context(run: WhatIfRun) -> dict:
+    rows = []
+    best = whatif.best_policy(run)
+    if run.result:
+        results = run.result["policies"]
+        # The settings keep the order compare ran them in (static-peak first); jsonb does not.
+        order = [name for name in run.settings.get("policies", []) if name in results]
+        for name in order + sorted(set(results) - set(order)):
+            values = results[name]
+            rows.append(
+                {
+                    "policy": name,
+                    "best": name == best,
+                    "cells": [_cell(values.get(key), kind) for key, _, kind in COLUMNS],
+                }
+            )
+    settings = run.settings
+    return {
+        "run": run,
+        "rows": rows,
+        "columns": [heading for _, heading, _ in COLUMNS],
+        "best": best,
+        "slo_goal_percent": f"{settings.get('slo_goal', 0) * 100:g} %",
+        "slo_ttft_ms": settings.get("slo_ttft_ms"),
+    }
+
+
+@planner_required
+def detail(request, pk: int):
+    run = get_object_or_404(
+        WhatIfRun.objects.select_related("served_model", "requested_by").defer("trace_csv"), pk=pk
+    )
+    settings = run.settings
+    reserved = sum((settings.get("reservations") or {}).values())
+    context = _run_context(run) | {
+        "reservations": sorted((settings.get("reservations") or {}).items()),
+        "reserved_total": reserved,
+        "model_config": settings.get("model_config"),
+        "built_in": whatif.BUILT_IN_DESCRIPTION,
+        "trace_label": whatif.BUNDLED_TRACES[run.trace_name].label
+        if run.trace_name in whatif.BUNDLED_TRACES
+        else f"uploaded {run.trace_filename}",
+    }
+    return render(request, "planner/whatif/detail.html", context)
+
+
+@planner_required
+def progress(request, pk: int):
+    """The htmx fragment the detail page polls every 2 s until the run has finished."""
+    run = get_object_or_404(WhatIfRun.objects.defer("trace_csv"), pk=pk)
+    return render(request, "planner/whatif/_run.html", _run_context(run))

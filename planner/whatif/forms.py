@@ -1,0 +1,107 @@
+"""The what-if form: types and ranges here, everything else in benchmarking.whatif (whose
+DomainError names the field, which the view puts back on the form)."""
+
+from django import forms
+
+from benchmarking import whatif
+from benchmarking.simulator.compare import known_policies
+from capacity.models import ServedModel
+
+POLICY_HELP = {
+    "static-peak": "the trace's peak, always on (the reference; always simulated)",
+    "kpa": "Knative's concurrency autoscaler",
+    "hpa-rps": "Kubernetes HPA on requests/s",
+    "oracle": "knows the future: a lower bound, not a real option",
+    "modelunit": "this control plane's allocation policy",
+}
+
+
+def _limits(field: str) -> dict:
+    default, low, high, exclusive = whatif.LIMITS[field]
+    attrs = {"max": high, "step": "any"}
+    if not exclusive:
+        attrs["min"] = low
+    return attrs
+
+
+class WhatIfForm(forms.Form):
+    served_model = forms.ModelChoiceField(
+        queryset=ServedModel.objects.order_by("name"),
+        required=False,
+        empty_label="(none: file it under no model)",
+        label="Model",
+    )
+    model_config = forms.CharField(
+        required=False,
+        label="Replica profile (model config JSON, optional)",
+        widget=forms.Textarea(
+            attrs={"rows": 3, "cols": 44, "placeholder": '{"name": "70b", "max_num_seqs": 128}'}
+        ),
+    )
+    trace = forms.ChoiceField(
+        choices=[(name, trace.label) for name, trace in whatif.BUNDLED_TRACES.items()],
+        initial=whatif.DEFAULT_TRACE,
+        label="Bundled trace",
+    )
+    trace_file = forms.FileField(required=False, label="…or upload a CSV (≤ 5 MB)")
+    duration_minutes = forms.IntegerField(
+        initial=whatif.LIMITS["duration_minutes"][0],
+        label="Simulate the first (minutes)",
+        widget=forms.NumberInput(attrs=_limits("duration_minutes") | {"step": 1}),
+    )
+    rate_scale = forms.FloatField(
+        initial=whatif.LIMITS["rate_scale"][0],
+        label="Demand × (rate scale)",
+        widget=forms.NumberInput(attrs=_limits("rate_scale")),
+    )
+    reservations = forms.CharField(
+        required=False,
+        label="Reservations (one 'client = MU/min' a line)",
+        widget=forms.Textarea(attrs={"rows": 4, "cols": 30, "placeholder": "default = 600"}),
+    )
+    overcommit = forms.FloatField(
+        initial=whatif.LIMITS["overcommit"][0],
+        label="Overcommit",
+        widget=forms.NumberInput(attrs=_limits("overcommit")),
+    )
+    keep_warm = forms.BooleanField(required=False, label="Keep one replica warm")
+    target_utilisation = forms.FloatField(
+        initial=whatif.LIMITS["target_utilisation"][0],
+        label="Target utilisation",
+        widget=forms.NumberInput(attrs=_limits("target_utilisation")),
+    )
+    cold_start_seconds = forms.FloatField(
+        required=False,
+        label="Cold start (s; blank: the profile's)",
+        widget=forms.NumberInput(attrs=_limits("cold_start_seconds")),
+    )
+    slo_ttft_ms = forms.FloatField(
+        initial=whatif.LIMITS["slo_ttft_ms"][0],
+        label="SLO: TTFT ≤ (ms)",
+        widget=forms.NumberInput(attrs=_limits("slo_ttft_ms")),
+    )
+    slo_goal = forms.FloatField(
+        initial=whatif.LIMITS["slo_goal"][0],
+        label="…for this share of requests",
+        widget=forms.NumberInput(attrs=_limits("slo_goal")),
+    )
+    tick_seconds = forms.FloatField(
+        initial=whatif.LIMITS["tick_seconds"][0],
+        label="Autoscaler tick (s)",
+        widget=forms.NumberInput(attrs=_limits("tick_seconds")),
+    )
+    policies = forms.MultipleChoiceField(
+        choices=[(name, f"{name} — {POLICY_HELP.get(name, '')}") for name in known_policies()],
+        initial=list(whatif.DEFAULT_POLICIES),
+        widget=forms.CheckboxSelectMultiple,
+        label="Policies",
+    )
+
+    def clean_trace_file(self):
+        upload = self.cleaned_data.get("trace_file")
+        if upload is not None and upload.size > whatif.MAX_UPLOAD_BYTES:
+            raise forms.ValidationError(
+                f"{upload.name} is {upload.size / 1024 / 1024:.1f} MB; the limit is "
+                f"{whatif.MAX_UPLOAD_BYTES // 1024 // 1024} MB."
+            )
+        return upload
