@@ -5,7 +5,9 @@ It serves `GET`/`PATCH` on
     /apis/apps/v1/namespaces/{ns}/deployments/{name}/scale      (and statefulsets)
     /apis/{group}/{version}/namespaces/{ns}/{plural}/{name}/scale
 
-for the objects added with `add()`, answers a `Scale` like the API server (spec = the desired
+and the pods of the core API (`GET /api/v1/namespaces/{ns}/pods?labelSelector=k=v`,
+`DELETE /api/v1/namespaces/{ns}/pods/{name}`) added with `add_pod()`, for the objects added
+with `add()`, answers a `Scale` like the API server (spec = the desired
 replicas, status = the replicas observed, which lag until `observe()`), records every request,
 and can be told to answer the next requests with a failure: an HTTP status (409, 500, 404…)
 with a Kubernetes `Status` body, or "hang" (accept the request and never answer).
@@ -19,12 +21,14 @@ import threading
 from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import unquote
 
 HANG = "hang"
 _SCALE_PATH = re.compile(
     r"^/apis/(?P<group_version>[^/]+/[^/]+)/namespaces/(?P<ns>[^/]+)"
     r"/(?P<plural>[^/]+)/(?P<name>[^/]+)/scale$"
 )
+_PODS_PATH = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods(?:/(?P<name>[^/]+))?$")
 _REASONS = {409: "Conflict", 404: "NotFound", 401: "Unauthorized", 500: "InternalError"}
 
 
@@ -46,6 +50,7 @@ class ScaleApiServer:
     def __init__(self, *, token: str | None = None):
         self.token = token  # when set, requests need `Authorization: Bearer <token>`
         self.objects: dict[str, ScaledObject] = {}
+        self.pods: dict[tuple[str, str], dict] = {}  # (namespace, name) -> Pod
         self.requests: list[Recorded] = []
         self._script: list[int | str] = []
         self._always: int | str | None = None
@@ -71,6 +76,52 @@ class ScaleApiServer:
     def add(self, path: str, replicas: int) -> None:
         """Add an object at its scale path, e.g. `/apis/apps/v1/namespaces/ns/deployments/x`."""
         self.objects[path] = ScaledObject(spec_replicas=replicas, status_replicas=replicas)
+
+    def add_pod(
+        self, namespace: str, name: str, ip: str, labels: dict, *, ready: bool = True
+    ) -> None:
+        self.pods[(namespace, name)] = {
+            "kind": "Pod",
+            "apiVersion": "v1",
+            "metadata": {"name": name, "namespace": namespace, "labels": labels},
+            "status": {
+                "phase": "Running",
+                "podIP": ip,
+                "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+            },
+        }
+
+    def deleted_pods(self) -> list[str]:
+        return [
+            r.path.split("?", 1)[0].rsplit("/", 1)[-1]
+            for r in self.requests
+            if r.method == "DELETE"
+        ]
+
+    def _pods(self, handler, method: str, match) -> None:
+        namespace, name = match["ns"], match["name"]
+        if method == "DELETE" and name:
+            pod = self.pods.pop((namespace, name), None)
+            if pod is None:
+                return _status(handler, 404, f'pods "{name}" not found')
+            return _json(handler, 200, pod)
+        query = handler.path.split("?", 1)[1] if "?" in handler.path else ""
+        wanted = {}
+        for part in query.split("&"):
+            key, _, value = part.partition("=")
+            if key == "labelSelector":
+                for term in unquote(value).split(","):
+                    label, _, label_value = term.partition("=")
+                    wanted[label] = label_value
+        items = [
+            pod
+            for (ns, _), pod in sorted(self.pods.items())
+            if ns == namespace
+            and all(pod["metadata"]["labels"].get(k) == v for k, v in wanted.items())
+        ]
+        return _json(
+            handler, 200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items}
+        )
 
     def fail_next(self, *answers: int | str) -> None:
         """Answer the next requests with these statuses (or HANG), then normally again."""
@@ -112,6 +163,11 @@ class ScaleApiServer:
             self._released.wait(timeout=30)
             handler.close_connection = True
             return None
+        pods = _PODS_PATH.match(path)
+        if pods is not None:
+            if failure is not None:
+                return _status(handler, int(failure), "injected failure")
+            return self._pods(handler, method, pods)
         match = _SCALE_PATH.match(path)
         if match is None:
             return _status(handler, 404, f"the server could not find the requested resource {path}")
@@ -173,6 +229,9 @@ def _handler_for(server: ScaleApiServer) -> type[BaseHTTPRequestHandler]:
 
         def do_PATCH(self):
             server.handle(self, "PATCH")
+
+        def do_DELETE(self):
+            server.handle(self, "DELETE")
 
         def log_message(self, format, *args):
             pass  # keep pytest output clean
