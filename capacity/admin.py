@@ -8,9 +8,17 @@ from capacity.models import (
     AllocationDecision,
     CapacitySample,
     CostModel,
+    DegradationChange,
+    DegradationPolicy,
+    DegradationState,
     Deployment,
+    DeploymentFingerprint,
     GpuPool,
     GpuType,
+    Incident,
+    IncidentStep,
+    ProbeResult,
+    Replica,
     Reservation,
     ReservationChange,
     ServedModel,
@@ -286,3 +294,153 @@ class CapacitySampleAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request, obj=None) -> bool:
         return False
+
+
+# --- Runtime health (capacity.health, capacity.degradation) -------------------------------
+
+
+class _WrittenBySystem(admin.ModelAdmin):
+    """Rows the probes or the degradation loop write: read only here."""
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(Replica)
+class ReplicaAdmin(_WrittenBySystem):
+    list_display = [
+        "deployment",
+        "key",
+        "state",
+        "consecutive_failures",
+        "last_probe_at",
+        "last_latency_ms",
+        "url",
+    ]
+    list_filter = ["state", "deployment"]
+    search_fields = ["deployment__name", "key", "url", "last_error"]
+    list_select_related = ["deployment"]
+
+
+@admin.register(DeploymentFingerprint)
+class DeploymentFingerprintAdmin(admin.ModelAdmin):
+    """Deleting a fingerprint makes the next good probe answer the known-good one."""
+
+    list_display = ["deployment", "answer", "recorded_at", "recorded_from"]
+    search_fields = ["deployment__name", "answer"]
+    list_select_related = ["deployment"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(ProbeResult)
+class ProbeResultAdmin(_WrittenBySystem):
+    list_display = ["at", "replica", "outcome", "latency_ms"]
+    list_filter = ["outcome"]
+    search_fields = ["replica__deployment__name", "replica__key", "detail"]
+    list_select_related = ["replica__deployment"]
+    show_full_result_count = False
+
+
+class IncidentStepInline(admin.TabularInline):
+    model = IncidentStep
+    extra = 0
+    can_delete = False
+    readonly_fields = ["step", "at", "detail"]
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(Incident)
+class IncidentAdmin(_WrittenBySystem):
+    list_display = [
+        "detected_at",
+        "deployment",
+        "replica",
+        "cause",
+        "restart_requested_at",
+        "ready_at",
+    ]
+    list_filter = ["cause", "deployment"]
+    search_fields = ["deployment__name", "replica__key", "detail", "restart_error"]
+    list_select_related = ["deployment", "replica__deployment"]
+    inlines = [IncidentStepInline]
+
+
+@admin.register(IncidentStep)
+class IncidentStepAdmin(_WrittenBySystem):
+    list_display = ["incident", "step", "at"]
+    list_filter = ["step"]
+    search_fields = ["incident__deployment__name", "detail"]
+    list_select_related = ["incident__replica__deployment"]
+
+
+class DegradationPolicyAdminForm(forms.ModelForm):
+    """The same rules as the planner form and the API, said on the fields."""
+
+    class Meta:
+        model = DegradationPolicy
+        fields = [
+            "served_model",
+            "enabled",
+            "degrade_below",
+            "recover_at",
+            "window_seconds",
+            "hysteresis_seconds",
+            "max_tokens_cap",
+            "fallback_model",
+        ]
+
+    def clean(self):
+        from capacity.health_services import policy_problems
+
+        cleaned = super().clean()
+        served_model = cleaned.get("served_model")
+        needed = ("degrade_below", "recover_at", "window_seconds", "hysteresis_seconds")
+        if served_model is not None and all(cleaned.get(name) is not None for name in needed):
+            for field, reasons in policy_problems(served_model, cleaned).items():
+                for reason in reasons:
+                    self.add_error(field, reason)
+        return cleaned
+
+
+@admin.register(DegradationPolicy)
+class DegradationPolicyAdmin(admin.ModelAdmin):
+    form = DegradationPolicyAdminForm
+    list_display = [
+        "served_model",
+        "enabled",
+        "degrade_below",
+        "recover_at",
+        "window_seconds",
+        "hysteresis_seconds",
+        "max_tokens_cap",
+        "fallback_model",
+    ]
+    list_filter = ["enabled"]
+    search_fields = ["served_model__name"]
+    list_select_related = ["served_model", "fallback_model"]
+
+
+@admin.register(DegradationState)
+class DegradationStateAdmin(_WrittenBySystem):
+    list_display = ["served_model", "level", "healthy_share", "changed_at", "evaluated_at"]
+    list_filter = ["level"]
+    search_fields = ["served_model__name"]
+    list_select_related = ["served_model"]
+
+
+@admin.register(DegradationChange)
+class DegradationChangeAdmin(_WrittenBySystem):
+    list_display = ["at", "served_model", "from_level", "to_level", "healthy_share", "reason"]
+    list_filter = ["served_model", "to_level"]
+    search_fields = ["served_model__name", "reason"]
+    list_select_related = ["served_model"]

@@ -11,6 +11,7 @@ urlpatterns = [
     path("customers/", include("planner.customers.urls")),
     path("benchmarks/", include("planner.benchmarks.urls")),
     path("allocation/", include("planner.allocation.urls")),
+    path("health/", include("planner.health.urls")),
     path("what-if/", include("planner.whatif.urls")),
     path("invoices/", include("planner.invoices.urls")),
 ]

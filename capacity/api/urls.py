@@ -8,6 +8,13 @@ from capacity.api.allocation_views import (
     ModelWhyView,
 )
 from capacity.api.cost_model_views import CostEstimateView, CostModelViewSet
+from capacity.api.health_views import (
+    DegradationListView,
+    IncidentListView,
+    PolicyView,
+    ReplicaListView,
+    ResetFingerprintView,
+)
 from capacity.api.reservation_views import ReservationViewSet
 from capacity.api.usage_views import CustomerUtilisationView, ModelCapacityView, UsageEventsView
 from capacity.api.views import (
@@ -38,5 +45,18 @@ urlpatterns = [
     ),
     path("models/<str:name>/capacity", ModelCapacityView.as_view(), name="model-capacity"),
     path("models/<str:name>/why", ModelWhyView.as_view(), name="model-why"),
+    path("health/replicas", ReplicaListView.as_view(), name="health-replicas"),
+    path("health/incidents", IncidentListView.as_view(), name="health-incidents"),
+    path(
+        "health/deployments/<str:name>/reset-fingerprint",
+        ResetFingerprintView.as_view(),
+        name="health-reset-fingerprint",
+    ),
+    path("degradation/", DegradationListView.as_view(), name="degradation"),
+    path(
+        "degradation/<str:model_name>/policy",
+        PolicyView.as_view(),
+        name="degradation-policy",
+    ),
     *router.urls,
 ]

@@ -1,0 +1,59 @@
+"""The degradation policy form: the thresholds' rules are checked here, on their fields,
+before the database's check constraint could refuse them."""
+
+from django import forms
+
+from capacity.health_services import MAX_SECONDS, policy_problems
+from capacity.models import ServedModel
+
+
+class PolicyForm(forms.Form):
+    enabled = forms.BooleanField(required=False, initial=True)
+    degrade_below = forms.FloatField(
+        label="Degrade below (healthy share)",
+        initial=0.75,
+        widget=forms.NumberInput(attrs={"step": "0.01"}),
+        help_text="0 < degrade below ≤ recover at ≤ 1",
+    )
+    recover_at = forms.FloatField(
+        label="Recover at (healthy share)",
+        initial=0.9,
+        widget=forms.NumberInput(attrs={"step": "0.01"}),
+    )
+    window_seconds = forms.IntegerField(
+        label="Window (s)", initial=60, min_value=0, max_value=MAX_SECONDS
+    )
+    hysteresis_seconds = forms.IntegerField(
+        label="Hysteresis (s)", initial=180, min_value=0, max_value=MAX_SECONDS
+    )
+    max_tokens_cap = forms.IntegerField(
+        label="Level 2: max_tokens cap", required=False, min_value=1, max_value=MAX_SECONDS
+    )
+    fallback_model = forms.ModelChoiceField(
+        label="Level 3: fallback model",
+        queryset=ServedModel.objects.none(),
+        required=False,
+        empty_label="— none —",
+    )
+
+    def __init__(self, *args, served_model: ServedModel, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.served_model = served_model
+        self.fields["fallback_model"].queryset = ServedModel.objects.exclude(
+            pk=served_model.pk
+        ).order_by("name")
+
+    def clean(self):
+        cleaned = super().clean()
+        values = {
+            name: cleaned.get(name)
+            for name in ("degrade_below", "recover_at", "window_seconds", "hysteresis_seconds")
+        }
+        if any(values[name] is None for name in values):
+            return cleaned  # a field error is shown already
+        values["max_tokens_cap"] = cleaned.get("max_tokens_cap")
+        values["fallback_model"] = cleaned.get("fallback_model")
+        for field, reasons in policy_problems(self.served_model, values).items():
+            for reason in reasons:
+                self.add_error(field, reason)
+        return cleaned

@@ -1,0 +1,16 @@
+from django.urls import path
+
+from planner.health import views
+
+app_name = "health"
+
+urlpatterns = [
+    path("", views.index, name="index"),
+    path("incidents/<int:pk>/", views.incident, name="incident"),
+    path(
+        "deployments/<slug:name>/reset-fingerprint/",
+        views.reset_fingerprint,
+        name="reset-fingerprint",
+    ),
+    path("models/<slug:name>/policy/", views.policy, name="policy"),
+]

@@ -1,0 +1,205 @@
+"""Health: replicas and their probes, fingerprints, incidents with their timed steps, and the
+degradation of each model (state, policy, changes). Writes go through
+capacity.health_services, like the API's."""
+
+from django.conf import settings
+from django.contrib import messages
+from django.db.models import Count, Prefetch, Q
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_POST
+
+from capacity.health_services import (
+    degradation_policy_save,
+    degradation_rows,
+    fingerprint_reset,
+    level_in_words,
+    seconds_to_ready,
+    seconds_to_restart_requested,
+    step_timings,
+)
+from capacity.models import (
+    DegradationChange,
+    DegradationPolicy,
+    Deployment,
+    Incident,
+    Replica,
+    ServedModel,
+)
+from controlplane.errors import DomainError
+from planner.access import planner_required
+from planner.health.forms import PolicyForm
+from planner.paging import page_of, query_without
+
+DEPLOYMENTS_PER_PAGE = 20
+INCIDENTS_PER_PAGE = 20
+CHANGES_PER_PAGE = 20
+
+
+def _with_timings(incidents):
+    for incident in incidents:
+        incident.to_restart = seconds_to_restart_requested(incident)
+        incident.to_ready = seconds_to_ready(incident)
+    return incidents
+
+
+def _incidents():
+    return Incident.objects.select_related("deployment", "replica").order_by("-detected_at", "-id")
+
+
+@planner_required
+def index(request):
+    deployments = (
+        Deployment.objects.select_related("served_model", "probe_fingerprint")
+        .prefetch_related(Prefetch("replicas", queryset=Replica.objects.order_by("key")))
+        .order_by("name")
+    )
+    deployments_page = page_of(
+        request, deployments, per_page=DEPLOYMENTS_PER_PAGE, param="deployments_page"
+    )
+    open_page = page_of(
+        request,
+        _incidents().filter(ready_at__isnull=True),
+        per_page=INCIDENTS_PER_PAGE,
+        param="open_page",
+    )
+    recent_page = page_of(
+        request,
+        _incidents().filter(ready_at__isnull=False),
+        per_page=INCIDENTS_PER_PAGE,
+        param="page",
+    )
+    _with_timings(open_page.object_list)
+    _with_timings(recent_page.object_list)
+    models_page = page_of(
+        request,
+        ServedModel.objects.select_related(
+            "degradation_state", "degradation_policy__fallback_model"
+        ).order_by("name"),
+        param="models_page",
+    )
+    changes_page = page_of(
+        request,
+        DegradationChange.objects.select_related("served_model").order_by("-at", "-id"),
+        per_page=CHANGES_PER_PAGE,
+        param="changes_page",
+    )
+    counts = Replica.objects.aggregate(
+        healthy=Count("id", filter=Q(state=Replica.State.HEALTHY)),
+        unhealthy=Count("id", filter=Q(state=Replica.State.UNHEALTHY)),
+        gone=Count("id", filter=Q(state=Replica.State.GONE)),
+    )
+    degradation = degradation_rows(models_page.object_list)
+    context = {
+        "deployments": deployments_page,
+        "open_incidents": open_page,
+        "recent_incidents": recent_page,
+        "models": models_page,
+        "degradation": degradation,
+        "changes": changes_page,
+        "counts": counts,
+        "any_replicas": any(counts.values()),
+        "degraded_models": sum(1 for row in degradation if row["level"]),
+        "probe_interval": settings.HEALTH_PROBE_INTERVAL_SECONDS,
+        "probe_failures": settings.HEALTH_PROBE_FAILURES,
+        # Each list pages on its own parameter and keeps the others' pages.
+        "queries": {
+            param: query_without(request, param)
+            for param in ("deployments_page", "open_page", "page", "models_page", "changes_page")
+        },
+        "now": timezone.now(),
+    }
+    return render(request, "planner/health/index.html", context)
+
+
+@planner_required
+def incident(request, pk):
+    incident = get_object_or_404(
+        Incident.objects.select_related("deployment__served_model", "replica").prefetch_related(
+            "steps"
+        ),
+        pk=pk,
+    )
+    context = {
+        "incident": incident,
+        "steps": step_timings(incident),
+        "to_restart": seconds_to_restart_requested(incident),
+        "to_ready": seconds_to_ready(incident),
+        "now": timezone.now(),
+    }
+    return render(request, "planner/health/incident.html", context)
+
+
+@planner_required
+@require_POST
+def reset_fingerprint(request, name):
+    deployment = get_object_or_404(Deployment, name=name)
+    forgotten = fingerprint_reset(deployment)
+    if forgotten is None:
+        messages.info(
+            request,
+            f"{deployment.name} had no fingerprint: the next good probe answer is recorded.",
+        )
+    else:
+        messages.success(
+            request,
+            f"Fingerprint of {deployment.name} reset: the next good probe answer "
+            f"(instead of {forgotten.answer[:60]!r}) becomes the known-good one.",
+        )
+    return redirect("planner:health:index")
+
+
+@planner_required
+def policy(request, name):
+    served_model = get_object_or_404(
+        ServedModel.objects.select_related("degradation_state"), name=name
+    )
+    current = (
+        DegradationPolicy.objects.filter(served_model=served_model)
+        .select_related("fallback_model")
+        .first()
+    )
+    status = 200
+    if request.method == "POST":
+        form = PolicyForm(request.POST, served_model=served_model)
+        if form.is_valid():
+            try:
+                _, created = degradation_policy_save(served_model=served_model, **form.cleaned_data)
+            except DomainError as error:
+                for field, reasons in (error.fields or {None: [error.message]}).items():
+                    for reason in reasons:
+                        form.add_error(field if field in form.fields else None, reason)
+            else:
+                messages.success(
+                    request,
+                    f"Degradation policy of {served_model.name} "
+                    f"{'created' if created else 'saved'}.",
+                )
+                return redirect(reverse("planner:health:index") + "#degradation")
+        status = 400
+    elif current is not None:
+        form = PolicyForm(
+            served_model=served_model,
+            initial={
+                "enabled": current.enabled,
+                "degrade_below": current.degrade_below,
+                "recover_at": current.recover_at,
+                "window_seconds": current.window_seconds,
+                "hysteresis_seconds": current.hysteresis_seconds,
+                "max_tokens_cap": current.max_tokens_cap,
+                "fallback_model": current.fallback_model,
+            },
+        )
+    else:
+        form = PolicyForm(served_model=served_model)
+    state = getattr(served_model, "degradation_state", None)
+    level = state.level if state else 0
+    context = {
+        "model": served_model,
+        "policy": current,
+        "state": state,
+        "words": level_in_words(level, current),
+        "form": form,
+    }
+    return render(request, "planner/health/policy.html", context, status=status)
