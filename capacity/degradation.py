@@ -99,10 +99,20 @@ def step(
         state.below_since = state.above_since = None
         state.save()
         return change
-    if share is None:
-        state.save()
-        return None
     actions = actions_of(policy)
+    if state.level > len(actions):
+        # The policy lost a level (its cap or fallback was removed): drop what no longer exists.
+        change = _change(
+            state,
+            policy,
+            len(actions),
+            share if share is not None else 1.0,
+            f"the policy now has {len(actions)} level(s)",
+            now,
+        )
+    # No probed replica at all (scaled to zero, or not probed yet): nothing is known to be
+    # broken, so it counts as recovered; a degradation is lifted after the hysteresis.
+    share = 1.0 if share is None else share
     window = timedelta(seconds=policy.window_seconds)
     if share < policy.degrade_below:
         state.above_since = None
@@ -110,7 +120,7 @@ def step(
             state.below_since = now
         elif now - state.below_since >= window and state.level < len(actions):
             action = actions[state.level]
-            change = _change(
+            change = change or _change(
                 state,
                 policy,
                 state.level + 1,
@@ -127,7 +137,7 @@ def step(
         elif state.above_since is None:
             state.above_since = now
         elif now - state.above_since >= timedelta(seconds=policy.hysteresis_seconds):
-            change = _change(
+            change = change or _change(
                 state,
                 policy,
                 0,

@@ -187,7 +187,7 @@ def probe_round(*, now: datetime | None = None) -> RoundResult:
                 result.errors.append(f"{deployment.name}: {error}")
                 logger.warning("health: cannot list replicas of %s: %s", deployment.name, error)
                 continue
-            checks.extend(_sync_replicas(deployment, endpoints))
+            checks.extend(_sync_replicas(deployment, endpoints, now))
         if checks:
             with ThreadPoolExecutor(max_workers=min(MAX_PROBE_THREADS, len(checks))) as pool:
                 done = list(pool.map(lambda c: _check(c, now), checks))
@@ -199,9 +199,13 @@ def probe_round(*, now: datetime | None = None) -> RoundResult:
     return result
 
 
-def _sync_replicas(deployment: Deployment, endpoints: list[Endpoint]) -> list[_Check]:
-    """Replica rows for what runs now; a healthy replica that is no longer listed is gone,
-    an unhealthy one is kept until it answers again (it is being restarted)."""
+def _sync_replicas(
+    deployment: Deployment, endpoints: list[Endpoint], now: datetime
+) -> list[_Check]:
+    """Replica rows for what runs now. A healthy replica no longer listed is gone. An
+    unhealthy one is being restarted: a pod comes back under a new name (so the old one is
+    gone, and its incident waits for a replacement that serves), a process or an endpoint
+    under the same key (so it is kept, for at most HEALTH_UNLISTED_GONE_SECONDS)."""
     existing = {replica.key: replica for replica in deployment.replicas.all()}
     listed = {endpoint.key for endpoint in endpoints}
     checks = []
@@ -217,11 +221,41 @@ def _sync_replicas(deployment: Deployment, endpoints: list[Endpoint]) -> list[_C
                 replica.state = Replica.State.HEALTHY
                 replica.consecutive_failures = 0
                 replica.failing_since = None
-            replica.save(update_fields=["url", "state", "consecutive_failures", "failing_since"])
+            replica.save(
+                update_fields=[
+                    "url",
+                    "state",
+                    "consecutive_failures",
+                    "failing_since",
+                    "updated_at",
+                ]
+            )
+        replica.deployment = deployment
         checks.append(_Check(replica, endpoint, deployment.served_model.engine_model_id))
     Replica.objects.filter(deployment=deployment, state=Replica.State.HEALTHY).exclude(
         key__in=listed
-    ).update(state=Replica.State.GONE, consecutive_failures=0, failing_since=None)
+    ).update(state=Replica.State.GONE, consecutive_failures=0, failing_since=None, updated_at=now)
+    give_up = timedelta(seconds=settings.HEALTH_UNLISTED_GONE_SECONDS)
+    for replica in existing.values():
+        if replica.key in listed or replica.state != Replica.State.UNHEALTHY:
+            continue
+        in_place = not replica.key.startswith("pod:")
+        if in_place and replica.unhealthy_since and now - replica.unhealthy_since < give_up:
+            continue
+        replica.state = Replica.State.GONE
+        replica.save(update_fields=["state", "updated_at"])
+        if in_place:
+            # Restarted in place but never listed again (scaled away, or never came back).
+            incident = Incident.objects.filter(replica=replica, ended_at__isnull=True).first()
+            if incident is not None:
+                incident.ended_at = now
+                incident.save(update_fields=["ended_at"])
+                IncidentStep.objects.create(
+                    incident=incident,
+                    step=IncidentStep.Step.GONE,
+                    at=now,
+                    detail="no longer listed by the data plane",
+                )
     return checks
 
 
@@ -283,6 +317,7 @@ def _record(check: _Check, now: datetime, result: RoundResult) -> None:
         replica.last_error = ""
         if replica.state == Replica.State.UNHEALTHY:
             _recovered(replica, now, result)
+        _close_replaced(replica, now, result)
         replica.save()
         return
     result.failed += 1
@@ -355,7 +390,9 @@ def _request_restart(replica: Replica, incident: Incident) -> None:
 
 
 def _retry_restart(replica: Replica, now: datetime) -> None:
-    incident = Incident.objects.filter(replica=replica, ready_at__isnull=True).first()
+    """Still failing after a restart (or after a failed one): try again, at most every
+    HEALTH_RESTART_RETRY_SECONDS."""
+    incident = Incident.objects.filter(replica=replica, ended_at__isnull=True).first()
     if incident is None:
         return
     last = (
@@ -366,21 +403,18 @@ def _retry_restart(replica: Replica, now: datetime) -> None:
         .first()
     )
     retry_after = timedelta(seconds=settings.HEALTH_RESTART_RETRY_SECONDS)
-    if (
-        last is None
-        or now - last.at >= retry_after
-        or last.step == IncidentStep.Step.RESTART_FAILED
-    ):
+    # Step times are wall-clock times (timezone.now()), so they are compared with one.
+    if last is None or timezone.now() - last.at >= retry_after:
         _request_restart(replica, incident)
 
 
 def _recovered(replica: Replica, now: datetime, result) -> None:
     replica.state = Replica.State.HEALTHY
     replica.unhealthy_since = None
-    incident = Incident.objects.filter(replica=replica, ready_at__isnull=True).first()
+    incident = Incident.objects.filter(replica=replica, ended_at__isnull=True).first()
     if incident is not None:
-        incident.ready_at = now
-        incident.save(update_fields=["ready_at"])
+        incident.ready_at = incident.ended_at = now
+        incident.save(update_fields=["ready_at", "ended_at"])
         IncidentStep.objects.create(
             incident=incident,
             step=IncidentStep.Step.READY,
@@ -390,6 +424,26 @@ def _recovered(replica: Replica, now: datetime, result) -> None:
         metrics.HEALTH_SECONDS_TO_READY.observe(incident.seconds_to_ready or 0.0)
     result.recovered.append(str(replica))
     logger.info("health: %s serves again", replica)
+
+
+def _close_replaced(replica: Replica, now: datetime, result) -> None:
+    """A replica first seen after a gone replica's restart, now serving, replaced it."""
+    for incident in Incident.objects.filter(
+        deployment_id=replica.deployment_id,
+        ended_at__isnull=True,
+        replica__state=Replica.State.GONE,
+        restart_requested_at__lte=replica.first_seen_at,
+    ).select_related("replica")[:1]:
+        incident.ready_at = incident.ended_at = now
+        incident.save(update_fields=["ready_at", "ended_at"])
+        IncidentStep.objects.create(
+            incident=incident,
+            step=IncidentStep.Step.REPLACED,
+            at=now,
+            detail=f"{replica.key} serves in its place",
+        )
+        metrics.HEALTH_SECONDS_TO_READY.observe(incident.seconds_to_ready or 0.0)
+        result.recovered.append(str(incident.replica))
 
 
 def unhealthy_replicas_by_deployment() -> dict[int, int]:

@@ -81,7 +81,6 @@ def list_endpoints(deployment: Deployment) -> list[Endpoint]:
             if r["state"] == "ready" and r["replica"] < status["target"]
         ]
     if kind == ActuatorKind.KUBERNETES and config.get("pod_selector"):
-        port = config.get("pod_port", DEFAULT_POD_PORT)
         with _core_api(config) as core:
             try:
                 pods = core.list_namespaced_pod(
@@ -103,11 +102,23 @@ def list_endpoints(deployment: Deployment) -> list[Endpoint]:
                 and status.pod_ip
                 and not pod.metadata.deletion_timestamp
             ):
+                port = _pod_port(pod, config)
                 endpoints.append(
                     Endpoint(f"pod:{pod.metadata.name}", f"http://{status.pod_ip}:{port}")
                 )
         return sorted(endpoints, key=lambda e: e.key)
     return _endpoint_only(deployment)
+
+
+def _pod_port(pod, config: dict) -> int:
+    """`pod_port` from the config, else the container port named "http", else 8000."""
+    if config.get("pod_port"):
+        return config["pod_port"]
+    for container in (pod.spec.containers if pod.spec else None) or []:
+        for port in container.ports or []:
+            if port.name == "http":
+                return port.container_port
+    return DEFAULT_POD_PORT
 
 
 class _core_api:

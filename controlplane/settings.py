@@ -265,6 +265,7 @@ HEALTH_PROBE_MAX_SKIP_SECONDS = env_int("HEALTH_PROBE_MAX_SKIP_SECONDS", 60, min
 HEALTH_PROBE_PRIORITY = env_optional_int("HEALTH_PROBE_PRIORITY", -1)
 HEALTH_PROBE_HISTORY_HOURS = env_int("HEALTH_PROBE_HISTORY_HOURS", 24, minimum=1)
 HEALTH_RESTART_RETRY_SECONDS = env_int("HEALTH_RESTART_RETRY_SECONDS", 120, minimum=1)
+HEALTH_UNLISTED_GONE_SECONDS = env_int("HEALTH_UNLISTED_GONE_SECONDS", 600, minimum=1)
 # --- Admission (capacity/admission.py) ------------------------------------------------------------
 ADMISSION_REDIS_URL = env_redis_url("ADMISSION_REDIS_URL", REDIS_URL)
 # Burst tolerance of every bucket, in seconds of its rate.

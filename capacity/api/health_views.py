@@ -138,7 +138,7 @@ class IncidentSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
     def get_open(self, incident) -> bool:
-        return incident.ready_at is None
+        return incident.ended_at is None
 
     def get_seconds_to_restart_requested(self, incident) -> float | None:
         return seconds_to_restart_requested(incident)
@@ -178,9 +178,9 @@ class IncidentListView(generics.ListAPIView):
         wanted = self.request.query_params.get("open")
         if wanted is not None:
             if wanted.lower() in TRUE_WORDS:
-                queryset = queryset.filter(ready_at__isnull=True)
+                queryset = queryset.filter(ended_at__isnull=True)
             elif wanted.lower() in FALSE_WORDS:
-                queryset = queryset.filter(ready_at__isnull=False)
+                queryset = queryset.filter(ended_at__isnull=False)
             else:
                 raise ValidationError({"open": ["must be true or false."]})
         return queryset.order_by("-detected_at", "-id")

@@ -96,14 +96,21 @@ class Incident(models.Model):
     detected_at = models.DateTimeField()
     restart_requested_at = models.DateTimeField(null=True, blank=True)
     restart_error = models.TextField(blank=True, default="")
-    ready_at = models.DateTimeField(null=True, blank=True)
+    ready_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the replica (or its replacement) served again."
+    )
+    ended_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="Closed: ready again, or the replica is gone without coming back.",
+    )
 
     class Meta:
         ordering = ["-detected_at", "-id"]
         constraints = [
             # At most one open incident per replica.
             models.UniqueConstraint(
-                fields=["replica"], condition=Q(ready_at__isnull=True), name="incident_one_open"
+                fields=["replica"], condition=Q(ended_at__isnull=True), name="incident_one_open_v2"
             )
         ]
 
@@ -127,6 +134,8 @@ class IncidentStep(models.Model):
         RESTART_REQUESTED = "restart_requested", "Restart requested"
         RESTART_FAILED = "restart_failed", "Restart failed"
         READY = "ready", "Serving again"
+        REPLACED = "replaced", "Replaced by a new replica that serves"
+        GONE = "gone", "Gone without coming back"
 
     incident = models.ForeignKey(Incident, on_delete=models.CASCADE, related_name="steps")
     step = models.CharField(max_length=20, choices=Step.choices)

@@ -60,13 +60,13 @@ def index(request):
     )
     open_page = page_of(
         request,
-        _incidents().filter(ready_at__isnull=True),
+        _incidents().filter(ended_at__isnull=True),
         per_page=INCIDENTS_PER_PAGE,
         param="open_page",
     )
     recent_page = page_of(
         request,
-        _incidents().filter(ready_at__isnull=False),
+        _incidents().filter(ended_at__isnull=False),
         per_page=INCIDENTS_PER_PAGE,
         param="page",
     )

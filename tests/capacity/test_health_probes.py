@@ -153,3 +153,94 @@ def test_a_hung_replica_is_detected_restarted_replaced_and_serving_again(
     assert 0 < incident.seconds_to_ready < 30
     assert Replica.objects.get(key="process:1").state == Replica.State.HEALTHY
     assert incident.ready_at <= timezone.now()
+
+
+@pytest.fixture
+def k8s_api(monkeypatch):
+    from tests.capacity.actuators.scale_api import ScaleApiServer
+
+    monkeypatch.setenv("K8S_TOKEN", "k8s-token")
+    server = ScaleApiServer(token="k8s-token").start()
+    yield server
+    server.stop()
+
+
+def test_a_hung_pod_is_deleted_and_its_replacement_closes_the_incident(
+    sellable, served_model, k8s_api, tmp_path, fast_probes
+):
+    from tests.benchmarking.processes import emulator_process
+    from tests.capacity.test_process_actuator import TINY_MODEL
+
+    served_model.engine_model_id = "tiny"
+    served_model.save()
+    deployment = served_model.deployments.get()
+    deployment.actuator_kind = ActuatorKind.KUBERNETES
+    deployment.actuator_config = validate_actuator_config(
+        ActuatorKind.KUBERNETES,
+        {
+            "namespace": "inference",
+            "name": "llama",
+            "api_server": k8s_api.url,
+            "token_env": "K8S_TOKEN",
+            "pod_selector": "app=llama",
+        },
+    )
+    deployment.current_replicas = 2
+    deployment.save()
+    config = {"models": [TINY_MODEL]}
+    with (
+        emulator_process(config, tmp_path) as url_a,
+        emulator_process(config, tmp_path) as url_b,
+        emulator_process(config, tmp_path) as url_c,
+    ):
+        port = {url: int(url.rsplit(":", 1)[1]) for url in (url_a, url_b, url_c)}
+        k8s_api.add_pod(
+            "inference", "llama-a", "127.0.0.1", {"app": "llama"}, http_port=port[url_a]
+        )
+        k8s_api.add_pod(
+            "inference", "llama-b", "127.0.0.1", {"app": "llama"}, http_port=port[url_b]
+        )
+        assert probe_round().probed == 2
+        hung = _pid_listening_on(port[url_a])
+        os.kill(hung, signal.SIGSTOP)
+        try:
+            for _ in range(3):
+                probe_round()
+            incident = Incident.objects.get()
+            assert incident.replica.key == "pod:llama-a"
+            assert k8s_api.deleted_pods() == ["llama-a"]
+            # The pod is gone from the API: the replica is gone, the incident still open.
+            probe_round()
+            assert Replica.objects.get(key="pod:llama-a").state == Replica.State.GONE
+            assert Incident.objects.get().ended_at is None
+            # Its ReplicaSet's new pod comes up and serves: the incident closes, replaced.
+            k8s_api.add_pod(
+                "inference", "llama-c", "127.0.0.1", {"app": "llama"}, http_port=port[url_c]
+            )
+            probe_round()
+        finally:
+            os.kill(hung, signal.SIGCONT)
+    incident = Incident.objects.get()
+    assert incident.ended_at is not None and incident.ready_at == incident.ended_at
+    assert list(incident.steps.values_list("step", flat=True)) == [
+        "first_failure",
+        "detected",
+        "restart_requested",
+        "replaced",
+    ]
+    assert incident.steps.get(step="replaced").detail == "pod:llama-c serves in its place"
+    assert set(Replica.objects.values_list("key", "state")) == {
+        ("pod:llama-a", "gone"),
+        ("pod:llama-b", "healthy"),
+        ("pod:llama-c", "healthy"),
+    }
+
+
+def _pid_listening_on(port: int) -> int:
+    """The emulator process serving on a port (from /proc/net/tcp and the fds of processes)."""
+    import subprocess
+
+    out = subprocess.run(
+        ["ss", "-ltnpH", f"sport = :{port}"], capture_output=True, text=True, check=True
+    ).stdout
+    return int(out.split("pid=", 1)[1].split(",", 1)[0])

@@ -78,12 +78,21 @@ class ScaleApiServer:
         self.objects[path] = ScaledObject(spec_replicas=replicas, status_replicas=replicas)
 
     def add_pod(
-        self, namespace: str, name: str, ip: str, labels: dict, *, ready: bool = True
+        self,
+        namespace: str,
+        name: str,
+        ip: str,
+        labels: dict,
+        *,
+        ready: bool = True,
+        http_port: int | None = None,
     ) -> None:
+        ports = [{"name": "http", "containerPort": http_port}] if http_port else []
         self.pods[(namespace, name)] = {
             "kind": "Pod",
             "apiVersion": "v1",
             "metadata": {"name": name, "namespace": namespace, "labels": labels},
+            "spec": {"containers": [{"name": "engine", "image": "vllm", "ports": ports}]},
             "status": {
                 "phase": "Running",
                 "podIP": ip,
