@@ -13,7 +13,7 @@ import hashlib
 import heapq
 import itertools
 import random
-from array import array
+import struct
 from collections.abc import Callable
 
 from .config import MAX_REPLICAS, PRIORITY, EmulatorConfig, ModelConfig
@@ -33,11 +33,9 @@ from .metrics import ModelGauges, ModelMetrics
 
 
 def prompt_digest(prompt_token_ids: list[int]) -> str:
-    """A stable digest of a prompt's token ids (the same on every machine and process)."""
-    try:
-        data = array("q", prompt_token_ids).tobytes()
-    except OverflowError:
-        data = ",".join(map(str, prompt_token_ids)).encode()
+    """A stable digest of a prompt's token ids (the same on every machine and process; ids
+    are validated non-negative and below `vocab_size`). struct, not array: faster from a list."""
+    data = struct.pack(f"<{len(prompt_token_ids)}Q", *prompt_token_ids)
     return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
