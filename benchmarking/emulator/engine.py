@@ -386,17 +386,17 @@ class Replica:
         faults = self.faults
         try:
             while True:
-                if faults.hanging:
-                    # An injected hang: no step, no token, until the fault changes.
-                    await faults.changed()
-                    deadline_seconds = None
-                    continue
                 if not self.running and self._waiting_count == 0:
                     if self.state == DRAINING:
                         break
                     self._wake.clear()
                     await self._wake.wait()
                     deadline_seconds = None  # idle: the next step starts when work arrives
+                    continue
+                if faults.hanging:
+                    # An injected hang: no step, no token, until the fault changes.
+                    await faults.changed()
+                    deadline_seconds = None
                     continue
                 now_seconds = loop.time()
                 step_start_seconds = now_seconds if deadline_seconds is None else deadline_seconds
