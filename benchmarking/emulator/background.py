@@ -30,6 +30,7 @@ class BackgroundEmulator:
         self._thread: threading.Thread | None = None
         self._started = threading.Event()
         self._error: BaseException | None = None
+        self._cleanup: asyncio.Task | None = None
 
     @property
     def fleet(self) -> Fleet:
@@ -58,7 +59,7 @@ class BackgroundEmulator:
 
     def stop(self) -> None:
         if self.loop is not None and self._runner is not None:
-            future = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self.loop)
+            future = asyncio.run_coroutine_threadsafe(self._cleanup_once(), self.loop)
             future.result(timeout=10)
             self.loop.call_soon_threadsafe(self.loop.stop)
         if self._thread is not None:
@@ -87,8 +88,19 @@ class BackgroundEmulator:
         finally:
             loop.close()
 
+    async def _cleanup_once(self) -> None:
+        assert self._runner is not None
+        if self._cleanup is None:
+            self._cleanup = asyncio.ensure_future(self._runner.cleanup())
+        await self._cleanup
+
+    def _crash(self) -> None:
+        """An injected crash must not exit the test process: stop serving instead."""
+        if self._cleanup is None and self._runner is not None:
+            self._cleanup = asyncio.ensure_future(self._runner.cleanup())
+
     async def _setup(self) -> None:
-        self._app = create_app(self.config)
+        self._app = create_app(self.config, crash=self._crash)
         self._runner = web.AppRunner(self._app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port, backlog=4096)

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
+
+from .faults import FaultError, FaultSpec, parse_fault
 
 # Defaults describe an 8B dense model on one H100 (bf16): weights read once per decode step
 # (~7 ms), a small per-sequence cost, and ~128 KiB of KV cache read per context token.
@@ -30,6 +32,10 @@ DEFAULT_MEAN_OUTPUT_TOKENS = 200
 DEFAULT_VOCAB_SIZE = 128_256
 DEFAULT_PENDING_TIMEOUT_SECONDS = 60.0
 MAX_REPLICAS = 1024
+# vLLM's `--scheduling-policy`: fcfs (its default) or priority.
+FCFS = "fcfs"
+PRIORITY = "priority"
+SCHEDULING_POLICIES = (FCFS, PRIORITY)
 
 
 class ConfigError(ValueError):
@@ -64,12 +70,20 @@ class ModelConfig:
     # How long a request may wait for a ready replica (model scaled to zero or still cold
     # starting) before it is answered 503.
     pending_timeout_seconds: float = DEFAULT_PENDING_TIMEOUT_SECONDS
+    # vLLM's `--scheduling-policy`: `fcfs` admits in arrival order and ignores `priority`;
+    # `priority` admits lowest `priority` first, then arrival order.
+    scheduling_policy: str = FCFS
+    # With the priority policy, also preempt running sequences of a worse priority when
+    # the best waiting one does not fit (vLLM V0's priority preemption; V1 does not).
+    priority_preemption: bool = False
 
 
 @dataclass(frozen=True)
 class EmulatorConfig:
     seed: int = 0
     models: tuple[ModelConfig, ...] = field(default_factory=tuple)
+    # Faults to inject, `at_seconds` after the emulator starts (see faults.py).
+    faults: tuple[FaultSpec, ...] = field(default_factory=tuple)
 
     def model(self, name: str) -> ModelConfig | None:
         for model in self.models:
@@ -136,7 +150,19 @@ def _parse_model(index: int, raw: Any) -> ModelConfig:
             values[key] = _int_field(f"{path}.{key}", value, _INT_BOUNDS[key])
         elif key in _FLOAT_MINIMUMS:
             values[key] = _float_field(f"{path}.{key}", value, _FLOAT_MINIMUMS[key])
+        elif key == "scheduling_policy":
+            if value not in SCHEDULING_POLICIES:
+                raise ConfigError(
+                    f"{path}.scheduling_policy: must be one of {', '.join(SCHEDULING_POLICIES)}"
+                    f", got {value!r}"
+                )
+            values[key] = value
+        elif key == "priority_preemption":
+            if not isinstance(value, bool):
+                raise ConfigError(f"{path}.priority_preemption: must be a boolean, got {value!r}")
+            values[key] = value
     model = ModelConfig(**values)
+    _check_policy(path, model)
     if model.replicas > MAX_REPLICAS:
         raise ConfigError(f"{path}.replicas: must be <= {MAX_REPLICAS}, got {model.replicas}")
     # vLLM refuses to start when one max-length sequence cannot fit in the KV cache; without
@@ -149,13 +175,65 @@ def _parse_model(index: int, raw: Any) -> ModelConfig:
     return model
 
 
+def _check_policy(path: str, model: ModelConfig) -> None:
+    if model.priority_preemption and model.scheduling_policy != PRIORITY:
+        raise ConfigError(
+            f"{path}.priority_preemption: needs scheduling_policy 'priority', "
+            f"got {model.scheduling_policy!r}"
+        )
+
+
+def parse_faults(raw: Any) -> tuple[FaultSpec, ...]:
+    if not isinstance(raw, list):
+        raise ConfigError(f"faults: must be a list of fault objects, got {type(raw).__name__}")
+    specs = []
+    for i, item in enumerate(raw):
+        try:
+            spec = parse_fault(item, path=f"faults[{i}]")
+        except FaultError as exc:
+            raise ConfigError(str(exc)) from exc
+        if spec.mode == "none":
+            raise ConfigError(f"faults[{i}].mode: 'none' cannot be scheduled")
+        specs.append(spec)
+    return tuple(specs)
+
+
+def with_overrides(
+    config: EmulatorConfig,
+    *,
+    scheduling_policy: str | None = None,
+    priority_preemption: bool = False,
+    faults: tuple[FaultSpec, ...] = (),
+) -> EmulatorConfig:
+    """The config with command-line flags applied to every model (`--scheduling-policy`,
+    `--priority-preemption`) and `--fault`s added to its schedule."""
+    models = []
+    for i, model in enumerate(config.models):
+        if scheduling_policy is not None:
+            if scheduling_policy not in SCHEDULING_POLICIES:
+                raise ConfigError(
+                    f"--scheduling-policy: must be one of {', '.join(SCHEDULING_POLICIES)}, "
+                    f"got {scheduling_policy!r}"
+                )
+            model = replace(model, scheduling_policy=scheduling_policy)
+        if priority_preemption:
+            model = replace(model, priority_preemption=True)
+            if model.scheduling_policy != PRIORITY:
+                raise ConfigError(
+                    "--priority-preemption: needs --scheduling-policy priority "
+                    f"(models[{i}] has {model.scheduling_policy!r})"
+                )
+        models.append(model)
+    return replace(config, models=tuple(models), faults=config.faults + tuple(faults))
+
+
 def parse_config(raw: Any) -> EmulatorConfig:
     """Build an `EmulatorConfig` from decoded JSON, raising `ConfigError` naming the field."""
     if not isinstance(raw, dict):
         raise ConfigError(f"config: must be a JSON object, got {type(raw).__name__}")
-    unknown = sorted(set(raw) - {"seed", "models"})
+    unknown = sorted(set(raw) - {"seed", "models", "faults"})
     if unknown:
-        raise ConfigError(f"{unknown[0]}: unknown top-level field (known: models, seed)")
+        raise ConfigError(f"{unknown[0]}: unknown top-level field (known: faults, models, seed)")
     seed = raw.get("seed", 0)
     if not _is_int(seed):
         raise ConfigError(f"seed: must be an integer, got {seed!r}")
@@ -168,7 +246,8 @@ def parse_config(raw: Any) -> EmulatorConfig:
         if model.name in seen:
             raise ConfigError(f"models[{i}].name: duplicate model name {model.name!r}")
         seen.add(model.name)
-    return EmulatorConfig(seed=seed, models=models)
+    faults = parse_faults(raw.get("faults", []))
+    return EmulatorConfig(seed=seed, models=models, faults=faults)
 
 
 def load_config(path: str | Path) -> EmulatorConfig:

@@ -1,10 +1,14 @@
 """One emulated engine replica: a continuous-batching step loop on the asyncio event loop.
 
-Each step admits waiting sequences (lowest `priority` first, then arrival order) while the
-batch has room (`max_num_seqs`), the KV budget allows (prompt + output tokens reserved
-on admission) and the step's prompt budget (`max_num_batched_tokens`; at least one sequence)
-lasts, sleeps for the ground-truth step time, then gives every running sequence one
-token. A newly admitted sequence gets its first token at the end of its prefill step. Step
+Each step admits waiting sequences (in arrival order, or with the priority scheduling
+policy lowest `priority` first, then arrival order) while the batch has room
+(`max_num_seqs`), the KV budget allows (prompt + output tokens reserved on admission) and
+the step's prompt budget (`max_num_batched_tokens`; at least one sequence) lasts, sleeps for
+the ground-truth step time, then gives every running sequence one token. With priority
+preemption a waiting sequence that does not fit preempts running ones of a worse
+(priority, arrival) (vLLM's recompute preemption: they keep their tokens, go back to the
+waiting queue and prefill prompt + generated tokens again when readmitted).
+A newly admitted sequence gets its first token at the end of its prefill step. Step
 deadlines are absolute (`loop.time()`), so the per-step overhead of this Python code and the
 scheduler's wake-up jitter do not accumulate into lower throughput than the ground truth.
 """
@@ -19,7 +23,8 @@ import math
 import random
 from collections.abc import Callable
 
-from .config import ModelConfig
+from .config import PRIORITY, ModelConfig
+from .faults import Faults, corrupt_token
 from .ground_truth import step_seconds
 from .metrics import ModelMetrics
 
@@ -37,6 +42,9 @@ PENDING = "pending"  # no ready replica yet (fleet-level queue)
 WAITING = "waiting"  # queued on a replica
 RUNNING = "running"
 FINISHED = "finished"
+
+# Arrival order of every sequence of the process: the tie-break after `priority`.
+_ARRIVALS = itertools.count()
 
 
 class Listener:
@@ -115,6 +123,8 @@ class Sequence:
         "admitted_seconds",
         "first_token_seconds",
         "finished_seconds",
+        "order",
+        "num_preemptions",
     )
 
     def __init__(
@@ -150,6 +160,8 @@ class Sequence:
         self.admitted_seconds: float | None = None
         self.first_token_seconds: float | None = None
         self.finished_seconds: float | None = None
+        self.order = next(_ARRIVALS)
+        self.num_preemptions = 0
 
     @property
     def done(self) -> bool:
@@ -158,7 +170,8 @@ class Sequence:
     @property
     def kv_reservation_tokens(self) -> int:
         # The emulator decides the EOS up front, so it can reserve exactly the KV the sequence
-        # will peak at: it then never needs vLLM's preemption, and a request without
+        # will peak at: it then never runs out of KV mid-sequence (vLLM's preemption for KV
+        # pressure; only priority preemption can preempt here), and a request without
         # `max_tokens` (chat: the rest of the context) does not block a whole context's worth.
         # With ignore_eos this is prompt + max_tokens.
         return self.prompt_tokens + self.target_output_tokens
@@ -224,8 +237,12 @@ class Replica:
         replica_id: int,
         metrics: ModelMetrics | None = None,
         on_stopped: Callable[[Replica], None] | None = None,
+        faults: Faults | None = None,
     ):
         self.model = model
+        self.faults = faults if faults is not None else Faults()
+        self._priority_policy = model.scheduling_policy == PRIORITY
+        self._priority_preemption = self._priority_policy and model.priority_preemption
         self.replica_id = replica_id
         self.metrics = metrics
         self.state = STARTING
@@ -235,7 +252,6 @@ class Replica:
         self.step_lag_seconds = 0.0
         self._waiting: list[tuple[int, int, Sequence]] = []
         self._waiting_count = 0
-        self._order = itertools.count()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._on_stopped = on_stopped
@@ -269,11 +285,16 @@ class Replica:
         self.state = STOPPED
 
     def submit(self, seq: Sequence) -> None:
-        seq.state = WAITING
         seq.replica = self
-        heapq.heappush(self._waiting, (seq.priority, next(self._order), seq))
-        self._waiting_count += 1
+        self._enqueue(seq)
         self._wake.set()
+
+    def _enqueue(self, seq: Sequence) -> None:
+        seq.state = WAITING
+        # fcfs ignores `priority`, as vLLM does; a preempted sequence keeps its arrival order.
+        key = seq.priority if self._priority_policy else 0
+        heapq.heappush(self._waiting, (key, seq.order, seq))
+        self._waiting_count += 1
 
     def abort(self, seq: Sequence, now_seconds: float) -> None:
         if seq.state == WAITING:
@@ -292,39 +313,77 @@ class Replica:
         self.kv_reserved_tokens -= seq.kv_reservation_tokens
         self.context_tokens -= seq.context_tokens
 
-    def _admit(self, now_seconds: float) -> list[Sequence]:
+    def _fits(self, seq: Sequence) -> bool:
+        return (
+            len(self.running) < self.model.max_num_seqs
+            and self.kv_reserved_tokens + seq.kv_reservation_tokens <= self.model.kv_cache_tokens
+        )
+
+    def _admit(self, now_seconds: float) -> tuple[list[Sequence], int, int]:
+        """Admit what fits; returns (admitted, tokens to prefill, of which new prompt tokens).
+
+        A readmitted (preempted) sequence prefills its prompt and its generated tokens again.
+        """
         admitted: list[Sequence] = []
         model = self.model
         prefill_tokens = 0
-        while self._waiting and len(self.running) < model.max_num_seqs:
-            _priority, _order, seq = self._waiting[0]
+        new_prompt_tokens = 0
+        while self._waiting:
+            _key, _order, seq = self._waiting[0]
             if seq.state != WAITING:
                 heapq.heappop(self._waiting)
                 continue
-            # Strict order: a large head-of-line request is not overtaken by smaller ones,
-            # as in vLLM, so priority means what it says.
-            if self.kv_reserved_tokens + seq.kv_reservation_tokens > model.kv_cache_tokens:
-                break
+            tokens = seq.context_tokens
             # The step's prompt budget; a prompt larger than the budget goes alone (vLLM would
             # chunk it over several steps, which costs the same prefill time).
-            if admitted and prefill_tokens + seq.prompt_tokens > model.max_num_batched_tokens:
+            if admitted and prefill_tokens + tokens > model.max_num_batched_tokens:
                 break
-            prefill_tokens += seq.prompt_tokens
+            # Strict order: a large head-of-line request is not overtaken by smaller ones,
+            # as in vLLM, so priority means what it says.
+            if not self._fits(seq):
+                if self._priority_preemption and self._preempt_one_for(seq):
+                    continue
+                break
+            prefill_tokens += tokens
+            if not seq.output_token_ids:
+                new_prompt_tokens += seq.prompt_tokens
             heapq.heappop(self._waiting)
             self._waiting_count -= 1
             seq.state = RUNNING
-            seq.admitted_seconds = now_seconds
+            if seq.admitted_seconds is None:
+                seq.admitted_seconds = now_seconds
             self.running.append(seq)
             self.kv_reserved_tokens += seq.kv_reservation_tokens
-            self.context_tokens += seq.prompt_tokens
+            self.context_tokens += tokens
             admitted.append(seq)
-        return admitted
+        return admitted, prefill_tokens, new_prompt_tokens
+
+    def _preempt_one_for(self, seq: Sequence) -> bool:
+        """Preempt the running sequence that comes last in (priority, arrival) order if it
+        comes after `seq` (vLLM V0's `_schedule_priority_preemption`, recompute mode).
+
+        Everything admitted in this step comes before `seq` (the waiting queue is popped in
+        order), so a victim is always one that ran in an earlier step.
+        """
+        if not self.running:
+            return False
+        victim = max(self.running, key=lambda s: (s.priority, s.order))
+        if (victim.priority, victim.order) <= (seq.priority, seq.order):
+            return False
+        self.running.remove(victim)
+        self._release(victim)
+        victim.num_preemptions += 1
+        self._enqueue(victim)
+        if self.metrics is not None:
+            self.metrics.record_preemption()
+        return True
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         model = self.model
         deadline_seconds: float | None = None
         last_emit_seconds = 0.0
+        faults = self.faults
         try:
             while True:
                 if not self.running and self._waiting_count == 0:
@@ -334,14 +393,18 @@ class Replica:
                     await self._wake.wait()
                     deadline_seconds = None  # idle: the next step starts when work arrives
                     continue
+                if faults.hanging:
+                    # An injected hang: no step, no token, until the fault changes.
+                    await faults.changed()
+                    deadline_seconds = None
+                    continue
                 now_seconds = loop.time()
                 step_start_seconds = now_seconds if deadline_seconds is None else deadline_seconds
                 self.step_lag_seconds = max(0.0, now_seconds - step_start_seconds)
-                admitted = self._admit(now_seconds)
+                _admitted, prefill_tokens, new_prompt_tokens = self._admit(now_seconds)
                 if not self.running:
                     continue
-                prefill_tokens = sum(seq.prompt_tokens for seq in admitted)
-                deadline_seconds = step_start_seconds + step_seconds(
+                deadline_seconds = step_start_seconds + faults.slow_factor * step_seconds(
                     model,
                     prefill_tokens=prefill_tokens,
                     running_sequences=len(self.running),
@@ -349,7 +412,12 @@ class Replica:
                 )
                 await sleep_until(loop, deadline_seconds)
                 now_seconds = loop.time()
-                self._emit(now_seconds, prefill_tokens, now_seconds - last_emit_seconds)
+                self._emit(
+                    now_seconds,
+                    new_prompt_tokens,
+                    prefill_tokens - new_prompt_tokens,
+                    now_seconds - last_emit_seconds,
+                )
                 last_emit_seconds = now_seconds
         finally:
             self.state = STOPPED
@@ -360,16 +428,22 @@ class Replica:
         self,
         now_seconds: float,
         prefill_tokens: int,
+        recomputed_tokens: int,
         since_last_emit_seconds: float,
     ) -> None:
         ttfts_seconds = []
         finished = False
+        wrong_output = self.faults.wrong_output
         for seq in self.running:
             out = seq.output_token_ids
             if not out:
                 seq.first_token_seconds = now_seconds
                 ttfts_seconds.append(now_seconds - seq.arrival_seconds)
-            out.append(seq.rng.randrange(seq.vocab_size))
+            token_id = seq.rng.randrange(seq.vocab_size)
+            if wrong_output:
+                # Drawn all the same, so the right tokens resume when the fault clears.
+                token_id = corrupt_token(token_id, seq.vocab_size)
+            out.append(token_id)
             if len(out) >= seq.target_output_tokens:
                 finished = True  # finish() wakes the listener
             elif seq.listener.streaming:
@@ -381,6 +455,7 @@ class Replica:
             # the previous step, so they all share one inter-token latency.
             self.metrics.record_step(
                 prefill_tokens=prefill_tokens,
+                recomputed_tokens=recomputed_tokens,
                 generated_tokens=generated,
                 first_token_ttfts_seconds=ttfts_seconds,
                 inter_token_latency_seconds=since_last_emit_seconds,

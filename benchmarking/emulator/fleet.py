@@ -9,11 +9,14 @@ control plane scales up on; they are answered 503 after `pending_timeout_seconds
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import heapq
 import itertools
 import random
+import struct
+from collections.abc import Callable
 
-from .config import MAX_REPLICAS, EmulatorConfig, ModelConfig
+from .config import MAX_REPLICAS, PRIORITY, EmulatorConfig, ModelConfig
 from .engine import (
     DRAINING,
     FINISH_ABORT,
@@ -25,19 +28,28 @@ from .engine import (
     Sequence,
     plan_output_tokens,
 )
+from .faults import Faults, exit_process
 from .metrics import ModelGauges, ModelMetrics
 
 
+def prompt_digest(prompt_token_ids: list[int]) -> str:
+    """A stable digest of a prompt's token ids (the same on every machine and process; ids
+    are validated non-negative and below `vocab_size`). struct, not array: faster from a list."""
+    data = struct.pack(f"<{len(prompt_token_ids)}Q", *prompt_token_ids)
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
 class ModelFleet:
-    def __init__(self, model: ModelConfig, seed: int):
+    def __init__(self, model: ModelConfig, seed: int, faults: Faults | None = None):
         self.model = model
         self.seed = seed
+        self.faults = faults if faults is not None else Faults()
+        self._priority_policy = model.scheduling_policy == PRIORITY
         self.metrics = ModelMetrics(model.name, model.context_length)
         self.replicas: list[Replica] = []
         self.target_replicas = model.replicas
         self._pending: list[tuple[int, int, Sequence]] = []
         self._pending_count = 0
-        self._order = itertools.count()
         self._request_index = itertools.count()
         self._replica_ids = itertools.count()
         self._cold_starts: dict[int, asyncio.TimerHandle] = {}
@@ -62,7 +74,11 @@ class ModelFleet:
 
     def _new_replica(self) -> Replica:
         replica = Replica(
-            self.model, next(self._replica_ids), self.metrics, on_stopped=self._on_stopped
+            self.model,
+            next(self._replica_ids),
+            self.metrics,
+            on_stopped=self._on_stopped,
+            faults=self.faults,
         )
         self.replicas.append(replica)
         return replica
@@ -85,14 +101,20 @@ class ModelFleet:
         request_seed: int | None,
         prompt_index: int,
         listener: Listener,
+        greedy: bool = False,
     ) -> Sequence:
         """A sequence whose output (ids and length) depends only on the seeds, not timing.
 
-        Keyed by the request's own `seed` when it gives one (so a repeated request repeats
-        its output whatever ran before it), else by this model's arrival counter.
+        Greedy (temperature 0) output is a function of the model and the prompt only, as
+        with real weights: the same on every replica and process, whatever the config
+        `seed`, the request `seed` or what ran before. With a request `seed` it is a
+        function of the model, the prompt and that seed. Otherwise it is keyed by the config
+        `seed` and this model's arrival counter.
         """
-        if request_seed is not None:
-            key = f"{self.seed}|{self.model.name}|seed={request_seed}|{prompt_index}"
+        if greedy:
+            key = f"greedy|{self.model.name}|{prompt_digest(prompt_token_ids)}"
+        elif request_seed is not None:
+            key = f"seed={request_seed}|{self.model.name}|{prompt_digest(prompt_token_ids)}"
         else:
             key = f"{self.seed}|{self.model.name}|{next(self._request_index)}"
         rng = random.Random(key)  # noqa: S311 - reproducible test data, not secrets
@@ -127,7 +149,8 @@ class ModelFleet:
             seq.fail(self._no_replica_message(), loop.time())
             return
         seq.state = PENDING
-        heapq.heappush(self._pending, (seq.priority, next(self._order), seq))
+        key = seq.priority if self._priority_policy else 0
+        heapq.heappush(self._pending, (key, seq.order, seq))
         self._pending_count += 1
         loop.call_later(timeout_seconds, self._expire_pending, seq)
 
@@ -260,10 +283,12 @@ class ModelFleet:
 class Fleet:
     """Every configured model's `ModelFleet`, in config order."""
 
-    def __init__(self, config: EmulatorConfig):
+    def __init__(self, config: EmulatorConfig, *, crash: Callable[[], None] = exit_process):
         self.config = config
+        # One set of faults for the whole process: a replica of the control plane is a process.
+        self.faults = Faults(config.faults, crash=crash)
         self.models: dict[str, ModelFleet] = {
-            model.name: ModelFleet(model, config.seed) for model in config.models
+            model.name: ModelFleet(model, config.seed, self.faults) for model in config.models
         }
 
     def get(self, model_name: str) -> ModelFleet | None:
@@ -272,7 +297,9 @@ class Fleet:
     def start(self) -> None:
         for model_fleet in self.models.values():
             model_fleet.start()
+        self.faults.start()
 
     async def stop(self) -> None:
+        self.faults.stop()
         for model_fleet in self.models.values():
             await model_fleet.stop()

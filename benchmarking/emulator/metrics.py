@@ -96,6 +96,7 @@ class ModelMetrics:
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.request_success = dict.fromkeys(FINISH_REASONS, 0)
+        self.preemptions = 0
         token_buckets = token_count_buckets(context_length)
         self.ttft_seconds = WeightedHistogram(TTFT_BUCKETS_SECONDS)
         self.inter_token_latency_seconds = WeightedHistogram(TOKEN_LATENCY_BUCKETS_SECONDS)
@@ -121,13 +122,19 @@ class ModelMetrics:
         first_token_ttfts_seconds: Iterable[float],
         inter_token_latency_seconds: float,
         continuing_tokens: int,
+        recomputed_tokens: int = 0,
     ) -> None:
+        """`prefill_tokens` are new prompts' tokens; `recomputed_tokens` are prefilled again
+        after a preemption: they cost step time but are not counted as prompt tokens twice."""
         self.prompt_tokens += prefill_tokens
         self.generation_tokens += generated_tokens
-        self.iteration_tokens.observe(prefill_tokens + generated_tokens)
+        self.iteration_tokens.observe(prefill_tokens + recomputed_tokens + generated_tokens)
         for ttft_seconds in first_token_ttfts_seconds:
             self.ttft_seconds.observe(ttft_seconds)
         self.inter_token_latency_seconds.observe(inter_token_latency_seconds, continuing_tokens)
+
+    def record_preemption(self) -> None:
+        self.preemptions += 1
 
     def record_finished(
         self,
@@ -201,6 +208,8 @@ _HISTOGRAMS = (
 )  # fmt: skip
 
 REPLICA_STATES = ("ready", "starting", "draining")
+# The faults that can be active (faults.ACTIVE_MODES; a crash leaves nothing to scrape).
+FAULT_GAUGE_MODES = ("hang", "slow", "wrong_output")
 
 
 class EmulatorCollector:
@@ -208,9 +217,11 @@ class EmulatorCollector:
         self,
         models: Callable[[], Iterable[ModelMetrics]],
         gauges: Callable[[], Iterable[ModelGauges]],
+        fault_mode: Callable[[], str] | None = None,
     ):
         self._models = models
         self._gauges = gauges
+        self._fault_mode = fault_mode
 
     def describe(self) -> list[Metric]:
         # Nothing to pre-declare; returning [] keeps the registry from calling collect()
@@ -250,6 +261,16 @@ class EmulatorCollector:
                 replicas.add_metric([g.model_name, state], g.replicas_by_state.get(state, 0))
             lag.add_metric([g.model_name], g.step_lag_seconds)
         yield from (running, waiting, kv_usage, replicas, lag)
+        if self._fault_mode is not None:
+            mode = self._fault_mode()
+            fault = GaugeMetricFamily(
+                "emulator_fault_active",
+                "1 for the injected fault now active in this emulator process, else 0.",
+                labels=["mode"],
+            )
+            for name in FAULT_GAUGE_MODES:
+                fault.add_metric([name], 1.0 if mode == name else 0.0)
+            yield fault
 
         models = list(self._models())
         prompt = CounterMetricFamily(
@@ -271,8 +292,8 @@ class EmulatorCollector:
             generation.add_metric([m.model_name], m.generation_tokens)
             for reason, n in m.request_success.items():
                 success.add_metric([m.model_name, reason], n)
-            # KV is reserved on admission, so the emulator never preempts.
-            preemptions.add_metric([m.model_name], 0)
+            # KV is reserved on admission, so only priority preemption ever happens.
+            preemptions.add_metric([m.model_name], m.preemptions)
         yield from (prompt, generation, success, preemptions)
 
         for name, documentation, attribute in _HISTOGRAMS:

@@ -1,8 +1,9 @@
 """The OpenAI-compatible wire format, as vLLM speaks it: request parsing and response bodies.
 
 Parsing is strict about the fields the emulator acts on (a wrong type is a 400 naming the
-field) and ignores sampling fields it does not model (`temperature`, `top_p`, ...), as
-vLLM accepts them. Streamed chunks are assembled from pre-escaped string pieces rather than
+field) and ignores sampling fields it does not model (`top_p`, `top_k`, ...), as vLLM
+accepts them. `temperature` 0 means greedy decoding: deterministic output for the prompt.
+Streamed chunks are assembled from pre-escaped string pieces rather than
 `json.dumps` per token: at thousands of streams that serialisation would dominate the CPU.
 """
 
@@ -27,6 +28,8 @@ _ERROR_TYPES = {
 
 # vLLM's default `max_tokens` for /v1/completions; chat defaults to the rest of the context.
 COMPLETION_DEFAULT_MAX_TOKENS = 16
+# vLLM samples greedily below this temperature (`_SAMPLING_EPS` in sampling_params.py).
+GREEDY_TEMPERATURE = 1e-5
 
 
 class RequestError(Exception):
@@ -66,6 +69,11 @@ class GenerationRequest:
     priority: int
     seed: int | None
     return_token_ids: bool
+    temperature: float | None = None  # None: vLLM's default, 1.0 (sampling)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature is not None and self.temperature < GREEDY_TEMPERATURE
 
 
 def _is_int(value) -> bool:
@@ -81,6 +89,17 @@ def _optional_int(body: dict, name: str, *, minimum: int | None = None) -> int |
     if minimum is not None and value < minimum:
         raise RequestError(f"'{name}' must be at least {minimum}, got {value}.", param=name)
     return value
+
+
+def _temperature(body: dict) -> float | None:
+    value = body.get("temperature")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        raise RequestError(f"'temperature' must be a number, got {value!r}.", param="temperature")
+    if value < 0:
+        raise RequestError(f"'temperature' must be non-negative, got {value}.", param="temperature")
+    return float(value)
 
 
 def _bool(body: dict, name: str, default: bool = False) -> bool:
@@ -137,6 +156,7 @@ def _parse_common(body: dict, kind: str, prompts: tuple) -> GenerationRequest:
         priority=_optional_int(body, "priority") or 0,
         seed=_optional_int(body, "seed"),
         return_token_ids=_bool(body, "return_token_ids"),
+        temperature=_temperature(body),
     )
 
 

@@ -1,4 +1,5 @@
-"""The aiohttp application: vLLM's OpenAI-compatible endpoints plus a scale endpoint."""
+"""The aiohttp application: vLLM's OpenAI-compatible endpoints, a scale endpoint, and the
+fault-injection endpoint (`/emulator/faults`, apart from the OpenAI paths)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ import os
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
 from .config import MAX_REPLICAS, EmulatorConfig
 from .engine import Listener, Sequence
+from .faults import CRASH, FaultError, exit_process, parse_fault
 from .fleet import Fleet, ModelFleet
 from .metrics import EmulatorCollector, build_registry, render
 from .protocol import (
@@ -43,12 +46,20 @@ WEBHOOK_MAX_SKEW_SECONDS = 300
 FLEET_KEY = web.AppKey("fleet", Fleet)
 REGISTRY_KEY = web.AppKey("registry", CollectorRegistry)
 WEBHOOK_SECRET_KEY = web.AppKey("webhook_secret", str)
+# An immediate crash waits this long, so the command itself is answered first.
+CRASH_GRACE_SECONDS = 0.05
 
 
-def create_app(config: EmulatorConfig, *, webhook_secret: str | None = None) -> web.Application:
-    """`webhook_secret` (default: $EMULATOR_WEBHOOK_SECRET) signs `/admin/webhook/scale`."""
+def create_app(
+    config: EmulatorConfig,
+    *,
+    webhook_secret: str | None = None,
+    crash: Callable[[], None] = exit_process,
+) -> web.Application:
+    """`webhook_secret` (default: $EMULATOR_WEBHOOK_SECRET) signs `/admin/webhook/scale`;
+    `crash` is what an injected crash does (default: exit the process with status 1)."""
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_json_errors])
-    fleet = Fleet(config)
+    fleet = Fleet(config, crash=crash)
     app[FLEET_KEY] = fleet
     if webhook_secret is None:
         webhook_secret = os.environ.get(WEBHOOK_SECRET_ENV, "")
@@ -57,6 +68,7 @@ def create_app(config: EmulatorConfig, *, webhook_secret: str | None = None) -> 
         EmulatorCollector(
             models=lambda: [f.metrics for f in fleet.models.values()],
             gauges=lambda: [f.gauges() for f in fleet.models.values()],
+            fault_mode=lambda: fleet.faults.mode,
         )
     )
     app.on_startup.append(_start_fleet)
@@ -70,6 +82,8 @@ def create_app(config: EmulatorConfig, *, webhook_secret: str | None = None) -> 
     app.router.add_get("/admin/replicas", list_replicas)
     app.router.add_post("/admin/replicas", scale_replicas)
     app.router.add_post("/admin/webhook/scale", webhook_scale)
+    app.router.add_get("/emulator/faults", get_faults)
+    app.router.add_post("/emulator/faults", set_faults)
     return app
 
 
@@ -135,6 +149,7 @@ async def _generate(request: web.Request, gen: GenerationRequest) -> web.StreamR
             request_seed=gen.seed,
             prompt_index=i,
             listener=listener,
+            greedy=gen.greedy,
         )
         for i, ids in enumerate(prompts)
     ]
@@ -336,6 +351,24 @@ async def webhook_scale(request: web.Request) -> web.Response:
     # Deployment's status.replicas counts pods that are not ready yet.
     status["observed_replicas"] = status["ready"] + status["starting"]
     return web.json_response(status)
+
+
+async def get_faults(request: web.Request) -> web.Response:
+    return web.json_response(request.app[FLEET_KEY].faults.status())
+
+
+async def set_faults(request: web.Request) -> web.Response:
+    """`{"mode", "factor", "after_seconds", "duration_seconds"}` → the fault state."""
+    body = await _json_body(request)
+    try:
+        spec = parse_fault(body, at_key="after_seconds")
+    except FaultError as exc:
+        raise RequestError(str(exc), param=exc.field) from exc
+    if spec.mode == CRASH and spec.at_seconds < CRASH_GRACE_SECONDS:
+        spec = replace(spec, at_seconds=CRASH_GRACE_SECONDS)
+    faults = request.app[FLEET_KEY].faults
+    faults.submit(spec)
+    return web.json_response(faults.status())
 
 
 def _webhook_signature_problem(secret: str, headers, raw: bytes) -> str:

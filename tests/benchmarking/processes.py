@@ -25,7 +25,15 @@ def free_port() -> int:
 
 
 @contextmanager
-def emulator_process(config: dict, tmp_path: Path):
+def emulator_process(config: dict, tmp_path: Path, args: tuple[str, ...] = ()):
+    """An emulator subprocess serving `config`; yields its base URL. `args`: extra flags."""
+    with emulator_subprocess(config, tmp_path, args) as (base_url, _process):
+        yield base_url
+
+
+@contextmanager
+def emulator_subprocess(config: dict, tmp_path: Path, args: tuple[str, ...] = ()):
+    """Like `emulator_process`, yielding `(base_url, process)` for tests that watch it exit."""
     port = free_port()
     config_path = tmp_path / f"emulator-{port}.json"
     config_path.write_text(json.dumps(config))
@@ -39,6 +47,7 @@ def emulator_process(config: dict, tmp_path: Path):
             str(port),
             "--config",
             str(config_path),
+            *args,
         ],
         cwd=ROOT,
         stdout=log,
@@ -52,7 +61,7 @@ def emulator_process(config: dict, tmp_path: Path):
             what="the emulator",
             log_path=tmp_path / f"emulator-{port}.log",
         )
-        yield base_url
+        yield base_url, process
     finally:
         stop(process, timeout_seconds=10)
         log.close()

@@ -1,5 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
+from benchmarking.emulator.cli import add_arguments, apply_arguments
 from benchmarking.emulator.config import ConfigError, load_config
 from benchmarking.emulator.server import run
 
@@ -16,12 +17,20 @@ class Command(BaseCommand):
             "--config", required=True, help="JSON config (see benchmarking/emulator/README.md)."
         )
         parser.add_argument("--host", default="127.0.0.1")
+        add_arguments(parser)
 
-    def handle(self, *args, port, config, host, **options):
+    def handle(
+        self, *args, port, config, host, scheduling_policy, priority_preemption, fault, **options
+    ):
         if not 0 < port < 65536:
             raise CommandError(f"--port must be between 1 and 65535, got {port}.")
         try:
-            emulator_config = load_config(config)
+            emulator_config = apply_arguments(
+                load_config(config),
+                scheduling_policy=scheduling_policy,
+                priority_preemption=priority_preemption,
+                fault=fault,
+            )
         except ConfigError as exc:
             raise CommandError(str(exc)) from exc
         # The emulator is a data-plane test double: it touches no database and no settings.

@@ -33,6 +33,8 @@ def test_a_minimal_config_gets_the_documented_defaults():
     assert model.max_num_seqs == DEFAULT_MAX_NUM_SEQS == 256
     assert model.kv_cache_tokens == 200_000
     assert model.context_length == 8192
+    assert (model.scheduling_policy, model.priority_preemption) == ("fcfs", False)
+    assert config.faults == ()
 
 
 @pytest.mark.parametrize(
@@ -50,6 +52,12 @@ def test_a_minimal_config_gets_the_documented_defaults():
         ({"models": [{"name": "m", "kv_cache_tokens": 100}]}, "models[0].kv_cache_tokens"),
         ({"models": [{"name": "m", "max_num_seq": 4}]}, "models[0].max_num_seq"),
         ({"models": [{"name": "m"}, {"name": "m"}]}, "models[1].name"),
+        ({"models": [{"name": "m", "scheduling_policy": "sjf"}]}, "models[0].scheduling_policy"),
+        ({"models": [{"name": "m", "priority_preemption": True}]}, "priority_preemption"),
+        (
+            {"models": [{"name": "m", "scheduling_policy": "priority", "priority_preemption": 1}]},
+            "models[0].priority_preemption",
+        ),
     ],
 )
 def test_a_bad_config_is_refused_naming_the_field(raw, named):

@@ -103,10 +103,12 @@ def test_a_saturated_replica_takes_the_ground_truth_replica_time(start_emulator,
 
 
 def test_lower_priority_values_are_admitted_first(start_emulator, http):
-    emulator = start_emulator(config(model(max_num_seqs=1, decode_step_base_seconds=0.005)))
+    emulator = start_emulator(
+        config(model(max_num_seqs=1, decode_step_base_seconds=0.005, scheduling_policy="priority"))
+    )
     url = f"{emulator.url}/v1/completions"
     blocker = start_streams(
-        emulator.url, [{"model": "tiny", "prompt": [1], "max_tokens": 80, "ignore_eos": True}]
+        emulator.url, [{"model": "tiny", "prompt": [1], "max_tokens": 400, "ignore_eos": True}]
     )
     wait_until(lambda: _gauges(http, emulator)[0] == 1)
 
