@@ -71,7 +71,10 @@ class RoundResult:
     skipped_round: bool = False
 
 
-def probe_body(engine_model_id: str) -> dict:
+_DEFAULT = object()
+
+
+def probe_body(engine_model_id: str, priority=_DEFAULT) -> dict:
     body = {
         "model": engine_model_id,
         "prompt": PROBE_PROMPT,
@@ -79,17 +82,23 @@ def probe_body(engine_model_id: str) -> dict:
         "temperature": 0,
         "seed": PROBE_SEED,
     }
-    if settings.HEALTH_PROBE_PRIORITY is not None:
-        body["priority"] = settings.HEALTH_PROBE_PRIORITY
+    priority = settings.HEALTH_PROBE_PRIORITY if priority is _DEFAULT else priority
+    if priority is not None:
+        body["priority"] = priority
     return body
 
 
-def probe_endpoint(url: str, engine_model_id: str, *, timeout_seconds: float) -> ProbeAnswer:
-    """One end-to-end completion against an engine; never raises."""
+def probe_endpoint(
+    url: str, engine_model_id: str, *, timeout_seconds: float, priority=_DEFAULT
+) -> ProbeAnswer:
+    """One end-to-end completion against an engine; never raises. `priority=None` sends the
+    probe without one (the engine's default, as a naive liveness check would)."""
     started = time.perf_counter()
     try:
         response = httpx.post(
-            f"{url}/v1/completions", json=probe_body(engine_model_id), timeout=timeout_seconds
+            f"{url}/v1/completions",
+            json=probe_body(engine_model_id, priority),
+            timeout=timeout_seconds,
         )
     except httpx.TimeoutException:
         return ProbeAnswer(ProbeOutcome.TIMEOUT, detail=f"no answer within {timeout_seconds:g} s")

@@ -6,6 +6,7 @@ import contextlib
 import os
 import signal
 
+import httpx
 import pytest
 from django.utils import timezone
 
@@ -54,7 +55,8 @@ def process_deployment(
     deployment.actuator_config = validate_actuator_config(
         ActuatorKind.PROCESS,
         {
-            "command": list(emulator_command),
+            # As a production fleet runs vLLM: admission's priorities need the priority policy.
+            "command": [*emulator_command, "--scheduling-policy", "priority"],
             "base_port": free_port_range(3),
             "supervisor_url": http_supervisor.url,
             "drain_seconds": 1,
@@ -109,9 +111,12 @@ def test_a_hung_replica_is_detected_restarted_replaced_and_serving_again(
         return running.deployment_status(process_deployment.name)
 
     hung_pid = status()["replicas"][1]["pid"]
-    # A stopped process keeps its socket: connections are accepted and never answered,
-    # exactly how an engine hangs. Its supervisor still reports it ready.
-    os.killpg(hung_pid, signal.SIGSTOP)
+    port = status()["replicas"][1]["port"]
+    # The engine hangs: it accepts requests and never answers them, while /health still
+    # answers 200, so its supervisor still reports it ready.
+    fault = httpx.post(f"http://127.0.0.1:{port}/emulator/faults", json={"mode": "hang"})
+    assert fault.status_code == 200
+    assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
     try:
         rounds = 0
         while not Incident.objects.exists():
@@ -138,8 +143,8 @@ def test_a_hung_replica_is_detected_restarted_replaced_and_serving_again(
             what="a good probe of the restarted replica",
         )
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(hung_pid, signal.SIGCONT)
+        with contextlib.suppress(ProcessLookupError, httpx.HTTPError):
+            httpx.post(f"http://127.0.0.1:{port}/emulator/faults", json={"mode": "none"})
     incident = Incident.objects.get()
     steps = list(incident.steps.values_list("step", flat=True))
     assert steps == [
@@ -244,3 +249,30 @@ def _pid_listening_on(port: int) -> int:
         ["ss", "-ltnpH", f"sport = :{port}"], capture_output=True, text=True, check=True
     ).stdout
     return int(out.split("pid=", 1)[1].split(",", 1)[0])
+
+
+def test_wrong_output_is_unhealthy_even_though_it_answers_fast(process_deployment, fast_probes):
+    probe_round()  # the known-good fingerprint
+    port = http_port_of(process_deployment, 0)
+    fault = {"mode": "wrong_output"}
+    assert httpx.post(f"http://127.0.0.1:{port}/emulator/faults", json=fault).status_code == 200
+    for _ in range(3):
+        probe_round()
+    incident = Incident.objects.get()
+    assert (incident.replica.key, incident.cause) == ("process:0", "wrong_output")
+    assert "known good" in incident.detail
+    wrong = ProbeResult.objects.filter(outcome="wrong_output")
+    assert wrong.count() == 3
+    # Fast answers, all of them: it is the content that is wrong.
+    assert max(wrong.values_list("latency_ms", flat=True)) < 500
+    # The restart brings up a clean engine (faults set by command die with the process).
+    wait_until(
+        lambda: probe_round() and Incident.objects.get().ended_at is not None,
+        timeout_seconds=20,
+        what="the restarted replica to answer as known good",
+    )
+    assert Replica.objects.get(key="process:0").state == Replica.State.HEALTHY
+
+
+def http_port_of(deployment, index: int) -> int:
+    return deployment.actuator_config["base_port"] + index
