@@ -22,6 +22,7 @@ from billing.rates import rate_card_create
 from capacity.models import (
     ActuatorKind,
     CostModel,
+    DegradationPolicy,
     Deployment,
     GpuPool,
     GpuType,
@@ -146,6 +147,11 @@ class Command(BaseCommand):
                 actuator_kind=ActuatorKind.WEBHOOK,
                 actuator_config={"url": f"{emulator_url}/admin/webhook/scale"},
             )
+        # While fewer than 3 in 4 of its probed replicas answer, the demo model sheds
+        # best-effort traffic, then caps max_tokens (planners edit this on the Health page).
+        DegradationPolicy.objects.get_or_create(
+            served_model=models["llama-3.1-8b"], defaults={"max_tokens_cap": 512}
+        )
         suite = BenchmarkSuite.objects.filter(name=DEMO_SUITE["name"]).first()
         if suite is None:
             suite = suite_create(**DEMO_SUITE)
