@@ -51,6 +51,7 @@ def incidents(deployment):
         detected_at=now - timedelta(hours=1),
         restart_requested_at=now - timedelta(hours=1) + timedelta(seconds=3),
         ready_at=now - timedelta(hours=1) + timedelta(seconds=40),
+        ended_at=now - timedelta(hours=1) + timedelta(seconds=40),
     )
     IncidentStep.objects.bulk_create(
         [

@@ -54,6 +54,7 @@ def incident_with_steps(deployment, key, *, detected_at, restart_after=None, rea
             detected_at + timedelta(seconds=restart_after) if restart_after is not None else None
         ),
         ready_at=detected_at + timedelta(seconds=ready_after) if ready_after is not None else None,
+        ended_at=detected_at + timedelta(seconds=ready_after) if ready_after is not None else None,
     )
     steps = [
         (IncidentStep.Step.FIRST_FAILURE, -10, "timeout: no answer within 5 s"),
