@@ -78,7 +78,9 @@ def collected_static(tmp_path_factory) -> Path:
     return root
 
 
-@pytest.fixture(scope="module")
+# One server for the whole session: it holds no state between tests (the database is
+# flushed between transactional tests, sessions included), and each start costs seconds.
+@pytest.fixture(scope="session")
 def site(django_db_setup, django_db_blocker, collected_static, tmp_path_factory):
     """The base URL of the control plane under gunicorn, over plain HTTP on loopback."""
     env = {
