@@ -6,5 +6,5 @@ app_name = "allocation"
 
 urlpatterns = [
     path("", views.index, name="index"),
-    path("deployments/<slug:name>/", views.deployment, name="deployment"),
+    path("deployments/<str:name>/", views.deployment, name="deployment"),
 ]

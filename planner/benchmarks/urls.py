@@ -11,12 +11,12 @@ urlpatterns = [
     path("runs/<int:pk>/live/", views.run_live, name="run_live"),
     path("cost-models/", views.cost_models, name="cost_models"),
     path(
-        "cost-models/<slug:model>/<int:gpu_type>/<int:gpus>/",
+        "cost-models/<str:model>/<int:gpu_type>/<int:gpus>/",
         views.cost_model,
         name="cost_model",
     ),
     path(
-        "cost-models/<slug:model>/<int:gpu_type>/<int:gpus>/run/",
+        "cost-models/<str:model>/<int:gpu_type>/<int:gpus>/run/",
         views.run_now,
         name="run_now",
     ),

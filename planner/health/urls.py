@@ -8,9 +8,9 @@ urlpatterns = [
     path("", views.index, name="index"),
     path("incidents/<int:pk>/", views.incident, name="incident"),
     path(
-        "deployments/<slug:name>/reset-fingerprint/",
+        "deployments/<str:name>/reset-fingerprint/",
         views.reset_fingerprint,
         name="reset-fingerprint",
     ),
-    path("models/<slug:name>/policy/", views.policy, name="policy"),
+    path("models/<str:name>/policy/", views.policy, name="policy"),
 ]

@@ -1,6 +1,8 @@
 """Only staff planners reach planner pages: every URL of the planner UI, whatever section
 added it, refuses customers' users and sends anonymous visitors to the login page."""
 
+import re
+
 import pytest
 from django.urls import URLPattern, URLResolver, get_resolver
 
@@ -25,10 +27,9 @@ def planner_paths() -> list[str]:
             if isinstance(pattern, URLResolver):
                 walk(pattern.url_patterns, route)
             elif isinstance(pattern, URLPattern):
-                for name, converter in pattern.pattern.converters.items():
-                    kind = type(converter).__name__.removesuffix("Converter").lower()
-                    route = route.replace(f"<{kind}:{name}>", SAMPLE_ARGS.get(kind, "1"))
-                    route = route.replace(f"<{name}>", "x")
+                route = re.sub(
+                    r"<(?:(\w+):)?\w+>", lambda m: SAMPLE_ARGS.get(m[1] or "str", "1"), route
+                )
                 paths.append("/" + route)
 
     walk(planner.url_patterns, str(planner.pattern))
