@@ -2,7 +2,7 @@
 
 A benchmark is a module bench/bench_NAME.py with `run() -> list[Figure]`. It runs after Django is
 set up, against a fresh test database (test_<NAME of DATABASE_URL>) that is dropped at the end,
-so a run never reads or writes real data.
+so a run never reads or writes real data; its tables are flushed before each benchmark.
 """
 
 import importlib
@@ -89,6 +89,7 @@ def _write(name: str, figures: list, seconds: float) -> Path:
 
 def main(argv: list[str]) -> int:
     _setup_django()
+    from django.core.management import call_command
     from django.test.utils import (
         setup_databases,
         setup_test_environment,
@@ -108,6 +109,8 @@ def main(argv: list[str]) -> int:
     try:
         for name in names:
             print(f"== {name}", flush=True)
+            # Each benchmark starts from empty tables: one's fixture is never another's data.
+            call_command("flush", interactive=False, verbosity=0)
             started = time.perf_counter()
             try:
                 module = importlib.import_module(f"bench.{PREFIX}{name}")

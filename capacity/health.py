@@ -146,6 +146,7 @@ class _Check:
     engine_model_id: str
     completions: float | None = None
     answer: ProbeAnswer | None = None
+    answered_at: datetime | None = None  # when the probe's outcome was known
 
 
 def _check(check: _Check, now: datetime) -> _Check:
@@ -176,6 +177,7 @@ def _check(check: _Check, now: datetime) -> _Check:
     check.answer = probe_endpoint(
         check.endpoint.url, check.engine_model_id, timeout_seconds=timeout
     )
+    check.answered_at = timezone.now()
     return check
 
 
@@ -296,7 +298,10 @@ def _compare_with_fingerprint(check: _Check, now: datetime) -> ProbeAnswer:
 
 @transaction.atomic
 def _record(check: _Check, now: datetime, result: RoundResult) -> None:
+    """`now` is when the round started (the probe's time); the replica's state changes at
+    the moment the outcome was known, so incidents time detection and readiness truly."""
     replica = Replica.objects.select_for_update().get(pk=check.replica.pk)
+    known_at = check.answered_at or now
     answer = check.answer
     if answer.outcome == ProbeOutcome.OK:
         answer = _compare_with_fingerprint(check, now)
@@ -325,22 +330,22 @@ def _record(check: _Check, now: datetime, result: RoundResult) -> None:
         replica.failing_since = None
         replica.last_error = ""
         if replica.state == Replica.State.UNHEALTHY:
-            _recovered(replica, now, result)
-        _close_replaced(replica, now, result)
+            _recovered(replica, known_at, result)
+        _close_replaced(replica, known_at, result)
         replica.save()
         return
     result.failed += 1
     replica.consecutive_failures += 1
     replica.last_error = f"{answer.outcome}: {answer.detail}"
     if replica.failing_since is None:
-        replica.failing_since = now
+        replica.failing_since = known_at
     if (
         replica.state == Replica.State.HEALTHY
         and replica.consecutive_failures >= settings.HEALTH_PROBE_FAILURES
     ):
-        _mark_unhealthy(replica, answer, now, result)
+        _mark_unhealthy(replica, answer, known_at, result)
     elif replica.state == Replica.State.UNHEALTHY:
-        _retry_restart(replica, now)
+        _retry_restart(replica, known_at)
     replica.save()
 
 
