@@ -150,7 +150,7 @@ def _hang(deployment, fleet) -> dict:
                 ok = httpx.get(f"{hung}/health", timeout=5).status_code == 200
             except httpx.HTTPError:
                 ok = False
-            liveness_failures.append(not ok)
+            liveness_failures.append((timezone.now(), not ok))
             time.sleep(interval)
 
     injected = timezone.now()
@@ -174,8 +174,11 @@ def _hang(deployment, fleet) -> dict:
         "detected_s": (steps["detected"] - injected).total_seconds(),
         "restart_requested_s": (steps["restart_requested"] - injected).total_seconds(),
         "crash_to_serving_s": crash_to_serving,
-        "liveness_detections": sum(liveness_failures),
-        "liveness_checks": len(liveness_failures),
+        # Only while the engine hung: the restart stops it, and the check may see that.
+        "liveness_detections": sum(
+            failed for at, failed in liveness_failures if at < steps["detected"]
+        ),
+        "liveness_checks": sum(1 for at, _ in liveness_failures if at < steps["detected"]),
     }
 
 
