@@ -21,6 +21,7 @@ class Saturator:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
+        self._clients: list[httpx.Client] = []
 
     def __enter__(self) -> Saturator:
         for url in self.urls:
@@ -32,6 +33,9 @@ class Saturator:
 
     def __exit__(self, *exc_info) -> None:
         self._stop.set()
+        # Closing the clients cuts the requests in flight: nobody waits for a deep queue.
+        for client in list(self._clients):
+            client.close()
         for thread in self._threads:
             thread.join(timeout=30)
 
@@ -44,12 +48,16 @@ class Saturator:
             "priority": 0,
         }
         with httpx.Client(timeout=120) as client:
+            with self._lock:
+                self._clients.append(client)
             while not self._stop.is_set():
                 try:
                     response = client.post(f"{url}/v1/completions", json=body)
                     ok = response.status_code == 200
-                except httpx.HTTPError:
+                except Exception:  # noqa: BLE001 - a closed client ends the loop below
                     ok = False
+                if self._stop.is_set():
+                    return
                 with self._lock:
                     if ok:
                         self.completed += 1

@@ -3,6 +3,7 @@ the highest priority, so a full batch delays them by a slot, not by the whole qu
 same probe at the traffic's own priority would time out (the seeds' false kills)."""
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -19,7 +20,19 @@ from tests.capacity.test_process_actuator import (  # noqa: F401 - fixtures
 pytestmark = pytest.mark.django_db
 
 # Long enough for a dozen rounds at full saturation; `make bench` runs ten minutes.
-RUN_SECONDS = 12
+RUN_SECONDS = 8
+
+
+def _probe_for(seconds: float) -> int:
+    """A probe round every second for `seconds`; returns how many ran."""
+    deadline = time.monotonic() + seconds
+    rounds = 0
+    while time.monotonic() < deadline:
+        started = time.monotonic()
+        probe_round()
+        rounds += 1
+        time.sleep(max(0.0, 1.0 - (time.monotonic() - started)))
+    return rounds
 
 
 def test_saturated_replicas_are_never_marked_unhealthy(
@@ -36,16 +49,15 @@ def test_saturated_replicas_are_never_marked_unhealthy(
     with Saturator(urls, model="tiny", streams_per_url=48, max_tokens=600) as load:
         time.sleep(3)
         assert min(waiting_requests(url) for url in urls) >= 20, "not saturated"
-        naive = probe_endpoint(urls[0], "tiny", timeout_seconds=timeout, priority=None)
-        deadline = time.monotonic() + RUN_SECONDS
-        rounds = 0
-        while time.monotonic() < deadline:
-            started = time.monotonic()
-            probe_round()
-            rounds += 1
-            time.sleep(max(0.0, 1.0 - (time.monotonic() - started)))
+        # Beside the rounds, the same probe at the traffic's own priority.
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            naive = pool.submit(
+                probe_endpoint, urls[0], "tiny", timeout_seconds=timeout, priority=None
+            )
+            rounds = _probe_for(RUN_SECONDS)
+            naive = naive.result()
         assert min(waiting_requests(url) for url in urls) >= 20, "not saturated to the end"
-    assert load.completed > 100 and load.errors == 0
+    assert load.completed > 50 and load.errors == 0
     outcomes = list(ProbeResult.objects.exclude(latency_ms=None).values_list("outcome", flat=True))
     assert len(outcomes) >= 2 * rounds
     assert set(outcomes) == {"ok"}
