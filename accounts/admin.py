@@ -63,7 +63,8 @@ class ApiKeyAdmin(admin.ModelAdmin):
     @admin.action(description="Revoke the selected keys")
     def revoke_selected(self, request, queryset):
         from accounts.services import api_key_revoke
+        from controlplane.audit import actor_of
 
         for api_key in queryset:
-            api_key_revoke(api_key=api_key)
+            api_key_revoke(api_key=api_key, actor=actor_of(user=request.user))
         self.message_user(request, f"Revoked {queryset.count()} key(s).")

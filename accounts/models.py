@@ -14,6 +14,13 @@ class Customer(models.Model):
     name = models.CharField(max_length=200)
     slug = models.SlugField(max_length=64, unique=True)
     tier = models.CharField(max_length=20, choices=Tier.choices, default=Tier.STANDARD)
+    # Usage is what the customer is billed on, so by default only the platform's own gateways
+    # report it; a planner may let a customer run its own gateway (its events are then marked
+    # self-reported on the invoice).
+    may_report_own_usage = models.BooleanField(
+        default=False,
+        help_text="Keys of this customer may post its usage events (marked self-reported).",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -71,6 +78,11 @@ class ApiKey(models.Model):
         null=True,
         blank=True,
         related_name="+",
+    )
+    # A key created by another key (through the API) may hold only a subset of its creator's
+    # scopes and expire no later than it.
+    created_by_key = models.ForeignKey(
+        "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )
     expires_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)

@@ -12,14 +12,26 @@ from accounts import keys
 from accounts import scopes as S
 from accounts.models import ApiKey, Customer, Membership
 from accounts.principals import PLANNERS_GROUP
+from controlplane.audit import actor_of as audit_actor_of
+from controlplane.audit import audit_record, snapshot
 from controlplane.errors import ConflictError, DomainError
+
+_KEY_AUDIT_FIELDS = ("name", "customer", "service_name", "prefix", "scopes", "expires_at")
 
 
 @transaction.atomic
-def customer_create(*, name: str, slug: str, tier: str = Customer.Tier.STANDARD) -> Customer:
+def customer_create(
+    *,
+    name: str,
+    slug: str,
+    tier: str = Customer.Tier.STANDARD,
+    may_report_own_usage: bool = False,
+) -> Customer:
     if Customer.objects.filter(slug=slug).exists():
         raise ConflictError(f"A customer with slug '{slug}' already exists.", field="slug")
-    return Customer.objects.create(name=name, slug=slug, tier=tier)
+    return Customer.objects.create(
+        name=name, slug=slug, tier=tier, may_report_own_usage=may_report_own_usage
+    )
 
 
 @transaction.atomic
@@ -50,6 +62,35 @@ def _validate_scopes(scopes: list[str], *, for_service: bool) -> list[str]:
     return list(dict.fromkeys(scopes))
 
 
+def _check_key_may_mint(
+    creator: ApiKey, scopes: list[str], expires_at: datetime | None
+) -> datetime | None:
+    """A key creating a key: never more scopes than its own, never a longer life.
+
+    Returns the expiry to store: a creator that expires passes its own expiry on when none is
+    asked for, so a minted key can never outlive the key that minted it.
+    """
+    missing = [scope for scope in scopes if scope not in creator.scopes]
+    if missing:
+        raise DomainError(
+            "A key may create only keys with a subset of its own scopes; this key lacks "
+            f"{', '.join(missing)} (it holds {', '.join(creator.scopes)}).",
+            field="scopes",
+            code="scope_escalation",
+        )
+    if creator.expires_at is not None:
+        if expires_at is None:
+            return creator.expires_at
+        if expires_at > creator.expires_at:
+            raise DomainError(
+                "A key may not create a key that expires after itself "
+                f"({creator.expires_at:%Y-%m-%dT%H:%M:%SZ}).",
+                field="expires_at",
+                code="expiry_beyond_creator",
+            )
+    return expires_at
+
+
 @transaction.atomic
 def api_key_create(
     *,
@@ -59,6 +100,8 @@ def api_key_create(
     scopes: list[str] | None = None,
     expires_at: datetime | None = None,
     created_by=None,
+    created_by_key: ApiKey | None = None,
+    actor: str = "",
 ) -> CreatedKey:
     if (customer is None) == (not service_name):
         raise DomainError(
@@ -73,6 +116,15 @@ def api_key_create(
         raise DomainError("A key needs at least one scope.", field="scopes")
     if expires_at is not None and expires_at <= timezone.now():
         raise DomainError("The expiry must be in the future.", field="expires_at")
+    if customer is not None and S.USAGE_WRITE in scopes and not customer.may_report_own_usage:
+        raise DomainError(
+            f"Customer '{customer.slug}' may not report its own usage, so its keys cannot hold "
+            "usage:write; a planner allows it with the customer's may_report_own_usage.",
+            field="scopes",
+            code="usage_self_report_not_allowed",
+        )
+    if created_by_key is not None:
+        expires_at = _check_key_may_mint(created_by_key, scopes, expires_at)
     minted = keys.mint()
     api_key = ApiKey.objects.create(
         name=name,
@@ -83,15 +135,32 @@ def api_key_create(
         scopes=scopes,
         expires_at=expires_at,
         created_by=created_by if getattr(created_by, "pk", None) else None,
+        created_by_key=created_by_key,
+    )
+    audit_record(
+        actor=actor or audit_actor_of(user=created_by, api_key=created_by_key),
+        action="api_key.create",
+        obj=api_key,
+        after=snapshot(api_key, _KEY_AUDIT_FIELDS),
     )
     return CreatedKey(api_key=api_key, plaintext=minted.plaintext)
 
 
 @transaction.atomic
-def api_key_revoke(*, api_key: ApiKey) -> ApiKey:
+def api_key_revoke(*, api_key: ApiKey, actor: str = "system:unknown") -> ApiKey:
     """Revoking twice is harmless and keeps the first revocation time."""
-    ApiKey.objects.filter(pk=api_key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+    revoked = ApiKey.objects.filter(pk=api_key.pk, revoked_at__isnull=True).update(
+        revoked_at=timezone.now()
+    )
     api_key.refresh_from_db(fields=["revoked_at"])
+    if revoked:
+        audit_record(
+            actor=actor,
+            action="api_key.revoke",
+            obj=api_key,
+            before={"revoked_at": None},
+            after=snapshot(api_key, ["revoked_at"]),
+        )
     return api_key
 
 

@@ -174,9 +174,16 @@ def _commitment_lines(reservations, changes, segments, start, end, result) -> li
     return lines
 
 
-def _best_effort_mu(segments) -> dict[int, dict[tuple[int, int], float]]:
+@dataclass(frozen=True)
+class _BestEffortUse:
+    mu: float  # MU used outside guaranteed admission: what is billed
+    self_reported_mu: float  # of all MU, what the customer's own keys reported
+    unverified_mu: float  # of all MU, what no admission record confirmed
+
+
+def _best_effort_mu(segments) -> dict[int, dict[tuple[int, int], _BestEffortUse]]:
     """customer -> (model, rate card) -> MU used outside guaranteed admission."""
-    totals: dict[int, dict[tuple[int, int], float]] = defaultdict(dict)
+    totals: dict[int, dict[tuple[int, int], _BestEffortUse]] = defaultdict(dict)
     for model_id, model_segments in segments.items():
         for rate in model_segments:
             rows = (
@@ -184,11 +191,17 @@ def _best_effort_mu(segments) -> dict[int, dict[tuple[int, int], float]]:
                     served_model_id=model_id, minute__gte=rate.starts_at, minute__lt=rate.ends_at
                 )
                 .values("customer_id")
-                .annotate(mu=Sum(F("mu") - F("guaranteed_mu")))
+                .annotate(
+                    mu=Sum(F("mu") - F("guaranteed_mu")),
+                    self_reported=Sum("self_reported_mu"),
+                    unverified=Sum("unverified_mu"),
+                )
             )
             for row in rows:
                 if row["mu"] and row["mu"] > 0:
-                    totals[row["customer_id"]][(model_id, rate.card.pk)] = row["mu"]
+                    totals[row["customer_id"]][(model_id, rate.card.pk)] = _BestEffortUse(
+                        row["mu"], row["self_reported"] or 0.0, row["unverified"] or 0.0
+                    )
     return totals
 
 
@@ -221,7 +234,7 @@ def _late_usage(first: date) -> dict[int, list[InvoiceLine]]:
         for line in invoice.lines.all():
             if line.kind == InvoiceLine.Kind.BEST_EFFORT:
                 billed[(line.served_model_id, line.rate_card_id)] += line.evidence.get("mu", 0.0)
-        current = now_mu.get(customer_id, {})
+        current = {key: use.mu for key, use in now_mu.get(customer_id, {}).items()}
         for model_id, card_id in sorted(set(current) | set(billed)):
             delta = current.get((model_id, card_id), 0.0) - billed[(model_id, card_id)]
             if abs(delta) < 1e-6 or card_id not in by_card:
@@ -247,23 +260,38 @@ def _late_usage(first: date) -> dict[int, list[InvoiceLine]]:
 def _best_effort_lines(customer_id, best_effort, segments) -> list[InvoiceLine]:
     cards = {r.card.pk: r for s in segments.values() for r in s}
     lines = []
-    for (model_id, card_id), mu in sorted(best_effort.get(customer_id, {}).items()):
+    for (model_id, card_id), use in sorted(best_effort.get(customer_id, {}).items()):
         rate = cards[card_id]
+        mu = use.mu
         quantity = Decimal(str(mu)) / Decimal(1000)
         price = rate.card.best_effort_price_per_1000_mu
+        description = f"Best-effort usage: {mu:,.3f} MU"
+        # The usage behind the charge that the platform did not meter itself is named on the
+        # line, so the customer and finance can see what rests on the customer's own reports.
+        notes = []
+        if use.self_reported_mu > 0:
+            notes.append(f"{use.self_reported_mu:,.3f} MU self-reported")
+        if use.unverified_mu > 0:
+            notes.append(f"{use.unverified_mu:,.3f} MU without an admission record")
+        if notes:
+            description += f" ({'; '.join(notes)})"
         lines.append(
             InvoiceLine(
                 kind=InvoiceLine.Kind.BEST_EFFORT,
                 served_model_id=model_id,
                 rate_card=rate.card,
-                description=f"Best-effort usage: {mu:,.3f} MU",
+                description=description,
                 starts_at=rate.starts_at,
                 ends_at=rate.ends_at,
                 quantity=quantity,
                 unit="1,000 MU",
                 unit_price=price,
                 amount=money(quantity * price),
-                evidence={"mu": mu},
+                evidence={
+                    "mu": mu,
+                    "self_reported_mu": use.self_reported_mu,
+                    "unverified_mu": use.unverified_mu,
+                },
             )
         )
     return lines

@@ -5,8 +5,9 @@ from datetime import datetime
 from decimal import Decimal
 
 from django.db import transaction
+from django.db.models import Max
 
-from billing.models import InvoiceLine, RateCard
+from billing.models import Invoice, InvoiceLine, RateCard
 from capacity.models import ServedModel
 from controlplane.errors import ConflictError, DomainError
 
@@ -37,6 +38,19 @@ def cards_by_model(model_ids) -> dict[int, list[RateCard]]:
     return cards
 
 
+def issued_through() -> datetime | None:
+    """The end of the latest month with an issued invoice: no price may change before it."""
+    latest = Invoice.objects.filter(status=Invoice.Status.ISSUED).aggregate(
+        latest=Max("period_start")
+    )["latest"]
+    if latest is None:
+        return None
+    # Deferred: generation imports this module.
+    from billing.generation import period_bounds
+
+    return period_bounds(latest)[2]
+
+
 def rate_card_create(
     *,
     served_model: ServedModel,
@@ -49,6 +63,18 @@ def rate_card_create(
         raise ConflictError(
             "A rate card for this model already takes effect at that time.",
             field="effective_from",
+        )
+    frozen_until = issued_through()
+    if frozen_until is not None and effective_from < frozen_until:
+        # A card runs until the next one, so one dated inside (or before) an issued month
+        # would reprice usage already invoiced, through late-usage adjustments.
+        raise ConflictError(
+            "Invoices are issued up to "
+            f"{frozen_until:%Y-%m-%dT%H:%M:%SZ}; a rate card may not take effect inside an issued "
+            "period. Date it at or after that moment.",
+            field="effective_from",
+            code="inside_issued_period",
+            details={"issued_through": frozen_until.isoformat()},
         )
     if reserved_price_per_mu_minute_hour < 0 or best_effort_price_per_1000_mu < 0:
         raise DomainError("Prices cannot be negative.", field="reserved_price_per_mu_minute_hour")

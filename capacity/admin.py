@@ -13,6 +13,7 @@ from capacity.models import (
     DegradationState,
     Deployment,
     DeploymentFingerprint,
+    FallbackAdmission,
     GpuPool,
     GpuType,
     Incident,
@@ -205,13 +206,38 @@ class UsageEventAdmin(admin.ModelAdmin):
         "output_tokens",
         "outcome",
         "admission_class",
+        "verification",
+        "self_reported",
         "mu",
         "rolled_up",
     ]
-    list_filter = ["outcome", "admission_class", "rolled_up", "served_model"]
+    list_filter = [
+        "outcome",
+        "admission_class",
+        "verification",
+        "self_reported",
+        "rolled_up",
+        "served_model",
+    ]
     search_fields = ["event_id", "customer__slug"]
     list_select_related = ["customer", "served_model"]
     show_full_result_count = False  # counting millions of events on every page would crawl
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(FallbackAdmission)
+class FallbackAdmissionAdmin(admin.ModelAdmin):
+    """Decisions the Redis-down fallback made: evidence for billing, so read-only."""
+
+    list_display = ["decided_at", "customer", "served_model", "request_id", "admission_class"]
+    list_filter = ["admission_class", "served_model"]
+    search_fields = ["request_id", "customer__slug"]
+    list_select_related = ["customer", "served_model"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
 
     def has_change_permission(self, request, obj=None) -> bool:
         return False

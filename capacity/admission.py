@@ -20,18 +20,33 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import asdict, dataclass, field
+from datetime import timedelta
 
 import numpy as np
 import redis
 from django.conf import settings
+from django.utils import timezone
 
 from benchmarking.fitting import replica_seconds_of
 from capacity import metrics
-from capacity.admission_buckets import BEST_EFFORT, GUARANTEED, REFUSED, Buckets
+from capacity.admission_buckets import (
+    BEST_EFFORT,
+    GUARANTEED,
+    REFUSED,
+    REFUSED_GUARANTEED,
+    AdmissionRecord,
+    Buckets,
+)
 from capacity.cost_models import pricing_cost_model
 from capacity.degradation import current as current_degradation
 from capacity.degradation import forget as forget_degradation
-from capacity.models import AdmissionAllowance, CostModel, ServedModel, UsageEvent
+from capacity.models import (
+    AdmissionAllowance,
+    CostModel,
+    FallbackAdmission,
+    ServedModel,
+    UsageEvent,
+)
 from controlplane.errors import DomainError
 
 # vLLM's priority scheduling runs lower values first.
@@ -188,7 +203,7 @@ def admit(
             customer_id=customer_id, model_id=info.model_id, cost_mu=cost, request_id=request_id
         )
     except redis.RedisError:
-        return _degraded(customer_id, info.model_id, cost)
+        return _degraded(customer_id, info.model_id, cost, request_id=request_id)
     admission_class = decision.admission_class
     reason = "" if admission_class != REFUSED else _refusal_reason(decision)
     if admission_class == BEST_EFFORT and degradation.refuse_best_effort:
@@ -255,7 +270,9 @@ def _reserved_mu_per_minute(customer_id: int, model_id: int) -> float:
     return reserved
 
 
-def _degraded(customer_id: int, model_id: int, cost: float) -> Admission:
+def _degraded(
+    customer_id: int, model_id: int, cost: float, *, request_id: str | None = None
+) -> Admission:
     mode = settings.ADMISSION_ON_REDIS_DOWN
     reserved = _reserved_mu_per_minute(customer_id, model_id) if mode == "guaranteed" else 0.0
     limits = {"guaranteed_mu_per_minute": reserved, "best_effort_mu_per_minute": 0.0}
@@ -268,6 +285,11 @@ def _degraded(customer_id: int, model_id: int, cost: float) -> Admission:
     admitted = admission_class != REFUSED
     _count(admission_class, admitted)
     metrics.ADMISSION_DEGRADED.inc()
+    if request_id:
+        recorded = admission_class
+        if admission_class == REFUSED and reserved > 0:
+            recorded = REFUSED_GUARANTEED
+        _spool_record(customer_id, model_id, request_id, recorded, cost)
     return Admission(
         admitted=admitted,
         admission_class=admission_class,
@@ -294,6 +316,70 @@ def _take_local(customer_id: int, model_id: int, cost: float, reserved: float) -
             bucket.tokens_mu -= cost
             return True
         return False
+
+
+def _spool_record(
+    customer_id: int, model_id: int, request_id: str, recorded_class: str, cost: float
+) -> None:
+    """Keep the fallback's decision where ingestion will look for it (Redis is down)."""
+    FallbackAdmission.objects.update_or_create(
+        customer_id=customer_id,
+        request_id=request_id,
+        defaults={
+            "served_model_id": model_id,
+            "admission_class": recorded_class,
+            "estimated_mu": cost,
+            "decided_at": timezone.now(),
+        },
+    )
+
+
+class RecordsUnavailable(DomainError):
+    """Admission records cannot be read now: usage cannot be priced; the sender retries."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "The admission store cannot be reached, so these events' admission records cannot "
+            "be read; nothing was stored. Retry the batch shortly.",
+            code="admission_store_unavailable",
+            status=503,
+        )
+
+
+def admission_records(
+    requests: list[tuple[int, int, str]],
+) -> list[AdmissionRecord | None]:
+    """The admission record of each (customer id, model id, request id): Redis's, else the
+    one the Redis-down fallback spooled, else None. RecordsUnavailable when Redis is down."""
+    if not requests:
+        return []
+    try:
+        found = buckets().records(requests)
+    except redis.RedisError as error:
+        metrics.ADMISSION_DEGRADED.inc()
+        raise RecordsUnavailable() from error
+    missing = [index for index, record in enumerate(found) if record is None]
+    if missing:
+        spooled = {
+            (row.customer_id, row.request_id): row
+            for row in FallbackAdmission.objects.filter(
+                customer_id__in={requests[i][0] for i in missing},
+                request_id__in={requests[i][2] for i in missing},
+            )
+        }
+        for index in missing:
+            customer_id, model_id, request_id = requests[index]
+            row = spooled.get((customer_id, request_id))
+            if row is not None and row.served_model_id == model_id:
+                found[index] = AdmissionRecord(row.admission_class, row.estimated_mu, spooled=True)
+    return found
+
+
+def fallback_records_prune() -> int:
+    """Forget fallback records older than the usage lateness window (their events are late)."""
+    horizon = timezone.now() - timedelta(hours=settings.USAGE_LATENESS_WINDOW_HOURS)
+    deleted, _ = FallbackAdmission.objects.filter(decided_at__lt=horizon).delete()
+    return deleted
 
 
 def reconcile_usage(settled: list[tuple[int, int, str, float]]) -> None:

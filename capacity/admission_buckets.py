@@ -23,10 +23,15 @@ from dataclasses import dataclass
 import redis
 
 GUARANTEED, BEST_EFFORT, REFUSED = "guaranteed", "best_effort", "refused"
+# Recorded (never answered) for a refusal of a customer that holds a reservation.
+REFUSED_GUARANTEED = "refused_guaranteed"
 PREFIX = "adm"
 
 # KEYS: limits hash, guaranteed TAT, best-effort TAT, request record (or "" for none)
 # ARGV: cost MU, burst seconds, bucket TTL ms, record TTL s
+#
+# The record ("<class>:<estimated MU>", then ":s" once settled) is what later decides the
+# class its usage event is billed in; the latest decision for a request id is the one kept.
 _ADMIT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
@@ -34,6 +39,8 @@ local limits = redis.call('HMGET', KEYS[1], 'g', 'be')
 local cost = tonumber(ARGV[1])
 local burst_ms = tonumber(ARGV[2]) * 1000
 local ttl_ms = tonumber(ARGV[3])
+local g = tonumber(limits[1])
+local be = tonumber(limits[2])
 
 local function try(key, rate)
   if rate == nil or rate <= 0 then return false, -1 end
@@ -50,8 +57,6 @@ local function try(key, rate)
   return false, allow_at - now
 end
 
-local g = tonumber(limits[1])
-local be = tonumber(limits[2])
 local ok, g_wait = try(KEYS[2], g)
 local class = 'guaranteed'
 local wait = 0
@@ -66,20 +71,28 @@ if not ok then
     else wait = math.min(g_wait, be_wait) end
   end
 end
-if class ~= 'refused' and KEYS[4] ~= '' then
-  redis.call('SET', KEYS[4], class .. ':' .. ARGV[1], 'EX', tonumber(ARGV[4]))
+if KEYS[4] ~= '' then
+  local recorded = class
+  -- A refusal of a customer that holds a reservation is a refused *guaranteed* request: the
+  -- one kind that can earn an SLA credit.
+  if class == 'refused' and g ~= nil and g > 0 then recorded = 'refused_guaranteed' end
+  redis.call('SET', KEYS[4], recorded .. ':' .. ARGV[1], 'EX', tonumber(ARGV[4]))
 end
 return {class, tostring(wait), tostring(g or -1), tostring(be or -1)}
 """
 
 # KEYS: request record, guaranteed TAT, best-effort TAT, limits hash
 # ARGV: actual MU, bucket TTL ms
+# The record stays (marked settled) for the whole usage lateness window: the usage event's
+# class is read from it, and a second event with the same id must not settle again.
 _RECONCILE = """
 local record = redis.call('GET', KEYS[1])
 if not record then return {'', '0'} end
-redis.call('DEL', KEYS[1])
+if string.sub(record, -2) == ':s' then return {'', '0'} end
+redis.call('SET', KEYS[1], record .. ':s', 'KEEPTTL')
 local sep = string.find(record, ':')
 local class = string.sub(record, 1, sep - 1)
+if class ~= 'guaranteed' and class ~= 'best_effort' then return {class, '0'} end
 local estimate = tonumber(string.sub(record, sep + 1))
 local delta = tonumber(ARGV[1]) - estimate
 local key, field = KEYS[2], 'g'
@@ -115,6 +128,34 @@ def _bucket_key(customer_id: int, model_id: int, admission_class: str) -> str:
 
 def _record_key(customer_id: int, model_id: int, request_id: str) -> str:
     return f"{PREFIX}:req:{model_id}:{customer_id}:{request_id}"
+
+
+# What an admission record says about its request (the first part of the stored value).
+RECORD_CLASSES = frozenset({GUARANTEED, BEST_EFFORT, REFUSED_GUARANTEED, REFUSED})
+
+
+@dataclass(frozen=True)
+class AdmissionRecord:
+    admission_class: str  # one of RECORD_CLASSES
+    estimated_mu: float
+    spooled: bool = False  # from the Redis-down fallback's spool, not from Redis
+
+    @property
+    def admitted(self) -> bool:
+        return self.admission_class in (GUARANTEED, BEST_EFFORT)
+
+
+def parse_record(raw: bytes | str | None) -> AdmissionRecord | None:
+    if raw is None:
+        return None
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    parts = text.split(":")
+    if len(parts) < 2 or parts[0] not in RECORD_CLASSES:
+        return None
+    try:
+        return AdmissionRecord(parts[0], float(parts[1]))
+    except ValueError:
+        return None
 
 
 class Buckets:
@@ -182,6 +223,13 @@ class Buckets:
         return self._reconcile(
             keys=keys, args=[repr(float(actual_mu)), self.idle_ttl_ms], client=pipe
         )
+
+    def records(self, requests: list[tuple[int, int, str]]) -> list[AdmissionRecord | None]:
+        """The admission records of (customer id, model id, request id)s, in one round trip."""
+        if not requests:
+            return []
+        raw = self.client.mget([_record_key(c, m, r) for c, m, r in requests])
+        return [parse_record(value) for value in raw]
 
     def publish_limits(self, limits: dict[tuple[int, int], tuple[float, float]], ttl_s: int):
         """Write every (customer, model)'s (guaranteed, best-effort) MU/min, each with a TTL."""

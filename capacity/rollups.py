@@ -39,7 +39,10 @@ WITH picked AS (
            coalesce(sum(e.mu) FILTER (WHERE e.admission_class = 'guaranteed'), 0)
                AS guaranteed_mu,
            coalesce(sum(e.mu) FILTER (WHERE e.admission_class = 'best_effort'), 0)
-               AS best_effort_mu
+               AS best_effort_mu,
+           coalesce(sum(e.mu) FILTER (WHERE e.self_reported), 0) AS self_reported_mu,
+           coalesce(sum(e.mu) FILTER (WHERE e.verification IN ('unrecorded', 'contradicted')),
+                    0) AS unverified_mu
     FROM capacity_usageevent e
     JOIN touched t USING (customer_id, served_model_id, minute)
     GROUP BY e.customer_id, e.served_model_id, e.minute
@@ -47,10 +50,10 @@ WITH picked AS (
     INSERT INTO capacity_usageminute (
         customer_id, served_model_id, minute, requests, refused_requests,
         guaranteed_refused_requests, input_tokens, cached_input_tokens, output_tokens, mu,
-        guaranteed_mu, best_effort_mu)
+        guaranteed_mu, best_effort_mu, self_reported_mu, unverified_mu)
     SELECT customer_id, served_model_id, minute, requests, refused_requests,
            guaranteed_refused_requests, input_tokens, cached_input_tokens, output_tokens, mu,
-           guaranteed_mu, best_effort_mu
+           guaranteed_mu, best_effort_mu, self_reported_mu, unverified_mu
     FROM totals
     ON CONFLICT (customer_id, served_model_id, minute) DO UPDATE SET
         requests = EXCLUDED.requests,
@@ -61,7 +64,9 @@ WITH picked AS (
         output_tokens = EXCLUDED.output_tokens,
         mu = EXCLUDED.mu,
         guaranteed_mu = EXCLUDED.guaranteed_mu,
-        best_effort_mu = EXCLUDED.best_effort_mu
+        best_effort_mu = EXCLUDED.best_effort_mu,
+        self_reported_mu = EXCLUDED.self_reported_mu,
+        unverified_mu = EXCLUDED.unverified_mu
     RETURNING 1
 )
 -- PostgreSQL runs a data-modifying CTE even when nothing reads it.
@@ -82,6 +87,8 @@ _AGGREGATES = {
     "mu": Sum("mu"),
     "guaranteed_mu": Sum("mu", filter=Q(admission_class="guaranteed")),
     "best_effort_mu": Sum("mu", filter=Q(admission_class="best_effort")),
+    "self_reported_mu": Sum("mu", filter=Q(self_reported=True)),
+    "unverified_mu": Sum("mu", filter=Q(verification__in=("unrecorded", "contradicted"))),
 }
 
 

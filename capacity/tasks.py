@@ -7,7 +7,12 @@ from capacity import reservations, rollups
 
 @shared_task(name="capacity.usage_rollup", expires=25)
 def usage_rollup() -> dict:
-    return rollups.usage_rollup()
+    from capacity.admission import fallback_records_prune
+
+    result = rollups.usage_rollup()
+    # Fallback admission records are needed only while their usage events may still arrive.
+    result["fallback_records_pruned"] = fallback_records_prune()
+    return result
 
 
 @shared_task(name="capacity.reservations_refresh_status", expires=55)

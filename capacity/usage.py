@@ -1,10 +1,18 @@
 """Usage metering: idempotent batch ingestion of usage events (DESIGN §2, "Used").
 
 Each event is priced in MU when it arrives, with the model's active reference cost model,
-whose id is stored with it so a later re-fit never reprices the past. Event ids are unique in
-the database; a batch is inserted with `ON CONFLICT (event_id) DO NOTHING RETURNING`, so a
-retried or concurrent duplicate is reported as a duplicate and never counted twice. Invalid
-events are reported by index; the valid events of the same batch are stored.
+whose id is stored with it so a later re-fit never reprices the past. Event ids are unique per
+customer in the database; a batch is inserted with `ON CONFLICT (customer_id, event_id) DO
+NOTHING RETURNING`, so a retried or concurrent duplicate is reported as a duplicate and never
+counted twice. Invalid events are reported by index; the valid events of the same batch are
+stored.
+
+The sender never chooses its own price class. The admission record of the event's id (the
+request id admission was asked with) decides it: admitted as guaranteed or best-effort, or
+refused (with or without a reservation behind it). An event without a record is billed as
+best-effort and flagged `unrecorded`; one whose outcome or class contradicts its record is
+billed by the record and flagged `contradicted`; an event claiming `refused` for a request
+admission admitted is rejected, since it would make used capacity free.
 """
 
 from dataclasses import dataclass, field
@@ -19,9 +27,15 @@ from pydantic import ValidationError
 from accounts.models import Customer
 from benchmarking.fitting import FEATURES, feature_columns
 from capacity import metrics
-from capacity.admission import reconcile_usage
+from capacity.admission import admission_records, reconcile_usage
+from capacity.admission_buckets import (
+    BEST_EFFORT,
+    GUARANTEED,
+    REFUSED_GUARANTEED,
+    AdmissionRecord,
+)
 from capacity.cost_models import active_cost_model
-from capacity.models import CostModel, Deployment, ServedModel, UsageEvent
+from capacity.models import CostModel, Deployment, ServedModel, UsageEvent, Verification
 from capacity.usage_schema import UsageEventIn, minute_of, reasons_from
 from controlplane.errors import DomainError
 
@@ -41,11 +55,16 @@ COLUMNS = (
     "images",
     "outcome",
     "admission_class",
+    "verification",
+    "self_reported",
     "ttft_ms",
     "mu",
     "cost_model_id",
     "ingested_at",
     "rolled_up",
+)
+_DATETIME_COLUMNS = tuple(
+    COLUMNS.index(name) for name in ("started_at", "finished_at", "minute", "ingested_at")
 )
 
 
@@ -102,6 +121,14 @@ def usage_ingest(*, events, customer: Customer | None, may_name_customer: bool) 
             code="batch_too_large",
             status=413,
         )
+    if customer is not None and not customer.may_report_own_usage:
+        raise DomainError(
+            f"Customer '{customer.slug}' may not report its own usage: usage is what it is "
+            "billed on, so only the platform's gateways report it unless a planner allows "
+            "the customer to (may_report_own_usage).",
+            code="usage_self_report_not_allowed",
+            status=403,
+        )
     result = IngestResult()
     now = timezone.now()
     oldest = now - timedelta(hours=settings.USAGE_LATENESS_WINDOW_HOURS)
@@ -138,7 +165,7 @@ def usage_ingest(*, events, customer: Customer | None, may_name_customer: bool) 
     }
     cost_models: dict[int, CostModel | None] = {}
 
-    seen_in_batch: set[str] = set()
+    seen_in_batch: set[tuple[int, str]] = set()
     valid: list[tuple[UsageEventIn, Customer, ServedModel, CostModel]] = []
     for index, event in parsed:
         reasons = []
@@ -184,21 +211,23 @@ def usage_ingest(*, events, customer: Customer | None, may_name_customer: bool) 
         if reasons:
             reject(index, events[index], reasons)
             continue
-        if event.event_id in seen_in_batch:
+        if (owner.pk, event.event_id) in seen_in_batch:
             result.duplicates.append(event.event_id)
             continue
-        seen_in_batch.add(event.event_id)
-        valid.append((event, owner, model, cost_model))
+        seen_in_batch.add((owner.pk, event.event_id))
+        valid.append((index, event, owner, model, cost_model))
 
+    valid = _classify(valid, reject=lambda index, reasons: reject(index, events[index], reasons))
     if valid:
-        inserted = _insert(valid, deployments=deployments, ingested_at=now)
-        for event, *_ in valid:
-            (result.accepted if event.event_id in inserted else result.duplicates).append(
-                event.event_id
-            )
+        inserted = _insert(
+            valid, deployments=deployments, ingested_at=now, self_reported=customer is not None
+        )
+        for _, event, owner, *_ in valid:
+            stored_now = (owner.pk, event.event_id) in inserted
+            (result.accepted if stored_now else result.duplicates).append(event.event_id)
         # Only events stored now settle their admission: a duplicate never settles twice.
         reconcile_usage(
-            [(customer_id, model_id, event_id, mu) for event_id, (customer_id, model_id, mu)
+            [(customer_id, model_id, event_id, mu) for (customer_id, event_id), (model_id, mu)
              in inserted.items()]
         )  # fmt: skip
     result.rejected.sort(key=lambda item: item["index"])
@@ -208,15 +237,63 @@ def usage_ingest(*, events, customer: Customer | None, may_name_customer: bool) 
     return result
 
 
-def _rows(valid, *, deployments, ingested_at):
+@dataclass(frozen=True)
+class _Class:
+    admission_class: str
+    verification: str
+
+
+def _class_of(event: UsageEventIn, record: AdmissionRecord | None) -> _Class | str:
+    """The class an event is billed in, from its admission record; or why it is rejected."""
+    if record is None:
+        # Nothing says admission let this request in: it ran (if it ran) on slack.
+        return _Class(BEST_EFFORT, Verification.UNRECORDED)
+    verified = Verification.FALLBACK if record.spooled else Verification.RECORDED
+    if record.admitted:
+        if event.outcome == "refused":
+            return (
+                f"outcome: admission admitted request '{event.event_id}' as "
+                f"{record.admission_class}; report what happened to it (completed, cancelled "
+                "or error), not refused"
+            )
+        claimed = event.admission_class
+        agrees = claimed in (None, record.admission_class)
+        return _Class(record.admission_class, verified if agrees else Verification.CONTRADICTED)
+    # Refused by admission.
+    refused_class = GUARANTEED if record.admission_class == REFUSED_GUARANTEED else BEST_EFFORT
+    if event.outcome != "refused":
+        # It ran although admission refused it: billed as best-effort, flagged.
+        return _Class(BEST_EFFORT, Verification.CONTRADICTED)
+    claimed = event.admission_class
+    agrees = claimed in (None, refused_class)
+    return _Class(refused_class, verified if agrees else Verification.CONTRADICTED)
+
+
+def _classify(valid, *, reject) -> list:
+    """Each valid event with the class its admission record gives it; events that contradict
+    their record in a way that cannot be billed are rejected."""
+    records = admission_records(
+        [(owner.pk, model.pk, event.event_id) for _, event, owner, model, _ in valid]
+    )
+    classified = []
+    for (index, event, owner, model, cost_model), record in zip(valid, records, strict=True):
+        decided = _class_of(event, record)
+        if isinstance(decided, str):
+            reject(index, [decided])
+            continue
+        classified.append((index, event, owner, model, cost_model, decided))
+    return classified
+
+
+def _rows(valid, *, deployments, ingested_at, self_reported: bool):
     by_cost_model: dict[int, list[int]] = {}
-    for position, (_, _, _, cost_model) in enumerate(valid):
+    for position, (_, _, _, _, cost_model, _) in enumerate(valid):
         by_cost_model.setdefault(cost_model.pk, []).append(position)
     mu = np.zeros(len(valid))
     for positions in by_cost_model.values():
-        cost_model = valid[positions[0]][3]
-        mu[positions] = _mu_per_event(cost_model, [valid[p][0] for p in positions])
-    for position, (event, owner, model, cost_model) in enumerate(valid):
+        cost_model = valid[positions[0]][4]
+        mu[positions] = _mu_per_event(cost_model, [valid[p][1] for p in positions])
+    for position, (_, event, owner, model, cost_model, decided) in enumerate(valid):
         deployment = deployments.get(event.deployment) if event.deployment else None
         yield (
             event.event_id,
@@ -231,7 +308,9 @@ def _rows(valid, *, deployments, ingested_at):
             event.output_tokens,
             event.images,
             event.outcome,
-            event.admission_class,
+            decided.admission_class,
+            decided.verification,
+            self_reported,
             event.ttft_ms,
             # A refused request never ran: it used nothing.
             0.0 if event.outcome == "refused" else float(mu[position]),
@@ -241,16 +320,25 @@ def _rows(valid, *, deployments, ingested_at):
         )
 
 
-def _insert(valid, *, deployments, ingested_at) -> dict[str, tuple[int, int, float]]:
-    """Store the events; return those stored now (not known before) as event id ->
-    (customer id, model id, MU)."""
-    rows = list(_rows(valid, deployments=deployments, ingested_at=ingested_at))
+_MU = COLUMNS.index("mu")
+
+
+def _insert(
+    valid, *, deployments, ingested_at, self_reported: bool
+) -> dict[tuple[int, str], tuple[int, float]]:
+    """Store the events; return those stored now (not known before) as (customer id, event
+    id) -> (model id, MU)."""
+    rows = list(
+        _rows(valid, deployments=deployments, ingested_at=ingested_at, self_reported=self_reported)
+    )
     stored = _insert_rows(rows)
-    return {row[0]: (row[1], row[2], row[14]) for row in rows if row[0] in stored}
+    return {(row[1], row[0]): (row[2], row[_MU]) for row in rows if (row[1], row[0]) in stored}
 
 
 @transaction.atomic
-def _insert_rows(rows) -> set[str]:
+def _insert_rows(rows) -> set[tuple[int, str]]:
+    """Insert the rows, skipping (customer, event id)s already stored; return the (customer
+    id, event id)s stored now."""
     table = UsageEvent._meta.db_table
     columns = ", ".join(COLUMNS)
     if connection.vendor == "postgresql":
@@ -266,17 +354,24 @@ def _insert_rows(rows) -> set[str]:
                     copy.write_row(row)
             cursor.execute(
                 f"INSERT INTO {table} ({columns}) SELECT {columns} FROM usage_staging "  # noqa: S608
-                "ON CONFLICT (event_id) DO NOTHING RETURNING event_id"
+                "ON CONFLICT (customer_id, event_id) DO NOTHING RETURNING customer_id, event_id"
             )
-            return {row[0] for row in cursor.fetchall()}
+            return {(row[0], row[1]) for row in cursor.fetchall()}
     placeholders = ", ".join(["%s"] * len(COLUMNS))
     sql = (
         f"INSERT INTO {table} ({columns}) VALUES ({placeholders}) "  # noqa: S608
-        "ON CONFLICT (event_id) DO NOTHING RETURNING event_id"
+        "ON CONFLICT (customer_id, event_id) DO NOTHING RETURNING customer_id, event_id"
     )
     inserted = set()
+    adapt = connection.ops.adapt_datetimefield_value
     with connection.cursor() as cursor:
         for row in rows:
-            cursor.execute(sql, row)
-            inserted.update(r[0] for r in cursor.fetchall())
+            # Raw SQL skips the ORM's conversion of datetimes to the text SQLite stores (UTC,
+            # no offset): without it the stored text never equals what lookups compare with,
+            # and rollups, utilisation and billing would read nothing.
+            values = list(row)
+            for position in _DATETIME_COLUMNS:
+                values[position] = adapt(values[position])
+            cursor.execute(sql, values)
+            inserted.update((r[0], r[1]) for r in cursor.fetchall())
     return inserted

@@ -29,7 +29,8 @@ class UsageEventIn(BaseModel):
     output_tokens: TokenCount
     images: TokenCount = 0
     outcome: Literal["completed", "cancelled", "error", "refused"]
-    admission_class: Literal["guaranteed", "best_effort", "none"]
+    # What the sender believes; the admission record of `event_id` decides (capacity.usage).
+    admission_class: Literal["guaranteed", "best_effort", "none"] | None = None
     ttft_ms: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
 
     @model_validator(mode="after")

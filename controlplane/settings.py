@@ -47,6 +47,7 @@ INSTALLED_APPS = [
     "django_filters",
     "drf_spectacular",
     "django_celery_beat",
+    "controlplane",
     "accounts",
     "capacity",
     "benchmarking",
@@ -283,8 +284,17 @@ if ADMISSION_ON_REDIS_DOWN not in {"guaranteed", "all", "none"}:
 ADMISSION_OUTPUT_PERCENTILE = env_int("ADMISSION_OUTPUT_PERCENTILE", 95, minimum=1)
 # Limits the ticks stop refreshing, and idle buckets, vanish after this long.
 ADMISSION_LIMITS_TTL_SECONDS = env_int("ADMISSION_LIMITS_TTL_SECONDS", 600, minimum=30)
-# How long an admitted request waits for its usage event to settle its estimate.
-ADMISSION_RECORD_TTL_SECONDS = env_int("ADMISSION_RECORD_TTL_SECONDS", 3600, minimum=60)
+# How long admission records (admitted and refused) are kept: each decides its usage event's
+# class, so it must outlive the usage lateness window (the default adds an hour of margin).
+ADMISSION_RECORD_TTL_SECONDS = env_int(
+    "ADMISSION_RECORD_TTL_SECONDS", USAGE_LATENESS_WINDOW_HOURS * 3600 + 3600, minimum=60
+)
+if ADMISSION_RECORD_TTL_SECONDS < USAGE_LATENESS_WINDOW_HOURS * 3600:
+    raise ImproperlyConfigured(
+        f"ADMISSION_RECORD_TTL_SECONDS={ADMISSION_RECORD_TTL_SECONDS} is shorter than the usage "
+        f"lateness window ({USAGE_LATENESS_WINDOW_HOURS} h): late usage events would find no "
+        "admission record and be billed as best-effort."
+    )
 
 # --- Billing ------------------------------------------------------------------------------------
 BILLING_CURRENCY = env_str("BILLING_CURRENCY", "USD")

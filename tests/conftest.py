@@ -196,3 +196,13 @@ def sellable(served_model, pool, gpu_type):
     served_model.overcommit = 1.0
     served_model.save()
     return cost_model
+
+
+def pytest_runtest_setup(item):
+    # `make test` runs the tests marked both_databases again on SQLite (`make run`'s
+    # database); the few among them that need PostgreSQL itself say so.
+    if item.get_closest_marker("postgresql_only"):
+        from django.db import connection
+
+        if connection.vendor != "postgresql":
+            pytest.skip("needs PostgreSQL")

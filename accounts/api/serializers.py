@@ -10,7 +10,7 @@ from accounts.models import ApiKey, Customer
 class CustomerSerializer(serializers.ModelSerializer):
     class Meta:
         model = Customer
-        fields = ["id", "name", "slug", "tier", "created_at"]
+        fields = ["id", "name", "slug", "tier", "may_report_own_usage", "created_at"]
         read_only_fields = ["id", "created_at"]
 
 

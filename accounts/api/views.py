@@ -17,6 +17,7 @@ from accounts.api.serializers import (
 )
 from accounts.models import ApiKey, Customer
 from accounts.principals import principal_of
+from controlplane.audit import actor_of
 
 
 class CustomerPermission(BasePermission):
@@ -104,6 +105,8 @@ class ApiKeyViewSet(
             scopes=serializer.validated_data.get("scopes"),
             expires_at=serializer.expires_at(),
             created_by=request.user if getattr(request.user, "pk", None) else None,
+            created_by_key=principal.api_key,
+            actor=actor_of(principal),
         )
         body = ApiKeySerializer(created.api_key).data | {"key": created.plaintext}
         return Response(body, status=status.HTTP_201_CREATED)
@@ -120,7 +123,7 @@ class ApiKeyViewSet(
         )
         if not allowed:
             raise PermissionDenied("You may not revoke this key.")
-        services.api_key_revoke(api_key=api_key)
+        services.api_key_revoke(api_key=api_key, actor=actor_of(principal))
         return Response(ApiKeySerializer(api_key).data)
 
 

@@ -16,7 +16,14 @@ from capacity.models.health import (
 )
 from capacity.models.history import CapacitySample
 from capacity.models.reservations import Reservation, ReservationChange
-from capacity.models.usage import AdmissionClass, Outcome, UsageEvent, UsageMinute
+from capacity.models.usage import (
+    AdmissionClass,
+    FallbackAdmission,
+    Outcome,
+    UsageEvent,
+    UsageMinute,
+    Verification,
+)
 
 __all__ = [
     "ActuatorCircuit",
@@ -30,6 +37,7 @@ __all__ = [
     "DegradationPolicy",
     "DegradationState",
     "DeploymentFingerprint",
+    "FallbackAdmission",
     "Incident",
     "IncidentStep",
     "ProbeOutcome",
@@ -44,4 +52,5 @@ __all__ = [
     "ServedModel",
     "UsageEvent",
     "UsageMinute",
+    "Verification",
 ]

@@ -19,14 +19,27 @@ class AdmissionClass(models.TextChoices):
     NONE = "none", "None"
 
 
+class Verification(models.TextChoices):
+    """Where an event's admission class came from: the sender never chooses its own price."""
+
+    RECORDED = "recorded", "Admission record"
+    FALLBACK = "fallback", "Fallback admission record (Redis was down)"
+    UNRECORDED = "unrecorded", "No admission record: priced as best-effort"
+    CONTRADICTED = "contradicted", "Contradicted its admission record: the record decided"
+    SENDER = "sender", "Class as sent (stored before admission records decided it)"
+
+
 class UsageEvent(models.Model):
     """One metered request, priced in MU when it arrived with the cost model then active.
 
-    `event_id` is minted by the client and unique, so a retried batch never counts twice.
-    `rolled_up` marks events already folded into `UsageMinute`; late events arrive unrolled.
+    `event_id` is minted by the client (the admission `request_id`) and unique per customer,
+    so a retried batch never counts twice and one tenant's ids never collide with another's.
+    `admission_class` comes from the admission record of that request id (`verification`
+    says which record, or why none). `rolled_up` marks events already folded into
+    `UsageMinute`; late events arrive unrolled.
     """
 
-    event_id = models.CharField(max_length=100, unique=True)
+    event_id = models.CharField(max_length=100)
     customer = models.ForeignKey(Customer, on_delete=models.PROTECT, related_name="usage_events")
     served_model = models.ForeignKey(
         ServedModel, on_delete=models.PROTECT, related_name="usage_events"
@@ -43,6 +56,12 @@ class UsageEvent(models.Model):
     images = models.PositiveIntegerField(default=0)
     outcome = models.CharField(max_length=10, choices=Outcome.choices)
     admission_class = models.CharField(max_length=12, choices=AdmissionClass.choices)
+    verification = models.CharField(
+        max_length=12, choices=Verification.choices, default=Verification.SENDER
+    )
+    # Posted by a key of the customer itself (allowed per customer by a planner), not by a
+    # platform gateway: shown as such on the invoice.
+    self_reported = models.BooleanField(default=False)
     ttft_ms = models.FloatField(null=True, blank=True)
     mu = models.FloatField()
     cost_model = models.ForeignKey(CostModel, on_delete=models.PROTECT, related_name="+")
@@ -51,6 +70,11 @@ class UsageEvent(models.Model):
 
     class Meta:
         constraints = [
+            # Idempotency: a retried or concurrent duplicate of a customer's event is skipped
+            # (ingestion's ON CONFLICT targets exactly these columns).
+            models.UniqueConstraint(
+                fields=["customer", "event_id"], name="usage_event_id_unique_per_customer"
+            ),
             models.CheckConstraint(condition=Q(mu__gte=0), name="usage_mu_not_negative"),
             models.CheckConstraint(
                 condition=Q(cached_input_tokens__lte=models.F("input_tokens")),
@@ -83,6 +107,10 @@ class UsageMinute(models.Model):
     mu = models.FloatField(default=0.0)
     guaranteed_mu = models.FloatField(default=0.0)
     best_effort_mu = models.FloatField(default=0.0)
+    # Of `mu`: what the customer's own keys reported, and what no admission record confirmed;
+    # the invoice shows both beside the best-effort charge.
+    self_reported_mu = models.FloatField(default=0.0)
+    unverified_mu = models.FloatField(default=0.0)
 
     class Meta:
         constraints = [
@@ -94,3 +122,35 @@ class UsageMinute(models.Model):
 
     def __str__(self) -> str:
         return f"{self.customer_id}/{self.served_model_id} {self.minute:%Y-%m-%d %H:%M}"
+
+
+class FallbackAdmission(models.Model):
+    """An admission decided while Redis was unreachable (ADMISSION_ON_REDIS_DOWN).
+
+    Redis holds the admission records that decide a usage event's class; a decision made
+    without Redis is spooled here instead, so its usage event is still priced by what
+    admission decided rather than by what the sender claims.
+    """
+
+    customer = models.ForeignKey(Customer, on_delete=models.CASCADE, related_name="+")
+    served_model = models.ForeignKey(ServedModel, on_delete=models.CASCADE, related_name="+")
+    request_id = models.CharField(max_length=100)
+    # guaranteed, best_effort, refused_guaranteed or refused (as in Redis's records).
+    admission_class = models.CharField(max_length=20)
+    estimated_mu = models.FloatField()
+    decided_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            # Ingestion looks records up by (customer, request id).
+            models.UniqueConstraint(
+                fields=["customer", "request_id"], name="fallback_admission_unique_request"
+            ),
+        ]
+        indexes = [
+            # The clean-up of records older than the usage lateness window.
+            models.Index(fields=["decided_at"], name="fallback_admission_decided_at"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.customer_id}/{self.request_id}: {self.admission_class}"

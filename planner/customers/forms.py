@@ -11,6 +11,11 @@ class CustomerForm(forms.Form):
     name = forms.CharField(max_length=200)
     slug = forms.SlugField(max_length=64, help_text="Lower-case letters, digits and hyphens.")
     tier = forms.ChoiceField(choices=Customer.Tier.choices, initial=Customer.Tier.STANDARD)
+    may_report_own_usage = forms.BooleanField(
+        required=False,
+        label="May report its own usage",
+        help_text="Its keys may post usage events (marked self-reported on its invoices).",
+    )
 
 
 class DateTimeInput(forms.DateTimeInput):

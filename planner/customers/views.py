@@ -15,6 +15,7 @@ from accounts.services import api_key_create, api_key_revoke, customer_create
 from capacity.models import Reservation, ServedModel, UsageMinute
 from capacity.reservations import reservation_amend, reservation_cancel, reservation_create
 from capacity.utilisation import customer_utilisation
+from controlplane.audit import actor_of
 from controlplane.errors import DomainError
 from planner.access import planner_required
 from planner.charts import chart_range, chart_window, line_chart, time_label
@@ -264,7 +265,10 @@ def api_key_new(request, slug):
     if form.is_valid():
         try:
             created = api_key_create(
-                customer=customer, created_by=request.user, **form.cleaned_data
+                customer=customer,
+                created_by=request.user,
+                actor=actor_of(user=request.user),
+                **form.cleaned_data,
             )
         except DomainError as error:
             form.add_error(error.field if error.field in form.fields else None, error.message)
@@ -284,6 +288,6 @@ def api_key_revoke_view(request, slug, pk):
     api_key = ApiKey.objects.filter(customer=customer, pk=pk).first()
     if api_key is None:
         raise Http404("No such key for this customer.")
-    api_key_revoke(api_key=api_key)
+    api_key_revoke(api_key=api_key, actor=actor_of(user=request.user))
     messages.success(request, f"Key {api_key.prefix} revoked: it no longer authenticates.")
     return redirect("planner:customers:detail", slug=customer.slug)

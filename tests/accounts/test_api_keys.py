@@ -8,7 +8,7 @@ from django.utils import timezone
 from accounts.keys import hash_secret
 from accounts.models import ApiKey
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
 
 
 def test_the_database_never_holds_the_secret(make_key, acme):

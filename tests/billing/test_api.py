@@ -13,7 +13,7 @@ from billing.models import Invoice
 from billing.rates import rate_card_create
 from capacity.models import Reservation
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
 
 
 @pytest.fixture
@@ -112,6 +112,34 @@ def test_rate_cards_are_versioned_over_the_api(invoices, planner_client, acme_ke
     )
     assert refused.status_code == 409
     assert acme_key_client.get("/api/v1/rate-cards/").status_code == 200
+
+
+def test_a_rate_card_cannot_take_effect_inside_an_issued_period(invoices, planner_client):
+    """A back-dated card once repriced an issued month through late-usage adjustments."""
+    assert planner_client.post(f"/api/v1/invoices/{invoices['acme'].pk}/issue/").status_code == 200
+    body = {
+        "model": "llama-8b",
+        "effective_from": "2026-11-20T00:00:00Z",
+        "reserved_price_per_mu_minute_hour": "0.50",
+        "best_effort_price_per_1000_mu": "9.00",
+    }
+    inside = planner_client.post("/api/v1/rate-cards/", body, format="json")
+    assert inside.status_code == 409
+    error = inside.json()["error"]
+    assert (error["code"], list(error["fields"])) == ("inside_issued_period", ["effective_from"])
+    assert error["details"]["issued_through"] == "2026-12-01T00:00:00+00:00"
+    before = planner_client.post(
+        "/api/v1/rate-cards/", {**body, "effective_from": "2026-09-01T00:00:00Z"}, format="json"
+    )
+    assert before.status_code == 409
+    after = planner_client.post(
+        "/api/v1/rate-cards/", {**body, "effective_from": "2026-12-01T00:00:00Z"}, format="json"
+    )
+    assert after.status_code == 201
+    # The issued invoice is as it was: regenerating leaves it alone, and it priced at $0.10.
+    generate_invoices("2026-11")
+    invoices["acme"].refresh_from_db()
+    assert invoices["acme"].lines.get().unit_price == Decimal("0.10")
 
 
 def test_a_bad_period_is_a_400_naming_it(invoices, planner_client):

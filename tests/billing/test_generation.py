@@ -14,7 +14,7 @@ from billing.rates import rate_card_create, rate_card_update
 from capacity.models import Reservation, ReservationChange, UsageMinute
 from controlplane.errors import ConflictError
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
 
 
 def at(day, hour=0, minute=0):

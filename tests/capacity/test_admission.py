@@ -18,7 +18,7 @@ from capacity.allocation_tick import allocation_tick
 from capacity.models import AdmissionAllowance, Reservation
 from tests.benchmarking.processes import free_port
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
 
 # With the fixtures' cost model (tests/conftest.py SIMPLE_WEIGHTS, R = 100): 100 prompt tokens
 # and 10 output tokens take 0.1 + 0.2 + 0.05 = 0.35 replica-seconds, i.e. 0.35 × 100 / 60 MU.
@@ -192,10 +192,11 @@ def test_usage_events_settle_generous_max_tokens(
     assert ask(acme, served_model, request_id="req-1", **generous).admitted
     assert not ask(acme, served_model, **SMALL).admitted
 
-    _, plaintext = make_key(customer=acme, scopes=[S.USAGE_WRITE])
+    _, plaintext = make_key(service_name="gateway", scopes=[S.USAGE_WRITE])
     now = timezone.now()
     event = {
         "event_id": "req-1",
+        "customer": "acme",
         "model": "llama-8b",
         "started_at": (now - timedelta(seconds=2)).isoformat(),
         "finished_at": now.isoformat(),

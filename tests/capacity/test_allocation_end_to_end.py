@@ -46,6 +46,7 @@ def post_usage(client, *, mu_per_minute_wanted: float, minutes: int, now):
             events.append(
                 {
                     "event_id": f"e2e-{minute}-{n}",
+                    "customer": "acme",
                     "model": "llama-8b",
                     "started_at": (finished - timedelta(seconds=2)).isoformat(),
                     "finished_at": finished.isoformat(),
@@ -62,7 +63,7 @@ def post_usage(client, *, mu_per_minute_wanted: float, minutes: int, now):
 def test_replicas_follow_demand_up_and_down(
     sellable, served_model, pool, acme, make_key, key_client
 ):
-    _, plaintext = make_key(customer=acme, scopes=["read", "usage:write"])
+    _, plaintext = make_key(service_name="gateway", scopes=["read", "usage:write"])
     client = key_client(plaintext)
     served_model.engine_model_id = "llama-8b"  # the name the emulator serves it under
     served_model.save()

@@ -21,7 +21,7 @@ from capacity.models import (
     UsageMinute,
 )
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
 
 
 @pytest.fixture
@@ -235,6 +235,7 @@ class _SlowScale(BaseHTTPRequestHandler):
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.postgresql_only
 def test_two_concurrent_ticks_never_both_apply(sellable, served_model, globex):
     server = ThreadingHTTPServer(("127.0.0.1", 0), _SlowScale)
     threading.Thread(target=server.serve_forever, daemon=True).start()

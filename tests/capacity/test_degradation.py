@@ -19,7 +19,7 @@ from capacity.models import (
 )
 from tests.factories import ServedModelFactory
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
 
 SMALL = {"input_tokens": 100, "max_tokens": 400}
 

@@ -12,7 +12,7 @@ from tests.conftest import make_cost_model
 from tests.factories import DeploymentFactory, GpuPoolFactory, GpuTypeFactory
 from tests.servers import gunicorn_server
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
 URL = "/api/v1/reservations/"
 
 
@@ -170,6 +170,7 @@ def test_status_follows_time(sellable, served_model, acme):
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.postgresql_only
 def test_fifty_concurrent_sales_never_oversell(sellable, acme, make_key, tmp_path):
     _, plaintext = make_key(service_name="provisioner", scopes=["read", "reservations:write"])
     barrier = threading.Barrier(50)

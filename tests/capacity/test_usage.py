@@ -11,7 +11,7 @@ from capacity.models import UsageEvent, UsageMinute
 from capacity.rollups import direct_aggregation, usage_rollup
 from tests.servers import gunicorn_server
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
 URL = "/api/v1/usage/events"
 
 
@@ -35,6 +35,9 @@ def event(**overrides) -> dict:
 
 @pytest.fixture
 def usage_client(acme, make_key, key_client):
+    """A customer's own gateway: a planner let acme report its own usage."""
+    acme.may_report_own_usage = True
+    acme.save()
     _, plaintext = make_key(customer=acme, scopes=["read", "usage:write"])
     return key_client(plaintext)
 
@@ -172,6 +175,8 @@ def test_rollups_equal_a_direct_aggregation_after_late_events(usage_client, sell
         (row.customer_id, row.served_model_id, row.minute): row for row in UsageMinute.objects.all()
     }
     direct = direct_aggregation()
+    # Every event is in some minute (on SQLite they once matched no minute at all).
+    assert sum(r.requests + r.refused_requests for r in rollups.values()) == 300
     assert set(rollups) == set(direct)
     for key, expected in direct.items():
         row = rollups[key]
@@ -183,10 +188,61 @@ def test_rollups_equal_a_direct_aggregation_after_late_events(usage_client, sell
     assert not UsageEvent.objects.filter(rolled_up=False).exists()
 
 
+def test_the_migration_rolls_up_again_what_sqlite_stored_with_offsets(usage_client, sellable):
+    """capacity.0011 repairs events stored before the fix: datetimes as text with an offset,
+    marked rolled up, with no minute written for them."""
+    import importlib
+    from types import SimpleNamespace
+
+    from django.apps import apps
+    from django.db import connection
+
+    if connection.vendor != "sqlite":
+        pytest.skip("only SQLite stored them wrong")
+    base = timezone.now().replace(second=0, microsecond=0) - timedelta(minutes=10)
+    batch = [
+        event(event_id=f"old-{i}", finished_at=(base + timedelta(seconds=20 * i)).isoformat(),
+              started_at=(base + timedelta(seconds=20 * i - 1)).isoformat())
+        for i in range(12)
+    ]  # fmt: skip
+    usage_client.post(URL, {"events": batch}, format="json")
+    expected = direct_aggregation()
+    # As the old code left them: Python's default text for aware datetimes (one in another
+    # zone), marked rolled up, and no minutes.
+    with connection.cursor() as cursor:
+        for stored in UsageEvent.objects.all():
+            cursor.execute(
+                "UPDATE capacity_usageevent SET started_at = %s, finished_at = %s, minute = %s, "
+                "ingested_at = %s, rolled_up = 1 WHERE id = %s",
+                [
+                    stored.started_at.astimezone(timezone.get_fixed_timezone(120)).isoformat(" "),
+                    stored.finished_at.isoformat(" "),
+                    stored.minute.isoformat(" "),
+                    stored.ingested_at.isoformat(" "),
+                    stored.pk,
+                ],
+            )
+    UsageMinute.objects.all().delete()
+    minutes = {minute for _, _, minute in expected}
+    # What the rollup's lookups saw: no event in any of its minutes.
+    assert not UsageEvent.objects.filter(minute__in=minutes).exists()
+
+    migration = importlib.import_module("capacity.migrations.0011_sqlite_usage_rolled_up_again")
+    migration.forwards(apps, SimpleNamespace(connection=connection))
+    assert usage_rollup()["events"] == 12
+    rolled = {(r.customer_id, r.served_model_id, r.minute): r for r in UsageMinute.objects.all()}
+    assert set(rolled) == set(expected)
+    assert sum(r.requests for r in rolled.values()) == 12
+    assert UsageEvent.objects.get(event_id="old-0").started_at == base - timedelta(seconds=1)
+
+
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.postgresql_only
 def test_the_same_ten_thousand_events_posted_three_times_concurrently_count_once(
     sellable, acme, make_key, tmp_path
 ):
+    acme.may_report_own_usage = True
+    acme.save()
     _, plaintext = make_key(customer=acme, scopes=["read", "usage:write"])
     base = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(hours=2)
     events = [

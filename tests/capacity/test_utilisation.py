@@ -5,7 +5,7 @@ from django.utils import timezone
 
 from capacity.models import Reservation, UsageMinute
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
 
 
 @pytest.fixture
@@ -104,6 +104,7 @@ def test_model_capacity_shows_deployable_hot_sold_and_used(planner_client, sella
     assert body["deployments"][0]["mu_per_minute_per_replica"] == pytest.approx(100)
 
 
+@pytest.mark.postgresql_only
 def test_the_sql_and_the_portable_bucketing_agree(sellable, served_model, acme):
     import random
 

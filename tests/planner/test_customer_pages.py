@@ -12,7 +12,7 @@ from accounts.models import ApiKey, Customer
 from capacity.models import Reservation, UsageMinute
 from capacity.reservations import reservation_create
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
 
 
 def queries(client, path):

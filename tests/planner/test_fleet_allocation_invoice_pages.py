@@ -15,7 +15,7 @@ from capacity.models import ActuatorCircuit, AllocationDecision, CapacitySample
 from capacity.reservations import reservation_create
 from tests.factories import CustomerFactory, DeploymentFactory
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
 
 
 def queries(client, path):

@@ -44,6 +44,7 @@ class Command(BaseCommand):
                 service_name=service or "",
                 scopes=scopes,
                 expires_at=timezone.now() + timedelta(days=expires) if expires else None,
+                actor="system:manage.py create_api_key",
             )
         except DomainError as error:
             raise CommandError(f"{error.field}: {error.message}") from None
