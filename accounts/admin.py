@@ -1,6 +1,7 @@
 from django.contrib import admin
 
 from accounts.models import ApiKey, Customer, Membership
+from controlplane.audit import AuditedAdminMixin
 
 
 class MembershipInline(admin.TabularInline):
@@ -10,7 +11,7 @@ class MembershipInline(admin.TabularInline):
 
 
 @admin.register(Customer)
-class CustomerAdmin(admin.ModelAdmin):
+class CustomerAdmin(AuditedAdminMixin, admin.ModelAdmin):
     list_display = ["slug", "name", "tier", "created_at"]
     list_filter = ["tier"]
     search_fields = ["slug", "name"]
@@ -19,7 +20,7 @@ class CustomerAdmin(admin.ModelAdmin):
 
 
 @admin.register(Membership)
-class MembershipAdmin(admin.ModelAdmin):
+class MembershipAdmin(AuditedAdminMixin, admin.ModelAdmin):
     list_display = ["user", "customer", "role", "created_at"]
     list_filter = ["role"]
     search_fields = ["user__username", "customer__slug", "customer__name"]
@@ -28,7 +29,7 @@ class MembershipAdmin(admin.ModelAdmin):
 
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(admin.ModelAdmin):
+class ApiKeyAdmin(AuditedAdminMixin, admin.ModelAdmin):
     """Keys are created with `create_api_key` or the API, which show the secret once;
     the admin only reads and revokes them."""
 
@@ -45,19 +46,30 @@ class ApiKeyAdmin(admin.ModelAdmin):
     list_filter = ["service_name", "revoked_at", "expires_at"]
     search_fields = ["prefix", "name", "customer__slug", "service_name"]
     list_select_related = ["customer"]
+    # Scopes, expiry and revocation follow the API's rules (a key never gains scopes or life
+    # it was not minted with; a revoked key stays revoked), so the admin only renames keys
+    # and revokes them with the action.
     readonly_fields = [
         "prefix",
         "secret_sha256",
         "customer",
         "service_name",
+        "scopes",
         "created_at",
         "created_by",
+        "created_by_key",
+        "expires_at",
+        "revoked_at",
         "last_used_at",
     ]
-    fields = [*readonly_fields, "name", "scopes", "expires_at", "revoked_at"]
+    fields = ["name", *readonly_fields]
     actions = ["revoke_selected"]
 
     def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        # Deleting would erase who held the key; revoke it instead.
         return False
 
     @admin.action(description="Revoke the selected keys")

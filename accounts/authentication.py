@@ -8,6 +8,7 @@ from rest_framework import authentication, exceptions
 
 from accounts import keys
 from accounts.models import ApiKey
+from controlplane.audit import note_api_key
 
 # last_used_at is a hint for people auditing keys; writing it on every request would turn every
 # read into a write, so it moves at most once per interval.
@@ -63,6 +64,7 @@ class BearerApiKeyAuthentication(authentication.BaseAuthentication):
         if api_key.expires_at is not None and api_key.expires_at <= now:
             raise exceptions.AuthenticationFailed("This API key has expired.")
         self._touch(api_key, now)
+        note_api_key(request, api_key)
         return ApiKeyUser(api_key), api_key
 
     def authenticate_header(self, request) -> str:

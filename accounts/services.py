@@ -13,9 +13,10 @@ from accounts import scopes as S
 from accounts.models import ApiKey, Customer, Membership
 from accounts.principals import PLANNERS_GROUP
 from controlplane.audit import actor_of as audit_actor_of
-from controlplane.audit import audit_record, snapshot
+from controlplane.audit import audit_change, audit_record, snapshot
 from controlplane.errors import ConflictError, DomainError
 
+_CUSTOMER_AUDIT_FIELDS = ("name", "slug", "tier", "may_report_own_usage")
 _KEY_AUDIT_FIELDS = ("name", "customer", "service_name", "prefix", "scopes", "expires_at")
 
 
@@ -29,15 +30,60 @@ def customer_create(
 ) -> Customer:
     if Customer.objects.filter(slug=slug).exists():
         raise ConflictError(f"A customer with slug '{slug}' already exists.", field="slug")
-    return Customer.objects.create(
+    customer = Customer.objects.create(
         name=name, slug=slug, tier=tier, may_report_own_usage=may_report_own_usage
+    )
+    audit_record(
+        action="customer.create", obj=customer, after=snapshot(customer, _CUSTOMER_AUDIT_FIELDS)
+    )
+    return customer
+
+
+@transaction.atomic
+def customer_update(*, customer: Customer, **changes) -> Customer:
+    customer = Customer.objects.select_for_update().get(pk=customer.pk)
+    new_slug = changes.get("slug", customer.slug)
+    if Customer.objects.filter(slug=new_slug).exclude(pk=customer.pk).exists():
+        raise ConflictError(f"A customer with slug '{new_slug}' already exists.", field="slug")
+    before = snapshot(customer, _CUSTOMER_AUDIT_FIELDS)
+    for name, value in changes.items():
+        setattr(customer, name, value)
+    customer.save()
+    audit_change(
+        action="customer.update",
+        obj=customer,
+        before=before,
+        after=snapshot(customer, _CUSTOMER_AUDIT_FIELDS),
+    )
+    return customer
+
+
+@transaction.atomic
+def customer_delete(*, customer: Customer) -> None:
+    """Delete a customer with nothing billed or metered (those rows protect it)."""
+    before = snapshot(customer, _CUSTOMER_AUDIT_FIELDS)
+    pk, label = customer.pk, str(customer)
+    customer.delete()
+    audit_record(
+        action="customer.delete",
+        object_type="accounts.customer",
+        object_id=pk,
+        object_repr=label,
+        before=before,
     )
 
 
 @transaction.atomic
 def membership_set(*, user, customer: Customer, role: str) -> Membership:
+    previous = Membership.objects.filter(user=user, customer=customer).first()
     membership, _ = Membership.objects.update_or_create(
         user=user, customer=customer, defaults={"role": role}
+    )
+    audit_record(
+        action="membership.set",
+        obj=membership,
+        before={"role": previous.role} if previous else None,
+        after={"role": role},
     )
     return membership
 

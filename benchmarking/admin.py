@@ -1,10 +1,11 @@
 from django.contrib import admin
 
 from benchmarking.models import BenchmarkRun, BenchmarkSample, BenchmarkSuite, WhatIfRun
+from controlplane.audit import AuditedAdminMixin
 
 
 @admin.register(BenchmarkSuite)
-class BenchmarkSuiteAdmin(admin.ModelAdmin):
+class BenchmarkSuiteAdmin(AuditedAdminMixin, admin.ModelAdmin):
     list_display = [
         "name",
         "slo_ttft_p95_ms",

@@ -1,10 +1,41 @@
+from django import forms
 from django.contrib import admin
 
 from billing.models import Invoice, InvoiceLine, RateCard
+from billing.rates import issued_through, rate_card_used
+from controlplane.audit import AuditedAdminMixin
+
+
+class RateCardAdminForm(forms.ModelForm):
+    """The API's rules: no card takes effect inside an issued period."""
+
+    class Meta:
+        model = RateCard
+        fields = [
+            "served_model",
+            "effective_from",
+            "currency",
+            "reserved_price_per_mu_minute_hour",
+            "best_effort_price_per_1000_mu",
+        ]
+
+    def clean(self):
+        cleaned = super().clean()
+        effective_from = cleaned.get("effective_from")
+        frozen_until = issued_through()
+        changed_date = self.instance.pk is None or "effective_from" in self.changed_data
+        if effective_from and frozen_until and changed_date and effective_from < frozen_until:
+            self.add_error(
+                "effective_from",
+                f"Invoices are issued up to {frozen_until:%Y-%m-%d %H:%M} UTC; a rate card may "
+                "not take effect inside an issued period.",
+            )
+        return cleaned
 
 
 @admin.register(RateCard)
-class RateCardAdmin(admin.ModelAdmin):
+class RateCardAdmin(AuditedAdminMixin, admin.ModelAdmin):
+    form = RateCardAdminForm
     list_display = (
         "served_model",
         "effective_from",
@@ -14,6 +45,13 @@ class RateCardAdmin(admin.ModelAdmin):
     )
     list_filter = ("served_model", "currency")
     list_select_related = ("served_model",)
+
+    # A card that priced an issued invoice is evidence for it: publish a new version instead.
+    def has_change_permission(self, request, obj=None) -> bool:
+        return obj is None or not rate_card_used(obj)
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return obj is None or not rate_card_used(obj)
 
 
 class InvoiceLineInline(admin.TabularInline):
@@ -28,7 +66,7 @@ class InvoiceLineInline(admin.TabularInline):
 
 
 @admin.register(Invoice)
-class InvoiceAdmin(admin.ModelAdmin):
+class InvoiceAdmin(AuditedAdminMixin, admin.ModelAdmin):
     """Invoices are made by generate_invoices and frozen once issued: read-only here."""
 
     list_display = ("customer", "period_start", "status", "currency", "total")
@@ -51,6 +89,10 @@ class InvoiceAdmin(admin.ModelAdmin):
     def has_add_permission(self, request):
         return False
 
+    def has_delete_permission(self, request, obj=None) -> bool:
+        # An issued invoice was sent: it stays (void it through a new one, never delete it).
+        return obj is not None and obj.status == Invoice.Status.DRAFT
+
 
 @admin.register(InvoiceLine)
 class InvoiceLineAdmin(admin.ModelAdmin):
@@ -65,4 +107,7 @@ class InvoiceLineAdmin(admin.ModelAdmin):
         return False
 
     def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
         return False

@@ -25,6 +25,7 @@ from billing.models import Invoice, InvoiceLine
 from billing.money import money
 from billing.rates import cards_by_model, rate_segments
 from capacity.models import Reservation, ReservationChange, UsageMinute
+from controlplane.audit import audit_record
 from controlplane.errors import ConflictError, DomainError
 
 ADVISORY_LOCK_BASE = 0x4249_4C4C  # "BILL"
@@ -436,11 +437,18 @@ def _store_drafts(first: date, lines_by_customer: dict, result: GenerationResult
 
 
 @transaction.atomic
-def invoice_issue(invoice: Invoice) -> Invoice:
+def invoice_issue(invoice: Invoice, *, actor: str | None = None) -> Invoice:
     invoice = Invoice.objects.select_for_update().get(pk=invoice.pk)
     if invoice.status != Invoice.Status.DRAFT:
         raise ConflictError(f"Only a draft can be issued; this invoice is {invoice.status}.")
     invoice.status = Invoice.Status.ISSUED
     invoice.issued_at = timezone.now()
     invoice.save(update_fields=["status", "issued_at"])
+    audit_record(
+        actor=actor,
+        action="invoice.issue",
+        obj=invoice,
+        before={"status": Invoice.Status.DRAFT},
+        after={"status": invoice.status, "total": str(invoice.total)},
+    )
     return invoice

@@ -9,6 +9,7 @@ from django.db.models import Max
 
 from billing.models import Invoice, InvoiceLine, RateCard
 from capacity.models import ServedModel
+from controlplane.audit import all_fields, audit_change, audit_record, snapshot
 from controlplane.errors import ConflictError, DomainError
 
 
@@ -51,6 +52,7 @@ def issued_through() -> datetime | None:
     return period_bounds(latest)[2]
 
 
+@transaction.atomic
 def rate_card_create(
     *,
     served_model: ServedModel,
@@ -78,13 +80,15 @@ def rate_card_create(
         )
     if reserved_price_per_mu_minute_hour < 0 or best_effort_price_per_1000_mu < 0:
         raise DomainError("Prices cannot be negative.", field="reserved_price_per_mu_minute_hour")
-    return RateCard.objects.create(
+    card = RateCard.objects.create(
         served_model=served_model,
         effective_from=effective_from,
         currency=currency.upper(),
         reserved_price_per_mu_minute_hour=reserved_price_per_mu_minute_hour,
         best_effort_price_per_1000_mu=best_effort_price_per_1000_mu,
     )
+    audit_record(action="rate_card.create", obj=card, after=snapshot(card, all_fields(card)))
+    return card
 
 
 def rate_card_used(card: RateCard) -> bool:
@@ -102,7 +106,11 @@ def rate_card_update(card: RateCard, **prices) -> RateCard:
             "version that takes effect at a later date.",
             field="effective_from",
         )
+    before = snapshot(card, all_fields(card))
     for name, value in prices.items():
         setattr(card, name, value)
     card.save()
+    audit_change(
+        action="rate_card.update", obj=card, before=before, after=snapshot(card, all_fields(card))
+    )
     return card

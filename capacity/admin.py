@@ -28,6 +28,7 @@ from capacity.models import (
 )
 from capacity.prometheus import validate_selector
 from capacity.services import DEPLOYMENT_FIELDS, check_fits_pool
+from controlplane.audit import AuditedAdminMixin
 from controlplane.errors import DomainError
 
 
@@ -63,13 +64,13 @@ class DeploymentAdminForm(forms.ModelForm):
 
 
 @admin.register(GpuType)
-class GpuTypeAdmin(admin.ModelAdmin):
+class GpuTypeAdmin(AuditedAdminMixin, admin.ModelAdmin):
     list_display = ["name", "memory_gb", "hourly_cost_usd"]
     search_fields = ["name"]
 
 
 @admin.register(GpuPool)
-class GpuPoolAdmin(admin.ModelAdmin):
+class GpuPoolAdmin(AuditedAdminMixin, admin.ModelAdmin):
     list_display = ["name", "gpu_type", "gpu_count"]
     list_filter = ["gpu_type"]
     search_fields = ["name", "gpu_type__name"]
@@ -77,7 +78,7 @@ class GpuPoolAdmin(admin.ModelAdmin):
 
 
 @admin.register(ServedModel)
-class ServedModelAdmin(admin.ModelAdmin):
+class ServedModelAdmin(AuditedAdminMixin, admin.ModelAdmin):
     list_display = [
         "name",
         "engine_model_id",
@@ -91,7 +92,7 @@ class ServedModelAdmin(admin.ModelAdmin):
 
 
 @admin.register(Deployment)
-class DeploymentAdmin(admin.ModelAdmin):
+class DeploymentAdmin(AuditedAdminMixin, admin.ModelAdmin):
     form = DeploymentAdminForm
     list_display = [
         "name",
@@ -109,7 +110,7 @@ class DeploymentAdmin(admin.ModelAdmin):
 
 
 @admin.register(CostModel)
-class CostModelAdmin(admin.ModelAdmin):
+class CostModelAdmin(AuditedAdminMixin, admin.ModelAdmin):
     list_display = [
         "served_model",
         "gpu_type",
@@ -164,7 +165,7 @@ class ReservationChangeInline(admin.TabularInline):
 
 
 @admin.register(Reservation)
-class ReservationAdmin(admin.ModelAdmin):
+class ReservationAdmin(AuditedAdminMixin, admin.ModelAdmin):
     """Read-only here: selling goes through the API, which checks capacity under a lock."""
 
     list_display = [
@@ -187,12 +188,27 @@ class ReservationAdmin(admin.ModelAdmin):
     def has_change_permission(self, request, obj=None) -> bool:
         return False
 
+    def has_delete_permission(self, request, obj=None) -> bool:
+        # A sold reservation is billed: cancel it through the API, never delete it.
+        return False
+
 
 @admin.register(ReservationChange)
 class ReservationChangeAdmin(admin.ModelAdmin):
+    """A reservation's history: written by its services, never edited."""
+
     list_display = ["reservation", "kind", "changed_by", "changed_at"]
     list_filter = ["kind"]
     search_fields = ["changed_by", "reservation__customer__slug"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
 
 
 @admin.register(UsageEvent)
@@ -224,6 +240,10 @@ class UsageEventAdmin(admin.ModelAdmin):
     show_full_result_count = False  # counting millions of events on every page would crawl
 
     def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        # Metered usage is what invoices are built on.
         return False
 
 
@@ -352,7 +372,7 @@ class ReplicaAdmin(_WrittenBySystem):
 
 
 @admin.register(DeploymentFingerprint)
-class DeploymentFingerprintAdmin(admin.ModelAdmin):
+class DeploymentFingerprintAdmin(AuditedAdminMixin, admin.ModelAdmin):
     """Deleting a fingerprint makes the next good probe answer the known-good one."""
 
     list_display = ["deployment", "answer", "recorded_at", "recorded_from"]
@@ -439,7 +459,7 @@ class DegradationPolicyAdminForm(forms.ModelForm):
 
 
 @admin.register(DegradationPolicy)
-class DegradationPolicyAdmin(admin.ModelAdmin):
+class DegradationPolicyAdmin(AuditedAdminMixin, admin.ModelAdmin):
     form = DegradationPolicyAdminForm
     list_display = [
         "served_model",

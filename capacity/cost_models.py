@@ -15,6 +15,7 @@ from django.db.models import Max, QuerySet
 from django.utils import timezone
 
 from capacity.models import CostModel, GpuType, ServedModel
+from controlplane.audit import audit_record
 from controlplane.errors import ConflictError, DomainError
 
 FEATURE_FOR_ALPHA = "input_tokens"
@@ -67,38 +68,66 @@ def cost_model_record(
         source_run=source_run,
     )
     if auto_activate and cv_mape <= settings.COST_MODEL_MAX_ACTIVE_MAPE:
-        cost_model = cost_model_activate(cost_model=cost_model)
+        cost_model = cost_model_activate(
+            cost_model=cost_model,
+            actor="system:auto",
+            reason=(
+                f"cross-validated MAPE {cv_mape:.1%} is within "
+                f"COST_MODEL_MAX_ACTIVE_MAPE_PERCENT ({settings.COST_MODEL_MAX_ACTIVE_MAPE:.0%})"
+            ),
+        )
     return cost_model
 
 
 @transaction.atomic
-def cost_model_activate(*, cost_model: CostModel) -> CostModel:
+def cost_model_activate(
+    *, cost_model: CostModel, actor: str | None = None, reason: str = ""
+) -> CostModel:
     ServedModel.objects.select_for_update().get(pk=cost_model.served_model_id)
     cost_model = CostModel.objects.select_for_update().get(pk=cost_model.pk)
     if cost_model.status == CostModel.Status.ACTIVE:
         return cost_model
     now = timezone.now()
-    CostModel.objects.filter(
+    previous = CostModel.objects.filter(
         served_model_id=cost_model.served_model_id,
         gpu_type_id=cost_model.gpu_type_id,
         gpus_per_replica=cost_model.gpus_per_replica,
         status=CostModel.Status.ACTIVE,
-    ).update(status=CostModel.Status.RETIRED, retired_at=now)
+    )
+    retired = list(previous.values_list("pk", "version"))
+    previous.update(status=CostModel.Status.RETIRED, retired_at=now)
+    before = {"status": cost_model.status}
     cost_model.status = CostModel.Status.ACTIVE
     cost_model.activated_at = now
     cost_model.retired_at = None
     cost_model.save(update_fields=["status", "activated_at", "retired_at"])
+    audit_record(
+        actor=actor,
+        action="cost_model.activate",
+        obj=cost_model,
+        before=before | {"active_versions": [version for _, version in retired]},
+        after={"status": cost_model.status, "cv_mape": cost_model.cv_mape},
+        reason=reason,
+    )
     return cost_model
 
 
 @transaction.atomic
-def cost_model_retire(*, cost_model: CostModel) -> CostModel:
+def cost_model_retire(*, cost_model: CostModel, actor: str | None = None) -> CostModel:
     cost_model = CostModel.objects.select_for_update().get(pk=cost_model.pk)
     if cost_model.status == CostModel.Status.RETIRED:
         raise ConflictError(f"Version {cost_model.version} is already retired.", field="status")
+    before = {"status": cost_model.status}
     cost_model.status = CostModel.Status.RETIRED
     cost_model.retired_at = timezone.now()
     cost_model.save(update_fields=["status", "retired_at"])
+    audit_record(
+        actor=actor,
+        action="cost_model.retire",
+        obj=cost_model,
+        before=before,
+        after={"status": cost_model.status},
+    )
     return cost_model
 
 

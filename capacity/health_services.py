@@ -21,6 +21,7 @@ from capacity.models import (
     Incident,
     ServedModel,
 )
+from controlplane.audit import all_fields, audit_change, audit_record, snapshot
 from controlplane.errors import DomainError
 
 # PositiveIntegerField's upper bound on PostgreSQL.
@@ -130,6 +131,7 @@ def degradation_policy_save(
     created = policy is None
     if created:
         policy = DegradationPolicy(served_model=served_model)
+    before = None if created else snapshot(policy, POLICY_FIELDS)
     merged = {name: getattr(policy, name) for name in POLICY_FIELDS} | values
     problems = policy_problems(served_model, merged)
     if problems:
@@ -142,6 +144,17 @@ def degradation_policy_save(
     for name, value in merged.items():
         setattr(policy, name, value)
     policy.save()
+    if before is None:
+        audit_record(
+            action="degradation_policy.create", obj=policy, after=snapshot(policy, POLICY_FIELDS)
+        )
+    else:
+        audit_change(
+            action="degradation_policy.update",
+            obj=policy,
+            before=before,
+            after=snapshot(policy, POLICY_FIELDS),
+        )
     degradation.forget()  # this process's admission cache; others expire in seconds
     return policy, created
 
@@ -151,7 +164,14 @@ def fingerprint_reset(deployment: Deployment) -> DeploymentFingerprint | None:
     the new one (after a model or engine change). Returns the forgotten fingerprint."""
     fingerprint = DeploymentFingerprint.objects.filter(deployment=deployment).first()
     if fingerprint is not None:
+        before = snapshot(fingerprint, all_fields(fingerprint))
         fingerprint.delete()
+        audit_record(
+            action="fingerprint.reset",
+            obj=deployment,
+            before={"fingerprint": before},
+            after={"fingerprint": None},
+        )
     return fingerprint
 
 

@@ -15,6 +15,7 @@ from django.utils import timezone
 from accounts.models import Customer
 from capacity.models import Reservation, ReservationChange, ServedModel
 from capacity.sellable import model_capacity
+from controlplane.audit import audit_record, current_actor, in_request
 from controlplane.errors import ConflictError, DomainError
 
 # Floating-point sums of MU must not refuse a sale that fits exactly.
@@ -149,6 +150,18 @@ def reservation_create(
         },
         changed_by=actor,
     )
+    _audit(
+        reservation,
+        "reservation.create",
+        {
+            "customer": [None, customer.slug],
+            "mu_per_minute": [None, mu_per_minute],
+            "starts_at": [None, starts_at.isoformat()],
+            "ends_at": [None, ends_at.isoformat() if ends_at else None],
+            "keep_warm": [None, keep_warm],
+        },
+        actor,
+    )
     return reservation
 
 
@@ -207,6 +220,7 @@ def reservation_amend(
             changes=changes,
             changed_by=actor,
         )
+        _audit(reservation, "reservation.amend", changes, actor)
     return reservation
 
 
@@ -225,7 +239,21 @@ def reservation_cancel(*, reservation: Reservation, actor: str = "") -> Reservat
         changes={"status": [old_status, Reservation.Status.CANCELLED]},
         changed_by=actor,
     )
+    _audit(reservation, "reservation.cancel", {"status": [old_status, "cancelled"]}, actor)
     return reservation
+
+
+def _audit(reservation: Reservation, action: str, changes: dict, actor: str) -> None:
+    """The reservation's own history keeps its changes; the audit log holds them beside every
+    other change in the system, with the caller named the same way everywhere."""
+    audit_record(
+        # Inside a request the caller is known exactly; jobs and commands name themselves.
+        actor=current_actor() if in_request() or not actor else f"system:{actor}",
+        action=action,
+        obj=reservation,
+        before={name: pair[0] for name, pair in changes.items()},
+        after={name: pair[1] for name, pair in changes.items()},
+    )
 
 
 def reservations_refresh_status(*, now: datetime | None = None) -> dict[str, int]:

@@ -9,6 +9,7 @@ from django.db import transaction
 from capacity.actuator_config import validate_actuator_config
 from capacity.models import Deployment, GpuPool, GpuType, ServedModel
 from capacity.prometheus import validate_selector
+from controlplane.audit import all_fields, audit_change, audit_record, snapshot
 from controlplane.errors import ConflictError, DomainError
 
 # What a deployment's writer may set, in the order forms and the API show it; the one list the
@@ -88,7 +89,9 @@ def deployment_create(**values) -> Deployment:
     values["actuator_config"] = validate_actuator_config(
         values["actuator_kind"], values.get("actuator_config")
     )
-    return Deployment.objects.create(**values)
+    deployment = Deployment.objects.create(**values)
+    _audit_created("deployment", deployment)
+    return deployment
 
 
 @transaction.atomic
@@ -97,6 +100,7 @@ def deployment_update(*, deployment: Deployment, **changes) -> Deployment:
     if unknown:
         raise DomainError(f"Unknown deployment fields: {', '.join(sorted(unknown))}.")
     deployment = Deployment.objects.select_for_update().get(pk=deployment.pk)
+    before = snapshot(deployment, all_fields(deployment))
     values = {name: getattr(deployment, name) for name in DEPLOYMENT_FIELDS} | changes
     _check_shape(values)
     pool = GpuPool.objects.select_for_update().get(pk=values["gpu_pool"].pk)
@@ -112,6 +116,7 @@ def deployment_update(*, deployment: Deployment, **changes) -> Deployment:
     for name, value in values.items():
         setattr(deployment, name, value)
     deployment.save()
+    _audit_updated("deployment", deployment, before)
     return deployment
 
 
@@ -119,12 +124,15 @@ def deployment_update(*, deployment: Deployment, **changes) -> Deployment:
 def gpu_pool_create(*, name: str, gpu_type: GpuType, gpu_count: int) -> GpuPool:
     if GpuPool.objects.filter(name=name).exists():
         raise ConflictError(f"A GPU pool named '{name}' already exists.", field="name")
-    return GpuPool.objects.create(name=name, gpu_type=gpu_type, gpu_count=gpu_count)
+    pool = GpuPool.objects.create(name=name, gpu_type=gpu_type, gpu_count=gpu_count)
+    _audit_created("gpu_pool", pool)
+    return pool
 
 
 @transaction.atomic
 def gpu_pool_update(*, pool: GpuPool, **changes) -> GpuPool:
     pool = GpuPool.objects.select_for_update().get(pk=pool.pk)
+    before = snapshot(pool, all_fields(pool))
     type_changes = "gpu_type" in changes and changes["gpu_type"].pk != pool.gpu_type_id
     if type_changes and pool.deployments.exists():
         raise ConflictError(
@@ -145,6 +153,7 @@ def gpu_pool_update(*, pool: GpuPool, **changes) -> GpuPool:
     for name, value in changes.items():
         setattr(pool, name, value)
     pool.save()
+    _audit_updated("gpu_pool", pool, before)
     return pool
 
 
@@ -152,20 +161,60 @@ def gpu_pool_update(*, pool: GpuPool, **changes) -> GpuPool:
 def gpu_type_create(**values) -> GpuType:
     if GpuType.objects.filter(name=values["name"]).exists():
         raise ConflictError(f"A GPU type named '{values['name']}' already exists.", field="name")
-    return GpuType.objects.create(**values)
+    gpu_type = GpuType.objects.create(**values)
+    _audit_created("gpu_type", gpu_type)
+    return gpu_type
 
 
 @transaction.atomic
 def served_model_create(**values) -> ServedModel:
     if ServedModel.objects.filter(name=values["name"]).exists():
         raise ConflictError(f"A model named '{values['name']}' already exists.", field="name")
-    return ServedModel.objects.create(**values)
+    served_model = ServedModel.objects.create(**values)
+    _audit_created("served_model", served_model)
+    return served_model
 
 
 @transaction.atomic
 def catalog_update(*, instance, **changes):
     """GPU types and served models carry no cross-row rules; a plain update suffices."""
+    before = snapshot(instance, all_fields(instance))
     for name, value in changes.items():
         setattr(instance, name, value)
     instance.save()
+    _audit_updated(_AUDIT_NAMES[type(instance)], instance, before)
     return instance
+
+
+@transaction.atomic
+def catalog_delete(*, instance) -> None:
+    """Delete a catalogue row; one still in use is refused by its protected relations."""
+    before = snapshot(instance, all_fields(instance))
+    label = str(instance)
+    pk = instance.pk
+    instance.delete()
+    audit_record(
+        action=f"{_AUDIT_NAMES[type(instance)]}.delete",
+        object_type=instance._meta.label_lower,
+        object_id=pk,
+        object_repr=label,
+        before=before,
+    )
+
+
+_AUDIT_NAMES = {
+    GpuType: "gpu_type",
+    GpuPool: "gpu_pool",
+    ServedModel: "served_model",
+    Deployment: "deployment",
+}
+
+
+def _audit_created(name: str, obj) -> None:
+    audit_record(action=f"{name}.create", obj=obj, after=snapshot(obj, all_fields(obj)))
+
+
+def _audit_updated(name: str, obj, before: dict) -> None:
+    audit_change(
+        action=f"{name}.update", obj=obj, before=before, after=snapshot(obj, all_fields(obj))
+    )

@@ -1,13 +1,18 @@
 """Write the audit log: who changed what, before → after, and when (DESIGN §6).
 
 Services call `audit_record(...)` inside their transaction. The actor is a plain string so that
-entries outlive the users and keys they name: `actor_of(principal)` gives "user:<name>" or
-"key:<prefix> (<owner>)"; jobs and migrations pass "system:<what>".
+entries outlive the users and keys they name: "user:<name>", "key:<prefix> (<owner>)" or
+"system:<what>". A service takes it as an `actor` argument; when none is given,
+`current_actor()` names whoever the current HTTP request authenticated as (set by
+`AuditActorMiddleware` and the API-key authentication), or the job running (`acting_as`).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
@@ -28,7 +33,59 @@ def actor_of(principal=None, *, user=None, api_key=None) -> str:
         return f"key:{api_key.prefix} ({api_key.owner_label})"
     if user is not None and getattr(user, "pk", None):
         return f"user:{user.get_username()}"
-    return "system:unknown"
+    return current_actor() if principal is None and user is None else "system:unknown"
+
+
+_request: ContextVar[Any] = ContextVar("audit_request", default=None)
+_system: ContextVar[str] = ContextVar("audit_system_actor", default="system:unknown")
+
+
+class AuditActorMiddleware:
+    """Remembers the request being served, so services can name its caller."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        token = _request.set(request)
+        try:
+            return self.get_response(request)
+        finally:
+            _request.reset(token)
+
+
+def note_api_key(request, api_key) -> None:
+    """Called by the API-key authentication: the request is that key's (DRF authenticates
+    inside the view, after every middleware ran)."""
+    django_request = getattr(request, "_request", request)
+    django_request.audit_api_key = api_key
+
+
+@contextmanager
+def acting_as(actor: str) -> Iterator[None]:
+    """Name the actor of writes made outside a request: a Celery task, a command."""
+    token = _system.set(actor)
+    try:
+        yield
+    finally:
+        _system.reset(token)
+
+
+def in_request() -> bool:
+    return _request.get() is not None
+
+
+def current_actor() -> str:
+    request = _request.get()
+    if request is not None:
+        api_key = getattr(request, "audit_api_key", None)
+        if api_key is not None:
+            return actor_of(api_key=api_key)
+        user = getattr(request, "user", None)
+        if user is not None and getattr(user, "is_authenticated", False):
+            return actor_of(user=user)
+        return "anonymous"
+    return _system.get()
 
 
 def snapshot(obj: models.Model, fields: list[str] | tuple[str, ...]) -> dict[str, Any]:
@@ -48,7 +105,7 @@ def _jsonable(value):
 
 def audit_record(
     *,
-    actor: str,
+    actor: str | None = None,
     action: str,
     obj: models.Model | None = None,
     object_type: str = "",
@@ -62,6 +119,7 @@ def audit_record(
         object_type = object_type or obj._meta.label_lower
         object_id = object_id or obj.pk
         object_repr = object_repr or str(obj)
+    actor = actor or current_actor()
     return AuditEntry.objects.create(
         actor=actor[:200],
         action=action,
@@ -72,3 +130,93 @@ def audit_record(
         after=_jsonable(after) if after is not None else None,
         reason=reason,
     )
+
+
+def audit_change(
+    *,
+    action: str,
+    obj: models.Model,
+    before: dict,
+    after: dict,
+    actor: str | None = None,
+    reason: str = "",
+) -> AuditEntry | None:
+    """Record an update as the fields that changed (before → after); nothing when none did."""
+    changed = sorted(key for key in set(before) | set(after) if before.get(key) != after.get(key))
+    if not changed:
+        return None
+    return audit_record(
+        actor=actor,
+        action=action,
+        obj=obj,
+        before={key: before.get(key) for key in changed},
+        after={key: after.get(key) for key in changed},
+        reason=reason,
+    )
+
+
+def all_fields(obj: models.Model) -> list[str]:
+    """The names of a model's concrete fields: what a create or delete entry keeps. Fields the
+    database stamps on every save (`auto_now`) are left out: they change on every update and
+    say nothing the entry's own time does not."""
+    return [
+        field.name for field in obj._meta.concrete_fields if not getattr(field, "auto_now", False)
+    ]
+
+
+class AuditedAdminMixin:
+    """For ModelAdmins: changes made in the admin are written to the audit log too, with the
+    staff user as the actor (the admin saves models itself, not through the services)."""
+
+    def save_model(self, request, obj, form, change):
+        model = type(obj)
+        fields = all_fields(obj)
+        before = None
+        if change and obj.pk is not None:
+            stored = model._default_manager.filter(pk=obj.pk).first()
+            before = snapshot(stored, fields) if stored is not None else None
+        super().save_model(request, obj, form, change)  # type: ignore[misc]
+        name = f"{obj._meta.model_name}.{'update' if change else 'create'}"
+        actor = actor_of(user=request.user)
+        if before is None:
+            audit_record(actor=actor, action=name, obj=obj, after=snapshot(obj, fields))
+        else:
+            audit_change(
+                actor=actor, action=name, obj=obj, before=before, after=snapshot(obj, fields)
+            )
+
+    def delete_model(self, request, obj):
+        before = snapshot(obj, all_fields(obj))
+        pk, label, label_lower = obj.pk, str(obj), obj._meta.label_lower
+        super().delete_model(request, obj)  # type: ignore[misc]
+        audit_record(
+            actor=actor_of(user=request.user),
+            action=f"{obj._meta.model_name}.delete",
+            object_type=label_lower,
+            object_id=pk,
+            object_repr=label,
+            before=before,
+        )
+
+    def delete_queryset(self, request, queryset):
+        for obj in queryset:
+            self.delete_model(request, obj)
+
+
+# --- Reading the log -------------------------------------------------------------------------
+
+
+def entries_about(*objects_or_pairs, limit: int | None = None):
+    """Entries about any of the given objects (model instances, or (object_type, ids) pairs
+    for many rows of one type), newest first."""
+    condition = models.Q(pk__in=[])
+    for item in objects_or_pairs:
+        if isinstance(item, models.Model):
+            condition |= models.Q(object_type=item._meta.label_lower, object_id=str(item.pk))
+        else:
+            object_type, ids = item
+            ids = [str(pk) for pk in ids]
+            if ids:
+                condition |= models.Q(object_type=object_type, object_id__in=ids)
+    entries = AuditEntry.objects.filter(condition).order_by("-at", "-id")
+    return entries[:limit] if limit else entries

@@ -64,6 +64,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Lets services name who made each change in the audit log (controlplane.audit).
+    "controlplane.audit.AuditActorMiddleware",
 ]
 
 ROOT_URLCONF = "controlplane.urls"

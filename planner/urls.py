@@ -14,4 +14,5 @@ urlpatterns = [
     path("health/", include("planner.health.urls")),
     path("what-if/", include("planner.whatif.urls")),
     path("invoices/", include("planner.invoices.urls")),
+    path("audit/", include("planner.audit.urls")),
 ]

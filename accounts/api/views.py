@@ -54,6 +54,14 @@ class CustomerViewSet(viewsets.ModelViewSet):
     def perform_create(self, serializer):
         serializer.instance = services.customer_create(**serializer.validated_data)
 
+    def perform_update(self, serializer):
+        serializer.instance = services.customer_update(
+            customer=serializer.instance, **serializer.validated_data
+        )
+
+    def perform_destroy(self, instance):
+        services.customer_delete(customer=instance)
+
 
 class ApiKeyFilter(filters.FilterSet):
     customer = filters.CharFilter(field_name="customer__slug")

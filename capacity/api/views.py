@@ -28,6 +28,9 @@ class _CatalogViewSet(viewsets.ModelViewSet):
             instance=serializer.instance, **serializer.validated_data
         )
 
+    def perform_destroy(self, instance):
+        services.catalog_delete(instance=instance)
+
 
 class GpuTypeViewSet(_CatalogViewSet):
     serializer_class = GpuTypeSerializer

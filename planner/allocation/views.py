@@ -8,7 +8,9 @@ from django.shortcuts import get_object_or_404, render
 from django.utils import timezone
 
 from capacity.models import ActuatorCircuit, AllocationDecision, Deployment
+from controlplane.audit import entries_about
 from planner.access import planner_required
+from planner.audit.views import audit_link
 from planner.charts import chart_range, chart_window, line_chart, time_label
 from planner.paging import page_of, query_without
 
@@ -144,5 +146,7 @@ def deployment(request, name):
         "show_all": bool(request.GET.get("all")),
         "circuit": ActuatorCircuit.objects.filter(deployment=deployment).first(),
         "now": timezone.now(),
+        "history": entries_about(deployment, limit=20),
+        "history_link": audit_link(deployment),
     }
     return render(request, "planner/allocation/deployment.html", context)

@@ -22,6 +22,7 @@ from benchmarking.models import BenchmarkRun, BenchmarkSample, BenchmarkSuite
 from benchmarking.services import run_queue
 from capacity.cost_models import cost_model_activate, cost_model_retire
 from capacity.models import CostModel, Deployment, GpuType, ServedModel
+from controlplane.audit import entries_about
 from controlplane.errors import DomainError
 from planner.access import planner_required
 from planner.charts import PALETTE, line_chart, scatter_chart
@@ -488,6 +489,7 @@ def cost_model(request, model: str, gpu_type: int, gpus: int):
         "run_now_url": reverse(
             "planner:benchmarks:run_now", args=[served_model.name, gpu.pk, gpus]
         ),
+        "history": entries_about(("capacity.costmodel", [c.pk for c in versions]), limit=20),
         "latest_runs": list(
             _runs_queryset().filter(served_model=served_model, gpu_type=gpu, gpus_per_replica=gpus)[
                 :5

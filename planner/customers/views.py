@@ -15,9 +15,10 @@ from accounts.services import api_key_create, api_key_revoke, customer_create
 from capacity.models import Reservation, ServedModel, UsageMinute
 from capacity.reservations import reservation_amend, reservation_cancel, reservation_create
 from capacity.utilisation import customer_utilisation
-from controlplane.audit import actor_of
+from controlplane.audit import actor_of, entries_about
 from controlplane.errors import DomainError
 from planner.access import planner_required
+from planner.audit.views import audit_link
 from planner.charts import chart_range, chart_window, line_chart, time_label
 from planner.customers.forms import AmendForm, ApiKeyForm, CustomerForm, ReservationForm
 from planner.paging import page_of, query_without
@@ -151,6 +152,13 @@ def detail_context(request, customer, **extra):
         "status", "-starts_at", "-id"
     )
     keys = customer.api_keys.order_by("-created_at", "-id")
+    history = entries_about(
+        customer,
+        ("accounts.apikey", customer.api_keys.values_list("pk", flat=True)),
+        ("capacity.reservation", customer.reservations.values_list("pk", flat=True)),
+        ("accounts.membership", customer.memberships.values_list("pk", flat=True)),
+        limit=20,
+    )
     context = {
         "customer": customer,
         "models": models_used,
@@ -164,6 +172,8 @@ def detail_context(request, customer, **extra):
         "reservation_form": ReservationForm(),
         "key_form": ApiKeyForm(),
         "now": timezone.now(),
+        "history": history,
+        "history_link": audit_link(customer),
     }
     context.update(extra)
     return context

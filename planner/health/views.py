@@ -27,8 +27,10 @@ from capacity.models import (
     Replica,
     ServedModel,
 )
+from controlplane.audit import entries_about
 from controlplane.errors import DomainError
 from planner.access import planner_required
+from planner.audit.views import audit_link
 from planner.health.forms import PolicyForm
 from planner.paging import page_of, query_without
 
@@ -201,5 +203,7 @@ def policy(request, name):
         "state": state,
         "words": level_in_words(level, current),
         "form": form,
+        "history": entries_about(current, limit=20) if current is not None else [],
+        "history_link": audit_link(current) if current is not None else "",
     }
     return render(request, "planner/health/policy.html", context, status=status)

@@ -7,8 +7,10 @@ from django.views.decorators.http import require_POST
 
 from billing.generation import invoice_issue
 from billing.models import Invoice
+from controlplane.audit import entries_about
 from controlplane.errors import DomainError
 from planner.access import planner_required
+from planner.audit.views import audit_link
 from planner.paging import page_of, query_without
 
 
@@ -44,7 +46,13 @@ def invoice_list(request):
 def invoice_detail(request, pk):
     invoice = get_object_or_404(Invoice.objects.select_related("customer"), pk=pk)
     lines = invoice.lines.select_related("served_model", "reservation").order_by("kind", "pk")
-    return render(request, "planner/invoices/detail.html", {"invoice": invoice, "lines": lines})
+    context = {
+        "invoice": invoice,
+        "lines": lines,
+        "history": entries_about(invoice, limit=20),
+        "history_link": audit_link(invoice),
+    }
+    return render(request, "planner/invoices/detail.html", context)
 
 
 @planner_required
