@@ -201,7 +201,7 @@ class HostPolicy:
             vetted.append(address)
         return vetted
 
-    def vet_host(self, host: str, port: int, *, resolve=socket.getaddrinfo) -> list[IPAddress]:
+    def vet_host(self, host: str, port: int) -> list[IPAddress]:
         """The addresses of `host` to connect to, all allowed; OutboundRefused otherwise.
 
         Raises Unresolvable when a name does not resolve.
@@ -210,7 +210,7 @@ class HostPolicy:
         if literal is not None:
             return self.vet(host, [literal], allowed_by_name=False)
         try:
-            infos = resolve(host, port, type=socket.SOCK_STREAM)
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         except (socket.gaierror, UnicodeError) as error:
             raise Unresolvable(f"{host} does not resolve: {error}") from error
         return self.vet(host, _resolved(infos), allowed_by_name=self.allows_name(host))
