@@ -74,7 +74,9 @@ class Fleet:
             sys.executable, "-m", "benchmarking.emulator", "--port", "{port}",
             "--config", str(config), "--scheduling-policy", "priority",
         ]  # fmt: skip
-        self.supervisor = ProcessSupervisor(log_dir=folder / "logs").start()
+        self.supervisor = ProcessSupervisor(
+            engines={"emulator": tuple(self.command)}, log_dir=folder / "logs"
+        ).start()
         self.server = make_server(self.supervisor, port=0, token="")
         threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
         self.name = name
@@ -82,12 +84,12 @@ class Fleet:
     def deployment(self, served_model, pool, base_port: int) -> Deployment:
         config = validate_actuator_config(
             ActuatorKind.PROCESS,
-            {"command": self.command, "base_port": base_port, "supervisor_url": self.server.url},
+            {"engine": "emulator", "base_port": base_port, "supervisor_url": self.server.url},
         )
         from capacity.process_supervisor import DeploymentSpec
 
         self.supervisor.scale(
-            self.name, 2, DeploymentSpec(tuple(self.command), "127.0.0.1", base_port, 30.0)
+            self.name, 2, DeploymentSpec("emulator", "127.0.0.1", base_port, 30.0)
         )
         deadline = time.monotonic() + 60
         while self.supervisor.deployment_status(self.name)["ready"] < 2:

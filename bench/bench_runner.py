@@ -29,6 +29,7 @@ from benchmarking import runner
 from benchmarking.emulator.config import parse_config
 from benchmarking.emulator.engine import Listener
 from benchmarking.emulator.fleet import ModelFleet
+from controlplane import outbound
 
 ROOT = Path(__file__).resolve().parent.parent
 CONCURRENCY = 512
@@ -48,6 +49,8 @@ MODEL = {
     "decode_seconds_per_context_token": 0.0,
 }
 CONFIG = {"seed": 1, "models": [MODEL]}
+# The runner's connections are vetted as in production; the emulator listens on loopback.
+LOOPBACK = outbound.HostPolicy.parse("BENCHMARK_ALLOWED_HOSTS", outbound.DEFAULT_ALLOWED_HOSTS)
 
 
 def _p99(values: list[float]) -> float:
@@ -110,7 +113,7 @@ async def _runner_closed_loop(base_url: str) -> tuple[float, float, int]:
         max_concurrency=CONCURRENCY,
         request_timeout_seconds=60,
     )
-    clients = runner.make_clients(CONCURRENCY, timeout_seconds=60)
+    clients = runner.make_clients(CONCURRENCY, timeout_seconds=60, host_policy=LOOPBACK)
     try:
         endpoint = runner.Endpoint(base_url, MODEL["name"], clients=clients)
         await endpoint.check()
@@ -131,7 +134,7 @@ async def _runner_closed_loop(base_url: str) -> tuple[float, float, int]:
 async def _runner_p99(base_url: str) -> float:
     """p99 end-to-end latency of a second, shorter runner pass (the point API gives p95)."""
     latencies: list[float] = []
-    clients = runner.make_clients(CONCURRENCY, timeout_seconds=60)
+    clients = runner.make_clients(CONCURRENCY, timeout_seconds=60, host_policy=LOOPBACK)
     endpoint = runner.Endpoint(base_url, MODEL["name"], clients=clients)
     deadline = time.perf_counter() + WARMUP_SECONDS + WINDOW_SECONDS / 2
     window_start = time.perf_counter() + WARMUP_SECONDS

@@ -7,6 +7,10 @@ ids and `max_tokens` = `min_tokens` = the output length with `ignore_eos`, which
 timings come from the streamed response.
 
 Pure asyncio + httpx; no Django. The service that stores results calls `run_grid`.
+
+Load goes only where the operator allows (BENCHMARK_ALLOWED_HOSTS): every connection of the
+runner's clients is checked by a `controlplane.outbound.HostPolicy` when it is opened, on the
+address it is opened to. Connections are pooled, so the check costs nothing per request.
 """
 
 import asyncio
@@ -18,6 +22,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import httpx
+
+from controlplane import outbound
 
 
 class RunnerError(Exception):
@@ -106,13 +112,23 @@ def client_count(concurrency: int) -> int:
     return max(1, math.ceil(concurrency / STREAMS_PER_CLIENT))
 
 
-def make_clients(concurrency: int, *, timeout_seconds: float) -> list[httpx.AsyncClient]:
+def make_clients(
+    concurrency: int, *, timeout_seconds: float, host_policy: outbound.HostPolicy
+) -> list[httpx.AsyncClient]:
+    """Clients whose connections `host_policy` vets; no redirects, no proxies."""
     limits = httpx.Limits(
         max_connections=STREAMS_PER_CLIENT + 2, max_keepalive_connections=STREAMS_PER_CLIENT
     )
     tls = ssl.create_default_context()  # loading CA certificates once, not per client
+    # A plain AsyncClient over the guarded transport: the runner never asks for redirects,
+    # and the guard lives where connections open, not on the per-request path.
     return [
-        httpx.AsyncClient(limits=limits, timeout=timeout_seconds, verify=tls)
+        httpx.AsyncClient(
+            transport=outbound.AsyncGuardedTransport(host_policy, limits=limits, verify=tls),
+            timeout=timeout_seconds,
+            follow_redirects=False,
+            trust_env=False,
+        )
         for _ in range(client_count(concurrency))
     ]
 
@@ -358,10 +374,15 @@ async def run_grid(
     base_url: str,
     model: str,
     spec: SuiteSpec,
+    host_policy: outbound.HostPolicy,
     on_point: Callable[[PointResult], Awaitable[None]] | None = None,
     on_shape: Callable[[ShapeResult], Awaitable[None]] | None = None,
 ) -> list[ShapeResult]:
-    clients = make_clients(spec.max_concurrency, timeout_seconds=spec.request_timeout_seconds)
+    clients = make_clients(
+        spec.max_concurrency,
+        timeout_seconds=spec.request_timeout_seconds,
+        host_policy=host_policy,
+    )
     try:
         endpoint = Endpoint(base_url, model, clients=clients)
         await endpoint.check()

@@ -20,6 +20,7 @@ from benchmarking.csv_import import parse_throughput_csv
 from benchmarking.models import BenchmarkRun, BenchmarkSample, BenchmarkSuite
 from capacity.cost_models import cost_model_record
 from capacity.models import CostModel, Deployment, GpuType, ServedModel
+from controlplane import outbound
 from controlplane.errors import ConflictError, DomainError
 
 logger = logging.getLogger(__name__)
@@ -98,6 +99,9 @@ def run_queue(
             "Nothing to benchmark: the deployment has no endpoint_url; give one.",
             field="endpoint_url",
         )
+    # Load goes only where the operator allows: refused here with the rule, and again by the
+    # runner's clients on the address they connect to.
+    outbound.check_url(endpoint_url, purpose=outbound.BENCHMARK, field="endpoint_url")
     if served_model is None or gpu_type is None:
         raise DomainError("Give a deployment, or a model and a GPU type.", field="deployment")
     if replicas < 1:
@@ -240,6 +244,7 @@ def run_execute(*, run_id: int) -> BenchmarkRun | None:
             base_url=run.endpoint_url,
             model=run.engine_model_id,
             spec=spec,
+            host_policy=outbound.policy(outbound.BENCHMARK),
             on_point=on_point,
             on_shape=on_shape,
         )

@@ -1,41 +1,74 @@
 """What each actuator kind needs in `Deployment.actuator_config`, checked before it is stored.
 
-Secrets never go in the config: a webhook's signing secret or a Kubernetes token is named by
-the environment variable that holds it (`secret_env`, `token_env`).
+The config only chooses among what the operator allowed (DESIGN §6; controlplane/outbound.py):
+
+- secrets are named by the environment variable that holds them (`secret_env`, `token_env`),
+  and only variables of ACTUATOR_SECRET_ENV_NAMES may be named;
+- hosts (a webhook's `url`, a supervisor's `supervisor_url`, engines' `host`) must be allowed by
+  OUTBOUND_ALLOWED_HOSTS;
+- a Kubernetes cluster is a profile of KUBERNETES_CLUSTERS, picked by name (`cluster`);
+- an engine process is a name (`engine`) the process supervisor's own allow-list maps to a
+  command.
+
+Keys that used to carry these (api_server, token_env and kubeconfig of Kubernetes, a process's
+command) are refused with a message that says where they went.
 """
 
 import re
 from urllib.parse import urlsplit
 
+from django.conf import settings
 from rest_framework import serializers
 
 from capacity.models import ActuatorKind
+from controlplane import outbound
 from controlplane.errors import DomainError
 
-_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+ENGINE_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _API_VERSION = re.compile(r"^v[1-9][0-9]*((alpha|beta)[1-9][0-9]*)?$")
 
 KUBERNETES_KINDS = ("Deployment", "StatefulSet", "Custom")
 KUBERNETES_DEFAULT_TIMEOUT_SECONDS = 5.0
+DEFAULT_CLUSTER = "in-cluster"
+# A host name or an IP address (IPv6 without brackets): it also goes into engines' argv.
+_HOST = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.:%_-]{0,252})$")
 
 
-def _env_name(value: str) -> str:
-    if not _ENV_NAME.match(value):
-        raise serializers.ValidationError(
-            "must name an environment variable (upper case letters, digits, underscores)."
-        )
+def _secret_env(value: str) -> str:
+    refusal = outbound.secret_env_refusal_from_settings(value)
+    if refusal:
+        raise serializers.ValidationError(refusal)
+    return value
+
+
+def _check_url(serializer: serializers.Serializer, value: str) -> str:
+    """Refuses a URL the control plane may not reach (skipped at apply time, see below)."""
+    if serializer.context.get("check_hosts", True):
+        try:
+            outbound.check_url(value, purpose=outbound.OUTBOUND)
+        except DomainError as error:
+            raise serializers.ValidationError(error.message) from error
     return value
 
 
 class _StrictSerializer(serializers.Serializer):
     """Refuses keys it does not know, so a typo does not silently fall back to a default."""
 
+    # Keys that were settings of this kind once and are now the operator's: why, and where to.
+    moved_to_operator: dict[str, str] = {}
+
     def to_internal_value(self, data):
         if not isinstance(data, dict):
             raise serializers.ValidationError({"non_field_errors": ["must be a JSON object."]})
         unknown = sorted(set(data) - set(self.fields))
+        moved = {
+            key: [self.moved_to_operator[key]] for key in unknown if key in self.moved_to_operator
+        }
+        if moved:
+            # Said first and alone: the fix is a different config, not a corrected value.
+            raise serializers.ValidationError(moved)
         value = super().to_internal_value(data)
         if unknown:
             raise serializers.ValidationError(
@@ -48,12 +81,30 @@ class DryRunConfig(_StrictSerializer):
     pass
 
 
-class KubernetesConfig(_StrictSerializer):
-    """Which object's scale subresource to patch, and how to reach the API server.
+_CLUSTER_MOVED = (
+    "is an operator setting now: pick a cluster profile of KUBERNETES_CLUSTERS by name in "
+    "`cluster`."
+)
 
-    The API server is `api_server` (with a bearer token from `token_env`), else the cluster in
-    the `kubeconfig` file, else the in-cluster service account.
+
+def _cluster_names() -> str:
+    return ", ".join(sorted(settings.KUBERNETES_CLUSTERS)) or "none"
+
+
+class KubernetesConfig(_StrictSerializer):
+    """Which object's scale subresource to patch, in which of the operator's clusters.
+
+    `cluster` names a profile of the KUBERNETES_CLUSTERS setting (a kubeconfig file, an API
+    server with a token, or the in-cluster service account); the API never says how to reach
+    a cluster or with which credentials.
     """
+
+    moved_to_operator = {
+        "api_server": _CLUSTER_MOVED,
+        "token_env": _CLUSTER_MOVED,
+        "kubeconfig": _CLUSTER_MOVED,
+        "verify_tls": _CLUSTER_MOVED,
+    }
 
     namespace = serializers.RegexField(
         _DNS_LABEL, max_length=63, error_messages={"invalid": "must be a DNS label."}
@@ -86,19 +137,11 @@ class KubernetesConfig(_StrictSerializer):
         error_messages={"invalid": "must be a resource's plural name such as inferenceservices."},
         help_text="Custom only, e.g. inferenceservices or leaderworkersets.",
     )
-    api_server = serializers.URLField(
-        required=False,
-        help_text="Empty: the cluster of `kubeconfig`, else the in-cluster service account.",
+    cluster = serializers.CharField(
+        default=DEFAULT_CLUSTER,
+        max_length=63,
+        help_text="A cluster profile of the KUBERNETES_CLUSTERS setting (default: in-cluster).",
     )
-    kubeconfig = serializers.CharField(
-        required=False, max_length=4096, help_text="Path of a kubeconfig file; its current context."
-    )
-    token_env = serializers.CharField(
-        required=False,
-        validators=[_env_name],
-        help_text="Environment variable holding the bearer token for `api_server`.",
-    )
-    verify_tls = serializers.BooleanField(default=True)
     # Not defaulted into the stored config, so configs written before it existed stay equal
     # to what is stored now; the actuator applies KUBERNETES_DEFAULT_TIMEOUT_SECONDS.
     timeout_seconds = serializers.FloatField(
@@ -119,6 +162,14 @@ class KubernetesConfig(_StrictSerializer):
         required=False, min_value=1, max_value=65535, help_text="The engines' port (default 8000)."
     )
 
+    def validate_cluster(self, value: str) -> str:
+        if value not in settings.KUBERNETES_CLUSTERS:
+            raise serializers.ValidationError(
+                f"'{value}' is not a cluster profile of the KUBERNETES_CLUSTERS setting "
+                f"(known: {_cluster_names()})."
+            )
+        return value
+
     def validate(self, attrs):
         errors: dict[str, list[str]] = {}
         custom_fields = ("group", "version", "plural")
@@ -130,25 +181,22 @@ class KubernetesConfig(_StrictSerializer):
             for key in custom_fields:
                 if key in attrs:
                     errors[key] = ["applies only to kind Custom."]
-        api_server = attrs.get("api_server")
-        if api_server and urlsplit(api_server).scheme not in ("http", "https"):
-            errors["api_server"] = ["must be an http or https URL."]
-        if api_server and attrs.get("kubeconfig"):
-            errors["kubeconfig"] = ["give either api_server or kubeconfig, not both."]
-        if "token_env" in attrs and not api_server:
-            # A kubeconfig carries its own credentials and in-cluster uses the service account.
-            errors["token_env"] = ["applies only with api_server."]
         if errors:
             raise serializers.ValidationError(errors)
         return attrs
 
 
 class WebhookConfig(_StrictSerializer):
-    url = serializers.URLField()
+    """A URL of the operator's allow-list, signed with a secret of an allowed variable."""
+
+    url = serializers.URLField(help_text="Must be allowed by OUTBOUND_ALLOWED_HOSTS.")
     secret_env = serializers.CharField(
         required=False,
-        validators=[_env_name],
-        help_text="Environment variable holding the HMAC signing secret.",
+        validators=[_secret_env],
+        help_text=(
+            "Environment variable holding the HMAC signing secret; one of "
+            "ACTUATOR_SECRET_ENV_NAMES. Required unless ACTUATOR_ALLOW_UNSIGNED_WEBHOOKS."
+        ),
     )
     timeout_seconds = serializers.FloatField(
         default=5.0, min_value=0.1, max_value=60.0, help_text="Per request, connect and read."
@@ -157,34 +205,63 @@ class WebhookConfig(_StrictSerializer):
     def validate_url(self, value: str) -> str:
         if urlsplit(value).scheme not in ("http", "https"):
             raise serializers.ValidationError("must be an http or https URL.")
-        return value
+        return _check_url(self, value)
+
+    def validate(self, attrs):
+        if not attrs.get("secret_env") and not settings.ACTUATOR_ALLOW_UNSIGNED_WEBHOOKS:
+            # Unsigned, anyone who can reach the receiver can scale the deployment.
+            raise serializers.ValidationError(
+                {
+                    "secret_env": [
+                        "is required: webhooks are signed unless the operator setting "
+                        "ACTUATOR_ALLOW_UNSIGNED_WEBHOOKS is on."
+                    ]
+                }
+            )
+        return attrs
 
 
 class ProcessConfig(_StrictSerializer):
     """Engine processes on one host, run by `manage.py run_process_supervisor` on that host.
 
-    Replica i runs `command` with "{port}" replaced by `base_port + i` and "{replica}" by i;
-    the control plane reaches the supervisor at `supervisor_url` and sends it this whole
-    config, so the supervisor needs no database.
+    `engine` names one of the supervisor's own engines (`--engine NAME='argv…'`); replica i
+    runs that command with "{port}" = `base_port + i`. The control plane reaches the supervisor
+    at `supervisor_url` and sends it these parameters, never a command, so the supervisor needs
+    no database.
     """
 
-    command = serializers.ListField(
-        child=serializers.CharField(),
-        allow_empty=False,
-        help_text=(
-            'argv of one engine process; "{port}" becomes the replica\'s port, "{replica}" its '
-            "index (0, 1, …)."
-        ),
+    moved_to_operator = {
+        "command": (
+            "is the process supervisor's own setting now: start it with "
+            "`run_process_supervisor --engine NAME='argv with {port}'` and name the engine in "
+            "`engine`."
+        )
+    }
+
+    engine = serializers.RegexField(
+        ENGINE_NAME,
+        error_messages={
+            "invalid": "must be an engine name of the process supervisor (a-z, 0-9, '.', '_', '-')."
+        },
+        help_text="An engine of the supervisor's allow-list (run_process_supervisor --engine).",
     )
     host = serializers.CharField(
-        default="127.0.0.1", help_text="Where the engines answer, for health and drain checks."
+        default="127.0.0.1",
+        max_length=253,
+        help_text=(
+            "Where the engines answer, for health and drain checks; must be allowed by "
+            "OUTBOUND_ALLOWED_HOSTS."
+        ),
     )
     base_port = serializers.IntegerField(min_value=1024, max_value=65535)
     # A CharField: URLField refuses the bare host names (`http://gpu-07:8190`) of a GPU LAN.
     supervisor_url = serializers.CharField(
         default="http://127.0.0.1:8190",
         max_length=2000,
-        help_text="Base URL of `manage.py run_process_supervisor` on the engines' host.",
+        help_text=(
+            "Base URL of `manage.py run_process_supervisor` on the engines' host; must be allowed "
+            "by OUTBOUND_ALLOWED_HOSTS."
+        ),
     )
     drain_seconds = serializers.FloatField(
         default=30.0,
@@ -194,17 +271,19 @@ class ProcessConfig(_StrictSerializer):
     )
     token_env = serializers.CharField(
         required=False,
-        validators=[_env_name],
-        help_text="Environment variable holding the supervisor's bearer token.",
+        validators=[_secret_env],
+        help_text="Environment variable holding the supervisor's bearer token; one of "
+        "ACTUATOR_SECRET_ENV_NAMES.",
     )
 
-    def validate_command(self, value: list[str]) -> list[str]:
-        # Without the placeholder every replica would try the same port and all but one crash.
-        if not any("{port}" in arg for arg in value):
-            raise serializers.ValidationError(
-                'must contain "{port}" in one argument, so that each replica listens on its own '
-                'port (e.g. ["vllm", "serve", "MODEL", "--port", "{port}"]).'
-            )
+    def validate_host(self, value: str) -> str:
+        if not _HOST.match(value):
+            raise serializers.ValidationError("must be a host name or an IP address.")
+        if self.context.get("check_hosts", True):
+            try:
+                outbound.check_host(value, purpose=outbound.OUTBOUND)
+            except DomainError as error:
+                raise serializers.ValidationError(error.message) from error
         return value
 
     def validate_supervisor_url(self, value: str) -> str:
@@ -213,7 +292,7 @@ class ProcessConfig(_StrictSerializer):
             raise serializers.ValidationError(
                 "must be an http or https URL with a host, e.g. http://gpu-07:8190."
             )
-        return value
+        return _check_url(self, value)
 
 
 SCHEMAS: dict[str, type[_StrictSerializer]] = {
@@ -243,14 +322,21 @@ def _flatten(prefix: str, detail) -> dict[str, list[str]]:
     return {prefix: [str(detail)]}
 
 
-def validate_actuator_config(kind: str, config) -> dict:
-    """The config with defaults filled in, or a DomainError naming `actuator_config.<field>`."""
+def validate_actuator_config(kind: str, config, *, check_hosts: bool = True) -> dict:
+    """The config with defaults filled in, or a DomainError naming `actuator_config.<field>`.
+
+    `check_hosts=False` leaves out the reachability check of hosts (which resolves names):
+    actuators re-validate at apply time, where the guarded client checks the address it
+    actually connects to, and a resolver hiccup should stay a transient failure.
+    """
     schema = SCHEMAS.get(kind)
     if schema is None:
         raise DomainError(
             f"Unknown actuator kind '{kind}'. Known: {', '.join(SCHEMAS)}.", field="actuator_kind"
         )
-    serializer = schema(data=config if config is not None else {})
+    serializer = schema(
+        data=config if config is not None else {}, context={"check_hosts": check_hosts}
+    )
     if not serializer.is_valid():
         fields = _flatten("actuator_config", serializer.errors)
         first_field, reasons = next(iter(fields.items()))
@@ -260,3 +346,28 @@ def validate_actuator_config(kind: str, config) -> dict:
             fields=fields,
         )
     return dict(serializer.validated_data)
+
+
+def actuator_config_problem(kind: str, config) -> str:
+    """Why a stored config breaks the current rules (hosts resolved and checked), or ""."""
+    try:
+        validate_actuator_config(kind, config)
+    except DomainError as error:
+        return error.message
+    return ""
+
+
+def without_legacy_no_ops(kind: str, config):
+    """`config` less the keys of old schemas that never had an effect, so they flag nothing.
+
+    Kubernetes configs stored `verify_tls: true` by default; it applied only with `api_server`,
+    which is now a cluster profile's, so without one it is dropped.
+    """
+    if (
+        kind == ActuatorKind.KUBERNETES
+        and isinstance(config, dict)
+        and "verify_tls" in config
+        and "api_server" not in config
+    ):
+        return {key: value for key, value in config.items() if key != "verify_tls"}
+    return config

@@ -28,6 +28,7 @@ from capacity.models import (
 )
 from capacity.prometheus import validate_selector
 from capacity.services import DEPLOYMENT_FIELDS, check_fits_pool
+from controlplane import outbound
 from controlplane.audit import AuditedAdminMixin
 from controlplane.errors import DomainError
 
@@ -57,6 +58,10 @@ class DeploymentAdminForm(forms.ModelForm):
                 cleaned["actuator_config"] = validate_actuator_config(
                     cleaned["actuator_kind"], cleaned.get("actuator_config")
                 )
+                # The config saved is valid: whatever was flagged in the stored one is gone.
+                self.instance.actuator_config_problem = ""
+            if cleaned.get("endpoint_url") and "endpoint_url" in self.changed_data:
+                outbound.check_url(cleaned["endpoint_url"], field="endpoint_url")
         except DomainError as error:
             field = error.field.split(".")[0] if error.field else None
             self.add_error(field if field in self.fields else None, error.message)
@@ -103,10 +108,16 @@ class DeploymentAdmin(AuditedAdminMixin, admin.ModelAdmin):
         "current_replicas",
         "max_replicas",
         "actuator_kind",
+        "actuator_config_refused",
     ]
     list_filter = ["actuator_kind", "served_model", "gpu_pool"]
     search_fields = ["name", "served_model__name", "gpu_pool__name", "endpoint_url"]
     list_select_related = ["served_model", "gpu_pool"]
+    readonly_fields = ["actuator_config_problem"]
+
+    @admin.display(boolean=True, description="config refused")
+    def actuator_config_refused(self, deployment: Deployment) -> bool:
+        return bool(deployment.actuator_config_problem)
 
 
 @admin.register(CostModel)

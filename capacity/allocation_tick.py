@@ -381,7 +381,8 @@ def _store(tick_id, now, decisions, deployments, digests) -> list[AllocationDeci
             current_replicas=d.current_replicas,
             recommended_replicas=d.recommended_replicas,
             target_replicas=d.target_replicas,
-            reasons=[reason.as_dict() for reason in d.reasons],
+            reasons=[reason.as_dict() for reason in d.reasons]
+            + _config_problem_reasons(deployments[d.deployment_id]),
             actuator_kind=deployments[d.deployment_id].actuator_kind,
             created_at=now,
         )
@@ -549,6 +550,19 @@ def _apply(rows, decisions, deployments, result: TickResult, now) -> None:
             result.failed += 1
             continue
         deployment = deployments[decision.deployment_id]
+        if deployment.actuator_config_problem:
+            # Never sent: the stored config breaks the operator's rules (it may name a secret
+            # or a host the API may not choose) until a valid one is written.
+            row.actuator_ok = False
+            row.actuator_attempts = 0
+            row.actuator_error = (
+                f"refused: the stored actuator config breaks the operator's rules: "
+                f"{deployment.actuator_config_problem}"
+            )
+            row.save(update_fields=["actuator_ok", "actuator_attempts", "actuator_error"])
+            metrics.ACTUATOR_FAILURES.labels(deployment.actuator_kind).inc()
+            result.failed += 1
+            continue
         request = ScaleRequest(
             deployment_id=deployment.pk,
             deployment=deployment.name,
@@ -645,8 +659,24 @@ def _decision_dict(decision: allocation.DeploymentDecision, deployments) -> dict
         "current_replicas": decision.current_replicas,
         "recommended_replicas": decision.recommended_replicas,
         "target_replicas": decision.target_replicas,
-        "reasons": [reason.as_dict() for reason in decision.reasons],
+        "reasons": [reason.as_dict() for reason in decision.reasons]
+        + _config_problem_reasons(deployments[decision.deployment_id]),
     }
+
+
+def _config_problem_reasons(deployment: Deployment) -> list[dict]:
+    if not deployment.actuator_config_problem:
+        return []
+    return [
+        allocation.Reason(
+            code="actuator_config_refused",
+            message=(
+                "Not applied: the stored actuator config breaks the operator's rules "
+                f"({deployment.actuator_config_problem}); write a valid config to resume."
+            ),
+            data={"problem": deployment.actuator_config_problem},
+        ).as_dict()
+    ]
 
 
 def _row_dict(row: AllocationDecision) -> dict:

@@ -41,6 +41,7 @@ from capacity.models import (
     Replica,
 )
 from capacity.replicas import Endpoint, ReplicaError, list_endpoints, restart
+from controlplane import outbound
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +96,10 @@ def probe_endpoint(
     probe without one (the engine's default, as a naive liveness check would)."""
     started = time.perf_counter()
     try:
-        response = httpx.post(
+        # Through the guarded client: replicas' addresses come from the data plane (pod IPs,
+        # a supervisor's answer), so they are checked against OUTBOUND_ALLOWED_HOSTS too.
+        response = outbound.request(
+            "POST",
             f"{url}/v1/completions",
             json=probe_body(engine_model_id, priority),
             timeout=timeout_seconds,
@@ -123,7 +127,7 @@ def probe_endpoint(
 def completions_total(url: str, *, timeout_seconds: float) -> float | None:
     """The engine's count of finished requests, from its own /metrics; None if unknown."""
     try:
-        response = httpx.get(f"{url}/metrics", timeout=timeout_seconds)
+        response = outbound.request("GET", f"{url}/metrics", timeout=timeout_seconds)
         if response.status_code != 200:
             return None
         total = None

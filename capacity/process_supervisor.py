@@ -3,10 +3,13 @@
 The allocation tick runs in short-lived Celery tasks, but an engine must outlive a tick, so
 the processes belong to this long-running supervisor on the GPU host (`manage.py
 run_process_supervisor`), which the process actuator calls over HTTP. Each scale request
-carries the deployment's whole config, so the supervisor needs no database; it is plain
-Python (subprocess and threads) and imports nothing from Django.
+carries the deployment's parameters, so the supervisor needs no database; it is plain Python
+(subprocess and threads) and imports nothing from Django.
 
-Per deployment, replica i runs the configured argv with "{port}" = base_port + i, "{replica}"
+The supervisor runs only its own engines: an allow-list of named argv templates given at its
+start (`--engine NAME='argv…'`, `--engines FILE`). A scale request names an engine and never
+carries a command, so whoever can call the API chooses among the operator's commands only.
+Per deployment, replica i runs its engine's argv with "{port}" = base_port + i, "{replica}"
 = i and "{host}" = host substituted, in its own session (process group), so that a signal
 reaches an engine's worker processes too and the supervisor's Ctrl-C reaches no engine.
 
@@ -25,9 +28,11 @@ reaches an engine's worker processes too and the supervisor's Ctrl-C reaches no 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -52,6 +57,11 @@ CRASHED = "crashed"
 
 # Names go into log file names, so no path separators.
 _DEPLOYMENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+# The same rule as the process actuator's `engine` (capacity/actuator_config.py).
+ENGINE_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+# A host name or an IP address: it is substituted into engines' argv as "{host}", so nothing
+# that could read as an option or a second word.
+_HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.:%_-]{0,252}$")
 _IN_FLIGHT_METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 
 
@@ -67,37 +77,92 @@ class _NoInFlightMetrics(Exception):
     """The engine serves no vLLM request gauges, so its in-flight count cannot be known."""
 
 
+def parse_engines(
+    engine_options: list[str] | tuple[str, ...] = (), engines_file: str | Path | None = None
+) -> dict[str, tuple[str, ...]]:
+    """The allow-list {name: argv template} from `NAME=argv…` options (shlex-split) and a JSON
+    file {name: [argv…] or "argv…"}; ValueError naming the engine at fault."""
+    entries: list[tuple[str, object, str]] = []
+    for option in engine_options:
+        name, sep, template = option.partition("=")
+        if not sep:
+            raise ValueError(f"--engine {option!r}: expected NAME='argv with {{port}}'.")
+        try:
+            argv = shlex.split(template)
+        except ValueError as error:
+            raise ValueError(f"--engine {name}: {error}") from None
+        entries.append((name.strip(), argv, "--engine"))
+    if engines_file is not None:
+        try:
+            loaded = json.loads(Path(engines_file).read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise ValueError(f"--engines {engines_file}: {error}") from None
+        if not isinstance(loaded, dict):
+            raise ValueError(f"--engines {engines_file}: must be a JSON object {{name: argv}}.")
+        for name, argv in loaded.items():
+            if isinstance(argv, str):
+                argv = shlex.split(argv)
+            entries.append((name, argv, f"--engines {engines_file}"))
+    engines: dict[str, tuple[str, ...]] = {}
+    for name, argv, where in entries:
+        if not isinstance(name, str) or not ENGINE_NAME.match(name):
+            raise ValueError(f"{where}: engine name {name!r} must match {ENGINE_NAME.pattern}.")
+        if name in engines:
+            raise ValueError(f"{where}: engine {name!r} is given twice.")
+        if (
+            not isinstance(argv, list)
+            or not argv
+            or not all(isinstance(a, str) and a for a in argv)
+        ):
+            raise ValueError(f"{where}: engine {name!r} must be a non-empty argv.")
+        # Without the placeholder every replica would try the same port and all but one crash.
+        if not any("{port}" in arg for arg in argv):
+            raise ValueError(f'{where}: engine {name!r} must contain "{{port}}" in one argument.')
+        engines[name] = tuple(argv)
+    return engines
+
+
 @dataclass(frozen=True)
 class DeploymentSpec:
-    command: tuple[str, ...]
+    """What a scale request asks for: an engine of the allow-list, and where it listens."""
+
+    engine: str
     host: str = "127.0.0.1"
     base_port: int = 8000
     drain_seconds: float = DEFAULT_DRAIN_SECONDS
 
-    def argv(self, replica_index: int) -> list[str]:
+    def argv(self, template: tuple[str, ...], replica_index: int) -> list[str]:
         port = self.base_port + replica_index
         # Plain replacement, not str.format: engine arguments may hold JSON, braces and all.
         return [
             arg.replace("{port}", str(port))
             .replace("{replica}", str(replica_index))
             .replace("{host}", self.host)
-            for arg in self.command
+            for arg in template
         ]
 
     def runs_same_processes_as(self, other: DeploymentSpec) -> bool:
         """Whether a replica started from `other` is a replica of this spec (drain time aside)."""
-        return (self.command, self.host, self.base_port) == (
-            other.command,
+        return (self.engine, self.host, self.base_port) == (
+            other.engine,
             other.host,
             other.base_port,
         )
 
 
 def parse_scale_request(body: object) -> tuple[str, int, DeploymentSpec]:
-    """(deployment, replicas, spec) from a `POST /scale` body, or SpecError naming the field."""
+    """(deployment, replicas, spec) from a `POST /scale` body, or SpecError naming the field.
+
+    Whether the engine is one of this supervisor's is checked by `ProcessSupervisor.scale`.
+    """
     if not isinstance(body, dict):
         raise SpecError("the body must be a JSON object.")
-    known = {"deployment", "replicas", "command", "host", "base_port", "drain_seconds"}
+    if "command" in body:
+        raise SpecError(
+            "command: this supervisor runs only the engines of its own allow-list "
+            "(run_process_supervisor --engine NAME=...); name one in 'engine'."
+        )
+    known = {"deployment", "replicas", "engine", "host", "base_port", "drain_seconds"}
     unknown = sorted(set(body) - known)
     if unknown:
         raise SpecError(f"unknown field(s): {', '.join(unknown)}.")
@@ -105,18 +170,12 @@ def parse_scale_request(body: object) -> tuple[str, int, DeploymentSpec]:
     if not isinstance(name, str) or not _DEPLOYMENT_NAME.match(name):
         raise SpecError("deployment: must be 1-100 letters, digits, '.', '_' or '-'.")
     replicas = _integer(body, "replicas", 0, MAX_REPLICAS)
-    command = body.get("command")
-    if (
-        not isinstance(command, list)
-        or not command
-        or not all(isinstance(arg, str) and arg for arg in command)
-    ):
-        raise SpecError("command: must be a non-empty list of non-empty strings (an argv).")
-    if not any("{port}" in arg for arg in command):
-        raise SpecError('command: must contain "{port}", so each replica gets its own port.')
+    engine = body.get("engine")
+    if not isinstance(engine, str) or not ENGINE_NAME.match(engine):
+        raise SpecError(f"engine: must be an engine name ({ENGINE_NAME.pattern}).")
     host = body.get("host", "127.0.0.1")
-    if not isinstance(host, str) or not host:
-        raise SpecError("host: must be a non-empty string.")
+    if not isinstance(host, str) or not _HOST.match(host):
+        raise SpecError("host: must be a host name or an IP address.")
     base_port = _integer(body, "base_port", 1, 65535)
     if base_port + max(replicas, 1) - 1 > 65535:
         raise SpecError(f"base_port: {replicas} replicas from port {base_port} pass 65535.")
@@ -127,7 +186,7 @@ def parse_scale_request(body: object) -> tuple[str, int, DeploymentSpec]:
         or not 0 <= drain_seconds <= MAX_DRAIN_SECONDS
     ):
         raise SpecError(f"drain_seconds: must be a number from 0 to {MAX_DRAIN_SECONDS:g}.")
-    return name, replicas, DeploymentSpec(tuple(command), host, base_port, float(drain_seconds))
+    return name, replicas, DeploymentSpec(engine, host, base_port, float(drain_seconds))
 
 
 def _integer(body: dict, key: str, low: int, high: int) -> int:
@@ -183,6 +242,7 @@ class _Deployment:
 class ProcessSupervisor:
     """Keeps each deployment's replicas running; thread-safe; `start()` before use.
 
+    `engines`: the allow-list {name: argv template} (see `parse_engines`); nothing else runs.
     `log_dir`: each replica's stdout and stderr go to `<log_dir>/<deployment>-<i>.log`
     (appended across restarts); without it they go to the supervisor's own.
     """
@@ -190,6 +250,7 @@ class ProcessSupervisor:
     def __init__(
         self,
         *,
+        engines: dict[str, tuple[str, ...]],
         log_dir: Path | str | None = None,
         monitor_interval_seconds: float = 0.5,
         health_timeout_seconds: float = 1.0,
@@ -199,6 +260,7 @@ class ProcessSupervisor:
         term_grace_seconds: float = 10.0,
         drain_poll_seconds: float = 0.5,
     ) -> None:
+        self.engines = {name: tuple(argv) for name, argv in engines.items()}
         self.log_dir = Path(log_dir) if log_dir is not None else None
         self.monitor_interval_seconds = monitor_interval_seconds
         self.health_timeout_seconds = health_timeout_seconds
@@ -264,11 +326,16 @@ class ProcessSupervisor:
     def scale(self, name: str, replicas: int, spec: DeploymentSpec) -> dict:
         """Set `name` to `replicas` replicas of `spec`; answer at once with its status.
 
-        A changed command, host or base port replaces every replica (the old ones drain; a
+        A changed engine, host or base port replaces every replica (the old ones drain; a
         new one starts when its port is free); a changed drain time applies from now on.
         """
         if not 0 <= replicas <= MAX_REPLICAS:
             raise SpecError(f"replicas: must be from 0 to {MAX_REPLICAS}.")
+        if spec.engine not in self.engines:
+            raise SpecError(
+                f"engine: '{spec.engine}' is not an engine of this supervisor (known: "
+                f"{', '.join(sorted(self.engines)) or 'none; start it with --engine'})."
+            )
         with self._lock:
             if self._closing:
                 raise SupervisorClosed("the process supervisor is shutting down.")
@@ -277,7 +344,7 @@ class ProcessSupervisor:
             if deployment is None:
                 deployment = self._deployments[name] = _Deployment(name, spec)
             elif not deployment.spec.runs_same_processes_as(spec):
-                logger.info("%s: command, host or base port changed; replacing replicas", name)
+                logger.info("%s: engine, host or base port changed; replacing replicas", name)
                 for index in sorted(deployment.active, reverse=True):
                     self._retire_locked(deployment, deployment.active.pop(index))
             deployment.spec = spec
@@ -349,7 +416,7 @@ class ProcessSupervisor:
             "deployment": deployment.name,
             "target": deployment.target,
             "ready": sum(replica.state == READY for replica in deployment.active.values()),
-            "command": list(deployment.spec.command),
+            "engine": deployment.spec.engine,
             "host": deployment.spec.host,
             "base_port": deployment.spec.base_port,
             "drain_seconds": deployment.spec.drain_seconds,
@@ -465,13 +532,13 @@ class ProcessSupervisor:
             replica.last_error = f"port {replica.port} is already in use by another process"
             self._crashed_locked(replica, now)
             return
-        argv = replica.spec.argv(replica.index)
+        argv = replica.spec.argv(self.engines[replica.spec.engine], replica.index)
         log_file = None
         try:
             if self.log_dir is not None:
                 log_path = self.log_dir / f"{replica.deployment}-{replica.index}.log"
                 log_file = open(log_path, "ab")  # noqa: SIM115 - the child keeps its own copy
-            # The argv is the operator's configured engine command, by design (S603).
+            # The argv is an engine of the operator's allow-list, by design (S603).
             replica.process = subprocess.Popen(  # noqa: S603
                 argv,
                 stdin=subprocess.DEVNULL,

@@ -8,13 +8,16 @@
   webhook with `"action": "restart"`.
 - `dry_run` (and kubernetes without a selector): `endpoint_url` as one endpoint; a restart
   is only recorded.
+
+Every HTTP call goes through the guarded client (OUTBOUND_ALLOWED_HOSTS, controlplane/outbound.py);
+a deployment whose stored actuator config is flagged (`actuator_config_problem`) is neither
+listed nor restarted until its config is fixed.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import time
 from dataclasses import dataclass
 
 import httpx
@@ -23,8 +26,10 @@ from kubernetes.client.rest import ApiException
 
 from capacity.actuator_config import KUBERNETES_DEFAULT_TIMEOUT_SECONDS, validate_actuator_config
 from capacity.actuators import kubernetes as k8s_actuator
-from capacity.actuators.webhook import SIGNATURE_HEADER, TIMESTAMP_HEADER, sign
+from capacity.actuators.webhook import signed_headers
 from capacity.models import ActuatorKind, Deployment
+from controlplane import outbound
+from controlplane.errors import DomainError
 
 ENDPOINT_KEY = "endpoint"
 SUPERVISOR_TIMEOUT_SECONDS = 5.0
@@ -57,15 +62,32 @@ def _supervisor(config: dict) -> tuple[str, dict]:
     return config["supervisor_url"].rstrip("/"), headers
 
 
+def _config(deployment: Deployment) -> dict:
+    if deployment.actuator_config_problem:
+        raise ReplicaError(
+            f"the stored actuator config breaks the operator's rules: "
+            f"{deployment.actuator_config_problem}"
+        )
+    try:
+        # Hosts are checked where the connection is made (the guarded client).
+        return validate_actuator_config(
+            deployment.actuator_kind, deployment.actuator_config, check_hosts=False
+        )
+    except DomainError as error:
+        raise ReplicaError(str(error)) from error
+
+
 def list_endpoints(deployment: Deployment) -> list[Endpoint]:
     """The endpoints to probe now (replicas still starting are left out)."""
     kind = deployment.actuator_kind
-    config = validate_actuator_config(kind, deployment.actuator_config)
+    if kind == ActuatorKind.DRY_RUN:
+        return _endpoint_only(deployment)
+    config = _config(deployment)
     if kind == ActuatorKind.PROCESS:
         base, headers = _supervisor(config)
         try:
-            response = httpx.get(
-                f"{base}/status", headers=headers, timeout=SUPERVISOR_TIMEOUT_SECONDS
+            response = outbound.request(
+                "GET", f"{base}/status", headers=headers, timeout=SUPERVISOR_TIMEOUT_SECONDS
             )
             response.raise_for_status()
             status = response.json()["deployments"].get(deployment.name)
@@ -137,13 +159,19 @@ class _core_api:
 def restart(deployment: Deployment, key: str) -> str:
     """Ask the data plane to restart or replace one replica; returns what was done."""
     kind = deployment.actuator_kind
-    config = validate_actuator_config(kind, deployment.actuator_config)
+    if kind == ActuatorKind.DRY_RUN:
+        return "recorded only (dry run: nothing to restart)"
+    config = _config(deployment)
     if kind == ActuatorKind.PROCESS and key.startswith("process:"):
         base, headers = _supervisor(config)
         body = {"deployment": deployment.name, "replica": int(key.split(":", 1)[1])}
         try:
-            response = httpx.post(
-                f"{base}/restart", json=body, headers=headers, timeout=SUPERVISOR_TIMEOUT_SECONDS
+            response = outbound.request(
+                "POST",
+                f"{base}/restart",
+                json=body,
+                headers=headers,
+                timeout=SUPERVISOR_TIMEOUT_SECONDS,
             )
         except httpx.HTTPError as error:
             raise ReplicaError(f"process supervisor at {base}: {error}") from error
@@ -183,12 +211,14 @@ def restart(deployment: Deployment, key: str) -> str:
             secret = os.environ.get(config["secret_env"], "")
             if not secret:
                 raise ReplicaError(f"environment variable {config['secret_env']} is not set")
-            timestamp = str(int(time.time()))
-            headers[TIMESTAMP_HEADER] = timestamp
-            headers[SIGNATURE_HEADER] = sign(secret, timestamp, body)
+            headers |= signed_headers(secret, body)
         try:
-            response = httpx.post(
-                config["url"], content=body, headers=headers, timeout=config["timeout_seconds"]
+            response = outbound.request(
+                "POST",
+                config["url"],
+                content=body,
+                headers=headers,
+                timeout=config["timeout_seconds"],
             )
         except httpx.HTTPError as error:
             raise ReplicaError(f"{config['url']}: {error}") from error

@@ -9,6 +9,7 @@ from django.db import transaction
 from capacity.actuator_config import validate_actuator_config
 from capacity.models import Deployment, GpuPool, GpuType, ServedModel
 from capacity.prometheus import validate_selector
+from controlplane import outbound
 from controlplane.audit import all_fields, audit_change, audit_record, snapshot
 from controlplane.errors import ConflictError, DomainError
 
@@ -68,6 +69,13 @@ def _check_shape(values: dict) -> None:
         values["prometheus_selector"] = validate_selector(values["prometheus_selector"])
 
 
+def _check_endpoint(url: str | None) -> None:
+    # Health probes connect to it (OUTBOUND_ALLOWED_HOSTS); benchmark runs check it again
+    # against BENCHMARK_ALLOWED_HOSTS when they are queued.
+    if url:
+        outbound.check_url(url, purpose=outbound.OUTBOUND, field="endpoint_url")
+
+
 @transaction.atomic
 def deployment_create(**values) -> Deployment:
     unknown = set(values) - set(DEPLOYMENT_FIELDS)
@@ -89,6 +97,7 @@ def deployment_create(**values) -> Deployment:
     values["actuator_config"] = validate_actuator_config(
         values["actuator_kind"], values.get("actuator_config")
     )
+    _check_endpoint(values.get("endpoint_url"))
     deployment = Deployment.objects.create(**values)
     _audit_created("deployment", deployment)
     return deployment
@@ -113,6 +122,10 @@ def deployment_update(*, deployment: Deployment, **changes) -> Deployment:
         values["actuator_config"] = validate_actuator_config(
             values["actuator_kind"], values.get("actuator_config")
         )
+        # A valid config is written: whatever was flagged in the stored one is gone.
+        deployment.actuator_config_problem = ""
+    if "endpoint_url" in changes:
+        _check_endpoint(values.get("endpoint_url"))
     for name, value in values.items():
         setattr(deployment, name, value)
     deployment.save()

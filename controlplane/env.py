@@ -121,3 +121,15 @@ def env_origins(name: str) -> list[str]:
                 f"{name} holds {origin!r}, which is not an origin like https://cp.example.com."
             )
     return origins
+
+
+def env_parsed(name: str, default, parse):
+    """`parse(raw text)`, or `default` when unset; a ValueError becomes ImproperlyConfigured
+    naming the variable."""
+    value = _raw(name)
+    if value is None or value == "":
+        return default
+    try:
+        return parse(value)
+    except ValueError as error:
+        raise ImproperlyConfigured(f"{name}: {error}") from None

@@ -5,6 +5,7 @@ from pathlib import Path
 from django.core.exceptions import ImproperlyConfigured
 from kombu import Queue
 
+from controlplane import outbound
 from controlplane.env import (
     env_bool,
     env_database,
@@ -13,6 +14,7 @@ from controlplane.env import (
     env_list,
     env_optional_int,
     env_origins,
+    env_parsed,
     env_redis_url,
     env_str,
 )
@@ -306,3 +308,39 @@ BILLING_SLA_CREDIT_SHARE = float(env_str("BILLING_SLA_CREDIT_SHARE", "0.5"))
 
 # The TTFT the fleet is sized to keep under sub-minute bursts (capacity.bursts).
 ALLOCATION_TTFT_SLO_MS = env_int("ALLOCATION_TTFT_SLO_MS", 2000, minimum=1)
+
+# --- Trust boundaries: what the control plane may reach, and with which secrets ------------------
+# Operator settings, never API fields (DESIGN §6); controlplane/outbound.py applies them.
+
+
+def _host_list(name: str, default: tuple[str, ...] | list[str]) -> list[str]:
+    def parse(text: str) -> list[str]:
+        entries = [item.strip() for item in text.split(",") if item.strip()]
+        outbound.HostPolicy.parse(name, entries)  # raises ValueError naming the bad entry
+        return entries
+
+    return env_parsed(name, list(default), parse)
+
+
+# Where actuators, health probes and restarts may connect (CIDRs, addresses, host names).
+OUTBOUND_ALLOWED_HOSTS = _host_list("OUTBOUND_ALLOWED_HOSTS", outbound.DEFAULT_ALLOWED_HOSTS)
+# Where benchmark runs may send load.
+BENCHMARK_ALLOWED_HOSTS = _host_list("BENCHMARK_ALLOWED_HOSTS", OUTBOUND_ALLOWED_HOSTS)
+# Environment variables an actuator config may name in token_env / secret_env.
+ACTUATOR_SECRET_ENV_NAMES = list(
+    env_parsed(
+        "ACTUATOR_SECRET_ENV_NAMES",
+        outbound.DEFAULT_SECRET_ENV_NAMES,
+        lambda text: outbound.parse_secret_env_patterns(text.split(",")),
+    )
+)
+# A webhook actuator without a signing secret is refused unless this is on.
+ACTUATOR_ALLOW_UNSIGNED_WEBHOOKS = env_bool("ACTUATOR_ALLOW_UNSIGNED_WEBHOOKS", False)
+# Named Kubernetes clusters an actuator config picks with `cluster`.
+KUBERNETES_CLUSTERS = env_parsed(
+    "KUBERNETES_CLUSTERS",
+    outbound.DEFAULT_KUBERNETES_CLUSTERS,
+    lambda text: outbound.parse_kubernetes_clusters(
+        text, secret_env_patterns=ACTUATOR_SECRET_ENV_NAMES
+    ),
+)

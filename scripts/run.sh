@@ -14,6 +14,18 @@ DEMO_PLANNER="${DEMO_PLANNER:-planner}"
 export PLANNER_PASSWORD="${DEMO_PLANNER_PASSWORD:-demo-planner-password}"
 mkdir -p var/log
 
+# The demo's webhook deployment is signed with a secret made for this run: the emulator checks
+# it (EMULATOR_WEBHOOK_SECRET) and the control plane reads it under a name its actuators may
+# read (ACTUATOR_SECRET_ENV_NAMES allows MU_ACTUATOR_* by default; seed_demo names it).
+MU_ACTUATOR_DEMO_WEBHOOK_SECRET="$($BIN/python -c 'import secrets; print(secrets.token_hex(32))')"
+export MU_ACTUATOR_DEMO_WEBHOOK_SECRET
+export EMULATOR_WEBHOOK_SECRET="$MU_ACTUATOR_DEMO_WEBHOOK_SECRET"
+# Everything runs on $HOST; the default allow-list covers loopback only.
+case "$HOST" in
+  127.*|localhost|::1) ;;
+  *) export OUTBOUND_ALLOWED_HOSTS="${OUTBOUND_ALLOWED_HOSTS:-127.0.0.0/8,::1/128,localhost,$HOST}" ;;
+esac
+
 pids=()
 cleanup() {
   trap - INT TERM EXIT

@@ -41,11 +41,14 @@ MAX_BODY_BYTES = 32 * 1024 * 1024
 WEBHOOK_SECRET_ENV = "EMULATOR_WEBHOOK_SECRET"
 WEBHOOK_SIGNATURE_HEADER = "X-Signature-256"
 WEBHOOK_TIMESTAMP_HEADER = "X-Timestamp"
+WEBHOOK_ID_HEADER = "X-Webhook-Id"
 WEBHOOK_MAX_SKEW_SECONDS = 300
 
 FLEET_KEY = web.AppKey("fleet", Fleet)
 REGISTRY_KEY = web.AppKey("registry", CollectorRegistry)
 WEBHOOK_SECRET_KEY = web.AppKey("webhook_secret", str)
+# Webhook ids accepted → the unix time after which their timestamp fails the skew check anyway.
+WEBHOOK_SEEN_IDS_KEY = web.AppKey("webhook_seen_ids", dict)
 # An immediate crash waits this long, so the command itself is answered first.
 CRASH_GRACE_SECONDS = 0.05
 
@@ -64,6 +67,7 @@ def create_app(
     if webhook_secret is None:
         webhook_secret = os.environ.get(WEBHOOK_SECRET_ENV, "")
     app[WEBHOOK_SECRET_KEY] = webhook_secret
+    app[WEBHOOK_SEEN_IDS_KEY] = {}
     app[REGISTRY_KEY] = build_registry(
         EmulatorCollector(
             models=lambda: [f.metrics for f in fleet.models.values()],
@@ -321,7 +325,9 @@ async def webhook_scale(request: web.Request) -> web.Response:
     secret = request.app[WEBHOOK_SECRET_KEY]
     if secret:
         # Checked on the raw bytes before parsing: re-serialised JSON would not match.
-        refusal = _webhook_signature_problem(secret, request.headers, raw)
+        refusal = _webhook_signature_problem(
+            secret, request.headers, raw, request.app[WEBHOOK_SEEN_IDS_KEY]
+        )
         if refusal:
             return web.json_response(
                 {
@@ -371,21 +377,37 @@ async def set_faults(request: web.Request) -> web.Response:
     return web.json_response(faults.status())
 
 
-def _webhook_signature_problem(secret: str, headers, raw: bytes) -> str:
-    """Why the request's signature is not acceptable, or "" when it is."""
+def _webhook_signature_problem(secret: str, headers, raw: bytes, seen_ids: dict) -> str:
+    """Why the request's signature is not acceptable, or "" when it is (and its id is new).
+
+    The signed material is f"{timestamp}.{webhook_id}." + raw body; an id accepted once is
+    refused for as long as its timestamp would still pass, so a captured request cannot be
+    replayed within the skew window either.
+    """
     timestamp = headers.get(WEBHOOK_TIMESTAMP_HEADER, "")
+    webhook_id = headers.get(WEBHOOK_ID_HEADER, "")
     signature = headers.get(WEBHOOK_SIGNATURE_HEADER, "")
-    if not timestamp or not signature:
-        return f"{WEBHOOK_TIMESTAMP_HEADER} and {WEBHOOK_SIGNATURE_HEADER} are required."
+    if not timestamp or not webhook_id or not signature:
+        return (
+            f"{WEBHOOK_TIMESTAMP_HEADER}, {WEBHOOK_ID_HEADER} and {WEBHOOK_SIGNATURE_HEADER} "
+            "are required."
+        )
     try:
         sent_at_seconds = int(timestamp)
     except ValueError:
         return f"{WEBHOOK_TIMESTAMP_HEADER} must be unix seconds."
-    if abs(time.time() - sent_at_seconds) > WEBHOOK_MAX_SKEW_SECONDS:
+    now = time.time()
+    if abs(now - sent_at_seconds) > WEBHOOK_MAX_SKEW_SECONDS:
         return f"{WEBHOOK_TIMESTAMP_HEADER} is more than {WEBHOOK_MAX_SKEW_SECONDS} s from now."
-    digest = hmac.new(secret.encode(), timestamp.encode() + b"." + raw, hashlib.sha256)
+    message = f"{timestamp}.{webhook_id}.".encode() + raw
+    digest = hmac.new(secret.encode(), message, hashlib.sha256)
     if not hmac.compare_digest(signature.encode(), f"sha256={digest.hexdigest()}".encode()):
         return f"{WEBHOOK_SIGNATURE_HEADER} does not match the body."
+    for expired in [key for key, until in seen_ids.items() if until < now]:
+        del seen_ids[expired]
+    if webhook_id in seen_ids:
+        return f"{WEBHOOK_ID_HEADER} {webhook_id} was already received: a replay."
+    seen_ids[webhook_id] = sent_at_seconds + WEBHOOK_MAX_SKEW_SECONDS
     return ""
 
 

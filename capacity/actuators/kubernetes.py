@@ -5,18 +5,27 @@ InferenceService, a LeaderWorkerSet), named by group/version/plural. The body is
 all three, `{"spec": {"replicas": N}}`; the client sends it as a strategic merge patch to
 Deployments and StatefulSets and as a JSON merge patch to custom resources (which do not
 accept strategic ones). The permissions it needs are in `deploy/rbac.yaml`.
+
+Which cluster, and with which credentials, is the operator's: the config names a profile of
+KUBERNETES_CLUSTERS (`cluster`). The profiles are trusted settings, so the client connects to
+them without the outbound allow-list (controlplane/outbound.py).
 """
 
 import json
 import os
 
 import urllib3
+from django.conf import settings as django_settings
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException, OpenApiException
 from kubernetes.config.config_exception import ConfigException
 
-from capacity.actuator_config import KUBERNETES_DEFAULT_TIMEOUT_SECONDS, validate_actuator_config
+from capacity.actuator_config import (
+    DEFAULT_CLUSTER,
+    KUBERNETES_DEFAULT_TIMEOUT_SECONDS,
+    validate_actuator_config,
+)
 from capacity.actuators.base import (
     Actuator,
     PermanentActuatorError,
@@ -66,7 +75,7 @@ def _settings(config: dict) -> dict:
     # Re-checked at apply time: a row written under an older schema, or edited in the
     # database, must fail with the field's name rather than a KeyError deep in the client.
     try:
-        return validate_actuator_config(KubernetesActuator.kind, config)
+        return validate_actuator_config(KubernetesActuator.kind, config, check_hosts=False)
     except DomainError as error:
         raise PermanentActuatorError(str(error)) from error
 
@@ -79,37 +88,50 @@ def _describe(settings: dict) -> str:
 
 
 def _api_client(settings: dict) -> k8s_client.ApiClient:
+    """A client for the config's cluster profile (the operator's KUBERNETES_CLUSTERS)."""
+    name = settings.get("cluster", DEFAULT_CLUSTER)
+    profile = django_settings.KUBERNETES_CLUSTERS.get(name)
+    if profile is None:
+        # Profiles are checked at write time; one the operator has since removed ends here.
+        raise PermanentActuatorError(
+            f"cluster '{name}' is not a profile of the KUBERNETES_CLUSTERS setting "
+            f"(known: {', '.join(sorted(django_settings.KUBERNETES_CLUSTERS)) or 'none'})."
+        )
     configuration = k8s_client.Configuration()
     # The client would otherwise let urllib3 retry three times per call, without backoff,
     # underneath apply_with_retries; one retry policy, ours, keeps a tick's time bounded.
     configuration.retries = False
     try:
-        if settings.get("api_server"):
-            configuration.host = settings["api_server"].rstrip("/")
-            configuration.verify_ssl = settings["verify_tls"]
-            token_env = settings.get("token_env")
+        if profile.get("api_server"):
+            configuration.host = profile["api_server"].rstrip("/")
+            configuration.verify_ssl = profile.get("verify_tls", True)
+            token_env = profile.get("token_env")
             if token_env:
                 token = os.environ.get(token_env, "")
                 if not token:
                     raise PermanentActuatorError(
-                        f"environment variable {token_env} (token_env) is not set."
+                        f"environment variable {token_env} (token_env of cluster '{name}') "
+                        "is not set."
                     )
                 configuration.api_key = {"authorization": token}
                 configuration.api_key_prefix = {"authorization": "Bearer"}
             return k8s_client.ApiClient(configuration)
-        if settings.get("kubeconfig"):
+        if profile.get("kubeconfig"):
             # persist_config=False: a refreshed token is not written back to a file that may be
             # a read-only mounted secret.
             return k8s_config.new_client_from_config(
-                config_file=settings["kubeconfig"],
+                config_file=profile["kubeconfig"],
+                context=profile.get("context"),
                 client_configuration=configuration,
                 persist_config=False,
             )
         k8s_config.load_incluster_config(client_configuration=configuration)
         return k8s_client.ApiClient(configuration)
     except (ConfigException, OSError) as error:
-        where = settings.get("kubeconfig") or "in-cluster service account"
-        raise PermanentActuatorError(f"cannot load Kubernetes config ({where}): {error}") from error
+        where = profile.get("kubeconfig") or "in-cluster service account"
+        raise PermanentActuatorError(
+            f"cannot load Kubernetes config of cluster '{name}' ({where}): {error}"
+        ) from error
 
 
 def _patch_scale(api_client, settings: dict, body: dict, *, request_timeout):

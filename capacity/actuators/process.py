@@ -2,8 +2,10 @@
 
 The processes outlive any allocation tick, so they belong to `manage.py
 run_process_supervisor` on that host; this actuator only tells the supervisor the target.
-It sends the deployment's whole config with every call, so the supervisor keeps no database
-and a supervisor restarted empty is brought back to the target by the next tick.
+It sends the deployment's parameters (engine name, host, ports, drain time) with every call,
+so the supervisor keeps no database and a supervisor restarted empty is brought back to the
+target by the next tick. It never sends a command: the supervisor runs only the engines of its
+own allow-list. The supervisor's URL must be allowed by OUTBOUND_ALLOWED_HOSTS.
 """
 
 import os
@@ -18,6 +20,7 @@ from capacity.actuators.base import (
     TransientActuatorError,
 )
 from capacity.models import ActuatorKind
+from controlplane import outbound
 from controlplane.errors import DomainError
 
 # 408 and 429 say "later", 409 "someone else wrote first": all worth another try (base.py).
@@ -27,15 +30,14 @@ _RETRYABLE_CLIENT_ERRORS = {408, 409, 429}
 class ProcessActuator(Actuator):
     kind = ActuatorKind.PROCESS
 
-    def __init__(self, *, timeout_seconds: float = 10.0, transport=None) -> None:
+    def __init__(self, *, timeout_seconds: float = 10.0) -> None:
         self.timeout_seconds = timeout_seconds
-        self.transport = transport  # an httpx transport, for tests
 
     def apply(self, request: ScaleRequest) -> int | None:
         """POST the target to the supervisor; return how many replicas it reports ready."""
         try:
             # Also fills in defaults a config stored before a field existed lacks.
-            config = validate_actuator_config(self.kind, request.config)
+            config = validate_actuator_config(self.kind, request.config, check_hosts=False)
         except DomainError as error:
             raise PermanentActuatorError(str(error)) from error
         headers = {}
@@ -51,14 +53,16 @@ class ProcessActuator(Actuator):
         body = {
             "deployment": request.deployment,
             "replicas": request.target_replicas,
-            "command": config["command"],
+            "engine": config["engine"],
             "host": config["host"],
             "base_port": config["base_port"],
             "drain_seconds": config["drain_seconds"],
         }
         try:
-            with httpx.Client(timeout=self.timeout_seconds, transport=self.transport) as client:
+            with outbound.client(timeout=self.timeout_seconds) as client:
                 response = client.post(url, json=body, headers=headers)
+        except outbound.OutboundRefused as error:
+            raise PermanentActuatorError(f"process supervisor at {url}: {error}") from error
         except httpx.HTTPError as error:
             raise TransientActuatorError(
                 f"process supervisor at {url}: {type(error).__name__}: {error}"

@@ -5,14 +5,22 @@ The request is `POST <url>` with the JSON body
     {"deployment": ..., "model": ..., "target_replicas": N, "current_replicas": N,
      "decision_id": ... or null, "reasons": [...]}
 
-and, when the config names a `secret_env`, two headers:
+and, signed with the secret in the environment variable `secret_env` names, three headers:
 
     X-Timestamp: <unix seconds>
-    X-Signature-256: sha256=<hex HMAC-SHA256(secret, f"{timestamp}." + raw body)>
+    X-Webhook-Id: <32 hex digits, unique per request>
+    X-Signature-256: sha256=<hex HMAC-SHA256(secret, f"{timestamp}.{webhook_id}." + raw body)>
 
-The timestamp is inside the signed material so a captured request cannot be replayed later: a
-receiver recomputes the HMAC over the raw body it received (before parsing it), compares with
-`hmac.compare_digest`, and refuses a timestamp more than 5 minutes from its own clock.
+The timestamp and the id are inside the signed material, so a captured request can be replayed
+neither later nor now: a receiver recomputes the HMAC over the raw body it received (before
+parsing it), compares with `hmac.compare_digest`, refuses a timestamp more than 5 minutes from
+its own clock, and refuses an id it has already accepted within those 5 minutes (so it keeps
+the ids it accepted for as long as their timestamps would pass). A config without `secret_env`
+is refused unless the operator allows unsigned webhooks (ACTUATOR_ALLOW_UNSIGNED_WEBHOOKS);
+only then does a request go out without these headers.
+
+The URL must be allowed by OUTBOUND_ALLOWED_HOSTS, at write time and again on the address the
+connection is made to; redirects are not followed (a 3xx is a permanent failure).
 
 Any 2xx is success; if its body is a JSON object with an integer `observed_replicas`, that is
 what the data plane reports running. 408, 409, 429, 5xx and network errors are worth retrying;
@@ -24,6 +32,7 @@ import hmac
 import json
 import os
 import time
+import uuid
 
 import httpx
 
@@ -34,18 +43,33 @@ from capacity.actuators.base import (
     ScaleRequest,
     TransientActuatorError,
 )
+from controlplane import outbound
 from controlplane.errors import DomainError
 
 SIGNATURE_HEADER = "X-Signature-256"
 TIMESTAMP_HEADER = "X-Timestamp"
+WEBHOOK_ID_HEADER = "X-Webhook-Id"
 _TRANSIENT_STATUSES = frozenset({408, 409, 429})
 _MAX_ERROR_BODY_CHARS = 200
 
 
-def sign(secret: str, timestamp: str, body: bytes) -> str:
-    """The `X-Signature-256` value for a body sent at `timestamp` (unix seconds, as sent)."""
-    digest = hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256)
+def sign(secret: str, timestamp: str, webhook_id: str, body: bytes) -> str:
+    """The `X-Signature-256` value for a body sent at `timestamp` (unix seconds, as sent)
+    with the unique id `webhook_id`."""
+    message = f"{timestamp}.{webhook_id}.".encode() + body
+    digest = hmac.new(secret.encode(), message, hashlib.sha256)
     return f"sha256={digest.hexdigest()}"
+
+
+def signed_headers(secret: str, body: bytes) -> dict[str, str]:
+    """The three signature headers for `body`, with a fresh id and the current time."""
+    timestamp = str(int(time.time()))
+    webhook_id = uuid.uuid4().hex
+    return {
+        TIMESTAMP_HEADER: timestamp,
+        WEBHOOK_ID_HEADER: webhook_id,
+        SIGNATURE_HEADER: sign(secret, timestamp, webhook_id, body),
+    }
 
 
 def request_body(request: ScaleRequest) -> bytes:
@@ -77,14 +101,14 @@ class WebhookActuator(Actuator):
                     f"environment variable {secret_env} (secret_env) is not set; "
                     "refusing to send an unsigned webhook."
                 )
-            timestamp = str(int(time.time()))
-            headers[TIMESTAMP_HEADER] = timestamp
-            headers[SIGNATURE_HEADER] = sign(secret, timestamp, body)
+            headers |= signed_headers(secret, body)
         url = settings["url"]
         try:
-            response = httpx.post(
-                url, content=body, headers=headers, timeout=settings["timeout_seconds"]
-            )
+            with outbound.client(timeout=settings["timeout_seconds"]) as client:
+                response = client.post(url, content=body, headers=headers)
+        except outbound.OutboundRefused as error:
+            # The allow-list will refuse the next try too.
+            raise PermanentActuatorError(f"{url}: {error}") from error
         except httpx.UnsupportedProtocol as error:
             raise PermanentActuatorError(f"{url}: {error}") from error
         except httpx.TransportError as error:
@@ -105,7 +129,7 @@ class WebhookActuator(Actuator):
 def _settings(config: dict) -> dict:
     # Re-checked at apply time: a row edited in the database must fail with the field's name.
     try:
-        return validate_actuator_config(WebhookActuator.kind, config)
+        return validate_actuator_config(WebhookActuator.kind, config, check_hosts=False)
     except DomainError as error:
         raise PermanentActuatorError(str(error)) from error
 

@@ -64,8 +64,8 @@ class DeploymentSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Deployment
-        fields = ["id", *DEPLOYMENT_FIELDS, "created_at", "updated_at"]
-        read_only_fields = ["id", "created_at", "updated_at"]
+        fields = ["id", *DEPLOYMENT_FIELDS, "actuator_config_problem", "created_at", "updated_at"]
+        read_only_fields = ["id", "actuator_config_problem", "created_at", "updated_at"]
         extra_kwargs = {"gpus_per_replica": {"min_value": 1}}
         # The database's min ≤ max constraint is checked by the service with a clearer message.
         validators = []

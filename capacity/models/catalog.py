@@ -119,6 +119,14 @@ class Deployment(models.Model):
         max_length=20, choices=ActuatorKind.choices, default=ActuatorKind.DRY_RUN
     )
     actuator_config = models.JSONField(default=dict, blank=True)
+    # Set for a stored config that breaks the operator's rules (written before they existed,
+    # or after an allow-list shrank): the tick refuses to apply it until a valid config is
+    # written. Set by migration 0010 and `manage.py check_actuator_configs`; cleared by a write.
+    actuator_config_problem = models.TextField(
+        blank=True,
+        default="",
+        help_text="Why the stored actuator config is refused; empty when it is valid.",
+    )
     prometheus_selector = models.CharField(
         max_length=500,
         blank=True,

@@ -11,6 +11,10 @@ from benchmarking import runner
 from benchmarking.emulator.background import BackgroundEmulator
 from benchmarking.emulator.config import parse_config
 from benchmarking.emulator.ground_truth import ground_truth_replica_seconds
+from controlplane import outbound
+
+# The runner's connections are vetted; every server here listens on loopback.
+LOOPBACK = outbound.HostPolicy.parse("BENCHMARK_ALLOWED_HOSTS", outbound.DEFAULT_ALLOWED_HOSTS)
 
 TINY = {
     "name": "tiny",
@@ -106,7 +110,9 @@ class _FlakyServer:
 
 
 def test_a_sweep_raises_concurrency_until_throughput_stops_growing(emulator):
-    shapes = asyncio.run(runner.run_grid(base_url=emulator.url, model="tiny", spec=spec()))
+    shapes = asyncio.run(
+        runner.run_grid(host_policy=LOOPBACK, base_url=emulator.url, model="tiny", spec=spec())
+    )
     shape = shapes[0]
     concurrencies = [point.concurrency for point in shape.points]
     assert concurrencies[:3] == [2, 4, 8]
@@ -120,7 +126,12 @@ def test_a_sweep_raises_concurrency_until_throughput_stops_growing(emulator):
 
 def test_a_tight_slo_stops_the_sweep_and_reports_why(emulator):
     shapes = asyncio.run(
-        runner.run_grid(base_url=emulator.url, model="tiny", spec=spec(slo_tpot_p95_ms=3.5))
+        runner.run_grid(
+            host_policy=LOOPBACK,
+            base_url=emulator.url,
+            model="tiny",
+            spec=spec(slo_tpot_p95_ms=3.5),
+        )
     )
     shape = shapes[0]
     assert "SLO broken" in shape.stop_reason
@@ -129,7 +140,9 @@ def test_a_tight_slo_stops_the_sweep_and_reports_why(emulator):
 
 def test_errors_past_the_threshold_stop_the_run_with_a_clear_error():
     with _FlakyServer(fail_every=3) as server, pytest.raises(runner.RunnerError) as raised:
-        asyncio.run(runner.run_grid(base_url=server.url, model="m", spec=spec()))
+        asyncio.run(
+            runner.run_grid(host_policy=LOOPBACK, base_url=server.url, model="m", spec=spec())
+        )
     message = str(raised.value)
     assert "failed at 64/32" in message
     assert "over the 5% limit" in message
@@ -143,6 +156,7 @@ def test_timeouts_are_counted_as_errors():
     ):
         asyncio.run(
             runner.run_grid(
+                host_policy=LOOPBACK,
                 base_url=server.url,
                 model="m",
                 spec=spec(request_timeout_seconds=0.5, max_concurrency=2),
@@ -152,7 +166,22 @@ def test_timeouts_are_counted_as_errors():
 
 def test_an_unknown_model_fails_before_any_load(emulator):
     with pytest.raises(runner.RunnerError, match="cannot serve 'ghost'.*HTTP 404"):
-        asyncio.run(runner.run_grid(base_url=emulator.url, model="ghost", spec=spec()))
+        asyncio.run(
+            runner.run_grid(host_policy=LOOPBACK, base_url=emulator.url, model="ghost", spec=spec())
+        )
+
+
+def test_the_runner_sends_no_load_where_its_policy_refuses():
+    only_the_lab = outbound.HostPolicy.parse("BENCHMARK_ALLOWED_HOSTS", ["10.0.0.0/8"])
+
+    with (
+        _FlakyServer(fail_every=1000) as server,
+        pytest.raises(runner.RunnerError, match="OutboundRefused.*127.0.0.1 is not in"),
+    ):
+        asyncio.run(
+            runner.run_grid(host_policy=only_the_lab, base_url=server.url, model="m", spec=spec())
+        )
+    assert server.count == 0
 
 
 def test_percentiles_are_nearest_rank():

@@ -26,6 +26,7 @@ from benchmarking.simulator import (
     simulate,
 )
 from benchmarking.traces import TraceRequest
+from controlplane import outbound
 
 MODEL = ModelConfig(name="m", max_num_seqs=32, kv_cache_tokens=200_000)
 
@@ -155,7 +156,8 @@ def test_saturated_throughput_matches_the_engine_emulator():
     )
 
     async def measure(url):
-        clients = runner.make_clients(8, timeout_seconds=10)
+        loopback = outbound.HostPolicy.parse("BENCHMARK_ALLOWED_HOSTS", ["127.0.0.0/8"])
+        clients = runner.make_clients(8, timeout_seconds=10, host_policy=loopback)
         try:
             endpoint = runner.Endpoint(url, "slow", clients=clients)
             return await runner.measure_point(

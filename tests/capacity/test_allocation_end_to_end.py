@@ -61,8 +61,11 @@ def post_usage(client, *, mu_per_minute_wanted: float, minutes: int, now):
 
 
 def test_replicas_follow_demand_up_and_down(
-    sellable, served_model, pool, acme, make_key, key_client
+    sellable, served_model, pool, acme, make_key, key_client, monkeypatch
 ):
+    # Signed, as in the demo: the emulator checks what the control plane signs.
+    monkeypatch.setenv("EMULATOR_WEBHOOK_SECRET", "end-to-end-secret")
+    monkeypatch.setenv("MU_ACTUATOR_EMULATOR_SECRET", "end-to-end-secret")
     _, plaintext = make_key(service_name="gateway", scopes=["read", "usage:write"])
     client = key_client(plaintext)
     served_model.engine_model_id = "llama-8b"  # the name the emulator serves it under
@@ -80,7 +83,10 @@ def test_replicas_follow_demand_up_and_down(
             scale_to_zero_after_seconds=600,
             endpoint_url=emulator.url,
             actuator_kind="webhook",
-            actuator_config={"url": f"{emulator.url}/admin/webhook/scale"},
+            actuator_config={
+                "url": f"{emulator.url}/admin/webhook/scale",
+                "secret_env": "MU_ACTUATOR_EMULATOR_SECRET",
+            },
         )
         now = timezone.now().replace(second=0, microsecond=0)
         post_usage(client, mu_per_minute_wanted=390, minutes=5, now=now)

@@ -175,10 +175,17 @@ def test_allocate_json_is_machine_readable(fleet, served_model, globex, capsys):
     assert payload["decisions"][0]["target_replicas"] == 5
 
 
-def test_failures_open_a_circuit_and_the_next_tick_decides_afresh(fleet, served_model, globex):
+def test_failures_open_a_circuit_and_the_next_tick_decides_afresh(
+    fleet, served_model, globex, monkeypatch
+):
+    monkeypatch.setenv("MU_ACTUATOR_HOOK_SECRET", "hook-secret")
     Deployment.objects.filter(pk=fleet.pk).update(
         actuator_kind="webhook",
-        actuator_config={"url": "http://127.0.0.1:9/scale", "timeout_seconds": 0.2},
+        actuator_config={
+            "url": "http://127.0.0.1:9/scale",
+            "secret_env": "MU_ACTUATOR_HOOK_SECRET",
+            "timeout_seconds": 0.2,
+        },
     )
     use(globex, served_model, 300)
     for _ in range(3):
@@ -192,6 +199,8 @@ def test_failures_open_a_circuit_and_the_next_tick_decides_afresh(fleet, served_
     latest = AllocationDecision.objects.filter(deployment=fleet).first()
     assert latest.actuator_ok is False
     assert "circuit open" in latest.actuator_error
+    # Nothing listens on port 9: the failures were the data plane's, not the config's.
+    assert "ConnectError" in ActuatorCircuit.objects.get(deployment=fleet).last_error
     assert ActuatorCircuit.objects.get(deployment=fleet).consecutive_failures == 3
 
 
@@ -236,7 +245,8 @@ class _SlowScale(BaseHTTPRequestHandler):
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.postgresql_only
-def test_two_concurrent_ticks_never_both_apply(sellable, served_model, globex):
+def test_two_concurrent_ticks_never_both_apply(sellable, served_model, globex, settings):
+    settings.ACTUATOR_ALLOW_UNSIGNED_WEBHOOKS = True  # the slow receiver checks nothing
     server = ThreadingHTTPServer(("127.0.0.1", 0), _SlowScale)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     Deployment.objects.filter(name="llama-8b-h100").update(

@@ -69,7 +69,7 @@ def test_a_planner_builds_a_catalog_through_the_api(planner_client):
         "namespace": "inference",
         "name": "llama-8b",
         "kind": "Deployment",
-        "verify_tls": True,
+        "cluster": "in-cluster",
     }
     listing = planner_client.get(DEPLOYMENTS + "?served_model__name=llama-8b").json()
     assert [row["name"] for row in listing["results"]] == ["llama-8b-h100-b"]
@@ -141,9 +141,9 @@ def test_it_refuses_a_deployment_larger_than_its_pool_with_the_numbers(
         ("kubernetes", {"name": "llama"}, "actuator_config.namespace"),
         ("kubernetes", {"namespace": "Bad_NS", "name": "llama"}, "actuator_config.namespace"),
         ("webhook", {}, "actuator_config.url"),
-        ("webhook", {"url": "https://x.example/scale", "secret": "s3"}, "actuator_config.secret"),
-        ("process", {"command": ["vllm", "serve"]}, "actuator_config.base_port"),
-        ("process", {"command": [], "base_port": 9000}, "actuator_config.command"),
+        ("webhook", {"url": "http://127.0.0.1:9/scale", "secret": "s3"}, "actuator_config.secret"),
+        ("process", {"engine": "vllm"}, "actuator_config.base_port"),
+        ("process", {"base_port": 9000}, "actuator_config.engine"),
         ("dry_run", {"anything": 1}, "actuator_config.anything"),
         ("kubernetes", [1, 2], "actuator_config"),
     ],

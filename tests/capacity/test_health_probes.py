@@ -23,6 +23,7 @@ from capacity.models import (
 )
 from tests.capacity.test_process_actuator import (  # noqa: F401 - fixtures
     emulator_command,
+    engines,
     free_port_range,
     http_supervisor,
     supervisor,
@@ -47,7 +48,7 @@ def process_deployment(
     emulator_command,  # noqa: F811
     monkeypatch,
 ):
-    monkeypatch.setenv("TEST_SUPERVISOR_TOKEN", "s3cret-token")  # http_supervisor's token
+    monkeypatch.setenv("MU_ACTUATOR_SUPERVISOR_TOKEN", "s3cret-token")  # http_supervisor's
     served_model.engine_model_id = "tiny"  # what the emulator config serves
     served_model.save()
     deployment = served_model.deployments.get()
@@ -56,11 +57,11 @@ def process_deployment(
         ActuatorKind.PROCESS,
         {
             # As a production fleet runs vLLM: admission's priorities need the priority policy.
-            "command": [*emulator_command, "--scheduling-policy", "priority"],
+            "engine": "emulator-priority",
             "base_port": free_port_range(3),
             "supervisor_url": http_supervisor.url,
             "drain_seconds": 1,
-            "token_env": "TEST_SUPERVISOR_TOKEN",
+            "token_env": "MU_ACTUATOR_SUPERVISOR_TOKEN",
         },
     )
     deployment.min_replicas = 2
@@ -161,11 +162,14 @@ def test_a_hung_replica_is_detected_restarted_replaced_and_serving_again(
 
 
 @pytest.fixture
-def k8s_api(monkeypatch):
+def k8s_api(monkeypatch, settings):
     from tests.capacity.actuators.scale_api import ScaleApiServer
 
-    monkeypatch.setenv("K8S_TOKEN", "k8s-token")
+    monkeypatch.setenv("MU_ACTUATOR_K8S_TOKEN", "k8s-token")
     server = ScaleApiServer(token="k8s-token").start()
+    settings.KUBERNETES_CLUSTERS = {
+        "local": {"api_server": server.url, "token_env": "MU_ACTUATOR_K8S_TOKEN"}
+    }
     yield server
     server.stop()
 
@@ -185,8 +189,7 @@ def test_a_hung_pod_is_deleted_and_its_replacement_closes_the_incident(
         {
             "namespace": "inference",
             "name": "llama",
-            "api_server": k8s_api.url,
-            "token_env": "K8S_TOKEN",
+            "cluster": "local",
             "pod_selector": "app=llama",
         },
     )

@@ -13,6 +13,7 @@ from tests.capacity.saturation import Saturator, waiting_requests
 from tests.capacity.test_health_probes import process_deployment  # noqa: F401 - fixture
 from tests.capacity.test_process_actuator import (  # noqa: F401 - fixtures
     emulator_command,
+    engines,
     http_supervisor,
     supervisor,
 )

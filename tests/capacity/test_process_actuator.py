@@ -1,7 +1,10 @@
-"""The process actuator and its supervisor, starting and stopping real engine emulators."""
+"""The process actuator and its supervisor, starting and stopping real engine emulators.
+
+The supervisor runs only its own engines (named argv templates); the actuator names one."""
 
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -21,6 +24,7 @@ from capacity.process_supervisor import (
     DeploymentSpec,
     ProcessSupervisor,
     SpecError,
+    parse_engines,
     parse_scale_request,
 )
 from controlplane.errors import DomainError
@@ -43,6 +47,12 @@ TINY_MODEL = {
 }
 # Never listens, so never ready: for what needs a process but no engine.
 SLEEPER = (sys.executable, "-c", "import time; time.sleep(60)", "--port", "{port}")
+# The supervisor's allow-list in these tests, besides the emulator engines (see `engines`).
+OTHER_ENGINES = {
+    "sleeper": SLEEPER,
+    "sleeper-v2": (*SLEEPER, "--v2"),
+    "missing": ("/nonexistent/engine", "--port", "{port}"),
+}
 
 
 def free_port_range(count: int) -> int:
@@ -165,8 +175,18 @@ def emulator_command(tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def supervisor(tmp_path):
+def engines(emulator_command) -> dict:
+    return {
+        "emulator": emulator_command,
+        # As a production fleet runs vLLM: admission's priorities need the priority policy.
+        "emulator-priority": (*emulator_command, "--scheduling-policy", "priority"),
+    } | OTHER_ENGINES
+
+
+@pytest.fixture
+def supervisor(tmp_path, engines):
     supervisor = ProcessSupervisor(
+        engines=engines,
         log_dir=tmp_path / "logs",
         monitor_interval_seconds=0.05,
         restart_backoff_seconds=0.2,
@@ -177,9 +197,9 @@ def supervisor(tmp_path):
     supervisor.shutdown(drain=False)
 
 
-def start_two(supervisor, emulator_command, *, drain_seconds: float = 10.0):
+def start_two(supervisor, *, drain_seconds: float = 10.0):
     base_port = free_port_range(2)
-    spec = DeploymentSpec(emulator_command, "127.0.0.1", base_port, drain_seconds)
+    spec = DeploymentSpec("emulator", "127.0.0.1", base_port, drain_seconds)
     supervisor.scale("llm", 2, spec)
     wait_until(
         lambda: ready_count(supervisor, "llm") == 2,
@@ -193,7 +213,7 @@ def test_it_starts_replicas_on_consecutive_ports_and_stops_the_highest_first(
     supervisor, emulator_command
 ):
     base_port = free_port_range(2)
-    spec = DeploymentSpec(emulator_command, "127.0.0.1", base_port, drain_seconds=10)
+    spec = DeploymentSpec("emulator", "127.0.0.1", base_port, drain_seconds=10)
 
     status = supervisor.scale("llm", 2, spec)
 
@@ -233,7 +253,7 @@ def test_it_starts_replicas_on_consecutive_ports_and_stops_the_highest_first(
 
 
 def test_it_restarts_a_replica_that_crashes(supervisor, emulator_command):
-    spec = DeploymentSpec(emulator_command, "127.0.0.1", free_port_range(1), drain_seconds=5)
+    spec = DeploymentSpec("emulator", "127.0.0.1", free_port_range(1), drain_seconds=5)
     supervisor.scale("llm", 1, spec)
     wait_until(
         lambda: ready_count(supervisor, "llm") == 1,
@@ -265,7 +285,7 @@ def test_it_restarts_a_replica_that_crashes(supervisor, emulator_command):
 def test_a_replica_removed_mid_request_finishes_it_before_it_is_stopped(
     supervisor, emulator_command
 ):
-    spec, base_port, (_, second_pid) = start_two(supervisor, emulator_command)
+    spec, base_port, (_, second_pid) = start_two(supervisor)
     # ~2.7 s of tokens: longer than the wait below, so SIGTERM would show as a closed port.
     request = StreamedRequest(base_port + 1, max_tokens=1000)
     request.start()
@@ -287,7 +307,7 @@ def test_a_replica_removed_mid_request_finishes_it_before_it_is_stopped(
 
 def test_a_replica_that_outlasts_its_drain_time_is_killed(supervisor, emulator_command):
     supervisor.term_grace_seconds = 0.5
-    spec, base_port, (_, second_pid) = start_two(supervisor, emulator_command, drain_seconds=0.5)
+    spec, base_port, (_, second_pid) = start_two(supervisor, drain_seconds=0.5)
     request = StreamedRequest(base_port + 1, max_tokens=3000)  # ~8 s
     request.start()
     assert request.first_token.wait(5)
@@ -304,7 +324,7 @@ def test_a_replica_that_outlasts_its_drain_time_is_killed(supervisor, emulator_c
 
 
 def test_scaling_up_while_draining_keeps_the_draining_replica(supervisor, emulator_command):
-    spec, base_port, (_, second_pid) = start_two(supervisor, emulator_command)
+    spec, base_port, (_, second_pid) = start_two(supervisor)
     request = StreamedRequest(base_port + 1, max_tokens=400)  # ~1 s
     request.start()
     assert request.first_token.wait(5)
@@ -320,12 +340,12 @@ def test_scaling_up_while_draining_keeps_the_draining_replica(supervisor, emulat
     assert not process_gone(second_pid) and healthy(base_port + 1)
 
 
-def test_a_changed_command_replaces_the_replicas(supervisor):
+def test_a_changed_engine_replaces_the_replicas(supervisor):
     base_port = free_port_range(1)
-    supervisor.scale("llm", 1, DeploymentSpec(SLEEPER, "127.0.0.1", base_port, 5))
+    supervisor.scale("llm", 1, DeploymentSpec("sleeper", "127.0.0.1", base_port, 5))
     (old,) = replicas_of(supervisor, "llm")
 
-    supervisor.scale("llm", 1, DeploymentSpec((*SLEEPER, "--v2"), "127.0.0.1", base_port, 5))
+    supervisor.scale("llm", 1, DeploymentSpec("sleeper-v2", "127.0.0.1", base_port, 5))
 
     new = wait_until(
         lambda: next((r for r in replicas_of(supervisor, "llm") if r["pid"] != old["pid"]), None),
@@ -337,17 +357,17 @@ def test_a_changed_command_replaces_the_replicas(supervisor):
 
 def test_it_refuses_a_port_range_that_overlaps_another_deployment(supervisor):
     base_port = free_port_range(3)
-    supervisor.scale("a", 2, DeploymentSpec(SLEEPER, "127.0.0.1", base_port, 0))
+    supervisor.scale("a", 2, DeploymentSpec("sleeper", "127.0.0.1", base_port, 0))
 
     with pytest.raises(SpecError, match=f"port {base_port + 1} .* deployment 'a'"):
-        supervisor.scale("b", 2, DeploymentSpec(SLEEPER, "127.0.0.1", base_port + 1, 0))
+        supervisor.scale("b", 2, DeploymentSpec("sleeper", "127.0.0.1", base_port + 1, 0))
     assert supervisor.deployment_status("b") is None
 
 
-def test_a_command_that_cannot_start_is_reported(supervisor):
-    command = ("/nonexistent/engine", "--port", "{port}")
+def test_an_engine_that_cannot_start_is_reported(supervisor):
+    spec = DeploymentSpec("missing", "127.0.0.1", free_port_range(1), 0)
 
-    status = supervisor.scale("llm", 1, DeploymentSpec(command, "127.0.0.1", free_port_range(1), 0))
+    status = supervisor.scale("llm", 1, spec)
 
     (replica,) = status["replicas"]
     assert replica["state"] == "crashed" and replica["pid"] is None
@@ -376,16 +396,16 @@ def scale_request(config: dict, replicas: int) -> ScaleRequest:
 
 
 def test_the_actuator_starts_and_stops_emulators_through_the_supervisor_api(
-    http_supervisor, emulator_command, monkeypatch
+    http_supervisor, monkeypatch
 ):
-    monkeypatch.setenv("TEST_SUPERVISOR_TOKEN", "s3cret-token")
+    monkeypatch.setenv("MU_ACTUATOR_SUPERVISOR_TOKEN", "s3cret-token")
     base_port = free_port_range(2)
     config = {
-        "command": list(emulator_command),
+        "engine": "emulator",
         "base_port": base_port,
         "supervisor_url": http_supervisor.url,
         "drain_seconds": 5,
-        "token_env": "TEST_SUPERVISOR_TOKEN",
+        "token_env": "MU_ACTUATOR_SUPERVISOR_TOKEN",
     }
     actuator = ProcessActuator()
     headers = {"Authorization": "Bearer s3cret-token"}
@@ -410,18 +430,18 @@ def test_the_actuator_starts_and_stops_emulators_through_the_supervisor_api(
 
 
 def test_the_actuator_tells_transient_from_permanent_failures(http_supervisor, monkeypatch):
-    monkeypatch.setenv("TEST_SUPERVISOR_TOKEN", "s3cret-token")
-    config = {"command": list(SLEEPER), "base_port": 65535, "supervisor_url": http_supervisor.url}
+    monkeypatch.setenv("MU_ACTUATOR_SUPERVISOR_TOKEN", "s3cret-token")
+    config = {"engine": "sleeper", "base_port": 65535, "supervisor_url": http_supervisor.url}
     actuator = ProcessActuator(timeout_seconds=2)
 
     # 2 replicas from 65535: the supervisor refuses the request itself (400).
     with pytest.raises(PermanentActuatorError, match="answered 400: base_port"):
-        actuator.apply(scale_request(config | {"token_env": "TEST_SUPERVISOR_TOKEN"}, 2))
+        actuator.apply(scale_request(config | {"token_env": "MU_ACTUATOR_SUPERVISOR_TOKEN"}, 2))
     # No token configured, the supervisor wants one (401).
     with pytest.raises(PermanentActuatorError, match="answered 401"):
         actuator.apply(scale_request(config, 1))
-    with pytest.raises(PermanentActuatorError, match="NO_SUCH_TOKEN_ENV"):
-        actuator.apply(scale_request(config | {"token_env": "NO_SUCH_TOKEN_ENV"}, 1))
+    with pytest.raises(PermanentActuatorError, match="MU_ACTUATOR_NO_SUCH_TOKEN"):
+        actuator.apply(scale_request(config | {"token_env": "MU_ACTUATOR_NO_SUCH_TOKEN"}, 1))
     # Nothing listening: worth another try.
     down = config | {"supervisor_url": f"http://127.0.0.1:{free_port_range(1)}"}
     with pytest.raises(TransientActuatorError, match="ConnectError"):
@@ -434,9 +454,10 @@ def test_the_command_stops_its_replicas_on_sigterm(tmp_path, emulator_command):
     port = free_port_range(2)
     base_port = port + 1
     env = os.environ | {"PROCESS_SUPERVISOR_TOKEN": ""}
+    engine = "emulator=" + shlex.join(emulator_command)
     process = subprocess.Popen(
         [sys.executable, "manage.py", "run_process_supervisor", "--port", str(port),
-         "--log-dir", str(tmp_path / "logs")],
+         "--log-dir", str(tmp_path / "logs"), "--engine", engine],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -450,7 +471,7 @@ def test_the_command_stops_its_replicas_on_sigterm(tmp_path, emulator_command):
         body = {
             "deployment": "llm",
             "replicas": 1,
-            "command": list(emulator_command),
+            "engine": "emulator",
             "base_port": base_port,
             "drain_seconds": 5,
         }
@@ -474,17 +495,14 @@ def test_the_command_stops_its_replicas_on_sigterm(tmp_path, emulator_command):
             process.wait()
 
 
-def test_a_process_config_needs_a_port_placeholder_and_fills_in_defaults():
+def test_a_process_config_names_an_engine_and_fills_in_defaults():
     with pytest.raises(DomainError) as refused:
-        validate_actuator_config("process", {"command": ["vllm", "serve"], "base_port": 9000})
-    assert refused.value.field == "actuator_config.command"
-    assert '"{port}"' in refused.value.message
+        validate_actuator_config("process", {"engine": "Bad Engine!", "base_port": 9000})
+    assert refused.value.field == "actuator_config.engine"
 
-    config = validate_actuator_config(
-        "process", {"command": ["vllm", "serve", "m", "--port", "{port}"], "base_port": 9000}
-    )
+    config = validate_actuator_config("process", {"engine": "vllm-llama-8b", "base_port": 9000})
     assert config == {
-        "command": ["vllm", "serve", "m", "--port", "{port}"],
+        "engine": "vllm-llama-8b",
         "host": "127.0.0.1",
         "base_port": 9000,
         "supervisor_url": "http://127.0.0.1:8190",
@@ -494,31 +512,61 @@ def test_a_process_config_needs_a_port_placeholder_and_fills_in_defaults():
         ({"drain_seconds": 3601}, "drain_seconds"),
         ({"supervisor_url": "ftp://gpu-07"}, "supervisor_url"),
         ({"token_env": "lower"}, "token_env"),
+        ({"host": "--help"}, "host"),
     ]:
         with pytest.raises(DomainError) as refused:
             validate_actuator_config("process", config | bad)
         assert refused.value.field == f"actuator_config.{field}"
-    assert validate_actuator_config("process", config | {"supervisor_url": "http://gpu-07:8190"})
+    assert validate_actuator_config("process", config | {"supervisor_url": "http://localhost:8190"})
 
 
 def test_the_supervisor_checks_a_scale_request_and_substitutes_placeholders():
     name, replicas, spec = parse_scale_request(
-        {
-            "deployment": "llm",
-            "replicas": 2,
-            "command": ["serve", "--port={port}", "--gpu", "{replica}", '{"json": 1}'],
-            "base_port": 9000,
-        }
+        {"deployment": "llm", "replicas": 2, "engine": "vllm", "base_port": 9000}
     )
-    assert (name, replicas, spec.drain_seconds) == ("llm", 2, 30.0)
-    assert spec.argv(1) == ["serve", "--port=9001", "--gpu", "1", '{"json": 1}']
+    assert (name, replicas, spec.engine, spec.drain_seconds) == ("llm", 2, "vllm", 30.0)
+    template = ("serve", "--port={port}", "--gpu", "{replica}", '{"json": 1}')
+    assert spec.argv(template, 1) == ["serve", "--port=9001", "--gpu", "1", '{"json": 1}']
     for bad, message in [
-        ({"command": ["serve"]}, "command"),
+        ({"engine": "../bin/sh"}, "engine"),
         ({"replicas": -1}, "replicas"),
         ({"deployment": "../etc"}, "deployment"),
         ({"drain_seconds": True}, "drain_seconds"),
+        ({"host": "-oProxyCommand=x"}, "host"),
         ({"extra": 1}, "unknown"),
     ]:
-        body = {"deployment": "llm", "replicas": 1, "command": ["{port}"], "base_port": 9000}
+        body = {"deployment": "llm", "replicas": 1, "engine": "vllm", "base_port": 9000}
         with pytest.raises(SpecError, match=message):
             parse_scale_request(body | bad)
+
+
+def test_the_supervisor_reads_its_engines_from_flags_and_a_file(tmp_path):
+    engines_file = tmp_path / "engines.json"
+    engines_file.write_text(json.dumps({"qwen": ["vllm", "serve", "qwen", "--port", "{port}"]}))
+
+    # As the shell hands over --engine llama='vllm serve … --port {port}' (quotes gone).
+    engines = parse_engines(
+        ["llama=vllm serve meta-llama/Llama-3.1-8B --chat-template '{\"x\": 1}' --port {port}"],
+        engines_file,
+    )
+
+    assert engines == {
+        "llama": (
+            "vllm",
+            "serve",
+            "meta-llama/Llama-3.1-8B",
+            "--chat-template",
+            '{"x": 1}',
+            "--port",
+            "{port}",
+        ),
+        "qwen": ("vllm", "serve", "qwen", "--port", "{port}"),
+    }
+    for options, message in [
+        (["llama=vllm serve"], '"{port}"'),
+        (["Bad=x {port}"], "engine name"),
+        (["llama"], "NAME="),
+        (["qwen=x {port}"], "given twice"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            parse_engines(options, engines_file)

@@ -15,11 +15,14 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def k8s(monkeypatch):
-    monkeypatch.setenv("K8S_TOKEN", "k8s-token")
+def k8s(monkeypatch, settings):
+    monkeypatch.setenv("MU_ACTUATOR_K8S_TOKEN", "k8s-token")
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
         monkeypatch.delenv(name, raising=False)
     server = ScaleApiServer(token="k8s-token").start()
+    settings.KUBERNETES_CLUSTERS = {
+        "local": {"api_server": server.url, "token_env": "MU_ACTUATOR_K8S_TOKEN"}
+    }
     yield server
     server.stop()
 
@@ -39,8 +42,7 @@ def test_kubernetes_pods_are_the_replicas_and_a_restart_deletes_the_pod(deployme
         {
             "namespace": "inference",
             "name": "llama-8b",
-            "api_server": k8s.url,
-            "token_env": "K8S_TOKEN",
+            "cluster": "local",
             "pod_selector": "app=llama-8b",
             "pod_port": 8000,
         },
@@ -71,8 +73,7 @@ def test_kubernetes_errors_name_what_failed(deployment, k8s):
         {
             "namespace": "inference",
             "name": "llama-8b",
-            "api_server": k8s.url,
-            "token_env": "K8S_TOKEN",
+            "cluster": "local",
             "pod_selector": "app=llama-8b",
         },
     )
@@ -89,20 +90,20 @@ def test_without_a_pod_selector_the_endpoint_is_probed_as_a_whole(deployment, k8
     configure(
         deployment,
         ActuatorKind.KUBERNETES,
-        {"namespace": "inference", "name": "llama-8b", "api_server": k8s.url},
+        {"namespace": "inference", "name": "llama-8b", "cluster": "local"},
         endpoint_url="http://llama.inference.svc:8000/",
     )
     assert list_endpoints(deployment) == [Endpoint("endpoint", "http://llama.inference.svc:8000")]
 
 
 def test_a_webhook_restart_is_a_signed_post(deployment, monkeypatch):
-    monkeypatch.setenv("HOOK_SECRET", "hook-secret")
+    monkeypatch.setenv("MU_ACTUATOR_HOOK_SECRET", "hook-secret")
     receiver = WebhookReceiver(secret="hook-secret").start()
     try:
         configure(
             deployment,
             ActuatorKind.WEBHOOK,
-            {"url": receiver.url, "secret_env": "HOOK_SECRET"},
+            {"url": receiver.url, "secret_env": "MU_ACTUATOR_HOOK_SECRET"},
             endpoint_url="http://gateway.internal/llama",
         )
         assert list_endpoints(deployment) == [Endpoint("endpoint", "http://gateway.internal/llama")]

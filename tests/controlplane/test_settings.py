@@ -54,6 +54,16 @@ def run_manage(*args: str, **env: str) -> subprocess.CompletedProcess:
         ("CSRF_TRUSTED_ORIGINS", "cp.example.com", "CSRF_TRUSTED_ORIGINS"),
         ("SECURE_HSTS_SECONDS", "a year", "SECURE_HSTS_SECONDS='a year' is not an integer"),
         ("CELERY_TASK_TIME_LIMIT", "0", "CELERY_TASK_TIME_LIMIT=0 must be at least 1"),
+        ("OUTBOUND_ALLOWED_HOSTS", "10.0.0.1/8", "OUTBOUND_ALLOWED_HOSTS: '10.0.0.1/8'"),
+        ("BENCHMARK_ALLOWED_HOSTS", "http://lab", "BENCHMARK_ALLOWED_HOSTS: 'http://lab'"),
+        ("ACTUATOR_SECRET_ENV_NAMES", "mu lower", "ACTUATOR_SECRET_ENV_NAMES: 'mu lower'"),
+        ("ACTUATOR_ALLOW_UNSIGNED_WEBHOOKS", "sure", "ACTUATOR_ALLOW_UNSIGNED_WEBHOOKS='sure'"),
+        ("KUBERNETES_CLUSTERS", '{"prod": {}}', "KUBERNETES_CLUSTERS: profile 'prod' needs"),
+        (
+            "KUBERNETES_CLUSTERS",
+            '{"lab": {"api_server": "https://10.0.0.1:6443", "token_env": "SECRET_KEY"}}',
+            "control plane's own secrets",
+        ),
     ],
 )
 def test_a_malformed_value_stops_start_up_naming_the_variable(variable, value, says):

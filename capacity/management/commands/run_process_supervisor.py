@@ -3,14 +3,23 @@
 The process actuator (`capacity/actuators/process.py`) calls this over HTTP; see
 `capacity/process_supervisor.py` for what the supervisor does with the processes.
 
-    POST /scale   {"deployment", "replicas", "command", "host", "base_port", "drain_seconds"}
-                  → 200 with the deployment's status; 400 for a bad request or a port clash
-    GET  /status  → {"deployments": {name: status}}
+    POST /scale   {"deployment", "replicas", "engine", "host", "base_port", "drain_seconds"}
+                  → 200 with the deployment's status; 400 for a bad request, an engine not
+                  on the allow-list, a `command`, or a port clash
+    POST /restart {"deployment", "replica"} → the replica's status
+    GET  /status  → {"deployments": {name: status}} (each with its engine's name)
     GET  /health  → 200, without a token (for a service manager's liveness check)
 
-Whoever can call `/scale` chooses the commands this host runs, so when the environment
-variable PROCESS_SUPERVISOR_TOKEN is set every call needs `Authorization: Bearer <token>`,
-and listening beyond the loopback interface without one is refused.
+The commands are the operator's: only the engines given at start run, each an argv template
+with "{port}" (and optionally "{replica}", "{host}"):
+
+    manage.py run_process_supervisor \
+        --engine llama-8b='vllm serve meta-llama/Llama-3.1-8B-Instruct --port {port}' \
+        --engines /etc/mu/engines.json          # {"name": ["argv", "…", "{port}"]}
+
+Whoever can call `/scale` still chooses how many of them run and on which ports, so when the
+environment variable PROCESS_SUPERVISOR_TOKEN is set every call needs `Authorization: Bearer
+<token>`, and listening beyond the loopback interface without one is refused.
 
 The first Ctrl-C or SIGTERM stops taking calls and drains every replica; a second one cuts
 the drains short (SIGTERM now, SIGKILL after the grace).
@@ -33,6 +42,7 @@ from capacity.process_supervisor import (
     ProcessSupervisor,
     SpecError,
     SupervisorClosed,
+    parse_engines,
     parse_scale_request,
 )
 
@@ -184,6 +194,20 @@ class Command(BaseCommand):
         parser.add_argument("--host", default="127.0.0.1", help="Address of the HTTP API.")
         parser.add_argument("--port", type=int, default=DEFAULT_PORT)
         parser.add_argument(
+            "--engine",
+            action="append",
+            default=[],
+            metavar="NAME=ARGV",
+            help="An engine this supervisor may run: NAME='argv with {port}' (shell-quoted; "
+            "repeatable).",
+        )
+        parser.add_argument(
+            "--engines",
+            default=None,
+            metavar="FILE",
+            help='A JSON file of engines: {"NAME": ["argv", "...", "{port}"]}.',
+        )
+        parser.add_argument(
             "--log-dir",
             default=None,
             help="Write each replica's output to LOG_DIR/<deployment>-<i>.log (default: ours).",
@@ -197,7 +221,16 @@ class Command(BaseCommand):
                 f"Refusing to listen on {host} without a token: anyone reaching the API could "
                 f"run commands on this host. Set {TOKEN_ENV}, or listen on 127.0.0.1."
             )
-        supervisor = ProcessSupervisor(log_dir=options["log_dir"]).start()
+        try:
+            engines = parse_engines(options["engine"], options["engines"])
+        except ValueError as error:
+            raise CommandError(str(error)) from error
+        if not engines:
+            raise CommandError(
+                "No engine to run: give at least one with --engine NAME='argv with {port}' "
+                "or --engines FILE."
+            )
+        supervisor = ProcessSupervisor(engines=engines, log_dir=options["log_dir"]).start()
         try:
             server = make_server(supervisor, host=host, port=options["port"], token=token)
         except OSError as error:
@@ -216,7 +249,8 @@ class Command(BaseCommand):
         serving.start()
         self.stdout.write(
             f"Process supervisor listening on {server.url}"
-            f"{' (token required)' if token else ''} (Ctrl-C to stop)"
+            f"{' (token required)' if token else ''}, engines: {', '.join(sorted(engines))} "
+            "(Ctrl-C to stop)"
         )
         self.stdout.flush()
         # Waited in slices: the signal handlers run on this thread between them.

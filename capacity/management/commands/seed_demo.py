@@ -19,6 +19,7 @@ from benchmarking.models import BenchmarkSuite
 from benchmarking.services import benchmark_import, cost_model_fit, suite_create
 from billing.models import RateCard
 from billing.rates import rate_card_create
+from capacity.actuator_config import actuator_config_problem
 from capacity.models import (
     ActuatorKind,
     CostModel,
@@ -32,6 +33,9 @@ from capacity.models import (
 from capacity.reservations import reservation_create
 
 DEMO_KEY_NAME = "demo key (seed_demo)"
+# scripts/run.sh puts a fresh secret here and the same one in the emulator's
+# EMULATOR_WEBHOOK_SECRET; MU_ACTUATOR_* is what actuators may read by default.
+DEMO_WEBHOOK_SECRET_ENV = "MU_ACTUATOR_DEMO_WEBHOOK_SECRET"
 
 GPU_TYPES = [
     ("H100-80GB", 80, Decimal("4.2500")),
@@ -138,14 +142,25 @@ class Command(BaseCommand):
                     "scale_to_zero_after_seconds": idle,
                     "actuator_kind": ActuatorKind.DRY_RUN,
                     "actuator_config": {},
+                    "actuator_config_problem": "",
                 },
             )
         if emulator_url:
             # The allocation loop pushes this deployment's targets to the emulator, signed.
+            config = {
+                "url": f"{emulator_url}/admin/webhook/scale",
+                "secret_env": DEMO_WEBHOOK_SECRET_ENV,
+            }
+            # Flagged rather than refused, so the rest of the demo still comes up when the
+            # operator's settings do not allow the emulator's address.
+            problem = actuator_config_problem(ActuatorKind.WEBHOOK, config)
+            if problem:
+                self.stderr.write(f"The demo webhook deployment is refused: {problem}")
             Deployment.objects.filter(name="llama-8b-h100").update(
                 endpoint_url=emulator_url,
                 actuator_kind=ActuatorKind.WEBHOOK,
-                actuator_config={"url": f"{emulator_url}/admin/webhook/scale"},
+                actuator_config=config,
+                actuator_config_problem=problem,
             )
         # While fewer than 3 in 4 of its probed replicas answer, the demo model sheds
         # best-effort traffic, then caps max_tokens (planners edit this on the Health page).

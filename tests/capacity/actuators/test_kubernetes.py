@@ -1,4 +1,8 @@
-"""The Kubernetes actuator, through the real kubernetes client, against a local scale API."""
+"""The Kubernetes actuator, through the real kubernetes client, against a local scale API.
+
+The cluster is an operator's profile (KUBERNETES_CLUSTERS), set here with pytest-django's
+`settings`; a config only names it.
+"""
 
 import logging
 import socket
@@ -16,15 +20,22 @@ KSERVE_PATH = "/apis/serving.kserve.io/v1beta1/namespaces/inference/inferenceser
 
 @pytest.fixture(autouse=True)
 def _token(monkeypatch):
-    monkeypatch.setenv("K8S_TOKEN", "k8s-token")
+    monkeypatch.setenv("MU_ACTUATOR_K8S_TOKEN", "k8s-token")
+
+
+@pytest.fixture
+def local_cluster(settings, scale_api):
+    settings.KUBERNETES_CLUSTERS = {
+        "local": {"api_server": scale_api.url, "token_env": "MU_ACTUATOR_K8S_TOKEN"}
+    }
+    return "local"
 
 
 def config(scale_api, **overrides) -> dict:
     return {
         "namespace": "inference",
         "name": "llama-8b",
-        "api_server": scale_api.url,
-        "token_env": "K8S_TOKEN",
+        "cluster": "local",
         "timeout_seconds": 0.3,
     } | overrides
 
@@ -66,7 +77,9 @@ def config(scale_api, **overrides) -> dict:
     ],
     ids=["deployment", "statefulset", "kserve", "leaderworkerset"],
 )
-def test_it_patches_the_scale_subresource_of_each_kind(scale_api, kind_config, path, content_type):
+def test_it_patches_the_scale_subresource_of_each_kind(
+    local_cluster, scale_api, kind_config, path, content_type
+):
     scale_api.add(path, replicas=1)
 
     result = apply(KubernetesActuator(), scale_request(config(scale_api, **kind_config)))
@@ -83,7 +96,7 @@ def test_it_patches_the_scale_subresource_of_each_kind(scale_api, kind_config, p
     assert patch.headers["authorization"] == "Bearer k8s-token"
 
 
-def test_a_conflict_is_retried_and_then_succeeds(scale_api):
+def test_a_conflict_is_retried_and_then_succeeds(local_cluster, scale_api):
     scale_api.add(DEPLOYMENT_PATH, replicas=2)
     scale_api.fail_next(409)
 
@@ -95,7 +108,7 @@ def test_a_conflict_is_retried_and_then_succeeds(scale_api):
     assert scale_api.objects[DEPLOYMENT_PATH].spec_replicas == 5
 
 
-def test_a_server_error_that_persists_fails_after_the_last_attempt(scale_api):
+def test_a_server_error_that_persists_fails_after_the_last_attempt(local_cluster, scale_api):
     scale_api.add(DEPLOYMENT_PATH, replicas=2)
     scale_api.fail_always(500)
 
@@ -109,7 +122,7 @@ def test_a_server_error_that_persists_fails_after_the_last_attempt(scale_api):
     assert scale_api.objects[DEPLOYMENT_PATH].spec_replicas == 2
 
 
-def test_a_server_that_does_not_answer_times_out_as_a_transient_failure(scale_api):
+def test_a_server_that_does_not_answer_times_out_as_a_transient_failure(local_cluster, scale_api):
     scale_api.add(DEPLOYMENT_PATH, replicas=2)
     scale_api.fail_next(HANG, HANG)
 
@@ -126,7 +139,7 @@ def test_a_server_that_does_not_answer_times_out_as_a_transient_failure(scale_ap
     assert elapsed_seconds < 2.0
 
 
-def test_a_timeout_followed_by_an_answer_succeeds(scale_api):
+def test_a_timeout_followed_by_an_answer_succeeds(local_cluster, scale_api):
     scale_api.add(DEPLOYMENT_PATH, replicas=2)
     scale_api.fail_next(HANG)
 
@@ -136,7 +149,7 @@ def test_a_timeout_followed_by_an_answer_succeeds(scale_api):
     assert result.attempts == 2
 
 
-def test_a_missing_object_is_a_permanent_failure_tried_once(scale_api):
+def test_a_missing_object_is_a_permanent_failure_tried_once(local_cluster, scale_api):
     result = apply(KubernetesActuator(), scale_request(config(scale_api)))
 
     assert not result.ok
@@ -147,9 +160,9 @@ def test_a_missing_object_is_a_permanent_failure_tried_once(scale_api):
     assert len(scale_api.patches()) == 1
 
 
-def test_a_wrong_token_is_a_permanent_failure(scale_api, monkeypatch):
+def test_a_wrong_token_is_a_permanent_failure(local_cluster, scale_api, monkeypatch):
     scale_api.add(DEPLOYMENT_PATH, replicas=2)
-    monkeypatch.setenv("K8S_TOKEN", "someone-elses-token")
+    monkeypatch.setenv("MU_ACTUATOR_K8S_TOKEN", "someone-elses-token")
 
     result = apply(KubernetesActuator(), scale_request(config(scale_api)))
 
@@ -157,29 +170,30 @@ def test_a_wrong_token_is_a_permanent_failure(scale_api, monkeypatch):
     assert "401 Unauthorized" in result.error
 
 
-def test_an_unset_token_variable_fails_before_any_request(scale_api, monkeypatch):
-    monkeypatch.delenv("K8S_TOKEN")
+def test_an_unset_token_variable_fails_before_any_request(local_cluster, scale_api, monkeypatch):
+    monkeypatch.delenv("MU_ACTUATOR_K8S_TOKEN")
 
     result = apply(KubernetesActuator(), scale_request(config(scale_api)))
 
     assert (result.ok, result.attempts) == (False, 1)
-    assert result.error == "permanent: environment variable K8S_TOKEN (token_env) is not set."
+    assert result.error == (
+        "permanent: environment variable MU_ACTUATOR_K8S_TOKEN (token_env of cluster 'local') "
+        "is not set."
+    )
     assert scale_api.requests == []
 
 
-def test_an_api_server_that_refuses_connections_is_a_transient_failure(caplog):
+def test_an_api_server_that_refuses_connections_is_a_transient_failure(caplog, settings):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         closed_port = probe.getsockname()[1]
-    settings = {
-        "namespace": "inference",
-        "name": "llama-8b",
-        "api_server": f"http://127.0.0.1:{closed_port}",
-        "timeout_seconds": 0.3,
-    }
+    settings.KUBERNETES_CLUSTERS = {"down": {"api_server": f"http://127.0.0.1:{closed_port}"}}
+    config = {"namespace": "inference", "name": "llama-8b", "cluster": "down"}
 
     with caplog.at_level(logging.WARNING, logger="urllib3"):
-        result = apply(KubernetesActuator(), scale_request(settings), max_attempts=2)
+        result = apply(
+            KubernetesActuator(), scale_request(config | {"timeout_seconds": 0.3}), max_attempts=2
+        )
 
     assert (result.ok, result.attempts) == (False, 2)
     assert result.error.startswith("transient:")
@@ -187,7 +201,7 @@ def test_an_api_server_that_refuses_connections_is_a_transient_failure(caplog):
     assert not [r for r in caplog.records if "Retrying" in r.getMessage()]
 
 
-def test_it_reaches_the_cluster_of_a_kubeconfig_file(scale_api, tmp_path):
+def test_it_reaches_the_cluster_of_a_kubeconfig_file(scale_api, tmp_path, settings):
     scale_api.add(DEPLOYMENT_PATH, replicas=1)
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(
@@ -206,33 +220,54 @@ contexts:
 current-context: local
 """
     )
-    settings = {"namespace": "inference", "name": "llama-8b", "kubeconfig": str(kubeconfig)}
+    settings.KUBERNETES_CLUSTERS = {"lab": {"kubeconfig": str(kubeconfig)}}
+    config = {"namespace": "inference", "name": "llama-8b", "cluster": "lab"}
 
-    result = apply(KubernetesActuator(), scale_request(settings))
+    result = apply(KubernetesActuator(), scale_request(config))
 
     assert result.ok, result.error
     assert scale_api.patches()[0].headers["authorization"] == "Bearer k8s-token"
 
 
-def test_a_missing_kubeconfig_file_is_a_permanent_failure(tmp_path):
-    settings = {"namespace": "inference", "name": "x", "kubeconfig": str(tmp_path / "nope")}
+def test_a_missing_kubeconfig_file_is_a_permanent_failure(tmp_path, settings):
+    settings.KUBERNETES_CLUSTERS = {"lab": {"kubeconfig": str(tmp_path / "nope")}}
 
-    result = apply(KubernetesActuator(), scale_request(settings))
+    result = apply(
+        KubernetesActuator(),
+        scale_request({"namespace": "inference", "name": "x", "cluster": "lab"}),
+    )
 
     assert (result.ok, result.attempts) == (False, 1)
-    assert "cannot load Kubernetes config" in result.error
+    assert "cannot load Kubernetes config of cluster 'lab'" in result.error
 
 
-def test_outside_a_cluster_without_api_server_or_kubeconfig_it_fails_permanently(monkeypatch):
+def test_outside_a_cluster_the_default_in_cluster_profile_fails_permanently(monkeypatch):
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
 
     result = apply(KubernetesActuator(), scale_request({"namespace": "inference", "name": "x"}))
 
     assert (result.ok, result.attempts) == (False, 1)
-    assert "cannot load Kubernetes config (in-cluster service account)" in result.error
+    assert (
+        "cannot load Kubernetes config of cluster 'in-cluster' (in-cluster service account)"
+        in result.error
+    )
 
 
-def test_a_stored_config_the_schema_no_longer_accepts_fails_naming_the_field(scale_api):
+def test_a_cluster_profile_the_operator_removed_fails_permanently_naming_the_setting(settings):
+    settings.KUBERNETES_CLUSTERS = {"prod": {"in_cluster": True}}
+
+    result = apply(
+        KubernetesActuator(),
+        scale_request({"namespace": "inference", "name": "x", "cluster": "lab"}),
+    )
+
+    assert (result.ok, result.attempts) == (False, 1)
+    assert "'lab' is not a cluster profile of the KUBERNETES_CLUSTERS setting" in result.error
+
+
+def test_a_stored_config_the_schema_no_longer_accepts_fails_naming_the_field(
+    local_cluster, scale_api
+):
     settings = config(scale_api, kind="Custom", group="serving.kserve.io", version="v1beta1")
 
     result = apply(KubernetesActuator(), scale_request(settings))

@@ -54,7 +54,7 @@ KSERVE = {"group": "serving.kserve.io", "version": "v1beta1", "plural": "inferen
 
 def test_a_custom_resource_is_named_by_group_version_and_plural():
     config = {"namespace": "inference", "name": "llama", "kind": "Custom"} | KSERVE
-    assert validate_actuator_config("kubernetes", config) == config | {"verify_tls": True}
+    assert validate_actuator_config("kubernetes", config) == config | {"cluster": "in-cluster"}
 
 
 @pytest.mark.parametrize(
@@ -64,9 +64,11 @@ def test_a_custom_resource_is_named_by_group_version_and_plural():
         ({"kind": "Custom"} | KSERVE | {"version": "beta"}, "version", "API version"),
         ({"kind": "Deployment", "plural": "deployments"}, "plural", "only to kind Custom"),
         ({"kind": "ReplicaSet"}, "kind", "valid choice"),
-        ({"api_server": "https://k8s.example:6443", "kubeconfig": "/k"}, "kubeconfig", "not both"),
-        ({"token_env": "K8S_TOKEN"}, "token_env", "only with api_server"),
-        ({"api_server": "ftp://k8s.example"}, "api_server", "http or https"),
+        ({"cluster": "nowhere"}, "cluster", "not a cluster profile of the KUBERNETES_CLUSTERS"),
+        ({"api_server": "https://k8s.example:6443"}, "api_server", "KUBERNETES_CLUSTERS"),
+        ({"kubeconfig": "/k"}, "kubeconfig", "is an operator setting now"),
+        ({"token_env": "MU_ACTUATOR_K8S_TOKEN"}, "token_env", "is an operator setting now"),
+        ({"verify_tls": False}, "verify_tls", "is an operator setting now"),
         ({"timeout_seconds": 0}, "timeout_seconds", "greater than or equal"),
     ],
 )
@@ -83,8 +85,6 @@ def test_the_kubernetes_timeout_is_stored_only_when_given():
         {
             "namespace": "inference",
             "name": "x",
-            "api_server": "https://k8s.example:6443",
-            "token_env": "K8S_TOKEN",
             "timeout_seconds": 2,
         },
     )
@@ -96,5 +96,7 @@ def test_the_kubernetes_timeout_is_stored_only_when_given():
 
 def test_a_webhook_url_must_be_http():
     with pytest.raises(DomainError) as refused:
-        validate_actuator_config("webhook", {"url": "ftp://hooks.example/scale"})
+        validate_actuator_config(
+            "webhook", {"url": "ftp://hooks.example/scale", "secret_env": "MU_ACTUATOR_HOOK"}
+        )
     assert "actuator_config.url" in refused.value.fields

@@ -1,6 +1,7 @@
 """The webhook actuator against a real receiver that checks signatures, and the emulator."""
 
 import json
+import re
 import time
 
 import httpx
@@ -8,7 +9,7 @@ import pytest
 
 from benchmarking.emulator import parse_config
 from benchmarking.emulator.background import BackgroundEmulator
-from capacity.actuators.webhook import WebhookActuator, request_body, sign
+from capacity.actuators.webhook import WebhookActuator, request_body, sign, signed_headers
 from tests.capacity.actuators.conftest import apply, scale_request
 from tests.capacity.actuators.webhook_receiver import HANG, WebhookReceiver
 
@@ -24,11 +25,15 @@ def receiver():
 
 @pytest.fixture(autouse=True)
 def _secret(monkeypatch):
-    monkeypatch.setenv("SCALE_WEBHOOK_SECRET", SECRET)
+    monkeypatch.setenv("MU_ACTUATOR_SCALE_WEBHOOK_SECRET", SECRET)
 
 
 def config(url: str, **overrides) -> dict:
-    return {"url": url, "secret_env": "SCALE_WEBHOOK_SECRET", "timeout_seconds": 0.3} | overrides
+    return {
+        "url": url,
+        "secret_env": "MU_ACTUATOR_SCALE_WEBHOOK_SECRET",
+        "timeout_seconds": 0.3,
+    } | overrides
 
 
 def test_it_posts_the_decision_signed_and_the_receiver_accepts_it(receiver):
@@ -48,28 +53,44 @@ def test_it_posts_the_decision_signed_and_the_receiver_accepts_it(receiver):
     }
     assert received.headers["content-type"] == "application/json"
     assert abs(int(received.headers["x-timestamp"]) - time.time()) < 5
+    assert re.fullmatch(r"[0-9a-f]{32}", received.headers["x-webhook-id"])
     assert received.headers["x-signature-256"].startswith("sha256=")
 
 
-def test_the_receiver_refuses_a_signed_body_that_was_tampered_with(receiver):
+def test_every_request_carries_its_own_webhook_id(receiver):
+    apply(WebhookActuator(), scale_request(config(receiver.url), target_replicas=4))
+    apply(WebhookActuator(), scale_request(config(receiver.url), target_replicas=4))
+
+    first, second = receiver.received
+    assert (first.status, second.status) == (200, 200)
+    assert first.headers["x-webhook-id"] != second.headers["x-webhook-id"]
+
+
+def test_the_receiver_refuses_a_replayed_or_tampered_request(receiver):
     apply(WebhookActuator(), scale_request(config(receiver.url), target_replicas=4))
     [sent] = receiver.received
     headers = {
         "Content-Type": "application/json",
         "X-Timestamp": sent.headers["x-timestamp"],
+        "X-Webhook-Id": sent.headers["x-webhook-id"],
         "X-Signature-256": sent.headers["x-signature-256"],
     }
     tampered = sent.raw_body.replace(b'"target_replicas":4', b'"target_replicas":40')
+    other_id = headers | {"X-Webhook-Id": "0" * 32}
 
     replayed = httpx.post(receiver.url, content=sent.raw_body, headers=headers, trust_env=False)
     forged = httpx.post(receiver.url, content=tampered, headers=headers, trust_env=False)
+    relabelled = httpx.post(receiver.url, content=sent.raw_body, headers=other_id, trust_env=False)
 
-    assert replayed.status_code == 200  # the same bytes within the window verify
+    # The same bytes within the window verify, but their id was used: a replay.
+    assert (replayed.status_code, replayed.text) == (401, "replayed webhook id")
     assert forged.status_code == 401
+    # The id is signed: a fresh one on the old signature does not verify.
+    assert (relabelled.status_code, relabelled.text) == (401, "bad signature")
 
 
 def test_a_wrong_secret_is_a_permanent_401(receiver, monkeypatch):
-    monkeypatch.setenv("SCALE_WEBHOOK_SECRET", "not the receiver's secret")
+    monkeypatch.setenv("MU_ACTUATOR_SCALE_WEBHOOK_SECRET", "not the receiver's secret")
 
     result = apply(WebhookActuator(), scale_request(config(receiver.url)))
 
@@ -117,16 +138,29 @@ def test_a_receiver_that_does_not_answer_times_out_as_a_transient_failure(receiv
 
 
 def test_an_unset_secret_variable_fails_before_sending_anything(receiver, monkeypatch):
-    monkeypatch.delenv("SCALE_WEBHOOK_SECRET")
+    monkeypatch.delenv("MU_ACTUATOR_SCALE_WEBHOOK_SECRET")
 
     result = apply(WebhookActuator(), scale_request(config(receiver.url)))
 
     assert (result.ok, result.attempts) == (False, 1)
-    assert "SCALE_WEBHOOK_SECRET (secret_env) is not set" in result.error
+    assert "MU_ACTUATOR_SCALE_WEBHOOK_SECRET (secret_env) is not set" in result.error
     assert receiver.received == []
 
 
-def test_without_secret_env_it_sends_unsigned_requests():
+def test_a_stored_config_without_secret_env_is_refused_before_sending_anything():
+    receiver = WebhookReceiver(secret=None).start()
+    try:
+        result = apply(WebhookActuator(), scale_request({"url": receiver.url}))
+    finally:
+        receiver.stop()
+
+    assert (result.ok, result.attempts) == (False, 1)
+    assert "ACTUATOR_ALLOW_UNSIGNED_WEBHOOKS" in result.error
+    assert receiver.received == []
+
+
+def test_when_the_operator_allows_unsigned_webhooks_it_sends_unsigned_requests(settings):
+    settings.ACTUATOR_ALLOW_UNSIGNED_WEBHOOKS = True
     receiver = WebhookReceiver(secret=None).start()
     try:
         result = apply(WebhookActuator(), scale_request({"url": receiver.url}))
@@ -135,6 +169,7 @@ def test_without_secret_env_it_sends_unsigned_requests():
 
     assert result.ok, result.error
     assert "x-signature-256" not in receiver.received[0].headers
+    assert "x-webhook-id" not in receiver.received[0].headers
 
 
 # -- the engine emulator's webhook endpoint ---------------------------------------------------
@@ -165,7 +200,7 @@ def test_the_webhook_actuator_scales_the_emulator(emulator):
 
 
 def test_the_emulator_refuses_a_wrong_secret(emulator, monkeypatch):
-    monkeypatch.setenv("SCALE_WEBHOOK_SECRET", "not the emulator's secret")
+    monkeypatch.setenv("MU_ACTUATOR_SCALE_WEBHOOK_SECRET", "not the emulator's secret")
     url = f"{emulator.url}/admin/webhook/scale"
 
     result = apply(WebhookActuator(), scale_request(config(url), target_replicas=3))
@@ -180,11 +215,17 @@ def test_the_emulator_refuses_unsigned_and_stale_requests(emulator):
     body = request_body(scale_request({}, target_replicas=3))
     stale = str(int(time.time()) - 301)
 
+    stale_id = "1" * 32
+
     unsigned = httpx.post(url, content=body, trust_env=False)
     replayed_late = httpx.post(
         url,
         content=body,
-        headers={"X-Timestamp": stale, "X-Signature-256": sign(SECRET, stale, body)},
+        headers={
+            "X-Timestamp": stale,
+            "X-Webhook-Id": stale_id,
+            "X-Signature-256": sign(SECRET, stale, stale_id, body),
+        },
         trust_env=False,
     )
 
@@ -192,6 +233,23 @@ def test_the_emulator_refuses_unsigned_and_stale_requests(emulator):
     assert replayed_late.status_code == 401
     assert "300 s" in replayed_late.json()["error"]["message"]
     assert _emulated_replicas(emulator)["target"] == 1
+
+
+def test_the_emulator_refuses_a_replayed_webhook_id_within_its_window(emulator):
+    url = f"{emulator.url}/admin/webhook/scale"
+    body = request_body(scale_request({}, target_replicas=3))
+    headers = signed_headers(SECRET, body)
+    lower = request_body(scale_request({}, target_replicas=2))
+
+    first = httpx.post(url, content=body, headers=headers, trust_env=False)
+    assert first.status_code == 200
+    httpx.post(url, content=lower, headers=signed_headers(SECRET, lower), trust_env=False)
+    replayed = httpx.post(url, content=body, headers=headers, trust_env=False)
+
+    assert replayed.status_code == 401
+    assert "replay" in replayed.json()["error"]["message"]
+    # The replay would have scaled back up to 3.
+    assert _emulated_replicas(emulator)["target"] == 2
 
 
 def test_the_emulator_answers_404_for_a_model_it_does_not_serve(emulator):

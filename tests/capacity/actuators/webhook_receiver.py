@@ -1,8 +1,9 @@
 """A local webhook receiver that checks signatures the way a real one should.
 
-It recomputes HMAC-SHA256 over `f"{X-Timestamp}."` + the raw body with its own secret,
-compares in constant time, refuses timestamps more than 300 s from its clock (401 for all
-three), and answers 200 `{"observed_replicas": N}` — or the failures it is told to give next.
+It recomputes HMAC-SHA256 over `f"{X-Timestamp}.{X-Webhook-Id}."` + the raw body with its own
+secret, compares in constant time, refuses timestamps more than 300 s from its clock and ids
+it has already accepted (401 for all), and answers 200 `{"observed_replicas": N}` — or the
+failures it is told to give next.
 Written independently of capacity/actuators/webhook.py, so the tests check the scheme itself.
 """
 
@@ -31,6 +32,7 @@ class WebhookReceiver:
     def __init__(self, secret: str | None):
         self.secret = secret
         self.received: list[Received] = []
+        self.accepted_ids: set[str] = set()
         self.observed_replicas = 2
         self._script: list[int | str] = []
         self._lock = threading.Lock()
@@ -59,14 +61,21 @@ class WebhookReceiver:
     def verdict(self, headers, raw: bytes) -> tuple[int, str]:
         if self.secret is not None:
             timestamp = headers.get("X-Timestamp", "")
+            webhook_id = headers.get("X-Webhook-Id", "")
             signature = headers.get("X-Signature-256", "")
             if not timestamp.isdigit() or abs(time.time() - int(timestamp)) > MAX_SKEW_SECONDS:
                 return 401, "stale or missing timestamp"
+            if not webhook_id:
+                return 401, "missing webhook id"
             expected = hmac.new(
-                self.secret.encode(), f"{timestamp}.".encode() + raw, hashlib.sha256
+                self.secret.encode(), f"{timestamp}.{webhook_id}.".encode() + raw, hashlib.sha256
             ).hexdigest()
             if not hmac.compare_digest(signature, f"sha256={expected}"):
                 return 401, "bad signature"
+            with self._lock:
+                if webhook_id in self.accepted_ids:
+                    return 401, "replayed webhook id"
+                self.accepted_ids.add(webhook_id)
         with self._lock:
             failure = self._script.pop(0) if self._script else None
         if failure is not None:

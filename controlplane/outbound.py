@@ -1,0 +1,615 @@
+"""What the control plane may reach, and with which credentials: the operator's, never the API's.
+
+DESIGN §6: secrets, commands, file paths and reachable hosts are operator settings. The API
+only chooses among what the operator allowed, and this module is the one home of the rules:
+
+- **Reachable hosts** (`OUTBOUND_ALLOWED_HOSTS` for actuators, probes and restarts;
+  `BENCHMARK_ALLOWED_HOSTS` for benchmark load): CIDRs, IP addresses and host names (exact,
+  or `*.suffix`). `check_url` refuses a URL at write time with a DomainError naming the rule;
+  `client()` / `async_client()` check again at connect time, on the *resolved* address, and
+  connect to the address they checked, so a name that resolves elsewhere later (DNS rebinding)
+  gains nothing. They follow no redirect and read no proxy from the environment (a proxy
+  would connect on our behalf, unchecked).
+- **Link-local and cloud-metadata addresses** (169.254.0.0/16, fe80::/10, 100.100.100.200,
+  fd00:ec2::254) hold instance credentials; they are refused even when a broad entry such as
+  0.0.0.0/0 covers them, and opened only by an entry that lies inside those ranges.
+- **Secrets by name** (`ACTUATOR_SECRET_ENV_NAMES`): which environment variables a config's
+  `token_env` / `secret_env` may name; never the control plane's own secrets, whatever the
+  setting says.
+- **Kubernetes clusters** (`KUBERNETES_CLUSTERS`): named profiles (kubeconfig file, API server
+  and token, or in-cluster) that a config picks by name.
+
+The policy objects are plain Python (no Django): settings.py parses the environment with them
+at start-up, and the load runner uses them without Django. Only `policy()` and
+`secret_env_refusal_from_settings()` read django.conf.settings.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import ipaddress
+import json
+import re
+import socket
+import ssl
+import typing
+from dataclasses import dataclass
+from functools import lru_cache
+from urllib.parse import urlsplit
+
+import anyio
+import httpcore
+import httpx
+
+from controlplane.errors import DomainError
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+# --- Settings' names and defaults -------------------------------------------------------------
+
+OUTBOUND = "outbound"
+BENCHMARK = "benchmark"
+SETTING_FOR_PURPOSE = {OUTBOUND: "OUTBOUND_ALLOWED_HOSTS", BENCHMARK: "BENCHMARK_ALLOWED_HOSTS"}
+# Everything in the demo and the tests listens on this machine.
+DEFAULT_ALLOWED_HOSTS = ("127.0.0.0/8", "::1/128", "localhost")
+DEFAULT_SECRET_ENV_NAMES = ("MU_ACTUATOR_*",)
+DEFAULT_KUBERNETES_CLUSTERS = {"in-cluster": {"in_cluster": True}}
+
+# Instance-metadata services answer on these with the machine's cloud credentials; link-local
+# ranges hold them on every major cloud (AWS, GCP, Azure, OCI on 169.254.169.254, AWS over
+# IPv6 on fd00:ec2::254, Alibaba on 100.100.100.200). 64:ff9b::/96 is NAT64's view of IPv4.
+METADATA_NETWORKS: tuple[IPNetwork, ...] = tuple(
+    ipaddress.ip_network(text)
+    for text in (
+        "169.254.0.0/16",
+        "fe80::/10",
+        "100.100.100.200/32",
+        "fd00:ec2::254/128",
+        "64:ff9b::a9fe:0/112",
+    )
+)
+
+# --- Reachable hosts --------------------------------------------------------------------------
+
+_LABEL = r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?"
+_HOST_NAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*$")
+
+
+def _address(text: str) -> IPAddress | None:
+    """The IP address `text` spells (brackets allowed), IPv4-mapped IPv6 as IPv4; else None."""
+    try:
+        address = ipaddress.ip_address(text.strip("[]"))
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+def _within(address: IPAddress, networks: typing.Iterable[IPNetwork]) -> bool:
+    return any(address.version == net.version and address in net for net in networks)
+
+
+class OutboundRefused(httpx.ConnectError):
+    """A connection the policy refuses; raised by the guarded clients before any packet is sent.
+
+    A subclass of httpx.ConnectError, so callers that already handle a failed connection
+    handle this one; check for it first where a refusal must not be retried.
+    """
+
+    def __init__(self, message: str, *, host: str, address: str, setting: str) -> None:
+        super().__init__(message)
+        self.host = host
+        self.address = address
+        self.setting = setting
+
+
+class Unresolvable(Exception):
+    """A host name that getaddrinfo cannot resolve."""
+
+
+@dataclass(frozen=True)
+class HostPolicy:
+    """One allow-list of hosts, parsed from the setting named `setting`."""
+
+    setting: str
+    entries: tuple[str, ...]
+    networks: tuple[IPNetwork, ...]
+    names: frozenset[str]
+    suffixes: tuple[str, ...]  # ".example.com" for "*.example.com"
+    # The entries that lie inside a metadata range: only these open metadata addresses.
+    metadata_openers: tuple[IPNetwork, ...]
+
+    @classmethod
+    def parse(cls, setting: str, entries: typing.Iterable[str]) -> HostPolicy:
+        """Raises ValueError naming the entry that is neither a CIDR, an address nor a name."""
+        kept, networks, names, suffixes = [], [], set(), []
+        for raw in entries:
+            entry = raw.strip()
+            if not entry:
+                continue
+            kept.append(entry)
+            if "/" in entry:
+                try:
+                    # strict: 10.0.0.1/8 is probably a typo for 10.0.0.1 or 10.0.0.0/8.
+                    networks.append(ipaddress.ip_network(entry.strip("[]"), strict=True))
+                except ValueError as error:
+                    raise ValueError(
+                        f"{entry!r} is not a CIDR such as 10.0.0.0/8: {error}"
+                    ) from None
+                continue
+            address = _address(entry)
+            if address is not None:
+                networks.append(ipaddress.ip_network(address))
+                continue
+            name = entry.lower().rstrip(".")
+            if name.startswith("*."):
+                if not _HOST_NAME.match(name[2:]):
+                    raise ValueError(f"{entry!r} is not a host-name wildcard such as *.svc.local.")
+                suffixes.append(name[1:])
+                continue
+            if not _HOST_NAME.match(name):
+                raise ValueError(
+                    f"{entry!r} is not a CIDR, an IP address or a host name (exact, or *.suffix)."
+                )
+            names.add(name)
+        openers = tuple(
+            net
+            for net in networks
+            if any(net.version == m.version and net.subnet_of(m) for m in METADATA_NETWORKS)
+        )
+        return cls(
+            setting, tuple(kept), tuple(networks), frozenset(names), tuple(suffixes), openers
+        )
+
+    def describe(self) -> str:
+        return f"{self.setting}={','.join(self.entries) or '(empty)'}"
+
+    def allows_name(self, host: str) -> bool:
+        name = host.lower().rstrip(".")
+        return name in self.names or any(name.endswith(suffix) for suffix in self.suffixes)
+
+    def address_refusal(self, address: IPAddress, *, allowed_by_name: bool = False) -> str:
+        """Why connecting to `address` is refused, or "" when it is allowed."""
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            address = address.ipv4_mapped
+        if _within(address, METADATA_NETWORKS):
+            if _within(address, self.metadata_openers):
+                return ""
+            return (
+                f"{address} is a link-local or cloud-metadata address, refused unless an entry of "
+                f"{self.setting} lies inside that range (e.g. {address}/"
+                f"{address.max_prefixlen}); a broad entry such as 0.0.0.0/0 does not open it"
+            )
+        if allowed_by_name or _within(address, self.networks):
+            return ""
+        return f"{address} is not in {self.describe()}"
+
+    def vet(self, host: str, addresses: typing.Iterable[IPAddress], *, allowed_by_name: bool):
+        """`addresses` when every one is allowed; else OutboundRefused for the first refused."""
+        vetted = []
+        for address in addresses:
+            refusal = self.address_refusal(address, allowed_by_name=allowed_by_name)
+            if refusal:
+                raise OutboundRefused(
+                    f"refused to connect to {host}: {refusal} (an operator setting).",
+                    host=host,
+                    address=str(address),
+                    setting=self.setting,
+                )
+            vetted.append(address)
+        return vetted
+
+    def vet_host(self, host: str, port: int) -> list[IPAddress]:
+        """The addresses of `host` to connect to, all allowed; OutboundRefused otherwise.
+
+        Raises Unresolvable when a name does not resolve.
+        """
+        literal = _address(host)
+        if literal is not None:
+            return self.vet(host, [literal], allowed_by_name=False)
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except (socket.gaierror, UnicodeError) as error:
+            raise Unresolvable(f"{host} does not resolve: {error}") from error
+        return self.vet(host, _resolved(infos), allowed_by_name=self.allows_name(host))
+
+
+def _resolved(infos) -> list[IPAddress]:
+    """Unique addresses of getaddrinfo's answer, in its order (the resolver's preference)."""
+    seen: list[IPAddress] = []
+    for _family, _type, _proto, _canonname, sockaddr in infos:
+        address = ipaddress.ip_address(sockaddr[0])
+        if address not in seen:
+            seen.append(address)
+    return seen
+
+
+@lru_cache(maxsize=32)
+def _parsed(setting: str, entries: tuple[str, ...]) -> HostPolicy:
+    return HostPolicy.parse(setting, entries)
+
+
+def policy(purpose: str = OUTBOUND) -> HostPolicy:
+    """The policy for `purpose` ("outbound" or "benchmark") from the current Django settings."""
+    from django.conf import settings
+
+    setting = SETTING_FOR_PURPOSE[purpose]
+    return _parsed(setting, tuple(getattr(settings, setting)))
+
+
+def check_url(url: str, *, purpose: str = OUTBOUND, field: str | None = None) -> str:
+    """`url` when the control plane may connect to it; else DomainError naming the rule.
+
+    Resolves the host as the connection would; a name listed in the setting is accepted
+    without resolving (cluster DNS may answer only inside the cluster), but the connection
+    is still checked when it is made.
+    """
+    host_policy = policy(purpose)
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise DomainError(
+            f"{url!r} must be an http or https URL with a host.", field=field, code="invalid_url"
+        )
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        raise DomainError(
+            f"{url!r} has a malformed port.", field=field, code="invalid_url"
+        ) from None
+    check_host(parts.hostname, purpose=purpose, field=field, port=port, host_policy=host_policy)
+    return url
+
+
+def check_host(
+    host: str,
+    *,
+    purpose: str = OUTBOUND,
+    field: str | None = None,
+    port: int = 80,
+    host_policy: HostPolicy | None = None,
+) -> str:
+    """`host` when the control plane may connect to it; else DomainError naming the rule."""
+    host_policy = host_policy or policy(purpose)
+    try:
+        host_policy.vet_host(host, port)
+    except OutboundRefused as refused:
+        raise DomainError(
+            f"{host} is refused: {refused}", field=field, code="outbound_refused"
+        ) from refused
+    except Unresolvable as error:
+        if host_policy.allows_name(host):
+            return host
+        raise DomainError(
+            f"{error}; only host names listed in {host_policy.describe()} are accepted without "
+            "resolving (an operator setting).",
+            field=field,
+            code="outbound_refused",
+        ) from error
+    return host
+
+
+# --- Guarded HTTP clients ---------------------------------------------------------------------
+
+
+class _GuardedSyncBackend(httpcore.SyncBackend):
+    def __init__(self, host_policy: HostPolicy) -> None:
+        self._policy = host_policy
+
+    def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
+        try:
+            addresses = self._policy.vet_host(host, port)
+        except Unresolvable as error:
+            raise httpcore.ConnectError(str(error)) from error
+        last_error: Exception | None = None
+        for address in addresses:
+            try:
+                # The vetted address, not the name: a second lookup could answer otherwise.
+                # TLS still names the host (httpcore passes the URL's host as SNI).
+                return super().connect_tcp(
+                    str(address),
+                    port,
+                    timeout=timeout,
+                    local_address=local_address,
+                    socket_options=socket_options,
+                )
+            except (httpcore.ConnectError, httpcore.ConnectTimeout) as error:
+                last_error = error
+        raise last_error or httpcore.ConnectError(f"{host} has no address")
+
+
+class _GuardedAsyncBackend(httpcore.AnyIOBackend):
+    def __init__(self, host_policy: HostPolicy) -> None:
+        self._policy = host_policy
+
+    async def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
+        literal = _address(host)
+        if literal is not None:
+            addresses = self._policy.vet(host, [literal], allowed_by_name=False)
+        else:
+            try:
+                with anyio.fail_after(timeout):
+                    infos = await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            except TimeoutError as error:
+                raise httpcore.ConnectTimeout(f"resolving {host} timed out") from error
+            except (OSError, UnicodeError) as error:
+                raise httpcore.ConnectError(f"{host} does not resolve: {error}") from error
+            addresses = self._policy.vet(
+                host, _resolved(infos), allowed_by_name=self._policy.allows_name(host)
+            )
+        last_error: Exception | None = None
+        for address in addresses:
+            try:
+                return await super().connect_tcp(
+                    str(address),
+                    port,
+                    timeout=timeout,
+                    local_address=local_address,
+                    socket_options=socket_options,
+                )
+            except (httpcore.ConnectError, httpcore.ConnectTimeout) as error:
+                last_error = error
+        raise last_error or httpcore.ConnectError(f"{host} has no address")
+
+
+# httpx's own defaults.
+_DEFAULT_LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20)
+
+
+@lru_cache(maxsize=1)
+def _default_ssl_context() -> ssl.SSLContext:
+    # Loading the CA bundle costs milliseconds; one context serves every client (it is only
+    # read once built). SSL_CERT_FILE / SSL_CERT_DIR still apply: they are the operator's.
+    return httpx.create_ssl_context()
+
+
+def _ssl_context(verify, cert) -> ssl.SSLContext:
+    if verify is True and cert is None:
+        return _default_ssl_context()
+    return httpx.create_ssl_context(verify=verify, cert=cert)
+
+
+class GuardedTransport(httpx.HTTPTransport):
+    """httpx's transport over a connection pool whose every TCP connection is vetted."""
+
+    def __init__(
+        self,
+        host_policy: HostPolicy,
+        *,
+        verify: ssl.SSLContext | str | bool = True,
+        cert=None,
+        http1: bool = True,
+        http2: bool = False,
+        limits: httpx.Limits = _DEFAULT_LIMITS,
+        retries: int = 0,
+    ) -> None:
+        ssl_context = _ssl_context(verify, cert)
+        super().__init__(
+            verify=ssl_context, trust_env=False, http1=http1, http2=http2, limits=limits
+        )
+        # The same pool httpx builds, plus the network backend that checks each connection.
+        self._pool = httpcore.ConnectionPool(
+            ssl_context=ssl_context,
+            max_connections=limits.max_connections,
+            max_keepalive_connections=limits.max_keepalive_connections,
+            keepalive_expiry=limits.keepalive_expiry,
+            http1=http1,
+            http2=http2,
+            retries=retries,
+            network_backend=_GuardedSyncBackend(host_policy),
+        )
+
+
+class AsyncGuardedTransport(httpx.AsyncHTTPTransport):
+    """The async twin of GuardedTransport."""
+
+    def __init__(
+        self,
+        host_policy: HostPolicy,
+        *,
+        verify: ssl.SSLContext | str | bool = True,
+        cert=None,
+        http1: bool = True,
+        http2: bool = False,
+        limits: httpx.Limits = _DEFAULT_LIMITS,
+        retries: int = 0,
+    ) -> None:
+        ssl_context = _ssl_context(verify, cert)
+        super().__init__(
+            verify=ssl_context, trust_env=False, http1=http1, http2=http2, limits=limits
+        )
+        self._pool = httpcore.AsyncConnectionPool(
+            ssl_context=ssl_context,
+            max_connections=limits.max_connections,
+            max_keepalive_connections=limits.max_keepalive_connections,
+            keepalive_expiry=limits.keepalive_expiry,
+            http1=http1,
+            http2=http2,
+            retries=retries,
+            network_backend=_GuardedAsyncBackend(host_policy),
+        )
+
+
+class GuardedClient(httpx.Client):
+    """An httpx.Client that never follows a redirect, not even when a call asks it to."""
+
+    def send(self, request, *, stream=False, auth=httpx.USE_CLIENT_DEFAULT, follow_redirects=False):
+        # A redirect is the server choosing where we connect next; the caller sees the 3xx.
+        return super().send(request, stream=stream, auth=auth, follow_redirects=False)
+
+
+class AsyncGuardedClient(httpx.AsyncClient):
+    async def send(
+        self, request, *, stream=False, auth=httpx.USE_CLIENT_DEFAULT, follow_redirects=False
+    ):
+        return await super().send(request, stream=stream, auth=auth, follow_redirects=False)
+
+
+_TRANSPORT_KEYWORDS = ("verify", "cert", "http1", "http2", "limits")
+# Each of these would connect somewhere the policy does not see.
+_REFUSED_KEYWORDS = ("transport", "mounts", "proxy", "trust_env", "follow_redirects", "app")
+
+
+def _split(kwargs: dict) -> tuple[dict, dict]:
+    refused = sorted(set(kwargs) & set(_REFUSED_KEYWORDS))
+    if refused:
+        raise TypeError(f"a guarded client takes no {', '.join(refused)}")
+    transport_kwargs = {k: kwargs.pop(k) for k in _TRANSPORT_KEYWORDS if k in kwargs}
+    return transport_kwargs, kwargs
+
+
+def client(
+    *, purpose: str = OUTBOUND, host_policy: HostPolicy | None = None, **kwargs
+) -> httpx.Client:
+    """An httpx.Client whose connections `purpose`'s allow-list vets; no redirects, no proxy."""
+    transport_kwargs, client_kwargs = _split(kwargs)
+    transport = GuardedTransport(host_policy or policy(purpose), **transport_kwargs)
+    return GuardedClient(
+        transport=transport, trust_env=False, follow_redirects=False, **client_kwargs
+    )
+
+
+def async_client(
+    *, purpose: str = OUTBOUND, host_policy: HostPolicy | None = None, **kwargs
+) -> httpx.AsyncClient:
+    """The async twin of `client()`."""
+    transport_kwargs, client_kwargs = _split(kwargs)
+    transport = AsyncGuardedTransport(host_policy or policy(purpose), **transport_kwargs)
+    return AsyncGuardedClient(
+        transport=transport, trust_env=False, follow_redirects=False, **client_kwargs
+    )
+
+
+def request(method: str, url: str, *, purpose: str = OUTBOUND, timeout=5.0, **kwargs):
+    """One request through a guarded client (the guarded httpx.request)."""
+    with client(purpose=purpose, timeout=timeout) as guarded:
+        return guarded.request(method, url, **kwargs)
+
+
+# --- Secrets by name --------------------------------------------------------------------------
+
+ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+_ENV_PATTERN = re.compile(r"^[A-Z0-9_*?\[\]!-]+$")
+# The control plane's own secrets: no setting lets a config name them, since whoever writes a
+# config would have them sent to a host of their choosing.
+FORBIDDEN_SECRET_ENV_NAMES = frozenset(
+    {
+        "SECRET_KEY",
+        "DATABASE_URL",
+        "REDIS_URL",
+        "ADMISSION_REDIS_URL",
+        "CELERY_BROKER_URL",
+        "PLANNER_PASSWORD",
+        "DEMO_PLANNER_PASSWORD",
+        "PGPASSWORD",
+        "PROCESS_SUPERVISOR_TOKEN",
+    }
+)
+FORBIDDEN_SECRET_ENV_PATTERNS = (
+    "TEST_*",
+    "DJANGO_*",
+    "CELERY_*",
+    "*SECRET_KEY*",
+    "*DATABASE_URL*",
+    "*REDIS_URL*",
+)
+
+
+def parse_secret_env_patterns(entries: typing.Iterable[str]) -> tuple[str, ...]:
+    """Raises ValueError naming an entry that is not an env-var name or fnmatch pattern."""
+    patterns = []
+    for raw in entries:
+        entry = raw.strip()
+        if not entry:
+            continue
+        if not _ENV_PATTERN.match(entry):
+            raise ValueError(
+                f"{entry!r} is not an environment variable name or pattern such as MU_ACTUATOR_*."
+            )
+        patterns.append(entry)
+    return tuple(patterns)
+
+
+def secret_env_refusal(name: str, allowed_patterns: typing.Iterable[str]) -> str:
+    """Why a config may not name the environment variable `name`, or "" when it may."""
+    if not ENV_NAME.match(name):
+        return "must name an environment variable (upper case letters, digits, underscores)."
+    if name in FORBIDDEN_SECRET_ENV_NAMES or any(
+        fnmatch.fnmatchcase(name, pattern) for pattern in FORBIDDEN_SECRET_ENV_PATTERNS
+    ):
+        return f"{name} holds one of the control plane's own secrets, which no config may name."
+    allowed = tuple(allowed_patterns)
+    if not any(fnmatch.fnmatchcase(name, pattern) for pattern in allowed):
+        return (
+            f"{name} is not one of the variables actuators may read: "
+            f"ACTUATOR_SECRET_ENV_NAMES={','.join(allowed) or '(empty)'} (an operator setting)."
+        )
+    return ""
+
+
+def secret_env_refusal_from_settings(name: str) -> str:
+    from django.conf import settings
+
+    return secret_env_refusal(name, settings.ACTUATOR_SECRET_ENV_NAMES)
+
+
+# --- Kubernetes cluster profiles ----------------------------------------------------------------
+
+_PROFILE_NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
+_PROFILE_KEYS = frozenset(
+    {"kubeconfig", "context", "api_server", "token_env", "verify_tls", "in_cluster"}
+)
+
+
+def parse_kubernetes_clusters(text_or_value, *, secret_env_patterns: typing.Iterable[str]) -> dict:
+    """Profiles {name: {...}} from JSON (or an already parsed dict); ValueError naming the fault.
+
+    Each profile has exactly one of `kubeconfig` (a file path; optional `context`),
+    `api_server` (http(s) URL; optional `token_env`, `verify_tls`) or `in_cluster: true`.
+    """
+    value = text_or_value
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"is not JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise ValueError('must be a JSON object of profiles, e.g. {"prod": {"kubeconfig": "..."}}.')
+    patterns = tuple(secret_env_patterns)
+    profiles = {}
+    for name, profile in value.items():
+        where = f"profile {name!r}"
+        if not isinstance(name, str) or not _PROFILE_NAME.match(name):
+            raise ValueError(f"{where}: names are lower-case letters, digits, '.', '_' and '-'.")
+        if not isinstance(profile, dict):
+            raise ValueError(f"{where} must be an object.")
+        unknown = sorted(set(profile) - _PROFILE_KEYS)
+        if unknown:
+            raise ValueError(f"{where} has unknown key(s): {', '.join(unknown)}.")
+        sources = [key for key in ("kubeconfig", "api_server", "in_cluster") if profile.get(key)]
+        if len(sources) != 1:
+            raise ValueError(f"{where} needs exactly one of kubeconfig, api_server or in_cluster.")
+        if "in_cluster" in profile and profile["in_cluster"] is not True and profile["in_cluster"]:
+            raise ValueError(f"{where}: in_cluster must be true.")
+        if "kubeconfig" in profile and not isinstance(profile["kubeconfig"], str):
+            raise ValueError(f"{where}: kubeconfig must be a file path.")
+        if "context" in profile and (
+            "kubeconfig" not in profile or not isinstance(profile["context"], str)
+        ):
+            raise ValueError(f"{where}: context applies only to a kubeconfig, as a name.")
+        if "api_server" in profile:
+            parts = urlsplit(str(profile["api_server"]))
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError(f"{where}: api_server must be an http or https URL.")
+        for key in ("token_env", "verify_tls"):
+            if key in profile and "api_server" not in profile:
+                raise ValueError(f"{where}: {key} applies only with api_server.")
+        if "verify_tls" in profile and not isinstance(profile["verify_tls"], bool):
+            raise ValueError(f"{where}: verify_tls must be true or false.")
+        if "token_env" in profile:
+            refusal = secret_env_refusal(str(profile["token_env"]), patterns)
+            if refusal:
+                raise ValueError(f"{where}: token_env: {refusal}")
+        profiles[name] = dict(profile)
+    return profiles

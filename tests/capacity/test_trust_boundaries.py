@@ -1,0 +1,477 @@
+"""Issue 15: no command, secret or reachable host through the API (DESIGN §6).
+
+Each reproduced attack is replayed here and must end in the attacker's favour no more: the
+API refuses it with a 400 that names the rule, and a config forced into the database anyway
+is flagged and never sent anywhere (a real local listener shows it received nothing).
+"""
+
+import importlib
+import threading
+
+import httpx
+import pytest
+from django.apps import apps
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from benchmarking import services as benchmark_services
+from benchmarking.models import BenchmarkRun
+from capacity.allocation_tick import allocation_tick
+from capacity.health import probe_endpoint
+from capacity.management.commands.run_process_supervisor import make_server
+from capacity.models import AllocationDecision, Deployment
+from capacity.process_supervisor import ProcessSupervisor
+from tests.capacity.test_allocation_tick import use
+from tests.capacity.test_process_actuator import free_port_range, wait_until
+from tests.recording_server import RecordingServer
+
+pytestmark = pytest.mark.django_db
+
+DEPLOYMENT = "/api/v1/deployments/llama-8b-h100/"
+
+
+def error_of(response) -> dict:
+    return response.json()["error"]
+
+
+@pytest.fixture
+def fleet(sellable, served_model, acme, globex):
+    """One deployment at 1 replica that demand will push to 3: the tick has a target to apply."""
+    Deployment.objects.filter(name="llama-8b-h100").update(
+        current_replicas=1, target_utilisation=1.0
+    )
+    use(globex, served_model, 300)
+    return Deployment.objects.get(name="llama-8b-h100")
+
+
+@pytest.fixture
+def attacker():
+    """The attacker's listener: every secret that reaches it is a failure of these rules."""
+    with RecordingServer() as server:
+        yield server
+
+
+def force(deployment, kind: str, config: dict) -> None:
+    """What a row written before these rules (or edited in the database) holds."""
+    Deployment.objects.filter(pk=deployment.pk).update(actuator_kind=kind, actuator_config=config)
+
+
+def latest_decision(deployment) -> AllocationDecision:
+    return AllocationDecision.objects.filter(deployment=deployment).first()
+
+
+# -- SECRET_KEY to an API server of the attacker's choosing (Kubernetes) ------------------------
+
+
+def test_it_refuses_a_kubernetes_api_server_and_token_env_through_the_api(
+    planner_client, fleet, attacker
+):
+    attack = {
+        "actuator_kind": "kubernetes",
+        "actuator_config": {
+            "namespace": "inference",
+            "name": "llama-8b",
+            "api_server": attacker.url,
+            "token_env": "SECRET_KEY",
+        },
+    }
+
+    response = planner_client.patch(DEPLOYMENT, attack, format="json")
+
+    assert response.status_code == 400
+    error = error_of(response)
+    assert set(error["fields"]) == {"actuator_config.api_server", "actuator_config.token_env"}
+    assert "KUBERNETES_CLUSTERS" in error["message"]
+    fleet.refresh_from_db()
+    assert fleet.actuator_kind == "dry_run"
+
+
+def test_a_cluster_the_operator_did_not_define_is_refused_naming_the_known_ones(
+    planner_client, fleet
+):
+    config = {"namespace": "inference", "name": "llama-8b", "cluster": "attacker"}
+
+    response = planner_client.patch(
+        DEPLOYMENT, {"actuator_kind": "kubernetes", "actuator_config": config}, format="json"
+    )
+
+    assert response.status_code == 400
+    assert error_of(response)["fields"]["actuator_config.cluster"] == [
+        "'attacker' is not a cluster profile of the KUBERNETES_CLUSTERS setting "
+        "(known: in-cluster)."
+    ]
+
+
+def test_a_kubernetes_config_forced_into_the_database_never_sends_the_secret(fleet, attacker):
+    force(
+        fleet,
+        "kubernetes",
+        {"namespace": "inference", "name": "llama-8b", "api_server": attacker.url,
+         "token_env": "SECRET_KEY"},
+    )  # fmt: skip
+
+    # Before anyone flags it, the actuator itself refuses the stored config.
+    allocation_tick()
+    before_flagging = latest_decision(fleet)
+    call_command("check_actuator_configs")
+    fleet.refresh_from_db()
+    allocation_tick()
+    flagged = latest_decision(fleet)
+
+    assert before_flagging.actuator_ok is False
+    assert "api_server: is an operator setting now" in before_flagging.actuator_error
+    assert "KUBERNETES_CLUSTERS" in fleet.actuator_config_problem
+    assert flagged.actuator_ok is False and flagged.actuator_attempts == 0
+    assert flagged.actuator_error.startswith("refused: the stored actuator config breaks")
+    assert "actuator_config_refused" in [reason["code"] for reason in flagged.reasons]
+    assert attacker.requests == []
+
+
+# -- DATABASE_URL to a supervisor of the attacker's choosing (process) --------------------------
+
+
+def test_it_refuses_a_process_token_env_naming_the_control_planes_secret(planner_client, fleet):
+    config = {"engine": "vllm", "base_port": 9000, "token_env": "DATABASE_URL"}
+
+    response = planner_client.patch(
+        DEPLOYMENT, {"actuator_kind": "process", "actuator_config": config}, format="json"
+    )
+
+    assert response.status_code == 400
+    error = error_of(response)
+    assert error["fields"] == {
+        "actuator_config.token_env": [
+            "DATABASE_URL holds one of the control plane's own secrets, which no config may name."
+        ]
+    }
+
+
+def test_a_token_env_outside_the_operators_names_is_refused_naming_the_setting(
+    planner_client, fleet
+):
+    config = {"engine": "vllm", "base_port": 9000, "token_env": "HOME"}
+
+    response = planner_client.patch(
+        DEPLOYMENT, {"actuator_kind": "process", "actuator_config": config}, format="json"
+    )
+
+    assert response.status_code == 400
+    assert "ACTUATOR_SECRET_ENV_NAMES=MU_ACTUATOR_*" in error_of(response)["message"]
+
+
+def test_a_process_config_forced_into_the_database_never_sends_the_secret(fleet, attacker):
+    force(
+        fleet,
+        "process",
+        {"engine": "vllm", "base_port": 9000, "supervisor_url": attacker.url,
+         "token_env": "DATABASE_URL"},
+    )  # fmt: skip
+
+    allocation_tick()
+    call_command("check_actuator_configs")
+    allocation_tick()
+
+    fleet.refresh_from_db()
+    assert "DATABASE_URL holds one of the control plane's own secrets" in (
+        fleet.actuator_config_problem
+    )
+    assert latest_decision(fleet).actuator_ok is False
+    assert attacker.requests == []
+
+
+# -- Commands run as the supervisor's user --------------------------------------------------------
+
+
+def test_it_refuses_a_command_through_the_api(planner_client, fleet):
+    config = {"command": ["/bin/sh", "-c", "id > /tmp/owned", "{port}"], "base_port": 9000}
+
+    response = planner_client.patch(
+        DEPLOYMENT, {"actuator_kind": "process", "actuator_config": config}, format="json"
+    )
+
+    assert response.status_code == 400
+    [reason] = error_of(response)["fields"]["actuator_config.command"]
+    assert "run_process_supervisor --engine" in reason
+
+
+@pytest.fixture
+def running_supervisor(tmp_path):
+    engines = {"sleeper": ("sleep", "60", "{port}")}
+    supervisor = ProcessSupervisor(engines=engines, log_dir=tmp_path / "logs").start()
+    server = make_server(supervisor, port=0)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+    supervisor.shutdown(drain=False)
+
+
+def test_a_running_supervisor_refuses_a_command_and_runs_only_its_own_engines(
+    running_supervisor, tmp_path
+):
+    owned = tmp_path / "owned"
+    scale = f"{running_supervisor.url}/scale"
+    base = {"deployment": "llm", "replicas": 1, "base_port": free_port_range(1)}
+
+    with_command = httpx.post(
+        scale, json=base | {"command": ["/bin/sh", "-c", f"id > {owned}", "{port}"]}, timeout=5
+    )
+    unknown = httpx.post(scale, json=base | {"engine": "shell"}, timeout=5)
+    known = httpx.post(scale, json=base | {"engine": "sleeper"}, timeout=5)
+
+    assert with_command.status_code == 400
+    assert "runs only the engines of its own allow-list" in with_command.json()["error"]
+    assert unknown.status_code == 400
+    assert unknown.json()["error"] == (
+        "engine: 'shell' is not an engine of this supervisor (known: sleeper)."
+    )
+    assert known.status_code == 200
+    assert known.json()["engine"] == "sleeper"
+    status = httpx.get(f"{running_supervisor.url}/status", timeout=5).json()
+    assert status["deployments"]["llm"]["engine"] == "sleeper"
+    assert "command" not in status["deployments"]["llm"]
+    wait_until(lambda: status_pid(running_supervisor), what="the sleeper to start")
+    assert not owned.exists()
+
+
+def status_pid(server) -> int | None:
+    status = httpx.get(f"{server.url}/status", timeout=5).json()
+    return status["deployments"]["llm"]["replicas"][0]["pid"]
+
+
+def test_the_supervisor_will_not_start_without_an_engine_allow_list():
+    with pytest.raises(CommandError, match="No engine to run"):
+        call_command("run_process_supervisor", "--port", "0")
+    with pytest.raises(CommandError, match='must contain "{port}"'):
+        call_command("run_process_supervisor", "--port", "0", "--engine", "vllm=vllm serve x")
+
+
+# -- Load, probes and webhooks aimed anywhere -----------------------------------------------------
+
+
+@pytest.fixture
+def suite(db):
+    return benchmark_services.suite_create(
+        name="quick",
+        grid=[[128, 16]],
+        slo_ttft_p95_ms=2000,
+        slo_tpot_p95_ms=200,
+        duration_per_point_seconds=0.5,
+        max_concurrency=2,
+    )
+
+
+def test_it_refuses_a_benchmark_run_aimed_outside_the_allow_list(planner_client, suite, fleet):
+    body = {"suite": "quick", "deployment": fleet.name, "endpoint_url": "http://10.1.2.3:8000"}
+
+    response = planner_client.post("/api/v1/benchmark-runs/", body, format="json")
+
+    assert response.status_code == 400
+    error = error_of(response)
+    assert list(error["fields"]) == ["endpoint_url"]
+    assert (
+        "10.1.2.3 is not in BENCHMARK_ALLOWED_HOSTS=127.0.0.0/8,::1/128,localhost"
+        in (error["message"])
+    )
+    assert not BenchmarkRun.objects.exists()
+
+
+def test_a_run_forced_into_the_database_with_a_refused_endpoint_sends_no_request(
+    suite, fleet, attacker, settings
+):
+    settings.BENCHMARK_ALLOWED_HOSTS = ["10.0.0.0/8"]
+    run = BenchmarkRun.objects.create(
+        suite=suite,
+        deployment=fleet,
+        served_model=fleet.served_model,
+        gpu_type=fleet.gpu_pool.gpu_type,
+        endpoint_url=attacker.url,
+        engine_model_id=fleet.served_model.engine_model_id,
+        progress_total=1,
+    )
+
+    benchmark_services.run_execute(run_id=run.pk)
+
+    run.refresh_from_db()
+    assert run.status == BenchmarkRun.Status.FAILED
+    assert "127.0.0.1 is not in BENCHMARK_ALLOWED_HOSTS=10.0.0.0/8" in run.error
+    assert attacker.requests == []
+
+
+def test_a_deployments_endpoint_url_must_be_reachable_under_the_allow_list(planner_client, fleet):
+    response = planner_client.patch(
+        DEPLOYMENT, {"endpoint_url": "http://169.254.169.254/latest/"}, format="json"
+    )
+
+    assert response.status_code == 400
+    assert list(error_of(response)["fields"]) == ["endpoint_url"]
+    assert "link-local or cloud-metadata" in error_of(response)["message"]
+
+
+def test_a_health_probe_does_not_reach_a_replica_outside_the_allow_list(attacker, settings):
+    settings.OUTBOUND_ALLOWED_HOSTS = ["10.0.0.0/8"]
+
+    answer = probe_endpoint(attacker.url, "llama-8b", timeout_seconds=2)
+
+    assert answer.outcome == "error"
+    assert "OutboundRefused" in answer.detail and "OUTBOUND_ALLOWED_HOSTS" in answer.detail
+    assert attacker.requests == []
+
+
+def test_it_refuses_a_webhook_aimed_at_the_metadata_service(planner_client, fleet):
+    config = {"url": "http://169.254.169.254/latest/meta-data/", "secret_env": "MU_ACTUATOR_HOOK"}
+
+    response = planner_client.patch(
+        DEPLOYMENT, {"actuator_kind": "webhook", "actuator_config": config}, format="json"
+    )
+
+    assert response.status_code == 400
+    assert "OUTBOUND_ALLOWED_HOSTS" in error_of(response)["fields"]["actuator_config.url"][0]
+
+
+def test_it_refuses_an_unsigned_webhook_unless_the_operator_allows_it(
+    planner_client, fleet, attacker, settings
+):
+    unsigned = {"actuator_kind": "webhook", "actuator_config": {"url": attacker.url}}
+
+    refused = planner_client.patch(DEPLOYMENT, unsigned, format="json")
+    settings.ACTUATOR_ALLOW_UNSIGNED_WEBHOOKS = True
+    allowed = planner_client.patch(DEPLOYMENT, unsigned, format="json")
+
+    assert refused.status_code == 400
+    assert (
+        "ACTUATOR_ALLOW_UNSIGNED_WEBHOOKS"
+        in (error_of(refused)["fields"]["actuator_config.secret_env"][0])
+    )
+    assert allowed.status_code == 200
+
+
+def test_a_redirect_from_a_webhook_is_not_followed(fleet, monkeypatch):
+    monkeypatch.setenv("MU_ACTUATOR_HOOK", "hook-secret")
+    with (
+        RecordingServer(host="127.0.0.2") as elsewhere,
+        RecordingServer(status=307, headers={"Location": elsewhere.url}) as hook,
+    ):
+        force(fleet, "webhook", {"url": hook.url, "secret_env": "MU_ACTUATOR_HOOK"})
+
+        allocation_tick()
+
+        assert len(hook.requests) == 1
+        assert elsewhere.requests == []
+    decision = latest_decision(fleet)
+    assert (decision.actuator_ok, decision.actuator_attempts) == (False, 1)
+    assert "answered 307" in decision.actuator_error
+
+
+# -- Stored configs that break the rules ----------------------------------------------------------
+
+
+def test_the_api_shows_why_a_stored_config_is_refused_and_a_valid_write_clears_it(
+    planner_client, fleet
+):
+    force(fleet, "process", {"command": ["vllm", "{port}"], "base_port": 9000})
+    call_command("check_actuator_configs")
+
+    shown = planner_client.get(DEPLOYMENT).json()
+    # Read-only: the API cannot clear the flag by saying so.
+    planner_client.patch(DEPLOYMENT, {"actuator_config_problem": ""}, format="json")
+    still = planner_client.get(DEPLOYMENT).json()
+    fixed = planner_client.patch(
+        DEPLOYMENT,
+        {"actuator_kind": "process", "actuator_config": {"engine": "vllm", "base_port": 9000}},
+        format="json",
+    )
+
+    assert shown["actuator_config_problem"].startswith("actuator_config.command:")
+    assert still["actuator_config_problem"] == shown["actuator_config_problem"]
+    assert fixed.status_code == 200
+    assert fixed.json()["actuator_config_problem"] == ""
+
+
+def test_the_admin_shows_a_refused_config(admin_client, fleet):
+    force(fleet, "webhook", {"url": "http://127.0.0.1:9/scale"})
+    call_command("check_actuator_configs")
+
+    page = admin_client.get(f"/admin/capacity/deployment/{fleet.pk}/change/")
+
+    assert page.status_code == 200
+    assert "ACTUATOR_ALLOW_UNSIGNED_WEBHOOKS" in page.content.decode()
+
+
+def test_check_actuator_configs_flags_and_clears_against_the_current_settings(
+    fleet, settings, capsys
+):
+    force(fleet, "webhook", {"url": "http://127.0.0.1:9/scale", "secret_env": "MU_ACTUATOR_H"})
+    settings.OUTBOUND_ALLOWED_HOSTS = ["10.0.0.0/8"]
+
+    call_command("check_actuator_configs")
+    flagged = Deployment.objects.get(pk=fleet.pk).actuator_config_problem
+    settings.OUTBOUND_ALLOWED_HOSTS = ["127.0.0.1"]
+    call_command("check_actuator_configs")
+    out = capsys.readouterr().out
+
+    assert "127.0.0.1 is not in OUTBOUND_ALLOWED_HOSTS=10.0.0.0/8" in flagged
+    assert f"{fleet.name}: valid again; flag cleared" in out
+    assert Deployment.objects.get(pk=fleet.pk).actuator_config_problem == ""
+    with pytest.raises(CommandError):
+        settings.OUTBOUND_ALLOWED_HOSTS = ["10.0.0.0/8"]
+        call_command("check_actuator_configs", "--strict")
+
+
+def test_the_migration_flags_stored_configs_and_drops_a_no_op_verify_tls(fleet, deployment_pair):
+    in_cluster, with_server = deployment_pair
+    migration = importlib.import_module(
+        "capacity.migrations.0012_deployment_actuator_config_problem"
+    )
+
+    migration.flag_configs_that_break_the_rules(apps, None)
+
+    in_cluster.refresh_from_db()
+    with_server.refresh_from_db()
+    fleet.refresh_from_db()
+    # verify_tls was stored by default and applied only with api_server: in-cluster is fine.
+    assert in_cluster.actuator_config == {
+        "namespace": "inference",
+        "name": "a",
+        "kind": "Deployment",
+    }
+    assert in_cluster.actuator_config_problem == ""
+    assert "KUBERNETES_CLUSTERS" in with_server.actuator_config_problem
+    assert fleet.actuator_config_problem == ""
+
+
+@pytest.fixture
+def deployment_pair(served_model, pool):
+    from tests.factories import DeploymentFactory
+
+    legacy = {"namespace": "inference", "kind": "Deployment", "verify_tls": True}
+    return (
+        DeploymentFactory(
+            name="legacy-in-cluster",
+            served_model=served_model,
+            gpu_pool=pool,
+            actuator_kind="kubernetes",
+            actuator_config=legacy | {"name": "a"},
+        ),
+        DeploymentFactory(
+            name="legacy-api-server",
+            served_model=served_model,
+            gpu_pool=pool,
+            actuator_kind="kubernetes",
+            actuator_config=legacy
+            | {"name": "b", "api_server": "https://k8s.example:6443", "token_env": "K8S_TOKEN"},
+        ),
+    )
+
+
+def test_the_demos_webhook_deployment_is_signed_and_allowed_by_the_defaults(db):
+    call_command("seed_demo", "--emulator-url", "http://127.0.0.1:8101")
+
+    demo = Deployment.objects.get(name="llama-8b-h100")
+    assert demo.actuator_kind == "webhook"
+    assert demo.actuator_config == {
+        "url": "http://127.0.0.1:8101/admin/webhook/scale",
+        "secret_env": "MU_ACTUATOR_DEMO_WEBHOOK_SECRET",
+    }
+    assert demo.actuator_config_problem == ""
