@@ -64,6 +64,7 @@ def _events(customer_slug: str) -> list[dict]:
         events.append(
             {
                 "event_id": f"bench-{index:09d}",
+                "customer": customer_slug,
                 "model": "bench-model",
                 "started_at": (finished - timedelta(seconds=2)).isoformat(),
                 "finished_at": finished.isoformat(),
@@ -143,7 +144,7 @@ def _copy_baseline() -> float:
     columns = (
         "event_id, customer_id, served_model_id, deployment_id, started_at, finished_at, minute, "
         "input_tokens, cached_input_tokens, output_tokens, images, outcome, admission_class, "
-        "ttft_ms, mu, cost_model_id, ingested_at, rolled_up"
+        "verification, self_reported, ttft_ms, mu, cost_model_id, ingested_at, rolled_up"
     )
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT {columns} FROM capacity_usageevent")  # noqa: S608
@@ -190,7 +191,9 @@ def _fill_rollups(model_id: int) -> tuple[list[int], datetime]:
 def run() -> list[Figure]:
     model = _catalog()
     customer = customer_create(name="Bench ingest", slug="bench-ingest")
-    key = api_key_create(name="bench", customer=customer, scopes=["read", "usage:write"])
+    # A platform gateway's key, naming the customer: customers' own keys post usage only
+    # when a planner allows it.
+    key = api_key_create(name="bench", service_name="bench-gateway", scopes=["usage:write"])
     events = _events(customer.slug)
     bodies = [
         json.dumps({"events": events[i : i + BATCH]}).encode() for i in range(0, len(events), BATCH)

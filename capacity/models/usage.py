@@ -56,12 +56,16 @@ class UsageEvent(models.Model):
     images = models.PositiveIntegerField(default=0)
     outcome = models.CharField(max_length=10, choices=Outcome.choices)
     admission_class = models.CharField(max_length=12, choices=AdmissionClass.choices)
+    # db_default: rows written by raw SQL (bulk loads, COPY) get them too.
     verification = models.CharField(
-        max_length=12, choices=Verification.choices, default=Verification.SENDER
+        max_length=12,
+        choices=Verification.choices,
+        default=Verification.SENDER,
+        db_default=Verification.SENDER,
     )
     # Posted by a key of the customer itself (allowed per customer by a planner), not by a
     # platform gateway: shown as such on the invoice.
-    self_reported = models.BooleanField(default=False)
+    self_reported = models.BooleanField(default=False, db_default=False)
     ttft_ms = models.FloatField(null=True, blank=True)
     mu = models.FloatField()
     cost_model = models.ForeignKey(CostModel, on_delete=models.PROTECT, related_name="+")
@@ -109,8 +113,8 @@ class UsageMinute(models.Model):
     best_effort_mu = models.FloatField(default=0.0)
     # Of `mu`: what the customer's own keys reported, and what no admission record confirmed;
     # the invoice shows both beside the best-effort charge.
-    self_reported_mu = models.FloatField(default=0.0)
-    unverified_mu = models.FloatField(default=0.0)
+    self_reported_mu = models.FloatField(default=0.0, db_default=0.0)
+    unverified_mu = models.FloatField(default=0.0, db_default=0.0)
 
     class Meta:
         constraints = [
