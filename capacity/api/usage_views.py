@@ -15,6 +15,7 @@ from capacity.models import ServedModel
 from capacity.usage import MAX_BATCH_EVENTS, usage_ingest
 from capacity.utilisation import customer_utilisation, model_capacity_summary
 from controlplane.api.errors import error_body
+from controlplane.api.throttling import UsageThrottle
 from controlplane.errors import DomainError
 
 IngestResponse = inline_serializer(
@@ -38,6 +39,9 @@ class UsageEventsView(APIView):
     the body always says which: accepted, duplicates (ignored, never counted twice) and
     rejected (by index, with reasons).
     """
+
+    # Batches count against API_THROTTLE_USAGE, not the write limit.
+    throttle_classes = [UsageThrottle]
 
     @extend_schema(request=inline_serializer("UsageBatch", {"events": serializers.ListField(
         child=serializers.DictField(), max_length=MAX_BATCH_EVENTS)}),
