@@ -9,6 +9,7 @@ from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from accounts.permissions import ReadScope
 from accounts.principals import principal_of
 from accounts.selectors import customers_visible_to
 from capacity.models import ServedModel
@@ -104,6 +105,8 @@ def _parse_step(value: str | None) -> timedelta:
 
 class CustomerUtilisationView(APIView):
     """Reserved versus used MU/min per step for one customer and model."""
+
+    permission_classes = [ReadScope]
 
     @extend_schema(
         parameters=[
