@@ -334,6 +334,12 @@ if ADMISSION_ON_REDIS_DOWN not in {"guaranteed", "all", "none"}:
     raise ImproperlyConfigured(
         f"ADMISSION_ON_REDIS_DOWN must be guaranteed, all or none, not {ADMISSION_ON_REDIS_DOWN!r}"
     )
+# The "guaranteed" fallback's bucket lives in each process (a gunicorn worker, a gateway), so N
+# processes admit up to N × a reservation while Redis is down. Each process's bucket gets
+# 1/ADMISSION_FALLBACK_PROCESSES of the reservation's rate and burst: set it to the number of
+# processes that answer admission (all web workers on all hosts, plus in-process gateways), and
+# the fleet admits at most the reservation. Too high only refuses more during the outage.
+ADMISSION_FALLBACK_PROCESSES = env_int("ADMISSION_FALLBACK_PROCESSES", 1, minimum=1)
 # The estimate caps max_tokens at this percentile of the model's recent output lengths.
 ADMISSION_OUTPUT_PERCENTILE = env_int("ADMISSION_OUTPUT_PERCENTILE", 95, minimum=1)
 # Limits the ticks stop refreshing, and idle buckets, vanish after this long.
