@@ -308,6 +308,10 @@ USAGE_MAX_FUTURE_SECONDS = env_int("USAGE_MAX_FUTURE_SECONDS", 300, minimum=0)
 ALLOCATION_TICK_SECONDS = env_int("ALLOCATION_TICK_SECONDS", 15, minimum=1)
 # Scale down only to the highest recommendation of this many seconds (DESIGN §2).
 ALLOCATION_STABILISATION_SECONDS = env_int("ALLOCATION_STABILISATION_SECONDS", 120, minimum=0)
+# Each actuator push (with its retries) must answer within this; one that does not is recorded
+# as a failure on its decision and abandoned (its HTTP timeout is capped below it), so one
+# hanging data plane never holds the tick, and its lock, for longer.
+ALLOCATION_PUSH_DEADLINE_SECONDS = env_float("ALLOCATION_PUSH_DEADLINE_SECONDS", 10.0, minimum=0.5)
 # The fleet page charts 7 days; a day more keeps the oldest bucket whole.
 CAPACITY_HISTORY_DAYS = env_int("CAPACITY_HISTORY_DAYS", 8, minimum=1)
 # --- Health probes (capacity/health.py) ---------------------------------------------------------
