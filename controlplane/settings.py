@@ -239,7 +239,7 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "controlplane.api.errors.api_exception_handler",
     # Writes per key (or user); usage ingestion has its own limit (API_THROTTLE_* below).
-    "DEFAULT_THROTTLE_CLASSES": ["controlplane.api.throttling.WriteThrottle"],
+    "DEFAULT_THROTTLE_CLASSES": ["accounts.throttling.WriteThrottle"],
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
 
@@ -257,7 +257,7 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
-        "controlplane.api.throttling.document_throttled_responses",
+        "accounts.throttling.document_throttled_responses",
     ],
     "COMPONENT_SPLIT_REQUEST": True,
     "SECURITY": [{"BearerApiKey": []}],

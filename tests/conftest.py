@@ -19,7 +19,7 @@ from tests.factories import (
 
 @pytest.fixture(autouse=True)
 def _fresh_api_throttles():
-    """API throttles count in Redis across requests (controlplane.api.throttling); every test
+    """API throttles count in Redis across requests (accounts.throttling); every test
     starts with none counted, whatever ran before it (ids repeat after --create-db)."""
     from django.core.cache import cache
 

@@ -12,11 +12,11 @@ from rest_framework.views import APIView
 from accounts.permissions import ReadScope
 from accounts.principals import principal_of
 from accounts.selectors import customers_visible_to
+from accounts.throttling import UsageThrottle
 from capacity.models import ServedModel
 from capacity.usage import MAX_BATCH_EVENTS, usage_ingest
 from capacity.utilisation import customer_utilisation, model_capacity_summary
 from controlplane.api.errors import error_body
-from controlplane.api.throttling import UsageThrottle
 from controlplane.errors import DomainError
 
 IngestResponse = inline_serializer(
