@@ -10,6 +10,16 @@ class IsPlanner(BasePermission):
         return principal_of(request).is_planner
 
 
+class ReadScope(BasePermission):
+    """Reading anything needs the `read` scope (planners have every scope). For endpoints that
+    only read, whatever their method (e.g. an estimate posted as a body)."""
+
+    message = "Reading this needs the read scope."
+
+    def has_permission(self, request, view) -> bool:
+        return principal_of(request).has_scope("read")
+
+
 class CatalogPermission(BasePermission):
     """Anyone signed in reads the catalog; planners and `catalog:write` service keys change it."""
 

@@ -1,12 +1,16 @@
 """Writes for benchmark suites and runs, imports, and fits.
 
 A run is a row (DESIGN §6): the task claims it with a conditional update, reports progress
-and a heartbeat on the row while it works, and ends it as succeeded or failed. A run whose
-worker died is failed by `runs_reap_stale`, so no run stays "running" forever, and a fit only
-ever reads a succeeded run.
+and a heartbeat on the row while it works, and ends it as succeeded or failed. The heartbeat
+beats every sixth of BENCHMARK_STALE_AFTER_SECONDS from the runner's event loop, during a
+point too (a point may last an hour), so only a worker that really stopped goes silent. A run
+whose worker died is failed by `runs_reap_stale`, so no run stays "running" forever, and a fit
+only ever reads a succeeded run.
 """
 
+import asyncio
 import logging
+from contextlib import suppress
 from datetime import timedelta
 
 from asgiref.sync import async_to_sync, sync_to_async
@@ -200,6 +204,38 @@ def _record_shape(run_id: int, shape: runner.ShapeResult) -> None:
     _append_log(run_id, f"{shape.input_len}/{shape.output_len}: {verdict} ({shape.stop_reason})")
 
 
+def _heartbeat(run_id: int) -> bool:
+    """Beat; False when the run is no longer running (the reaper or a planner ended it)."""
+    return bool(
+        BenchmarkRun.objects.filter(pk=run_id, status=BenchmarkRun.Status.RUNNING).update(
+            heartbeat_at=timezone.now()
+        )
+    )
+
+
+def heartbeat_interval_seconds() -> float:
+    return settings.BENCHMARK_STALE_AFTER_SECONDS / 6
+
+
+async def _with_heartbeat(run_id: int, measuring) -> list:
+    """Await `measuring` (the runner's grid) while beating the run's heartbeat; when the run is
+    ended meanwhile, stop measuring at once rather than at the end of the point."""
+    beat = sync_to_async(_heartbeat, thread_sensitive=True)
+    task = asyncio.ensure_future(measuring)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=heartbeat_interval_seconds())
+            if done:
+                return task.result()
+            if not await beat(run_id):
+                raise runner.RunnerError("the run was ended while it was measuring")
+    finally:
+        if not task.done():
+            task.cancel()
+            with suppress(asyncio.CancelledError):
+                await task
+
+
 def run_fail(*, run_id: int, error: str) -> bool:
     ended = BenchmarkRun.objects.filter(
         pk=run_id, status__in=[BenchmarkRun.Status.QUEUED, BenchmarkRun.Status.RUNNING]
@@ -240,13 +276,16 @@ def run_execute(*, run_id: int) -> BenchmarkRun | None:
     try:
         # async_to_sync runs the loop in a side thread and brings sync_to_async callbacks back
         # to this thread, so progress is written on this thread's database connection.
-        async_to_sync(runner.run_grid)(
-            base_url=run.endpoint_url,
-            model=run.engine_model_id,
-            spec=spec,
-            host_policy=outbound.policy(outbound.BENCHMARK),
-            on_point=on_point,
-            on_shape=on_shape,
+        async_to_sync(_with_heartbeat)(
+            run_id,
+            runner.run_grid(
+                base_url=run.endpoint_url,
+                model=run.engine_model_id,
+                spec=spec,
+                host_policy=outbound.policy(outbound.BENCHMARK),
+                on_point=on_point,
+                on_shape=on_shape,
+            ),
         )
     except runner.RunnerError as error:
         run_fail(run_id=run_id, error=str(error))

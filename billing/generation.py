@@ -2,8 +2,9 @@
 force), metered best-effort MU (per rate card in force) and SLA credits.
 
 Idempotent: a run replaces the period's draft invoices and never touches issued ones; issuing
-freezes an invoice (`invoice_issue`). Each customer's invoices are rebuilt in one transaction
-under a per-customer advisory lock, so concurrent runs never interleave.
+freezes an invoice (`invoice_issue`). A run reads what it bills and replaces the drafts in one
+transaction under the period's advisory lock: concurrent runs take turns, and the one that
+writes last has read last, so an older run never overwrites a newer run's drafts.
 """
 
 from __future__ import annotations
@@ -104,9 +105,25 @@ def build_lines(period: str | date, *, customers=None, until: datetime | None = 
 
 
 def generate_invoices(period: str | date, *, customers=None) -> GenerationResult:
-    first, lines_by_customer, result = build_lines(period, customers=customers)
-    _store_drafts(first, lines_by_customer, result)
+    first, _, _ = period_bounds(period)
+    with transaction.atomic():
+        # Lines are built after the lock is held (READ COMMITTED: each query sees what the
+        # runs before this one committed), never before it.
+        _lock_period(first)
+        first, lines_by_customer, result = build_lines(period, customers=customers)
+        _store_drafts(first, lines_by_customer, result)
     return result
+
+
+def _lock_period(first: date) -> None:
+    """The period's advisory lock, to the end of the transaction. SQLite needs none: its
+    transactions begin IMMEDIATE (settings), which serialises writers anyway."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_advisory_xact_lock(%s, %s)",
+                [ADVISORY_LOCK_BASE, first.year * 12 + first.month],
+            )
 
 
 def invoice_estimate(customer: Customer, period: str | date) -> dict:
@@ -384,17 +401,10 @@ def _credit_lines(
 
 
 def _store_drafts(first: date, lines_by_customer: dict, result: GenerationResult) -> None:
-    """Replace the period's drafts of these customers in one transaction, under a lock per
-    period so that concurrent runs never interleave; customers with an issued invoice for the
-    period are left exactly as they are."""
+    """Replace the period's drafts of these customers, inside generate_invoices' transaction
+    and lock; customers with an issued invoice for the period are left exactly as they are."""
     now = timezone.now()
     with transaction.atomic():
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    "SELECT pg_advisory_xact_lock(%s, %s)",
-                    [ADVISORY_LOCK_BASE, first.year * 12 + first.month],
-                )
         issued = set(
             Invoice.objects.filter(
                 period_start=first,

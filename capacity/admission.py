@@ -305,11 +305,14 @@ def _degraded(
 def _take_local(customer_id: int, model_id: int, cost: float, reserved: float) -> bool:
     if reserved <= 0:
         return False
-    burst = reserved / 60.0 * settings.ADMISSION_BURST_SECONDS
+    # This process's share: every process that answers admission has such a bucket, so the
+    # fleet admits at most the reservation (settings.ADMISSION_FALLBACK_PROCESSES).
+    rate = reserved / settings.ADMISSION_FALLBACK_PROCESSES
+    burst = rate / 60.0 * settings.ADMISSION_BURST_SECONDS
     now = time.monotonic()
     bucket = _local.setdefault((customer_id, model_id), _LocalBucket(burst, now))
     with bucket.lock:
-        bucket.tokens_mu = min(burst, bucket.tokens_mu + (now - bucket.updated_at) * reserved / 60)
+        bucket.tokens_mu = min(burst, bucket.tokens_mu + (now - bucket.updated_at) * rate / 60)
         bucket.updated_at = now
         # As in Redis, a request larger than the burst is admitted when the bucket is full.
         if bucket.tokens_mu >= min(cost, burst):

@@ -5,14 +5,17 @@ One tick runs at a time across all workers: a PostgreSQL advisory lock (a Redis 
 SQLite demo database); a tick that finds it taken skips. Actuators are called outside any
 database transaction and only with this tick's targets, so a failed push is never re-applied
 later: the next tick decides afresh. Repeated failures open a circuit for the deployment.
+Pushes run concurrently, each within ALLOCATION_PUSH_DEADLINE_SECONDS: one that misses it is a
+failure on its decision, and the tick (which holds the lock) does not wait for it.
 """
 
 import hashlib
 import logging
+import queue
+import threading
 import time
 import uuid
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta
 
@@ -25,7 +28,7 @@ from django.utils import timezone
 
 from benchmarking.fitting import Shape, predict_replica_seconds
 from capacity import allocation, metrics
-from capacity.actuators.base import ScaleRequest, apply_with_retries
+from capacity.actuators.base import Actuator, ActuatorResult, ScaleRequest, apply_with_retries
 from capacity.admission import publish_limits
 from capacity.bulk import copy_upsert
 from capacity.bursts import Bursts, bursts
@@ -576,17 +579,30 @@ def _apply(rows, decisions, deployments, result: TickResult, now) -> None:
         )
         work.append((row, request, deployment.actuator_kind))
 
-    def push(item):
-        row, request, kind = item
+    deadline = settings.ALLOCATION_PUSH_DEADLINE_SECONDS
+
+    def push(item, abandoned: threading.Event) -> ActuatorResult:
+        _, request, kind = item
+
+        def sleep_unless_abandoned(seconds: float) -> None:
+            # A push abandoned at its deadline starts no further attempt.
+            if abandoned.wait(seconds):
+                raise _Abandoned
+
         try:
-            return row, apply_with_retries(actuator_for(kind), request)
+            return apply_with_retries(
+                _BoundedActuator(actuator_for(kind), time.monotonic() + deadline, abandoned),
+                request,
+                deadline_seconds=deadline,
+                sleep=sleep_unless_abandoned,
+            )
+        except _Abandoned:
+            return ActuatorResult(ok=False, error="abandoned at the push deadline")
         except Exception as error:  # one broken actuator must not stop the others
-            from capacity.actuators.base import ActuatorResult
+            return ActuatorResult(ok=False, error=f"{type(error).__name__}: {error}")
 
-            return row, ActuatorResult(ok=False, error=f"{type(error).__name__}: {error}")
-
-    with ThreadPoolExecutor(max_workers=ACTUATOR_THREADS) as pool:
-        outcomes = list(pool.map(push, work))
+    results = _push_all(work, push, deadline)
+    outcomes = [(row, outcome) for (row, _, _), outcome in zip(work, results, strict=True)]
     applied_at = timezone.now()
     succeeded = []
     for row, outcome in outcomes:
@@ -608,6 +624,77 @@ def _apply(rows, decisions, deployments, result: TickResult, now) -> None:
         batch_size=1000,
     )
     _record_applied(succeeded)
+
+
+class _Abandoned(Exception):
+    """The tick gave up on this push at its deadline."""
+
+
+# Kinds whose config carries a per-request `timeout_seconds` (capacity/actuator_config.py),
+# with the actuator's default.
+_TIMEOUT_KINDS = {"webhook": 5.0, "kubernetes": 5.0}
+
+
+class _BoundedActuator(Actuator):
+    """An actuator whose every attempt ends by the push's deadline: the attempt's HTTP timeout
+    is what remains of it, so the client gives up (and closes the connection) before the tick
+    moves on, never after; no attempt starts once the push is abandoned."""
+
+    def __init__(self, inner: Actuator, deadline_at: float, abandoned: threading.Event):
+        self.inner, self.deadline_at, self.abandoned = inner, deadline_at, abandoned
+        self.kind = inner.kind
+
+    def apply(self, request: ScaleRequest) -> int | None:
+        remaining = self.deadline_at - time.monotonic()
+        if self.abandoned.is_set() or remaining < 0.1:
+            raise _Abandoned
+        if self.kind in _TIMEOUT_KINDS:
+            configured = float(request.config.get("timeout_seconds") or _TIMEOUT_KINDS[self.kind])
+            timeout = max(0.1, min(configured, remaining))
+            request = replace(request, config={**request.config, "timeout_seconds": timeout})
+        return self.inner.apply(request)
+
+
+def _push_all(work: list, push, deadline: float) -> list[ActuatorResult]:
+    """push(item, abandoned) for every item, at most ACTUATOR_THREADS at a time, each in its
+    own daemon thread. A push still running `deadline` seconds after it started is recorded as
+    failed and abandoned: the tick does not wait for it, its thread may start no new attempt
+    (`abandoned` is set) and whatever it answers later is dropped, never recorded or applied.
+    An abandoned push frees its slot, so one hanging actuator never stalls the others."""
+    results: dict[int, ActuatorResult] = {}
+    finished: queue.SimpleQueue = queue.SimpleQueue()
+    waiting = list(enumerate(work))
+    running: dict[int, tuple[float, threading.Event]] = {}
+
+    def run(index, item, abandoned):
+        finished.put((index, push(item, abandoned)))
+
+    while waiting or running:
+        while waiting and len(running) < ACTUATOR_THREADS:
+            index, item = waiting.pop(0)
+            abandoned = threading.Event()
+            running[index] = (time.monotonic(), abandoned)
+            threading.Thread(
+                target=run, args=(index, item, abandoned), name="actuator-push", daemon=True
+            ).start()
+        first_deadline = min(started for started, _ in running.values()) + deadline
+        try:
+            index, outcome = finished.get(timeout=max(0.0, first_deadline - time.monotonic()))
+            if running.pop(index, None) is not None:  # else: abandoned, the answer is dropped
+                results[index] = outcome
+        except queue.Empty:
+            pass
+        now = time.monotonic()
+        for index, (started, abandoned) in list(running.items()):
+            if now - started >= deadline:
+                abandoned.set()
+                del running[index]
+                results[index] = ActuatorResult(
+                    ok=False,
+                    error=f"no answer within the push deadline of {deadline:g} s "
+                    "(ALLOCATION_PUSH_DEADLINE_SECONDS); abandoned, the next tick decides afresh",
+                )
+    return [results[index] for index in range(len(work))]
 
 
 def _record_applied(rows: list[AllocationDecision]) -> None:

@@ -133,3 +133,22 @@ def env_parsed(name: str, default, parse):
         return parse(value)
     except ValueError as error:
         raise ImproperlyConfigured(f"{name}: {error}") from None
+
+
+_RATE_PERIODS = {"s", "sec", "second", "m", "min", "minute", "h", "hour", "d", "day"}
+
+
+def env_rate(name: str, default: str | None) -> str | None:
+    """A DRF throttle rate, "N/min" (s, min, hour, day); "none" or empty: no limit (None)."""
+    value = _raw(name)
+    if value is None:
+        value = default or ""
+    if value.lower() in {"", "none", "off"}:
+        return None
+    count, _, period = value.partition("/")
+    if not count.isdigit() or int(count) < 1 or period.lower() not in _RATE_PERIODS:
+        raise ImproperlyConfigured(
+            f"{name}={value!r} is not a rate: use N/s, N/min, N/hour or N/day (N at least 1), "
+            "or none."
+        )
+    return f"{int(count)}/{period.lower()}"

@@ -1,8 +1,12 @@
 """Liveness and readiness for the orchestrator.
 
 /healthz answers as long as the process serves requests: it touches nothing, so a slow
-database never gets a healthy web process killed. /readyz checks what a request needs.
+database never gets a healthy web process killed. /readyz checks what a request needs. Both
+answer anyone: /readyz names the dependency that failed and nothing more; the reason (host
+names, driver messages) goes to the log.
 """
+
+import logging
 
 import redis
 from django.conf import settings
@@ -11,6 +15,7 @@ from django.http import JsonResponse
 from django.views.decorators.http import require_GET
 
 READY_TIMEOUT_SECONDS = 2.0
+logger = logging.getLogger(__name__)
 
 
 @require_GET
@@ -18,17 +23,18 @@ def healthz(request):
     return JsonResponse({"status": "ok"})
 
 
-def _check_database() -> str | None:
+def _check_database() -> bool:
     try:
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1")
             cursor.fetchone()
-    except Exception as error:  # any failure means "not ready"; the reason is reported
-        return f"{type(error).__name__}: {error}".strip()
-    return None
+    except Exception:  # any failure means "not ready"; the reason is logged, not answered
+        logger.exception("readyz: the database does not answer")
+        return False
+    return True
 
 
-def _check_redis() -> str | None:
+def _check_redis() -> bool:
     client = redis.Redis.from_url(
         settings.REDIS_URL,
         socket_connect_timeout=READY_TIMEOUT_SECONDS,
@@ -36,27 +42,23 @@ def _check_redis() -> str | None:
     )
     try:
         client.ping()
-    except Exception as error:  # any failure means "not ready"; the reason is reported
-        return f"{type(error).__name__}: {error}".strip()
+    except Exception:  # any failure means "not ready"; the reason is logged, not answered
+        logger.exception("readyz: Redis does not answer")
+        return False
     finally:
         client.close()
-    return None
+    return True
 
 
 @require_GET
 def readyz(request):
-    failures = {
-        name: reason
-        for name, reason in (("database", _check_database()), ("redis", _check_redis()))
-        if reason is not None
+    checks = {
+        "database": "ok" if _check_database() else "unavailable",
+        "redis": "ok" if _check_redis() else "unavailable",
     }
-    if failures:
+    failed = sorted(name for name, state in checks.items() if state != "ok")
+    if failed:
         return JsonResponse(
-            {
-                "status": "unavailable",
-                "failed": sorted(failures),
-                "reasons": failures,
-            },
-            status=503,
+            {"status": "unavailable", "failed": failed, "checks": checks}, status=503
         )
-    return JsonResponse({"status": "ok", "checks": {"database": "ok", "redis": "ok"}})
+    return JsonResponse({"status": "ok", "checks": checks})

@@ -1,5 +1,7 @@
 """Settings for every environment. Only environment variables change behaviour (DESIGN §5)."""
 
+import sys
+from datetime import timedelta
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
@@ -15,6 +17,7 @@ from controlplane.env import (
     env_optional_int,
     env_origins,
     env_parsed,
+    env_rate,
     env_redis_url,
     env_str,
 )
@@ -24,15 +27,43 @@ VAR_DIR = BASE_DIR / "var"
 
 DEBUG = env_bool("DEBUG", False)
 
+# The image build runs `collectstatic` with CONTROLPLANE_BUILD_STEP=collectstatic and no secret
+# (deploy/Dockerfile); the flag exempts that one command from the secret checks below, nothing
+# else.
+BUILD_STEP = env_str("CONTROLPLANE_BUILD_STEP", "")
+if BUILD_STEP and (BUILD_STEP != "collectstatic" or sys.argv[1:2] != ["collectstatic"]):
+    raise ImproperlyConfigured(
+        f"CONTROLPLANE_BUILD_STEP={BUILD_STEP!r} is only for the image build's "
+        "`manage.py collectstatic`; unset it for anything else."
+    )
+_GENERATE_SECRET = "python -c 'import secrets; print(secrets.token_urlsafe(50))'"
+# Values that have appeared in examples, compose files and builds: never a production secret.
+KNOWN_PLACEHOLDER_SECRETS = frozenset(
+    {"build-only", "changeme", "change-me", "secret", "secret-key", "controlplane", "django"}
+)
 SECRET_KEY = env_str("SECRET_KEY")
-if not SECRET_KEY:
+if BUILD_STEP:
+    # Nothing is signed while static files are collected; this key exists only in that process.
+    SECRET_KEY = "build-step-only-" + "x" * 50
+elif not SECRET_KEY:
     if not DEBUG:
         raise ImproperlyConfigured(
             "SECRET_KEY is required when DEBUG is off. Set SECRET_KEY to a long random string "
-            "(python -c 'import secrets; print(secrets.token_urlsafe(50))') or set DEBUG=1."
+            f"({_GENERATE_SECRET}) or set DEBUG=1."
         )
     # Only a DEBUG process may run without a secret; its sessions do not survive a restart.
     SECRET_KEY = "insecure-debug-only-" + "x" * 40
+elif not DEBUG and (
+    SECRET_KEY.lower() in KNOWN_PLACEHOLDER_SECRETS
+    or SECRET_KEY.startswith("django-insecure")
+    or len(SECRET_KEY) < 50
+    or len(set(SECRET_KEY)) < 5
+):
+    raise ImproperlyConfigured(
+        "SECRET_KEY is a placeholder or too weak (known example value, or fewer than 50 "
+        "characters, or fewer than 5 distinct ones) and DEBUG is off. Set SECRET_KEY to a long "
+        f"random string ({_GENERATE_SECRET}) or set DEBUG=1."
+    )
 
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_origins("CSRF_TRUSTED_ORIGINS")
@@ -48,7 +79,10 @@ INSTALLED_APPS = [
     "rest_framework",
     "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "django_celery_beat",
+    "axes",
+    "csp",
     "controlplane",
     "accounts",
     "capacity",
@@ -68,6 +102,9 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Lets services name who made each change in the audit log (controlplane.audit).
     "controlplane.audit.AuditActorMiddleware",
+    "csp.middleware.CSPMiddleware",
+    # Last: it answers a locked-out login attempt (see "Login lockout" below).
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "controlplane.urls"
@@ -145,6 +182,13 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 # Planners log in to the web UI here (the admin keeps its own login page).
 LOGIN_URL = "login"
+# Password logins (the planner's /login/ and the admin's) go through django-axes first, which
+# refuses a (username, client address) pair after too many failures. API keys do not pass
+# through Django's backends (accounts.authentication), so lockout never touches them.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
 LOGIN_REDIRECT_URL = "planner:fleet"
 LOGOUT_REDIRECT_URL = "login"
 
@@ -198,6 +242,8 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "controlplane.api.errors.api_exception_handler",
+    # Writes per key (or user); usage ingestion has its own limit (API_THROTTLE_* below).
+    "DEFAULT_THROTTLE_CLASSES": ["accounts.throttling.WriteThrottle"],
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
 
@@ -209,6 +255,14 @@ SPECTACULAR_SETTINGS = {
     ),
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # Swagger UI from this server's static files (drf-spectacular-sidecar), never from a CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "accounts.throttling.document_throttled_responses",
+    ],
     "COMPONENT_SPLIT_REQUEST": True,
     "SECURITY": [{"BearerApiKey": []}],
     # Several models have a `status` field with their own choices: name each enum after its model.
@@ -258,6 +312,10 @@ USAGE_MAX_FUTURE_SECONDS = env_int("USAGE_MAX_FUTURE_SECONDS", 300, minimum=0)
 ALLOCATION_TICK_SECONDS = env_int("ALLOCATION_TICK_SECONDS", 15, minimum=1)
 # Scale down only to the highest recommendation of this many seconds (DESIGN §2).
 ALLOCATION_STABILISATION_SECONDS = env_int("ALLOCATION_STABILISATION_SECONDS", 120, minimum=0)
+# Each actuator push (with its retries) must answer within this; one that does not is recorded
+# as a failure on its decision and abandoned (its HTTP timeout is capped below it), so one
+# hanging data plane never holds the tick, and its lock, for longer.
+ALLOCATION_PUSH_DEADLINE_SECONDS = env_float("ALLOCATION_PUSH_DEADLINE_SECONDS", 10.0, minimum=0.5)
 # The fleet page charts 7 days; a day more keeps the oldest bucket whole.
 CAPACITY_HISTORY_DAYS = env_int("CAPACITY_HISTORY_DAYS", 8, minimum=1)
 # --- Health probes (capacity/health.py) ---------------------------------------------------------
@@ -284,6 +342,12 @@ if ADMISSION_ON_REDIS_DOWN not in {"guaranteed", "all", "none"}:
     raise ImproperlyConfigured(
         f"ADMISSION_ON_REDIS_DOWN must be guaranteed, all or none, not {ADMISSION_ON_REDIS_DOWN!r}"
     )
+# The "guaranteed" fallback's bucket lives in each process (a gunicorn worker, a gateway), so N
+# processes admit up to N × a reservation while Redis is down. Each process's bucket gets
+# 1/ADMISSION_FALLBACK_PROCESSES of the reservation's rate and burst: set it to the number of
+# processes that answer admission (all web workers on all hosts, plus in-process gateways), and
+# the fleet admits at most the reservation. Too high only refuses more during the outage.
+ADMISSION_FALLBACK_PROCESSES = env_int("ADMISSION_FALLBACK_PROCESSES", 1, minimum=1)
 # The estimate caps max_tokens at this percentile of the model's recent output lengths.
 ADMISSION_OUTPUT_PERCENTILE = env_int("ADMISSION_OUTPUT_PERCENTILE", 95, minimum=1)
 # Limits the ticks stop refreshing, and idle buckets, vanish after this long.
@@ -344,3 +408,62 @@ KUBERNETES_CLUSTERS = env_parsed(
         text, secret_env_patterns=ACTUATOR_SECRET_ENV_NAMES
     ),
 )
+
+# --- Cache (Redis) ------------------------------------------------------------------------------
+# Shared by every process, so that API throttles hold across gunicorn workers and hosts.
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": env_redis_url("CACHE_REDIS_URL", REDIS_URL),
+        "KEY_PREFIX": "cp-cache",
+        "TIMEOUT": 300,
+    }
+}
+
+# --- Client address behind proxies -------------------------------------------------------------
+# How many reverse proxies in front of the control plane append to X-Forwarded-For. 0: the
+# client is REMOTE_ADDR and X-Forwarded-For is ignored (anyone can write it). N: the client is
+# the address the outermost trusted proxy saw, N entries from the right of the chain
+# (controlplane/client_ip.py). Too low, and every login seems to come from the proxy.
+TRUSTED_PROXY_COUNT = env_int("TRUSTED_PROXY_COUNT", 0, minimum=0)
+
+# --- Login lockout (django-axes) ----------------------------------------------------------------
+# After LOGIN_FAILURE_LIMIT wrong passwords for one username from one client address, that pair
+# is refused (429, a page that says so) for LOGIN_COOLOFF_SECONDS, even with the right password;
+# the same user from elsewhere, and other users from that address, still log in.
+AXES_ENABLED = True
+AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = timedelta(seconds=env_int("LOGIN_COOLOFF_SECONDS", 900, minimum=1))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_CLIENT_IP_CALLABLE = "controlplane.client_ip.client_ip"
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+AXES_HTTP_RESPONSE_CODE = 429
+
+# --- API throttles ----------------------------------------------------------------------------
+# Per API key (or signed-in user), in Redis (CACHES): "N/s", "N/min", "N/hour", "N/day";
+# "none" (or empty) turns a limit off. A throttled request gets 429 with Retry-After.
+# Writes: every POST/PUT/PATCH/DELETE except admission decisions and usage ingestion.
+API_THROTTLE_WRITES = env_rate("API_THROTTLE_WRITES", "600/min")
+# Usage ingestion: batches posted to /api/v1/usage/events (each up to 5,000 events).
+API_THROTTLE_USAGE = env_rate("API_THROTTLE_USAGE", "120/min")
+
+# --- Content Security Policy (django-csp) -------------------------------------------------------
+# Scripts only from this server's static files: the planner's vendored htmx and Chart.js, the
+# admin's, Swagger UI's (drf-spectacular-sidecar, its init script served by the docs view).
+# Inline style attributes stay allowed (the planner's templates and Swagger UI use them); they
+# cannot run code.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'", "'unsafe-inline'"],
+        "img-src": ["'self'", "data:"],
+        "font-src": ["'self'", "data:"],
+        "connect-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'none'"],
+        "frame-ancestors": ["'none'"],
+        "form-action": ["'self'"],
+    }
+}

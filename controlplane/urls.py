@@ -3,7 +3,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from django.views import defaults
 from django.views.generic import RedirectView
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from controlplane import health, metrics_view
 from controlplane.api.errors import json_404, json_500
@@ -30,7 +30,9 @@ urlpatterns = [
     path("", RedirectView.as_view(pattern_name="planner:fleet", permanent=False)),
     path("api/v1/", include(api_v1)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    # Split: the page's init script comes from this URL too (?script), so the Content Security
+    # Policy allows scripts from this server only.
+    path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="api-docs"),
 ]
 
 

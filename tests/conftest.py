@@ -17,6 +17,18 @@ from tests.factories import (
 )
 
 
+@pytest.fixture(autouse=True)
+def _fresh_api_throttles():
+    """API throttles count in Redis across requests (accounts.throttling); every test
+    starts with none counted, whatever ran before it (ids repeat after --create-db)."""
+    from django.core.cache import cache
+
+    client = cache._cache.get_client(write=True)
+    stale = list(client.scan_iter(match="cp-cache:*throttle:*", count=1000))
+    if stale:
+        client.delete(*stale)
+
+
 @pytest.fixture
 def anon():
     return APIClient()

@@ -45,8 +45,20 @@ class ApiKeySerializer(serializers.ModelSerializer):
 class ApiKeyCreateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=200)
     customer = serializers.SlugRelatedField(
-        slug_field="slug", queryset=Customer.objects.all(), required=False, allow_null=True
+        slug_field="slug",
+        queryset=Customer.objects.all(),
+        required=False,
+        allow_null=True,
+        # Another tenant's slug and an unknown one get this same answer (400): which customers
+        # exist is not for a caller who cannot see them (the view narrows the queryset).
+        error_messages={"does_not_exist": "No customer '{value}' that you may see."},
     )
+
+    def __init__(self, *args, customers=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        if customers is not None:
+            self.fields["customer"].queryset = customers
+
     service_name = serializers.SlugField(max_length=100, required=False, allow_blank=True)
     scopes = serializers.ListField(
         child=serializers.ChoiceField(choices=S.ALL_SCOPES), required=False, allow_empty=False

@@ -2,7 +2,7 @@ from django_filters import rest_framework as filters
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import NotFound, PermissionDenied
+from rest_framework.exceptions import PermissionDenied
 from rest_framework.permissions import SAFE_METHODS, BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -30,6 +30,19 @@ class CustomerPermission(BasePermission):
         return principal.is_planner or (
             principal.is_service and principal.has_scope("customers:write")
         )
+
+
+class ApiKeyPermission(BasePermission):
+    """Listing and reading keys needs the read scope; creating and revoking are checked by the
+    view against the key's customer."""
+
+    message = "Reading API keys needs the read scope."
+
+    def has_permission(self, request, view) -> bool:
+        principal = principal_of(request)
+        if request.method in SAFE_METHODS:
+            return principal.has_scope("read")
+        return bool(request.user and request.user.is_authenticated)
 
 
 class CustomerFilter(filters.FilterSet):
@@ -85,6 +98,7 @@ class ApiKeyViewSet(
     """
 
     serializer_class = ApiKeySerializer
+    permission_classes = [ApiKeyPermission]
     filterset_class = ApiKeyFilter
     search_fields = ["name", "prefix", "service_name"]
     ordering_fields = ["created_at", "last_used_at", "name"]
@@ -95,13 +109,17 @@ class ApiKeyViewSet(
     @extend_schema(request=ApiKeyCreateSerializer, responses={201: ApiKeyCreatedSerializer})
     def create(self, request, *args, **kwargs):
         principal = principal_of(request)
-        serializer = ApiKeyCreateSerializer(data=request.data)
+        customers = (
+            Customer.objects.all()
+            if principal.is_planner
+            or (principal.is_service and principal.has_scope("customers:write"))
+            else selectors.customers_visible_to(principal)
+        )
+        # Another tenant's slug reads exactly like an unknown one (the serializer's 400).
+        serializer = ApiKeyCreateSerializer(data=request.data, customers=customers)
         serializer.is_valid(raise_exception=True)
         customer = serializer.validated_data.get("customer")
         if customer is not None:
-            if not principal.can_see_customer(customer.pk):
-                # Another tenant's slug reads exactly like an unknown one.
-                raise NotFound("No such customer.")
             if not principal.can_manage_customer_keys(customer.pk):
                 raise PermissionDenied("You may not create keys for this customer.")
         elif not principal.is_planner:

@@ -66,6 +66,9 @@ class AdmissionView(APIView):
     the latest tick's allowance), or refuse it: 429 with Retry-After and the same body.
     `priority` is what to pass to vLLM's priority scheduling (lower runs first)."""
 
+    # Gateways ask once per request; admission's own buckets are the limit, not the write throttle.
+    throttle_classes = []
+
     @extend_schema(
         request=AdmissionRequest, responses={200: AdmissionResponse, 429: AdmissionResponse}
     )

@@ -6,6 +6,7 @@ from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from accounts.permissions import ReadScope
 from accounts.principals import principal_of
 from capacity.models import (
     ActuatorCircuit,
@@ -89,6 +90,7 @@ class AllowanceViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
     """The latest tick's admission limits; a customer sees its own."""
 
     serializer_class = AllowanceSerializer
+    permission_classes = [ReadScope]
     filterset_fields = {"customer__slug": ["exact"], "served_model__name": ["exact"]}
 
     def get_queryset(self):

@@ -5,6 +5,7 @@ from rest_framework.permissions import SAFE_METHODS, BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from accounts.permissions import ReadScope
 from accounts.principals import principal_of
 from capacity import cost_models
 from capacity.models import CostModel, GpuType, ServedModel
@@ -129,7 +130,9 @@ class EstimateResponseSerializer(serializers.Serializer):
 
 class CostEstimateView(APIView):
     """MU and replica-seconds per request shape, from the active cost model (or the newest
-    candidate while none is active)."""
+    candidate while none is active). A read, posted for the size of its body: needs `read`."""
+
+    permission_classes = [ReadScope]
 
     @extend_schema(request=EstimateRequestSerializer, responses=EstimateResponseSerializer)
     def post(self, request):

@@ -15,6 +15,15 @@ class GpuTypeSerializer(serializers.ModelSerializer):
         extra_kwargs = {"memory_gb": {"min_value": 1}}
 
 
+class GpuTypePublicSerializer(serializers.ModelSerializer):
+    """What customers see of a GPU type: not its cost."""
+
+    class Meta:
+        model = GpuType
+        fields = ["id", "name", "memory_gb"]
+        read_only_fields = fields
+
+
 class GpuPoolSerializer(serializers.ModelSerializer):
     gpu_type = serializers.SlugRelatedField(slug_field="name", queryset=GpuType.objects.all())
 
@@ -69,3 +78,34 @@ class DeploymentSerializer(serializers.ModelSerializer):
         extra_kwargs = {"gpus_per_replica": {"min_value": 1}}
         # The database's min ≤ max constraint is checked by the service with a clearer message.
         validators = []
+
+
+# What customers see of a deployment, by allowlist: never where it runs or how it is driven
+# (endpoint_url, actuator_config, prometheus_selector) nor its benchmarks; a field added to the
+# full serializer stays hidden from customers until it is added here.
+DEPLOYMENT_PUBLIC_FIELDS = [
+    "id",
+    "name",
+    "served_model",
+    "gpu_pool",
+    "gpus_per_replica",
+    "min_replicas",
+    "max_replicas",
+    "current_replicas",
+    "cold_start_seconds",
+    "scale_to_zero_after_seconds",
+    "target_utilisation",
+    "actuator_kind",  # filterable anyway (?actuator_kind=)
+    "created_at",
+    "updated_at",
+]
+
+
+class DeploymentPublicSerializer(serializers.ModelSerializer):
+    served_model = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    gpu_pool = serializers.SlugRelatedField(slug_field="name", read_only=True)
+
+    class Meta:
+        model = Deployment
+        fields = DEPLOYMENT_PUBLIC_FIELDS
+        read_only_fields = fields

@@ -9,8 +9,10 @@ from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from accounts.permissions import ReadScope
 from accounts.principals import principal_of
 from accounts.selectors import customers_visible_to
+from accounts.throttling import UsageThrottle
 from capacity.models import ServedModel
 from capacity.usage import MAX_BATCH_EVENTS, usage_ingest
 from capacity.utilisation import customer_utilisation, model_capacity_summary
@@ -38,6 +40,9 @@ class UsageEventsView(APIView):
     the body always says which: accepted, duplicates (ignored, never counted twice) and
     rejected (by index, with reasons).
     """
+
+    # Batches count against API_THROTTLE_USAGE, not the write limit.
+    throttle_classes = [UsageThrottle]
 
     @extend_schema(request=inline_serializer("UsageBatch", {"events": serializers.ListField(
         child=serializers.DictField(), max_length=MAX_BATCH_EVENTS)}),
@@ -100,6 +105,8 @@ def _parse_step(value: str | None) -> timedelta:
 
 class CustomerUtilisationView(APIView):
     """Reserved versus used MU/min per step for one customer and model."""
+
+    permission_classes = [ReadScope]
 
     @extend_schema(
         parameters=[

@@ -1,10 +1,14 @@
 from rest_framework import viewsets
+from rest_framework.permissions import SAFE_METHODS
 
 from accounts.permissions import CatalogPermission
+from accounts.principals import principal_of
 from capacity import selectors, services
 from capacity.api.serializers import (
+    DeploymentPublicSerializer,
     DeploymentSerializer,
     GpuPoolSerializer,
+    GpuTypePublicSerializer,
     GpuTypeSerializer,
     ServedModelSerializer,
 )
@@ -19,6 +23,19 @@ class _CatalogViewSet(viewsets.ModelViewSet):
     search_fields = ["name"]
     ordering_fields = ["name"]
     create_service = None
+    # Customers (members and customer keys) read this; planners and service keys the full one.
+    public_serializer_class = None
+
+    def get_serializer_class(self):
+        if (
+            self.public_serializer_class is not None
+            and not getattr(self, "swagger_fake_view", False)
+            and self.request.method in SAFE_METHODS
+        ):
+            principal = principal_of(self.request)
+            if not (principal.is_planner or principal.is_service):
+                return self.public_serializer_class
+        return super().get_serializer_class()
 
     def perform_create(self, serializer):
         serializer.instance = type(self).create_service(**serializer.validated_data)
@@ -34,6 +51,7 @@ class _CatalogViewSet(viewsets.ModelViewSet):
 
 class GpuTypeViewSet(_CatalogViewSet):
     serializer_class = GpuTypeSerializer
+    public_serializer_class = GpuTypePublicSerializer
     queryset = selectors.gpu_types()
     create_service = staticmethod(services.gpu_type_create)
 
@@ -63,6 +81,7 @@ class ServedModelViewSet(_CatalogViewSet):
 
 class DeploymentViewSet(_CatalogViewSet):
     serializer_class = DeploymentSerializer
+    public_serializer_class = DeploymentPublicSerializer
     queryset = selectors.deployments()
     filterset_fields = {
         "served_model__name": ["exact"],

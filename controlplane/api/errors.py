@@ -158,6 +158,8 @@ def api_exception_handler(exc, context):
                 code=getattr(detail, "code", None) or code,
                 message=str(detail),
             )
+        if isinstance(exc, exceptions.Throttled) and exc.wait is not None:
+            response.data["error"]["details"] = {"retry_after_seconds": int(exc.wait)}
     return response
 
 

@@ -18,7 +18,8 @@ def test_create_planner_makes_a_staff_planner_from_the_environment(monkeypatch, 
     user = get_user_model().objects.get(username="alice")
     assert user.is_staff
     assert user_is_planner(user)
-    assert client.login(username="alice", password="a-Strong-passphrase-42")
+    logged_in = client.post("/login/", {"username": "alice", "password": "a-Strong-passphrase-42"})
+    assert logged_in.status_code == 302
     assert client.get("/api/v1/me").json()["is_planner"] is True
 
 

@@ -44,7 +44,7 @@ def test_a_customer_key_cannot_create_a_key_for_another_customer(acme_key_client
     response = acme_key_client.post(
         "/api/v1/api-keys/", {"name": "sneaky", "customer": "globex"}, format="json"
     )
-    assert response.status_code == 404
+    assert response.status_code == 400  # as for a slug that does not exist
     assert not ApiKey.objects.filter(customer=globex).exists()
 
 

@@ -357,3 +357,30 @@ def test_metrics_count_decisions(sellable, served_model, acme, client):
         in text
     )
     assert limits_key(acme.pk, served_model.pk).startswith("adm:")
+
+
+def test_with_four_fallback_processes_one_admits_at_most_a_quarter_of_the_burst_while_redis_is_down(
+    sellable, served_model, acme, private_redis, settings
+):
+    stop, _ = private_redis
+    settings.ADMISSION_FALLBACK_PROCESSES = 4
+    AdmissionAllowance.objects.create(
+        customer=acme,
+        served_model=served_model,
+        guaranteed_mu_per_minute=600.0,  # burst: 100 MU over every process
+        best_effort_mu_per_minute=0.0,
+        tick_id="00000000-0000-0000-0000-000000000001",
+        updated_at=timezone.now(),
+    )
+    limits(acme, served_model, 600.0, 0.0)
+    stop()
+
+    started = time.monotonic()
+    decisions = [ask(acme, served_model) for _ in range(200)]
+    elapsed = time.monotonic() - started
+    assert all(decision.degraded for decision in decisions)
+    admitted_mu = sum(decision.admitted for decision in decisions) * SMALL_MU
+    # A quarter of the 100 MU burst, plus what a quarter of the rate refilled meanwhile.
+    refilled = 150.0 / 60 * elapsed
+    assert admitted_mu <= 25.0 + refilled + SMALL_MU
+    assert admitted_mu >= 25.0 - SMALL_MU

@@ -87,3 +87,53 @@ def test_the_admin_refuses_a_deployment_larger_than_its_pool(
     assert response.status_code == 200  # the form again, with the error
     assert b"12 GPUs exceeds pool" in response.content
     assert not Deployment.objects.filter(name="too-big").exists()
+
+
+def _references(html: str) -> list[str]:
+    import re
+
+    return re.findall(r'(?:src|href)="([^"]*)"', html)
+
+
+def test_the_api_docs_load_swagger_ui_only_from_this_servers_static_files(client):
+    import re
+
+    docs = client.get("/api/docs/")
+    html = docs.content.decode()
+    references = _references(html)
+    assert any(ref.endswith("swagger-ui-bundle.js") for ref in references)
+    for ref in references:
+        assert ref.startswith(("/static/", "/api/")), ref
+    assert "cdn" not in html.lower()
+    # No inline script: the page's own init script is a URL of the docs view.
+    assert re.findall(r"<script(?![^>]*\bsrc=)[^>]*>", html) == []
+    script_url = next(ref for ref in references if ref.startswith("/api/docs/"))
+    script = client.get(script_url.replace("&amp;", "&"))
+    assert script.status_code == 200
+    assert script["Content-Type"].startswith("application/javascript")
+    assert b"SwaggerUIBundle" in script.content
+
+
+@pytest.mark.parametrize("path", ["/api/docs/", "/login/", "/admin/login/", "/api/v1/me"])
+def test_responses_carry_a_content_security_policy_with_scripts_only_from_self(client, path):
+    policy = client.get(path)["Content-Security-Policy"]
+    directives = dict(
+        (part.strip().split(" ", 1) + [""])[:2] for part in policy.split(";") if part.strip()
+    )
+    assert directives["script-src"] == "'self'"
+    assert directives["default-src"] == "'self'"
+    assert directives["object-src"] == "'none'"
+
+
+def test_planner_and_admin_pages_have_no_inline_scripts(planner_client, planner):
+    import re
+
+    planner.is_superuser = True
+    planner.save()
+    for path in ("/planner/", "/planner/customers/", "/admin/", "/admin/capacity/deployment/"):
+        response = planner_client.get(path)
+        assert response.status_code == 200, path
+        html = response.content.decode()
+        inline = re.findall(r"<script(?![^>]*\bsrc=)(?![^>]*application/json)[^>]*>", html)
+        assert inline == [], path
+        assert re.findall(r"\son[a-z]+=", html) == [], path

@@ -21,7 +21,24 @@ def test_readyz_names_redis_when_it_does_not_answer(client, settings):
     response = client.get("/readyz")
     assert response.status_code == 503
     assert response.json()["failed"] == ["redis"]
-    assert "redis" in response.json()["reasons"]
+    assert response.json()["checks"] == {"database": "ok", "redis": "unavailable"}
+
+
+def test_readyz_tells_anonymous_callers_only_which_dependency_failed(client, settings, caplog):
+    settings.REDIS_URL = "redis://cp-secret-host.invalid:6390/0"
+    with caplog.at_level("ERROR", logger="controlplane.health"):
+        response = client.get("/readyz")
+    assert response.status_code == 503
+    assert response.json() == {
+        "status": "unavailable",
+        "failed": ["redis"],
+        "checks": {"database": "ok", "redis": "unavailable"},
+    }
+    assert b"cp-secret-host" not in response.content
+    assert b"Error" not in response.content
+    # The reason is in the server's log instead.
+    assert "readyz: Redis does not answer" in caplog.text
+    assert "cp-secret-host" in caplog.text or "Error" in caplog.text
 
 
 def test_readyz_names_the_database_when_it_does_not_answer(client, monkeypatch):
@@ -38,3 +55,5 @@ def test_readyz_names_the_database_when_it_does_not_answer(client, monkeypatch):
     response = client.get("/readyz")
     assert response.status_code == 503
     assert response.json()["failed"] == ["database"]
+    assert response.json()["checks"]["database"] == "unavailable"
+    assert b"connection refused" not in response.content

@@ -31,6 +31,9 @@ def run_manage(*args: str, **env: str) -> subprocess.CompletedProcess:
             "ALLOWED_HOSTS",
             "CSRF_TRUSTED_ORIGINS",
             "SECURE_SSL_REDIRECT",
+            "TRUSTED_PROXY_COUNT",
+            "CONTROLPLANE_BUILD_STEP",
+            "STATIC_ROOT",
         }
     }
     environment.update(env)
@@ -64,6 +67,8 @@ def run_manage(*args: str, **env: str) -> subprocess.CompletedProcess:
             '{"lab": {"api_server": "https://10.0.0.1:6443", "token_env": "SECRET_KEY"}}',
             "control plane's own secrets",
         ),
+        ("API_THROTTLE_WRITES", "lots", "API_THROTTLE_WRITES='lots' is not a rate"),
+        ("TRUSTED_PROXY_COUNT", "-1", "TRUSTED_PROXY_COUNT=-1 must be at least 0"),
     ],
 )
 def test_a_malformed_value_stops_start_up_naming_the_variable(variable, value, says):
@@ -80,6 +85,43 @@ def test_a_missing_secret_key_stops_start_up_unless_debug():
     assert "SECRET_KEY is required when DEBUG is off" in result.stderr
 
     assert run_manage("check", **(env | {"DEBUG": "1"})).returncode == 0
+
+
+@pytest.mark.parametrize(
+    "secret",
+    [
+        "build-only",
+        "changeme",
+        "secret",
+        "controlplane",
+        "django-insecure-" + "k" * 40 + "abcdef",
+        "short-but-random-7Hq2",
+        "a" * 60,
+    ],
+)
+def test_start_up_refuses_placeholder_secrets_unless_debug(secret):
+    result = run_manage("check", **(PRODUCTION_LIKE | {"SECRET_KEY": secret}))
+    assert result.returncode != 0
+    assert "SECRET_KEY is a placeholder or too weak" in result.stderr
+    assert f"'{secret}'" not in result.stderr  # the message never repeats the secret
+
+
+def test_a_debug_process_may_run_with_a_placeholder_secret():
+    env = PRODUCTION_LIKE | {"SECRET_KEY": "changeme", "DEBUG": "1"}
+    assert run_manage("check", **env).returncode == 0
+
+
+def test_the_build_step_flag_exempts_collectstatic_and_nothing_else(tmp_path):
+    env = dict(PRODUCTION_LIKE)
+    del env["SECRET_KEY"]
+    build = env | {"CONTROLPLANE_BUILD_STEP": "collectstatic", "STATIC_ROOT": str(tmp_path)}
+    collected = run_manage("collectstatic", "--noinput", "--verbosity", "0", **build)
+    assert collected.returncode == 0, collected.stderr
+    assert (tmp_path / "planner" / "planner.css").exists()
+
+    refused = run_manage("check", **build)
+    assert refused.returncode != 0
+    assert "CONTROLPLANE_BUILD_STEP='collectstatic' is only for" in refused.stderr
 
 
 def test_check_deploy_passes_with_production_like_settings():

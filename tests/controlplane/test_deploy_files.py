@@ -1,0 +1,120 @@
+"""The deployment files deploy/ ships run what the code needs, with no default secrets."""
+
+import re
+import secrets
+from pathlib import Path
+
+import yaml
+from django.conf import settings
+
+from tests.controlplane.test_settings import run_manage
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+
+
+def compose() -> dict:
+    return yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+
+
+def interpolate(value: str, variables: dict[str, str]) -> str:
+    """Compose's ${VAR}, ${VAR:-default} and ${VAR:?error} (error when unset or empty)."""
+
+    def replace(match):
+        name, operator, argument = match.group(1), match.group(2), match.group(3)
+        given = variables.get(name, "")
+        if operator == ":?" and not given:
+            raise LookupError(f"{name}: {argument}")
+        if operator == ":-" and not given:
+            return argument
+        return given
+
+    return re.sub(r"\$\{([A-Z_][A-Z0-9_]*)(?:(:[-?])([^}]*))?\}", replace, value)
+
+
+def production_env_example() -> dict[str, str]:
+    variables = {}
+    for line in (DEPLOY / "production.env.example").read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            name, _, value = line.partition("=")
+            variables[name.strip()] = value.strip()
+    return variables
+
+
+def worker_queues(service: dict) -> set[str]:
+    command = service.get("command") or []
+    if "worker" not in command:
+        return set()
+    return set(command[command.index("--queues") + 1].split(","))
+
+
+def test_every_celery_queue_is_consumed_by_a_compose_worker():
+    services = compose()["services"]
+    consumed = set().union(*(worker_queues(service) for service in services.values()))
+    declared = {queue.name for queue in settings.CELERY_TASK_QUEUES}
+    assert declared <= consumed, f"no worker consumes {sorted(declared - consumed)}"
+    assert "health" in declared
+
+
+def test_the_rbac_role_lets_restarts_list_and_delete_pods_and_the_actuator_scale():
+    documents = list(yaml.safe_load_all((DEPLOY / "rbac.yaml").read_text()))
+    role = next(doc for doc in documents if doc["kind"] == "Role")
+    granted: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                granted.setdefault((group, resource), set()).update(rule["verbs"])
+    assert {"get", "list", "delete"} <= granted[("", "pods")]
+    for group, resource in [
+        ("apps", "deployments/scale"),
+        ("apps", "statefulsets/scale"),
+        ("serving.kserve.io", "inferenceservices/scale"),
+        ("leaderworkerset.x-k8s.io", "leaderworkersets/scale"),
+    ]:
+        assert {"get", "patch"} <= granted[(group, resource)], resource
+    # Nothing that rewrites the workloads themselves.
+    assert not any("patch" in verbs for (_, r), verbs in granted.items() if "/" not in r)
+
+
+def test_compose_has_no_default_passwords_or_secrets():
+    text = (DEPLOY / "compose.yaml").read_text()
+    for name in ("POSTGRES_PASSWORD", "SECRET_KEY"):
+        uses = re.findall(r"\$\{" + name + r"(:[-?])?[^}]*\}", text)
+        assert uses, name
+        assert all(operator == ":?" for operator in uses), f"{name} has a default in compose"
+    assert "controlplane@" not in text and ":controlplane}" not in text
+    example = production_env_example()
+    assert example["SECRET_KEY"] == "" and example["POSTGRES_PASSWORD"] == ""
+
+
+def test_compose_refuses_to_start_without_the_secrets():
+    app_env = compose()["x-app-env"]
+    variables = production_env_example()  # blanks: as shipped
+    try:
+        {name: interpolate(str(value), variables) for name, value in app_env.items()}
+    except LookupError as error:
+        assert "POSTGRES_PASSWORD" in str(error) or "SECRET_KEY" in str(error)
+    else:
+        raise AssertionError("compose interpolated blank secrets")
+
+
+def test_the_image_build_collects_static_files_without_a_secret():
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    step = next(
+        line for line in dockerfile.splitlines() if "collectstatic" in line and "RUN" in line
+    )
+    assert "CONTROLPLANE_BUILD_STEP=collectstatic" in step
+    assert "SECRET_KEY" not in step
+
+
+def test_check_deploy_passes_with_the_production_environment_deploy_ships():
+    variables = production_env_example() | {
+        "SECRET_KEY": secrets.token_urlsafe(50),
+        "POSTGRES_PASSWORD": secrets.token_urlsafe(32),
+    }
+    app_env = {
+        name: interpolate(str(value), variables) for name, value in compose()["x-app-env"].items()
+    }
+    assert app_env["SECURE_SSL_REDIRECT"] == "1"
+    result = run_manage("check", "--deploy", "--fail-level", "WARNING", **app_env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "no issues" in result.stdout
