@@ -192,6 +192,12 @@ REST_FRAMEWORK = {
         "rest_framework.filters.OrderingFilter",
         "rest_framework.filters.SearchFilter",
     ],
+    # DRF's parsers, with the JSON one refusing bodies nested deeper than API_MAX_JSON_DEPTH.
+    "DEFAULT_PARSER_CLASSES": [
+        "controlplane.api.parsers.BoundedJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "controlplane.api.errors.api_exception_handler",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
@@ -243,6 +249,9 @@ PROMETHEUS_TIMEOUT_SECONDS = env_int("PROMETHEUS_TIMEOUT_SECONDS", 5, minimum=1)
 # A batch of 5,000 usage events is about 2 MB of JSON; anything far larger is refused with 413
 # before it is parsed.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("API_MAX_BODY_BYTES", 16 * 1024 * 1024, minimum=1024)
+# JSON bodies nested deeper than this are refused with 400 before they are parsed (the deepest
+# legitimate body nests 3 levels; Python's json would recurse into a RecursionError).
+API_MAX_JSON_DEPTH = env_int("API_MAX_JSON_DEPTH", 32, minimum=4)
 
 # --- Usage metering ----------------------------------------------------------------------------
 # Events finished longer ago than this are refused (late billing data needs a planner).

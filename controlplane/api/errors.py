@@ -69,6 +69,17 @@ def _summary(fields: dict[str, list[str]]) -> str:
     return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
 
 
+def _describe(obj) -> str:
+    """`str(obj)`, or its model and id when that fails: a row deleted at the same moment can
+    take a relation its `__str__` reads with it, and the error handler must never raise."""
+    try:
+        return str(obj)
+    except Exception:
+        meta = getattr(obj, "_meta", None)
+        kind = str(meta.verbose_name) if meta is not None else type(obj).__name__
+        return f"{kind} {getattr(obj, 'pk', None)}"
+
+
 def api_exception_handler(exc, context):
     if isinstance(exc, DomainError):
         return Response(
@@ -101,7 +112,7 @@ def api_exception_handler(exc, context):
     elif isinstance(exc, DjangoPermissionDenied):
         exc = exceptions.PermissionDenied()
     elif isinstance(exc, ProtectedError):
-        blockers = sorted({str(obj) for obj in exc.protected_objects})[:10]
+        blockers = sorted({_describe(obj) for obj in exc.protected_objects})[:10]
         return Response(
             error_body(
                 status_code=409,
@@ -118,7 +129,8 @@ def api_exception_handler(exc, context):
             error_body(
                 status_code=409,
                 code="conflict",
-                message="The request conflicts with existing data: " + str(exc).splitlines()[0],
+                message="The request conflicts with existing data: "
+                + (str(exc).splitlines() or ["a constraint refused it."])[0],
             ),
             status=409,
         )
@@ -136,9 +148,11 @@ def api_exception_handler(exc, context):
             fields=fields,
         )
     elif isinstance(exc, exceptions.ParseError):
+        # `too_deep` (controlplane.api.parsers) says what to change; any other is malformed.
+        code = getattr(exc.detail, "code", None)
         response.data = error_body(
             status_code=response.status_code,
-            code="malformed_body",
+            code=code if code and code != "parse_error" else "malformed_body",
             message=str(exc.detail),
         )
     else:

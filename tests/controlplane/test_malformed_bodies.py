@@ -3,7 +3,13 @@
 import pytest
 from drf_spectacular.generators import SchemaGenerator
 
+from capacity.models import Reservation, UsageEvent
+from controlplane.api.parsers import json_depth
+
 pytestmark = pytest.mark.django_db
+
+DEEP_ARRAYS = b"[" * 50_000 + b"]" * 50_000
+DEEP_IN_AN_OBJECT = b'{"events": ' + DEEP_ARRAYS + b', "model": "llama-8b"}'
 
 MALFORMED_BODIES = [
     ("broken json", b'{"name": ', "application/json"),
@@ -23,6 +29,8 @@ MALFORMED_BODIES = [
         "application/json",
     ),
     ("not utf-8", b"\xff\xfe\xfa", "application/json"),
+    ("50,000 nested arrays", DEEP_ARRAYS, "application/json"),
+    ("50,000 nested arrays in an object", DEEP_IN_AN_OBJECT, "application/json"),
     ("form garbage", b"a=%%%", "application/x-www-form-urlencoded"),
     ("unsupported type", b"<x/>", "application/xml"),
 ]
@@ -96,6 +104,64 @@ def test_malformed_json_is_a_400_that_says_so(planner_client):
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "malformed_body"
     assert "JSON" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "/api/v1/usage/events",
+        "/api/v1/reservations/",
+        "/api/v1/admission",
+        "/api/v1/cost-models/estimate",
+    ],
+)
+@pytest.mark.parametrize("body", [DEEP_ARRAYS, DEEP_IN_AN_OBJECT], ids=["bare", "in_an_object"])
+def test_deeply_nested_json_is_a_400_not_a_500(planner_client, sellable, acme, url, body):
+    response = planner_client.post(url, data=body, content_type="application/json")
+    assert response.status_code == 400, response.content[:300]
+    error = response.json()["error"]
+    assert error["code"] == "too_deep"
+    assert "50001" in error["message"] or "50000" in error["message"]
+    assert not UsageEvent.objects.exists()
+    assert not Reservation.objects.exists()
+
+
+def test_json_nested_to_the_limit_is_parsed_and_one_level_more_is_refused(
+    planner_client, settings, sellable
+):
+    settings.API_MAX_JSON_DEPTH = 8
+
+    def estimate(levels: int):
+        # {"model": ..., "shapes": [[...[{"input_tokens": 1, "output_tokens": 1}]...]]}
+        shape = b'{"input_tokens": 1, "output_tokens": 1}'
+        nested = b"[" * (levels - 1) + shape + b"]" * (levels - 1)
+        body = b'{"model": "llama-8b", "shapes": ' + nested + b"}"
+        assert json_depth(body) == levels + 1
+        return planner_client.post(
+            "/api/v1/cost-models/estimate", data=body, content_type="application/json"
+        )
+
+    assert estimate(2).status_code == 200
+    at_the_limit = estimate(7)
+    assert at_the_limit.json()["error"]["code"] == "invalid"  # parsed, then validated
+    assert estimate(8).json()["error"]["code"] == "too_deep"
+
+
+@pytest.mark.parametrize(
+    ("text", "depth"),
+    [
+        ("1", 0),
+        ("[]", 1),
+        ('{"a": [1, {"b": []}]}', 4),
+        ('{"a": "[[[{{{", "b": ["]]]"]}', 2),
+        (r'["\\", [[]]]', 3),  # an escaped backslash does not escape the closing quote
+        (r'["\\\"[[[", []]', 2),  # an escaped quote does not close the string
+        ('{"é": ["ü"]}', 2),
+        ("]]][", 0),
+    ],
+)
+def test_the_depth_counts_brackets_outside_strings_only(text, depth):
+    assert json_depth(text.encode()) == depth
 
 
 GARBAGE_QUERY = {
