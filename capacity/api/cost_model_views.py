@@ -9,6 +9,8 @@ from accounts.principals import principal_of
 from capacity import cost_models
 from capacity.models import CostModel, GpuType, ServedModel
 from capacity.pricing import price_shapes
+from capacity.usage_schema import MAX_TOKENS
+from controlplane.api.serializers import StrictSerializer
 
 
 class CostModelPermission(BasePermission):
@@ -83,13 +85,20 @@ class CostModelViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewset
         return Response(CostModelSerializer(cost_model).data)
 
 
-class ShapeSerializer(serializers.Serializer):
-    input_tokens = serializers.IntegerField(min_value=0, help_text="All prompt tokens.")
-    cached_input_tokens = serializers.IntegerField(
-        min_value=0, default=0, help_text="Of input_tokens, how many hit the prefix cache."
+class ShapeSerializer(StrictSerializer):
+    """A request shape. Its tokens must fit the model's context (checked with the model)."""
+
+    input_tokens = serializers.IntegerField(
+        min_value=0, max_value=MAX_TOKENS, help_text="All prompt tokens."
     )
-    output_tokens = serializers.IntegerField(min_value=0)
-    images = serializers.IntegerField(min_value=0, default=0)
+    cached_input_tokens = serializers.IntegerField(
+        min_value=0,
+        max_value=MAX_TOKENS,
+        default=0,
+        help_text="Of input_tokens, how many hit the prefix cache.",
+    )
+    output_tokens = serializers.IntegerField(min_value=0, max_value=MAX_TOKENS)
+    images = serializers.IntegerField(min_value=0, max_value=MAX_TOKENS, default=0)
 
     def validate(self, attrs):
         if attrs["cached_input_tokens"] > attrs["input_tokens"]:
@@ -99,7 +108,21 @@ class ShapeSerializer(serializers.Serializer):
         return attrs
 
 
-class EstimateRequestSerializer(serializers.Serializer):
+def context_problems(context_length_tokens: int, input_tokens: int, output_tokens: int) -> dict:
+    """The field at fault when a request's tokens do not fit the model's context, or {}."""
+    if input_tokens > context_length_tokens:
+        return {"input_tokens": [f"exceeds the model's context ({context_length_tokens} tokens)."]}
+    if input_tokens + output_tokens > context_length_tokens:
+        return {
+            "output_tokens": [
+                f"input_tokens + output_tokens = {input_tokens + output_tokens} exceeds the "
+                f"model's context ({context_length_tokens} tokens)."
+            ]
+        }
+    return {}
+
+
+class EstimateRequestSerializer(StrictSerializer):
     model = serializers.SlugRelatedField(slug_field="name", queryset=ServedModel.objects.all())
     gpu_type = serializers.SlugRelatedField(
         slug_field="name",
@@ -108,6 +131,16 @@ class EstimateRequestSerializer(serializers.Serializer):
         help_text="Default: the model's reference GPU type, whose MU is the model's currency.",
     )
     shapes = ShapeSerializer(many=True, allow_empty=False, max_length=10_000)
+
+    def validate(self, attrs):
+        context = attrs["model"].context_length_tokens
+        problems = [
+            context_problems(context, shape["input_tokens"], shape["output_tokens"])
+            for shape in attrs["shapes"]
+        ]
+        if any(problems):
+            raise serializers.ValidationError({"shapes": problems})
+        return attrs
 
 
 class PricedShapeSerializer(ShapeSerializer):

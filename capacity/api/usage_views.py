@@ -48,8 +48,16 @@ class UsageEventsView(APIView):
             raise PermissionDenied("Posting usage needs the usage:write scope.")
         body = request.data
         events = body.get("events") if isinstance(body, dict) else body
-        if isinstance(body, dict) and "events" not in body:
-            raise DomainError('Send {"events": [...]}.', field="events")
+        if isinstance(body, dict) and set(body) != {"events"}:
+            # A batch is {"events": [...]} and nothing else: another key is a mistake.
+            unknown = sorted(str(key) for key in body if key != "events")[:20]
+            fields = {key: ['is not a field here; send {"events": [...]}.'] for key in unknown}
+            if "events" not in body:
+                fields["events"] = ['is required: send {"events": [...]}.']
+            raise DomainError(
+                'Send {"events": [...]}' + (f"; not {', '.join(unknown)}." if unknown else "."),
+                fields=fields,
+            )
         customer = principal.api_key.customer if principal.api_key is not None else None
         may_name = principal.is_planner or principal.is_service
         if customer is None and not may_name:
