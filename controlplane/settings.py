@@ -259,6 +259,12 @@ USAGE_LATENESS_WINDOW_HOURS = env_int("USAGE_LATENESS_WINDOW_HOURS", 72, minimum
 # Clocks drift: an event may finish this far in the future.
 USAGE_MAX_FUTURE_SECONDS = env_int("USAGE_MAX_FUTURE_SECONDS", 300, minimum=0)
 
+# --- Reservations (capacity/reservations.py) ----------------------------------------------------
+# A sale ends at most this many days after it starts (or is open-ended).
+RESERVATION_MAX_TERM_DAYS = env_int("RESERVATION_MAX_TERM_DAYS", 3650, minimum=1)
+# A sale starts at most this many days from now, in the future or (backdated) in the past.
+RESERVATION_START_WINDOW_DAYS = env_int("RESERVATION_START_WINDOW_DAYS", 365, minimum=1)
+
 # --- Allocation ----------------------------------------------------------------------------------
 ALLOCATION_TICK_SECONDS = env_int("ALLOCATION_TICK_SECONDS", 15, minimum=1)
 # Scale down only to the highest recommendation of this many seconds (DESIGN §2).
