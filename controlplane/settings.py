@@ -258,6 +258,8 @@ API_MAX_JSON_DEPTH = env_int("API_MAX_JSON_DEPTH", 32, minimum=4)
 USAGE_LATENESS_WINDOW_HOURS = env_int("USAGE_LATENESS_WINDOW_HOURS", 72, minimum=1)
 # Clocks drift: an event may finish this far in the future.
 USAGE_MAX_FUTURE_SECONDS = env_int("USAGE_MAX_FUTURE_SECONDS", 300, minimum=0)
+# A usage event's request ran at most this long (started_at ≥ finished_at − this).
+USAGE_MAX_DURATION_HOURS = env_int("USAGE_MAX_DURATION_HOURS", 24, minimum=1)
 
 # --- Reservations (capacity/reservations.py) ----------------------------------------------------
 # A sale ends at most this many days after it starts (or is open-ended).

@@ -9,7 +9,7 @@ from accounts.principals import principal_of
 from capacity import cost_models
 from capacity.models import CostModel, GpuType, ServedModel
 from capacity.pricing import price_shapes
-from capacity.usage_schema import MAX_TOKENS
+from capacity.usage_schema import MAX_TOKENS, context_problems
 from controlplane.api.serializers import StrictSerializer
 
 
@@ -106,20 +106,6 @@ class ShapeSerializer(StrictSerializer):
                 {"cached_input_tokens": ["must not exceed input_tokens."]}
             )
         return attrs
-
-
-def context_problems(context_length_tokens: int, input_tokens: int, output_tokens: int) -> dict:
-    """The field at fault when a request's tokens do not fit the model's context, or {}."""
-    if input_tokens > context_length_tokens:
-        return {"input_tokens": [f"exceeds the model's context ({context_length_tokens} tokens)."]}
-    if input_tokens + output_tokens > context_length_tokens:
-        return {
-            "output_tokens": [
-                f"input_tokens + output_tokens = {input_tokens + output_tokens} exceeds the "
-                f"model's context ({context_length_tokens} tokens)."
-            ]
-        }
-    return {}
 
 
 class EstimateRequestSerializer(StrictSerializer):
