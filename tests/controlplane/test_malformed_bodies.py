@@ -195,3 +195,75 @@ def test_no_read_endpoint_answers_500_to_garbage_query_parameters(
                 assert response.json()["error"]["status"] == response.status_code
         checked += 1
     assert checked >= 20
+
+
+CONTROL_QUERY = {
+    "search": "a\x00b",
+    "model": "llama-8b\x00",
+    "period": "2026-11\n",
+    "customer": "acme\x00",
+    "page_size": "5\x00",
+}
+OUT_OF_RANGE_DATES = [
+    {"created_at__gte": "9999-12-31T23:59:59-23:00"},
+    {"created_at__lte": "9999-12-31T23:59:59-01:00"},
+    {"created_at__gte": "0001-01-01T00:00:00+01:00"},
+]
+
+
+def test_no_read_endpoint_answers_500_to_control_characters_or_dates_out_of_range(
+    planner_client, deployment, pool, gpu_type, served_model, acme, make_key
+):
+    api_key, _ = make_key(customer=acme)
+    schema = SchemaGenerator().get_schema(request=None, public=True)
+    checked = 0
+    for path, methods in schema["paths"].items():
+        if "get" not in methods:
+            continue
+        url = _concrete(path, deployment, pool, gpu_type, served_model, acme, api_key)
+        for query in (CONTROL_QUERY, *OUT_OF_RANGE_DATES):
+            response = planner_client.get(url, query)
+            assert response.status_code < 500, (url, query, response.content[:300])
+            if response.status_code >= 400 and url.startswith("/api/v1/"):
+                assert response.json()["error"]["status"] == response.status_code
+        checked += 1
+    assert checked >= 20
+
+
+def test_a_query_parameter_with_a_control_character_is_a_400_naming_it(planner_client, acme):
+    response = planner_client.get("/api/v1/customers/", {"slug": "acme\x00", "tier": "gold"})
+    assert response.status_code == 400
+    assert response.json()["error"]["fields"] == {"slug": ["must not contain control characters."]}
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "/api/v1/models/llama%00/",
+        "/api/v1/customers/acme%00/",
+        "/api/v1/models/llama%00/capacity",
+        "/api/v1/degradation/llama%00/policy",
+        "/api/v1/health/deployments/x%0A/reset-fingerprint",
+    ],
+)
+def test_a_name_with_a_control_character_in_the_path_is_a_404_not_a_500(
+    planner_client, served_model, acme, url
+):
+    response = planner_client.get(url)
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "not_found"
+
+
+@pytest.mark.parametrize("query", OUT_OF_RANGE_DATES)
+def test_a_date_filter_the_database_cannot_compare_is_a_400_naming_it(planner_client, acme, query):
+    response = planner_client.get("/api/v1/customers/", query)
+    assert response.status_code == 400
+    assert list(response.json()["error"]["fields"]) == list(query)
+
+
+def test_date_filters_at_the_far_ends_still_work(planner_client, acme):
+    for query in ({"created_at__gte": "0001-01-01T00:00:00Z"},
+                  {"created_at__lte": "9999-12-31T23:59:59+14:00"}):  # fmt: skip
+        response = planner_client.get("/api/v1/customers/", query)
+        assert response.status_code == 200, response.content[:300]
+        assert response.json()["count"] == 1
