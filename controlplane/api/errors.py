@@ -8,11 +8,13 @@
 list indexes, e.g. `events.3.model`) to its reasons.
 """
 
+import logging
+
 from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db import IntegrityError
+from django.db import DataError, IntegrityError
 from django.db.models import ProtectedError
 from django.http import Http404, JsonResponse
 from rest_framework import exceptions, status
@@ -20,6 +22,8 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
 from controlplane.errors import DomainError
+
+logger = logging.getLogger(__name__)
 
 
 def error_body(
@@ -121,6 +125,19 @@ def api_exception_handler(exc, context):
                 details={"in_use_by": blockers},
             ),
             status=409,
+        )
+    elif isinstance(exc, DataError):
+        # A value the database cannot hold (too long, out of range, NUL) got past validation:
+        # still the caller's input, not a server fault. Every input is bounded at the edge
+        # (controlplane.bounds), so this is the net under a bound someone forgot.
+        logger.warning("Input the database refused reached it unbounded: %s", exc)
+        return Response(
+            error_body(
+                status_code=400,
+                code="out_of_range",
+                message="A value is out of the range the database stores; nothing was written.",
+            ),
+            status=400,
         )
     elif isinstance(exc, IntegrityError):
         # A constraint caught what validation missed (e.g. a race on a unique name):

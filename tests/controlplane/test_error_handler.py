@@ -1,7 +1,7 @@
 """The error handler itself never raises, whatever state the rows it describes are in."""
 
 import pytest
-from django.db import IntegrityError
+from django.db import DataError, IntegrityError
 from django.db.models import ProtectedError
 
 from capacity.models import GpuPool, GpuType
@@ -44,3 +44,10 @@ def test_an_integrity_error_without_a_message_is_still_a_409():
     response = api_exception_handler(IntegrityError(), {})
     assert response.status_code == 409
     assert response.data["error"]["code"] == "conflict"
+
+
+def test_a_value_the_database_refuses_is_a_400_not_a_500():
+    # The net under a bound forgotten at the edge: every input is bounded before the database.
+    response = api_exception_handler(DataError("value too long for type character varying"), {})
+    assert response.status_code == 400
+    assert response.data["error"]["code"] == "out_of_range"
