@@ -192,8 +192,9 @@ def test_an_amendment_may_not_stretch_a_term_past_the_longest_but_may_end_an_old
                                   format="json")  # fmt: skip
     assert ending.status_code == 200, ending.json()
     recent = sell(planner_client, 5, ends_at=(now + timedelta(days=30)).isoformat()).json()
-    stretched = planner_client.patch(f"{URL}{recent['id']}/",
-                                     {"ends_at": "9999-12-31T00:00:00Z"}, format="json")  # fmt: skip
+    stretched = planner_client.patch(
+        f"{URL}{recent['id']}/", {"ends_at": "9999-12-31T00:00:00Z"}, format="json"
+    )
     assert stretched.status_code == 400
     assert "ends_at" in stretched.json()["error"]["fields"]
     assert Reservation.objects.get(pk=recent["id"]).ends_at < now + timedelta(days=31)
