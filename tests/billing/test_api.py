@@ -162,7 +162,7 @@ def test_a_bad_period_is_a_400_naming_it(invoices, planner_client):
         "/api/v1/billing/margin",
     ],
 )
-def test_a_period_out_of_range_is_a_400_naming_it_not_a_500(invoices, planner_client, url, period):
+def test_a_period_out_of_range_is_a_400_naming_it_not_a_500(acme, planner_client, url, period):
     response = planner_client.get(url, {"period": period})
     assert response.status_code == 400, response.content[:300]
     assert "period" in response.json()["error"]["fields"]

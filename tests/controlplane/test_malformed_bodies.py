@@ -116,7 +116,7 @@ def test_malformed_json_is_a_400_that_says_so(planner_client):
     ],
 )
 @pytest.mark.parametrize("body", [DEEP_ARRAYS, DEEP_IN_AN_OBJECT], ids=["bare", "in_an_object"])
-def test_deeply_nested_json_is_a_400_not_a_500(planner_client, sellable, acme, url, body):
+def test_deeply_nested_json_is_a_400_not_a_500(planner_client, url, body):
     response = planner_client.post(url, data=body, content_type="application/json")
     assert response.status_code == 400, response.content[:300]
     error = response.json()["error"]
