@@ -27,6 +27,7 @@ from billing.money import money
 from billing.rates import cards_by_model, rate_segments
 from capacity.models import Reservation, ReservationChange, UsageMinute
 from controlplane.audit import audit_record
+from controlplane.bounds import EARLIEST, LATEST
 from controlplane.errors import ConflictError, DomainError
 
 ADVISORY_LOCK_BASE = 0x4249_4C4C  # "BILL"
@@ -48,6 +49,12 @@ def period_bounds(period: str | date) -> tuple[date, datetime, datetime]:
             first = date(year, month, 1)
         except (ValueError, TypeError):
             raise DomainError(f"'{period}' is not a month: use YYYY-MM.", field="period") from None
+        if not EARLIEST.year <= year < LATEST.year:
+            raise DomainError(
+                f"'{period}' is not a month billed here: use {EARLIEST:%Y-%m} to "
+                f"{LATEST.year - 1}-12.",
+                field="period",
+            )
     else:
         first = period.replace(day=1)
     days = calendar.monthrange(first.year, first.month)[1]

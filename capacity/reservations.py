@@ -6,8 +6,9 @@ does not fit at every moment of its term is refused with the shortfall.
 """
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -103,13 +104,34 @@ def _status_for(starts_at: datetime, ends_at: datetime | None, now: datetime) ->
     return Reservation.Status.ACTIVE
 
 
-def _validate_term(starts_at: datetime, ends_at: datetime | None, mu_per_minute: float) -> None:
+def _validate_start(starts_at: datetime) -> None:
+    """A sale starts within RESERVATION_START_WINDOW_DAYS of now, either way."""
+    window = timedelta(days=settings.RESERVATION_START_WINDOW_DAYS)
+    now = timezone.now()
+    if not now - window <= starts_at <= now + window:
+        raise DomainError(
+            f"starts_at must be within {window.days} days of now "
+            f"({(now - window):%Y-%m-%d} to {(now + window):%Y-%m-%d}).",
+            field="starts_at",
+        )
+
+
+def _validate_term(
+    starts_at: datetime, ends_at: datetime | None, mu_per_minute: float, *, bound_length=True
+) -> None:
     if not mu_per_minute > 0:
         raise DomainError("mu_per_minute must be greater than 0.", field="mu_per_minute")
     if ends_at is not None and ends_at <= starts_at:
         raise DomainError("ends_at must be after starts_at.", field="ends_at")
     if ends_at is not None and ends_at <= timezone.now():
         raise DomainError("ends_at is in the past: nothing would be sold.", field="ends_at")
+    longest = timedelta(days=settings.RESERVATION_MAX_TERM_DAYS)
+    if bound_length and ends_at is not None and ends_at - starts_at > longest:
+        raise DomainError(
+            f"ends_at must be at most {longest.days} days after starts_at "
+            f"({starts_at + longest:%Y-%m-%d}); leave it empty for an open-ended reservation.",
+            field="ends_at",
+        )
 
 
 @transaction.atomic
@@ -125,6 +147,7 @@ def reservation_create(
     actor: str = "",
 ) -> Reservation:
     starts_at = starts_at or timezone.now()
+    _validate_start(starts_at)
     _validate_term(starts_at, ends_at, mu_per_minute)
     served_model = ServedModel.objects.select_for_update().get(pk=served_model.pk)
     _check_fits(
@@ -184,11 +207,12 @@ def reservation_amend(
         )
     new_mu = reservation.mu_per_minute if mu_per_minute is None else mu_per_minute
     new_end = reservation.ends_at if ends_at is UNSET else ends_at
-    _validate_term(reservation.starts_at, new_end, new_mu)
     grows_rate = new_mu > reservation.mu_per_minute
     grows_term = reservation.ends_at is not None and (
         new_end is None or new_end > reservation.ends_at
     )
+    # Shrinking never fails: only a later end is held to the longest term.
+    _validate_term(reservation.starts_at, new_end, new_mu, bound_length=grows_term)
     if grows_rate or grows_term:
         _check_fits(
             served_model=reservation.served_model,

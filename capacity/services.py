@@ -76,6 +76,17 @@ def _check_endpoint(url: str | None) -> None:
         outbound.check_url(url, purpose=outbound.OUTBOUND, field="endpoint_url")
 
 
+def _check_current(values: dict) -> None:
+    """A writer that states current_replicas states what runs, and no more than max_replicas
+    can run. (Lowering max_replicas below what runs is fine: the next tick scales down.)"""
+    if values["current_replicas"] > values["max_replicas"]:
+        raise DomainError(
+            f"current_replicas ({values['current_replicas']}) must not exceed max_replicas "
+            f"({values['max_replicas']}).",
+            field="current_replicas",
+        )
+
+
 @transaction.atomic
 def deployment_create(**values) -> Deployment:
     unknown = set(values) - set(DEPLOYMENT_FIELDS)
@@ -88,6 +99,7 @@ def deployment_create(**values) -> Deployment:
     }
     values = defaults | values
     _check_shape(values)
+    _check_current(values)
     pool = GpuPool.objects.select_for_update().get(pk=values["gpu_pool"].pk)
     check_fits_pool(
         pool=pool,
@@ -112,6 +124,8 @@ def deployment_update(*, deployment: Deployment, **changes) -> Deployment:
     before = snapshot(deployment, all_fields(deployment))
     values = {name: getattr(deployment, name) for name in DEPLOYMENT_FIELDS} | changes
     _check_shape(values)
+    if changes.get("current_replicas", deployment.current_replicas) != deployment.current_replicas:
+        _check_current(values)
     pool = GpuPool.objects.select_for_update().get(pk=values["gpu_pool"].pk)
     check_fits_pool(
         pool=pool,

@@ -36,7 +36,7 @@ from capacity.admission_buckets import (
 )
 from capacity.cost_models import active_cost_model
 from capacity.models import CostModel, Deployment, ServedModel, UsageEvent, Verification
-from capacity.usage_schema import UsageEventIn, minute_of, reasons_from
+from capacity.usage_schema import UsageEventIn, context_problems, minute_of, reasons_from
 from controlplane.errors import DomainError
 
 MAX_BATCH_EVENTS = 5_000
@@ -133,6 +133,7 @@ def usage_ingest(*, events, customer: Customer | None, may_name_customer: bool) 
     now = timezone.now()
     oldest = now - timedelta(hours=settings.USAGE_LATENESS_WINDOW_HOURS)
     newest = now + timedelta(seconds=settings.USAGE_MAX_FUTURE_SECONDS)
+    longest = timedelta(hours=settings.USAGE_MAX_DURATION_HOURS)
 
     def reject(index: int, raw, reasons: list[str]) -> None:
         event_id = raw.get("event_id") if isinstance(raw, dict) else None
@@ -193,6 +194,10 @@ def usage_ingest(*, events, customer: Customer | None, may_name_customer: bool) 
                     f"model: '{event.model}' has no active cost model yet, so its usage cannot "
                     "be priced; retry the event once one is active"
                 )
+            problems = context_problems(
+                model.context_length_tokens, event.input_tokens, event.output_tokens
+            )
+            reasons.extend(f"{name}: {why[0]}" for name, why in problems.items())
         if event.deployment:
             deployment = deployments.get(event.deployment)
             if deployment is None:
@@ -207,6 +212,12 @@ def usage_ingest(*, events, customer: Customer | None, may_name_customer: bool) 
             reasons.append(
                 f"finished_at: older than the lateness window "
                 f"({settings.USAGE_LATENESS_WINDOW_HOURS} h)"
+            )
+        # With finished_at inside the lateness window, this keeps started_at near it too.
+        if event.finished_at - event.started_at > longest:
+            reasons.append(
+                f"started_at: more than {settings.USAGE_MAX_DURATION_HOURS} h before "
+                "finished_at; no request runs that long"
             )
         if reasons:
             reject(index, events[index], reasons)

@@ -96,6 +96,7 @@ MIDDLEWARE = [
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
+    "controlplane.middleware.RefuseControlCharacters",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
@@ -236,9 +237,15 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "controlplane.api.pagination.StandardPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_FILTER_BACKENDS": [
-        "django_filters.rest_framework.DjangoFilterBackend",
+        "controlplane.api.filters.BoundedFilterBackend",
         "rest_framework.filters.OrderingFilter",
         "rest_framework.filters.SearchFilter",
+    ],
+    # DRF's parsers, with the JSON one refusing bodies nested deeper than API_MAX_JSON_DEPTH.
+    "DEFAULT_PARSER_CLASSES": [
+        "controlplane.api.parsers.BoundedJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
     ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "controlplane.api.errors.api_exception_handler",
@@ -301,12 +308,23 @@ PROMETHEUS_TIMEOUT_SECONDS = env_int("PROMETHEUS_TIMEOUT_SECONDS", 5, minimum=1)
 # A batch of 5,000 usage events is about 2 MB of JSON; anything far larger is refused with 413
 # before it is parsed.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("API_MAX_BODY_BYTES", 16 * 1024 * 1024, minimum=1024)
+# JSON bodies nested deeper than this are refused with 400 before they are parsed (the deepest
+# legitimate body nests 3 levels; Python's json would recurse into a RecursionError).
+API_MAX_JSON_DEPTH = env_int("API_MAX_JSON_DEPTH", 32, minimum=4)
 
 # --- Usage metering ----------------------------------------------------------------------------
 # Events finished longer ago than this are refused (late billing data needs a planner).
 USAGE_LATENESS_WINDOW_HOURS = env_int("USAGE_LATENESS_WINDOW_HOURS", 72, minimum=1)
 # Clocks drift: an event may finish this far in the future.
 USAGE_MAX_FUTURE_SECONDS = env_int("USAGE_MAX_FUTURE_SECONDS", 300, minimum=0)
+# A usage event's request ran at most this long (started_at ≥ finished_at − this).
+USAGE_MAX_DURATION_HOURS = env_int("USAGE_MAX_DURATION_HOURS", 24, minimum=1)
+
+# --- Reservations (capacity/reservations.py) ----------------------------------------------------
+# A sale ends at most this many days after it starts (or is open-ended).
+RESERVATION_MAX_TERM_DAYS = env_int("RESERVATION_MAX_TERM_DAYS", 3650, minimum=1)
+# A sale starts at most this many days from now, in the future or (backdated) in the past.
+RESERVATION_START_WINDOW_DAYS = env_int("RESERVATION_START_WINDOW_DAYS", 365, minimum=1)
 
 # --- Allocation ----------------------------------------------------------------------------------
 ALLOCATION_TICK_SECONDS = env_int("ALLOCATION_TICK_SECONDS", 15, minimum=1)

@@ -5,13 +5,21 @@ from rest_framework import serializers
 
 from accounts import scopes as S
 from accounts.models import ApiKey, Customer
+from controlplane.api.serializers import (
+    StrictModelSerializer,
+    StrictSerializer,
+    no_control_characters,
+)
 
 
-class CustomerSerializer(serializers.ModelSerializer):
+class CustomerSerializer(StrictModelSerializer):
     class Meta:
         model = Customer
         fields = ["id", "name", "slug", "tier", "may_report_own_usage", "created_at"]
         read_only_fields = ["id", "created_at"]
+
+    def validate_name(self, value: str) -> str:
+        return no_control_characters(value)
 
 
 class ApiKeySerializer(serializers.ModelSerializer):
@@ -42,8 +50,8 @@ class ApiKeySerializer(serializers.ModelSerializer):
         )
 
 
-class ApiKeyCreateSerializer(serializers.Serializer):
-    name = serializers.CharField(max_length=200)
+class ApiKeyCreateSerializer(StrictSerializer):
+    name = serializers.CharField(max_length=200, validators=[no_control_characters])
     customer = serializers.SlugRelatedField(
         slug_field="slug",
         queryset=Customer.objects.all(),

@@ -2,12 +2,22 @@ from rest_framework import serializers
 
 from benchmarking.models import BenchmarkRun, BenchmarkSample, BenchmarkSuite
 from capacity.models import Deployment, GpuType, ServedModel
+from capacity.usage_schema import MAX_TOKENS
+from controlplane.api.serializers import FreeTextField, StrictModelSerializer, StrictSerializer
+
+# A latency SLO of an hour is already no SLO.
+MAX_SLO_MS = 3_600_000
+# PositiveIntegerField's upper bound on PostgreSQL.
+MAX_INT = 2_147_483_647
 
 
-class BenchmarkSuiteSerializer(serializers.ModelSerializer):
+class BenchmarkSuiteSerializer(StrictModelSerializer):
+    description = FreeTextField()
     grid = serializers.ListField(
         child=serializers.ListField(
-            child=serializers.IntegerField(min_value=1), min_length=2, max_length=2
+            child=serializers.IntegerField(min_value=1, max_value=MAX_TOKENS),
+            min_length=2,
+            max_length=2,
         ),
         min_length=1,
         max_length=400,
@@ -34,14 +44,14 @@ class BenchmarkSuiteSerializer(serializers.ModelSerializer):
         read_only_fields = ["id", "created_at"]
         validators = []
         extra_kwargs = {
-            "concurrency_start": {"min_value": 1},
+            "concurrency_start": {"min_value": 1, "max_value": 4096},
             "max_concurrency": {"min_value": 1, "max_value": 4096},
             "min_throughput_growth": {"min_value": 0.0, "max_value": 1.0},
             "max_error_rate": {"min_value": 0.0, "max_value": 1.0},
             "request_timeout_seconds": {"min_value": 0.1, "max_value": 3600},
             "duration_per_point_seconds": {"min_value": 0.1, "max_value": 3600},
-            "slo_ttft_p95_ms": {"min_value": 0.001},
-            "slo_tpot_p95_ms": {"min_value": 0.001},
+            "slo_ttft_p95_ms": {"min_value": 0.001, "max_value": MAX_SLO_MS},
+            "slo_tpot_p95_ms": {"min_value": 0.001, "max_value": MAX_SLO_MS},
         }
 
 
@@ -83,19 +93,19 @@ class BenchmarkRunSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class BenchmarkRunCreateSerializer(serializers.Serializer):
+class BenchmarkRunCreateSerializer(StrictSerializer):
     suite = serializers.SlugRelatedField(slug_field="name", queryset=BenchmarkSuite.objects.all())
     deployment = serializers.SlugRelatedField(
         slug_field="name", queryset=Deployment.objects.all(), required=False
     )
-    endpoint_url = serializers.URLField(required=False, allow_blank=True)
+    endpoint_url = serializers.URLField(required=False, allow_blank=True, max_length=500)
     served_model = serializers.SlugRelatedField(
         slug_field="name", queryset=ServedModel.objects.all(), required=False
     )
     gpu_type = serializers.SlugRelatedField(
         slug_field="name", queryset=GpuType.objects.all(), required=False
     )
-    gpus_per_replica = serializers.IntegerField(min_value=1, required=False)
+    gpus_per_replica = serializers.IntegerField(min_value=1, max_value=MAX_INT, required=False)
     replicas = serializers.IntegerField(min_value=1, max_value=1000, default=1)
 
 

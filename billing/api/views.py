@@ -24,6 +24,7 @@ from billing.margin import model_margins
 from billing.models import Invoice, InvoiceLine, RateCard
 from billing.rates import rate_card_create, rate_card_update
 from capacity.models import ServedModel
+from controlplane.api.serializers import InstantField, StrictModelSerializer
 
 LINE_FIELDS = [
     "kind",
@@ -131,6 +132,7 @@ class InvoiceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         response["Content-Disposition"] = f'attachment; filename="{filename}"'
         return response
 
+    @extend_schema(request=None, responses=InvoiceSerializer)
     @action(detail=True, methods=["post"])
     def issue(self, request, pk=None):
         if not principal_of(request).is_planner:
@@ -187,10 +189,11 @@ class MarginView(APIView):
         return Response(model_margins(period))
 
 
-class RateCardSerializer(serializers.ModelSerializer):
+class RateCardSerializer(StrictModelSerializer):
     model = serializers.SlugRelatedField(
         source="served_model", slug_field="name", queryset=ServedModel.objects.all()
     )
+    effective_from = InstantField()
     reserved_price_per_mu_minute_hour = serializers.DecimalField(
         max_digits=14, decimal_places=6, min_value=Decimal(0)
     )

@@ -11,12 +11,13 @@ from rest_framework.views import APIView
 from accounts.models import Customer
 from accounts.principals import principal_of
 from capacity.admission import admit
+from controlplane.api.serializers import StrictSerializer, identifier_validator
 from controlplane.errors import DomainError
 
 MAX_TOKENS_LIMIT = 10_000_000
 
 
-class AdmissionRequest(serializers.Serializer):
+class AdmissionRequest(StrictSerializer):
     model = serializers.CharField(max_length=200)
     input_tokens = serializers.IntegerField(min_value=0, max_value=MAX_TOKENS_LIMIT)
     cached_input_tokens = serializers.IntegerField(
@@ -26,6 +27,7 @@ class AdmissionRequest(serializers.Serializer):
     request_id = serializers.CharField(
         max_length=100,
         required=False,
+        validators=[identifier_validator()],
         help_text="The id the request's usage event will carry (event_id): it settles the "
         "estimate against what the request used.",
     )

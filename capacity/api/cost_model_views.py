@@ -10,6 +10,8 @@ from accounts.principals import principal_of
 from capacity import cost_models
 from capacity.models import CostModel, GpuType, ServedModel
 from capacity.pricing import price_shapes
+from capacity.usage_schema import MAX_TOKENS, context_problems
+from controlplane.api.serializers import StrictSerializer
 
 
 class CostModelPermission(BasePermission):
@@ -84,13 +86,20 @@ class CostModelViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewset
         return Response(CostModelSerializer(cost_model).data)
 
 
-class ShapeSerializer(serializers.Serializer):
-    input_tokens = serializers.IntegerField(min_value=0, help_text="All prompt tokens.")
-    cached_input_tokens = serializers.IntegerField(
-        min_value=0, default=0, help_text="Of input_tokens, how many hit the prefix cache."
+class ShapeSerializer(StrictSerializer):
+    """A request shape. Its tokens must fit the model's context (checked with the model)."""
+
+    input_tokens = serializers.IntegerField(
+        min_value=0, max_value=MAX_TOKENS, help_text="All prompt tokens."
     )
-    output_tokens = serializers.IntegerField(min_value=0)
-    images = serializers.IntegerField(min_value=0, default=0)
+    cached_input_tokens = serializers.IntegerField(
+        min_value=0,
+        max_value=MAX_TOKENS,
+        default=0,
+        help_text="Of input_tokens, how many hit the prefix cache.",
+    )
+    output_tokens = serializers.IntegerField(min_value=0, max_value=MAX_TOKENS)
+    images = serializers.IntegerField(min_value=0, max_value=MAX_TOKENS, default=0)
 
     def validate(self, attrs):
         if attrs["cached_input_tokens"] > attrs["input_tokens"]:
@@ -100,7 +109,7 @@ class ShapeSerializer(serializers.Serializer):
         return attrs
 
 
-class EstimateRequestSerializer(serializers.Serializer):
+class EstimateRequestSerializer(StrictSerializer):
     model = serializers.SlugRelatedField(slug_field="name", queryset=ServedModel.objects.all())
     gpu_type = serializers.SlugRelatedField(
         slug_field="name",
@@ -109,6 +118,16 @@ class EstimateRequestSerializer(serializers.Serializer):
         help_text="Default: the model's reference GPU type, whose MU is the model's currency.",
     )
     shapes = ShapeSerializer(many=True, allow_empty=False, max_length=10_000)
+
+    def validate(self, attrs):
+        context = attrs["model"].context_length_tokens
+        problems = [
+            context_problems(context, shape["input_tokens"], shape["output_tokens"])
+            for shape in attrs["shapes"]
+        ]
+        if any(problems):
+            raise serializers.ValidationError({"shapes": problems})
+        return attrs
 
 
 class PricedShapeSerializer(ShapeSerializer):

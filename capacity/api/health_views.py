@@ -40,6 +40,7 @@ from capacity.models import (
     Replica,
     ServedModel,
 )
+from controlplane.api.serializers import StrictModelSerializer
 
 RECENT_CHANGES = 10
 
@@ -189,7 +190,7 @@ class IncidentListView(generics.ListAPIView):
 # --- Degradation ----------------------------------------------------------------------------
 
 
-class PolicySerializer(serializers.ModelSerializer):
+class PolicySerializer(StrictModelSerializer):
     """A model's degradation policy; on PUT, fields left out keep their current value (or
     the default for a new policy)."""
 

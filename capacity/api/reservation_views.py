@@ -10,6 +10,12 @@ from accounts.models import Customer
 from accounts.principals import principal_of
 from capacity import reservations
 from capacity.models import Reservation, ReservationChange, ServedModel
+from controlplane.api.serializers import (
+    FreeTextField,
+    InstantField,
+    StrictModelSerializer,
+    StrictSerializer,
+)
 
 
 class ReservationPermission(BasePermission):
@@ -24,13 +30,22 @@ class ReservationPermission(BasePermission):
         )
 
 
-class ReservationSerializer(serializers.ModelSerializer):
+class ReservationSerializer(StrictModelSerializer):
     customer = serializers.SlugRelatedField(slug_field="slug", queryset=Customer.objects.all())
     model = serializers.SlugRelatedField(
         source="served_model", slug_field="name", queryset=ServedModel.objects.all()
     )
     mu_per_minute = serializers.FloatField(min_value=0.000001, max_value=1e12)
-    starts_at = serializers.DateTimeField(required=False)
+    starts_at = InstantField(
+        required=False,
+        help_text="Default: now. At most RESERVATION_START_WINDOW_DAYS (365) from now.",
+    )
+    ends_at = InstantField(
+        required=False,
+        allow_null=True,
+        help_text="Empty: open-ended. At most RESERVATION_MAX_TERM_DAYS (3650) after starts_at.",
+    )
+    notes = FreeTextField()
 
     class Meta:
         model = Reservation
@@ -51,11 +66,13 @@ class ReservationSerializer(serializers.ModelSerializer):
         read_only_fields = ["id", "status", "created_at", "updated_at", "cancelled_at"]
 
 
-class ReservationAmendSerializer(serializers.Serializer):
+class ReservationAmendSerializer(StrictSerializer):
+    unknown_field_message = "cannot be amended; cancel and sell a new reservation."
+
     mu_per_minute = serializers.FloatField(min_value=0.000001, max_value=1e12, required=False)
-    ends_at = serializers.DateTimeField(required=False, allow_null=True)
+    ends_at = InstantField(required=False, allow_null=True)
     keep_warm = serializers.BooleanField(required=False)
-    notes = serializers.CharField(required=False, allow_blank=True)
+    notes = FreeTextField()
 
 
 class ReservationChangeSerializer(serializers.ModelSerializer):
@@ -122,15 +139,6 @@ class ReservationViewSet(
         serializer = ReservationAmendSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         changes = dict(serializer.validated_data)
-        unknown = set(request.data) - set(ReservationAmendSerializer().fields) if isinstance(
-            request.data, dict) else set()  # fmt: skip
-        if unknown:
-            raise serializers.ValidationError(
-                {
-                    name: ["cannot be amended; cancel and sell a new reservation."]
-                    for name in unknown
-                }
-            )
         amended = reservations.reservation_amend(
             reservation=reservation, actor=_actor(request), **changes
         )

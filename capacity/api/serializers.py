@@ -3,9 +3,14 @@ from rest_framework import serializers
 from benchmarking.models import BenchmarkSuite
 from capacity.models import ActuatorKind, Deployment, GpuPool, GpuType, ServedModel
 from capacity.services import DEPLOYMENT_FIELDS
+from capacity.usage_schema import MAX_TOKENS
+from controlplane.api.serializers import StrictModelSerializer, no_control_characters
+
+# Larger than any model built (about 100 times the largest known), far below overflow.
+MAX_PARAMETERS_BILLIONS = 100_000
 
 
-class GpuTypeSerializer(serializers.ModelSerializer):
+class GpuTypeSerializer(StrictModelSerializer):
     hourly_cost_usd = serializers.DecimalField(max_digits=10, decimal_places=4, min_value=0)
 
     class Meta:
@@ -13,6 +18,9 @@ class GpuTypeSerializer(serializers.ModelSerializer):
         fields = ["id", "name", "memory_gb", "hourly_cost_usd"]
         read_only_fields = ["id"]
         extra_kwargs = {"memory_gb": {"min_value": 1}}
+
+    def validate_name(self, value: str) -> str:
+        return no_control_characters(value)
 
 
 class GpuTypePublicSerializer(serializers.ModelSerializer):
@@ -24,7 +32,7 @@ class GpuTypePublicSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class GpuPoolSerializer(serializers.ModelSerializer):
+class GpuPoolSerializer(StrictModelSerializer):
     gpu_type = serializers.SlugRelatedField(slug_field="name", queryset=GpuType.objects.all())
 
     class Meta:
@@ -32,8 +40,11 @@ class GpuPoolSerializer(serializers.ModelSerializer):
         fields = ["id", "name", "gpu_type", "gpu_count"]
         read_only_fields = ["id"]
 
+    def validate_name(self, value: str) -> str:
+        return no_control_characters(value)
 
-class ServedModelSerializer(serializers.ModelSerializer):
+
+class ServedModelSerializer(StrictModelSerializer):
     reference_gpu_type = serializers.SlugRelatedField(
         slug_field="name", queryset=GpuType.objects.all()
     )
@@ -50,12 +61,16 @@ class ServedModelSerializer(serializers.ModelSerializer):
         ]
         read_only_fields = ["id"]
         extra_kwargs = {
-            "parameters_billions": {"min_value": 0},
-            "context_length_tokens": {"min_value": 1},
+            "parameters_billions": {"min_value": 0, "max_value": MAX_PARAMETERS_BILLIONS},
+            # Usage events are bounded by it, and their token counts by MAX_TOKENS.
+            "context_length_tokens": {"min_value": 1, "max_value": MAX_TOKENS},
         }
 
+    def validate_engine_model_id(self, value: str) -> str:
+        return no_control_characters(value)
 
-class DeploymentSerializer(serializers.ModelSerializer):
+
+class DeploymentSerializer(StrictModelSerializer):
     served_model = serializers.SlugRelatedField(
         slug_field="name", queryset=ServedModel.objects.all()
     )

@@ -1,4 +1,4 @@
-from datetime import timedelta
+from datetime import UTC, timedelta
 
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
@@ -15,8 +15,9 @@ from accounts.selectors import customers_visible_to
 from accounts.throttling import UsageThrottle
 from capacity.models import ServedModel
 from capacity.usage import MAX_BATCH_EVENTS, usage_ingest
-from capacity.utilisation import customer_utilisation, model_capacity_summary
+from capacity.utilisation import MAX_RANGE, customer_utilisation, model_capacity_summary
 from controlplane.api.errors import error_body
+from controlplane.bounds import INSTANT_RULE, has_control_characters, plausible_instant
 from controlplane.errors import DomainError
 
 IngestResponse = inline_serializer(
@@ -53,8 +54,16 @@ class UsageEventsView(APIView):
             raise PermissionDenied("Posting usage needs the usage:write scope.")
         body = request.data
         events = body.get("events") if isinstance(body, dict) else body
-        if isinstance(body, dict) and "events" not in body:
-            raise DomainError('Send {"events": [...]}.', field="events")
+        if isinstance(body, dict) and set(body) != {"events"}:
+            # A batch is {"events": [...]} and nothing else: another key is a mistake.
+            unknown = sorted(str(key) for key in body if key != "events")[:20]
+            fields = {key: ['is not a field here; send {"events": [...]}.'] for key in unknown}
+            if "events" not in body:
+                fields["events"] = ['is required: send {"events": [...]}.']
+            raise DomainError(
+                'Send {"events": [...]}' + (f"; not {', '.join(unknown)}." if unknown else "."),
+                fields=fields,
+            )
         customer = principal.api_key.customer if principal.api_key is not None else None
         may_name = principal.is_planner or principal.is_service
         if customer is None and not may_name:
@@ -80,27 +89,38 @@ class UsageEventsView(APIView):
 def _parse_time(value: str | None, *, field: str, default):
     if not value:
         return default
-    parsed = parse_datetime(value)
+    shown = value[:40]
+    try:
+        parsed = parse_datetime(value)
+    except ValueError:  # shaped like one, but no such moment (2026-02-30, 25:00)
+        parsed = None
     if parsed is None:
-        raise DomainError(f"'{value}' is not an ISO 8601 date-time.", field=field)
+        raise DomainError(f"'{shown}' is not an ISO 8601 date-time.", field=field)
     if timezone.is_naive(parsed):
         raise DomainError("Give a time zone, e.g. 2026-11-01T00:00:00Z.", field=field)
-    return parsed
+    if not plausible_instant(parsed):
+        raise DomainError(f"{field} {INSTANT_RULE}; got '{shown}'.", field=field)
+    return parsed.astimezone(UTC)
+
+
+STEP_UNITS = {"m": 60, "h": 3600, "d": 86400}
 
 
 def _parse_step(value: str | None) -> timedelta:
     if not value:
         return timedelta(hours=1)
-    units = {"m": 60, "h": 3600, "d": 86400}
     try:
-        if value[-1] in units:
-            return timedelta(seconds=int(value[:-1]) * units[value[-1]])
-        return timedelta(seconds=int(value))
+        number, unit = (value[:-1], value[-1]) if value[-1] in STEP_UNITS else (value, "")
+        seconds = int(number) * STEP_UNITS.get(unit, 1)
     except (ValueError, IndexError):
         raise DomainError(
-            f"'{value}' is not a step: use seconds or a number with m, h or d (e.g. 15m).",
+            f"'{value[:40]}' is not a step: use seconds or a number with m, h or d (e.g. 15m).",
             field="step",
         ) from None
+    if seconds > MAX_RANGE.total_seconds():
+        # No step is longer than the longest range (and a timedelta ends at 10⁹ days).
+        raise DomainError(f"step may be at most {MAX_RANGE.days} days.", field="step")
+    return timedelta(seconds=seconds)
 
 
 class CustomerUtilisationView(APIView):
@@ -123,6 +143,8 @@ class CustomerUtilisationView(APIView):
         model_name = request.query_params.get("model")
         if not model_name:
             raise DomainError("Name the model: ?model=NAME.", field="model")
+        if has_control_characters(model_name):
+            raise DomainError("A model name holds no control characters.", field="model")
         served_model = ServedModel.objects.filter(name=model_name).first()
         if served_model is None:
             raise DomainError(f"No model named '{model_name}'.", field="model")

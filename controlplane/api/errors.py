@@ -8,11 +8,13 @@
 list indexes, e.g. `events.3.model`) to its reasons.
 """
 
+import logging
+
 from django.conf import settings
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db import IntegrityError
+from django.db import DataError, IntegrityError
 from django.db.models import ProtectedError
 from django.http import Http404, JsonResponse
 from rest_framework import exceptions, status
@@ -20,6 +22,8 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
 from controlplane.errors import DomainError
+
+logger = logging.getLogger(__name__)
 
 
 def error_body(
@@ -69,6 +73,17 @@ def _summary(fields: dict[str, list[str]]) -> str:
     return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
 
 
+def _describe(obj) -> str:
+    """`str(obj)`, or its model and id when that fails: a row deleted at the same moment can
+    take a relation its `__str__` reads with it, and the error handler must never raise."""
+    try:
+        return str(obj)
+    except Exception:
+        meta = getattr(obj, "_meta", None)
+        kind = str(meta.verbose_name) if meta is not None else type(obj).__name__
+        return f"{kind} {getattr(obj, 'pk', None)}"
+
+
 def api_exception_handler(exc, context):
     if isinstance(exc, DomainError):
         return Response(
@@ -101,7 +116,7 @@ def api_exception_handler(exc, context):
     elif isinstance(exc, DjangoPermissionDenied):
         exc = exceptions.PermissionDenied()
     elif isinstance(exc, ProtectedError):
-        blockers = sorted({str(obj) for obj in exc.protected_objects})[:10]
+        blockers = sorted({_describe(obj) for obj in exc.protected_objects})[:10]
         return Response(
             error_body(
                 status_code=409,
@@ -111,6 +126,19 @@ def api_exception_handler(exc, context):
             ),
             status=409,
         )
+    elif isinstance(exc, DataError):
+        # A value the database cannot hold (too long, out of range, NUL) got past validation:
+        # still the caller's input, not a server fault. Every input is bounded at the edge
+        # (controlplane.bounds), so this is the net under a bound someone forgot.
+        logger.warning("Input the database refused reached it unbounded: %s", exc)
+        return Response(
+            error_body(
+                status_code=400,
+                code="out_of_range",
+                message="A value is out of the range the database stores; nothing was written.",
+            ),
+            status=400,
+        )
     elif isinstance(exc, IntegrityError):
         # A constraint caught what validation missed (e.g. a race on a unique name):
         # the state conflicts with the request; nothing was written.
@@ -118,7 +146,8 @@ def api_exception_handler(exc, context):
             error_body(
                 status_code=409,
                 code="conflict",
-                message="The request conflicts with existing data: " + str(exc).splitlines()[0],
+                message="The request conflicts with existing data: "
+                + (str(exc).splitlines() or ["a constraint refused it."])[0],
             ),
             status=409,
         )
@@ -136,9 +165,11 @@ def api_exception_handler(exc, context):
             fields=fields,
         )
     elif isinstance(exc, exceptions.ParseError):
+        # `too_deep` (controlplane.api.parsers) says what to change; any other is malformed.
+        code = getattr(exc.detail, "code", None)
         response.data = error_body(
             status_code=response.status_code,
-            code="malformed_body",
+            code=code if code and code != "parse_error" else "malformed_body",
             message=str(exc.detail),
         )
     else:

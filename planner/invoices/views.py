@@ -23,7 +23,8 @@ def invoice_list(request):
     period = request.GET.get("period", "").strip()
     if period:
         year, _, month = period.partition("-")
-        if year.isdigit() and month.isdigit():
+        # Four digits: a longer year overflowed the lookup into a 500.
+        if len(year) == 4 and year.isdigit() and year != "0000" and month.isdigit():
             invoices = invoices.filter(period_start__year=int(year), period_start__month=int(month))
     query = request.GET.get("q", "").strip()
     if query:

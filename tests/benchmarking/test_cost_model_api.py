@@ -103,3 +103,37 @@ def test_customers_see_no_benchmark_runs(acme_key_client, planner_client, fitted
     assert runs["count"] == 1
     samples = planner_client.get(f"/api/v1/benchmark-runs/{runs['results'][0]['id']}/samples/")
     assert samples.json()["count"] == 10
+
+
+@pytest.mark.parametrize("tokens", [10**200, 10**400], ids=["1e200", "1e400"])
+def test_an_estimate_of_absurdly_many_input_tokens_is_a_400_naming_the_field(
+    acme_key_client, sellable, tokens
+):
+    response = acme_key_client.post(
+        "/api/v1/cost-models/estimate",
+        {"model": "llama-8b", "shapes": [{"input_tokens": tokens, "output_tokens": 1}]},
+        format="json",
+    )
+    assert response.status_code == 400, response.content[:300]
+    assert "shapes.0.input_tokens" in response.json()["error"]["fields"]
+
+
+def test_an_estimate_of_a_shape_beyond_the_models_context_is_a_400_naming_the_field(
+    acme_key_client, sellable, served_model
+):
+    assert served_model.context_length_tokens == 8192
+
+    def estimate(*shapes):
+        return acme_key_client.post(
+            "/api/v1/cost-models/estimate",
+            {"model": "llama-8b", "shapes": [{"input_tokens": i, "output_tokens": o}
+                                             for i, o in shapes]},
+            format="json",
+        )  # fmt: skip
+
+    assert estimate((8000, 192)).status_code == 200
+    response = estimate((8000, 192), (8000, 193), (9000, 0))
+    assert response.status_code == 400
+    fields = response.json()["error"]["fields"]
+    assert set(fields) == {"shapes.1.output_tokens", "shapes.2.input_tokens"}
+    assert "8192" in fields["shapes.1.output_tokens"][0]

@@ -9,7 +9,7 @@ import pytest
 import time_machine
 
 from billing.generation import generate_invoices
-from billing.models import Invoice
+from billing.models import Invoice, RateCard
 from billing.rates import rate_card_create
 from capacity.models import Reservation
 
@@ -151,6 +151,44 @@ def test_a_bad_period_is_a_400_naming_it(invoices, planner_client):
         response = planner_client.get(url)
         assert response.status_code == 400, url
         assert "period" in response.json()["error"]["fields"], url
+
+
+@pytest.mark.parametrize("period", ["9999-12", "0001-01", "3000-01", "1969-12"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "/api/v1/customers/acme/billing/estimate",
+        "/api/v1/invoices/",
+        "/api/v1/billing/margin",
+    ],
+)
+def test_a_period_out_of_range_is_a_400_naming_it_not_a_500(acme, planner_client, url, period):
+    response = planner_client.get(url, {"period": period})
+    assert response.status_code == 400, response.content[:300]
+    assert "period" in response.json()["error"]["fields"]
+
+
+def test_the_first_and_last_periods_in_range_are_answered(invoices, planner_client):
+    for period in ("1970-01", "2999-12"):
+        response = planner_client.get("/api/v1/customers/acme/billing/estimate", {"period": period})
+        assert response.status_code == 200, response.content[:300]
+        assert response.json()["total"] == "0.00"
+
+
+@pytest.mark.parametrize("effective_from", ["0001-01-01T00:00:00Z", "9999-12-31T23:59:59Z"])
+def test_a_rate_card_dated_out_of_range_is_a_400_naming_effective_from(
+    invoices, planner_client, effective_from
+):
+    body = {
+        "model": "llama-8b",
+        "effective_from": effective_from,
+        "reserved_price_per_mu_minute_hour": "0.09",
+        "best_effort_price_per_1000_mu": "1.80",
+    }
+    response = planner_client.post("/api/v1/rate-cards/", body, format="json")
+    assert response.status_code == 400
+    assert "effective_from" in response.json()["error"]["fields"]
+    assert RateCard.objects.count() == 1
 
 
 def test_this_months_estimate_counts_commitments_to_date_only(served_model, acme, acme_key_client):

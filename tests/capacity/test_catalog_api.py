@@ -259,3 +259,43 @@ def test_a_malformed_prometheus_selector_is_a_400_naming_it(planner_client, depl
     assert "prometheus_selector" in error_fields(response)
     deployment.refresh_from_db()
     assert deployment.prometheus_selector == ""
+
+
+def test_current_replicas_above_max_replicas_is_a_400_naming_it(planner_client, deployment):
+    url = f"{DEPLOYMENTS}{deployment.name}/"
+    response = planner_client.patch(url, {"current_replicas": 99}, format="json")
+    assert response.status_code == 400
+    assert "current_replicas" in error_fields(response)
+    response = planner_client.post(
+        DEPLOYMENTS, deployment_body(current_replicas=5, max_replicas=4), format="json"
+    )
+    assert response.status_code == 400
+    assert "current_replicas" in error_fields(response)
+    deployment.refresh_from_db()
+    assert deployment.current_replicas == 0
+    assert Deployment.objects.count() == 1
+
+
+def test_max_replicas_may_still_drop_below_what_runs(planner_client, deployment):
+    # The replicas running above the new maximum are the next tick's to scale down.
+    Deployment.objects.filter(pk=deployment.pk).update(current_replicas=4)
+    body = planner_client.get(f"{DEPLOYMENTS}{deployment.name}/").json()
+    response = planner_client.patch(
+        f"{DEPLOYMENTS}{deployment.name}/",
+        {"max_replicas": 2, "current_replicas": body["current_replicas"]},
+        format="json",
+    )
+    assert response.status_code == 200, response.json()
+    assert response.json()["max_replicas"] == 2
+
+
+def test_a_headroom_patch_on_a_model_is_a_400_not_ignored(planner_client, served_model):
+    # headroom and overcommit are not fields of the model's API: a PATCH that set them
+    # answered 200 and changed nothing.
+    response = planner_client.patch(
+        f"/api/v1/models/{served_model.name}/", {"headroom": 0.5}, format="json"
+    )
+    assert response.status_code == 400
+    assert "headroom" in response.json()["error"]["fields"]
+    served_model.refresh_from_db()
+    assert served_model.headroom == 0.1

@@ -249,3 +249,16 @@ def test_the_endpoints_are_in_the_schema(planner_client):
         "/api/v1/health/deployments/{name}/reset-fingerprint",
     ):
         assert path in paths, path
+
+
+def test_put_policy_refuses_unknown_fields_naming_them(planner_client, served_model):
+    response = planner_client.put(
+        f"/api/v1/degradation/{served_model.name}/policy",
+        {"degrade_below": 0.5, "recover_at": 0.8, "degrade_at": 0.4, "model": "other"},
+        format="json",
+    )
+    assert response.status_code == 400, response.content
+    fields = response.json()["error"]["fields"]
+    assert set(fields) == {"degrade_at", "model"}
+    assert fields["model"] == ["is read-only: it cannot be set here."]
+    assert not DegradationPolicy.objects.exists()

@@ -132,6 +132,74 @@ def test_bad_reservations_are_400_naming_the_field(planner_client, sellable, acm
     assert field in response.json()["error"]["fields"]
 
 
+def test_a_reservation_to_year_9999_is_a_400_naming_ends_at(planner_client, sellable, acme):
+    response = sell(planner_client, 10, ends_at="9999-12-31T00:00:00Z")
+    assert response.status_code == 400
+    assert "ends_at" in response.json()["error"]["fields"]
+    now = timezone.now()
+    response = sell(planner_client, 10, ends_at=(now + timedelta(days=3651)).isoformat())
+    assert response.status_code == 400
+    assert "3650 days" in response.json()["error"]["fields"]["ends_at"][0]
+    # The longest term itself is sold.
+    longest = sell(planner_client, 10, starts_at=(now + timedelta(days=1)).isoformat(),
+                   ends_at=(now + timedelta(days=3651)).isoformat())  # fmt: skip
+    assert longest.status_code == 201, longest.json()
+    assert Reservation.objects.count() == 1
+
+
+@pytest.mark.parametrize(
+    "starts_at",
+    ["0001-01-01T00:00:00Z", "9999-12-31T23:59:59Z", "2999-01-01T00:00:00Z", "1971-01-01T00:00Z"],
+)
+def test_a_reservation_starting_implausibly_far_from_now_is_a_400_naming_starts_at(
+    planner_client, sellable, acme, starts_at
+):
+    response = sell(planner_client, 10, starts_at=starts_at)
+    assert response.status_code == 400, response.json()
+    assert "starts_at" in response.json()["error"]["fields"]
+    assert not Reservation.objects.exists()
+
+
+def test_a_megabyte_of_notes_is_a_400_naming_notes(planner_client, sellable, acme):
+    response = sell(planner_client, 10, notes="x" * 1_000_000)
+    assert response.status_code == 400
+    assert "2000" in response.json()["error"]["fields"]["notes"][0]
+    assert not Reservation.objects.exists()
+    assert sell(planner_client, 10, notes="y" * 2000).status_code == 201
+    reservation = Reservation.objects.get()
+    response = planner_client.patch(f"{URL}{reservation.pk}/", {"notes": "z" * 2001},
+                                    format="json")  # fmt: skip
+    assert response.status_code == 400
+    assert "notes" in response.json()["error"]["fields"]
+    reservation.refresh_from_db()
+    assert reservation.notes == "y" * 2000
+
+
+def test_an_amendment_may_not_stretch_a_term_past_the_longest_but_may_end_an_old_one(
+    planner_client, sellable, acme, served_model
+):
+    now = timezone.now()
+    # Sold eleven years ago, open-ended: ending it is always allowed.
+    old = Reservation.objects.create(
+        customer=acme,
+        served_model=served_model,
+        mu_per_minute=5,
+        starts_at=now - timedelta(days=4000),
+        status="active",
+    )
+    ending = planner_client.patch(f"{URL}{old.pk}/",
+                                  {"ends_at": (now + timedelta(days=30)).isoformat()},
+                                  format="json")  # fmt: skip
+    assert ending.status_code == 200, ending.json()
+    recent = sell(planner_client, 5, ends_at=(now + timedelta(days=30)).isoformat()).json()
+    stretched = planner_client.patch(
+        f"{URL}{recent['id']}/", {"ends_at": "9999-12-31T00:00:00Z"}, format="json"
+    )
+    assert stretched.status_code == 400
+    assert "ends_at" in stretched.json()["error"]["fields"]
+    assert Reservation.objects.get(pk=recent["id"]).ends_at < now + timedelta(days=31)
+
+
 def test_an_end_before_the_start_is_refused(planner_client, sellable, acme):
     now = timezone.now()
     response = sell(planner_client, 10, starts_at=(now + timedelta(days=2)).isoformat(),

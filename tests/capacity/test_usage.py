@@ -104,6 +104,104 @@ def test_each_bad_field_is_rejected_by_index_and_the_valid_events_are_kept(
     assert set(UsageEvent.objects.values_list("event_id", flat=True)) == {"good-1", "good-2"}
 
 
+def post_between_two_good_events(client, **bad) -> dict:
+    """Post [good, bad, good]; the good ones must be stored, the bad one rejected by index."""
+    batch = [event(event_id="good-1"), event(**({"event_id": "bad"} | bad)),
+             event(event_id="good-2")]  # fmt: skip
+    response = client.post(URL, {"events": batch}, format="json")
+    assert response.status_code == 207, response.json()
+    body = response.json()
+    assert body["accepted"] == ["good-1", "good-2"]
+    assert [item["index"] for item in body["rejected"]] == [1]
+    assert set(UsageEvent.objects.values_list("event_id", flat=True)) == {"good-1", "good-2"}
+    return body["rejected"][0]
+
+
+def test_an_event_with_more_tokens_than_the_models_context_is_rejected_by_index(
+    usage_client, sellable, served_model
+):
+    assert served_model.context_length_tokens == 8192
+    rejected = post_between_two_good_events(
+        usage_client, input_tokens=2 * 10**9, output_tokens=2 * 10**9
+    )
+    assert rejected["reasons"] == ["input_tokens: exceeds the model's context (8192 tokens)"]
+    UsageEvent.objects.all().delete()
+    rejected = post_between_two_good_events(usage_client, input_tokens=8000, output_tokens=193)
+    assert rejected["reasons"][0].startswith("output_tokens: input_tokens + output_tokens = 8193")
+
+
+def test_an_event_filling_the_context_exactly_is_accepted(usage_client, sellable):
+    response = usage_client.post(
+        URL, {"events": [event(input_tokens=8000, output_tokens=192)]}, format="json"
+    )
+    assert response.status_code == 200, response.json()
+
+
+def test_a_ttft_of_1e308_ms_is_rejected_by_index(usage_client, sellable):
+    rejected = post_between_two_good_events(usage_client, ttft_ms=1e308)
+    assert rejected["reasons"][0].startswith("ttft_ms:")
+
+
+def test_a_ttft_longer_than_its_own_request_is_rejected_by_index(usage_client, sellable):
+    # The event ran 3 s; a first token after 10 s is not a measurement (1 s of clock slack).
+    rejected = post_between_two_good_events(usage_client, ttft_ms=10_000)
+    assert "ttft_ms (10000) exceeds the request's own duration" in rejected["reasons"][0]
+    response = usage_client.post(URL, {"events": [event(ttft_ms=3_900)]}, format="json")
+    assert response.status_code == 200, response.json()
+
+
+@pytest.mark.parametrize(
+    ("started_at", "reason"),
+    [
+        (
+            "0001-01-01T00:00:00Z",
+            "started_at: more than 24 h before finished_at; no request runs that long",
+        ),
+        ("0001-01-01T00:00:00+01:00", "started_at: Value error, is out of range"),
+    ],
+)
+def test_an_event_started_in_year_1_is_rejected_by_index(usage_client, sellable, started_at,
+                                                          reason):  # fmt: skip
+    rejected = post_between_two_good_events(usage_client, started_at=started_at)
+    assert rejected["reasons"] == [reason]
+
+
+def test_an_event_that_ran_just_under_a_day_is_accepted(usage_client, sellable):
+    finished = timezone.now() - timedelta(minutes=1)
+    long = event(started_at=(finished - timedelta(hours=23, minutes=59)).isoformat(),
+                 finished_at=finished.isoformat())  # fmt: skip
+    assert usage_client.post(URL, {"events": [long]}, format="json").status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("event_id", "a\x00b"),
+        ("event_id", "line\nbreak"),
+        ("event_id", "zero\u200bwidth"),
+        ("customer", "ac\x00me"),
+        ("model", "llama-8b\x00"),
+        ("deployment", "x\x00"),
+    ],
+)
+def test_control_characters_in_identifiers_are_rejected_by_index(
+    usage_client, sellable, field, value
+):
+    rejected = post_between_two_good_events(usage_client, **{field: value})
+    assert rejected["reasons"] == [
+        f"{field}: must be printable ASCII (letters, digits, punctuation; spaces only inside)"
+    ]
+
+
+def test_a_batch_with_keys_besides_events_is_a_400_naming_them(usage_client, sellable):
+    response = usage_client.post(URL, {"events": [event()], "event": {}}, format="json")
+    assert response.status_code == 400
+    assert response.json()["error"]["fields"] == {
+        "event": ['is not a field here; send {"events": [...]}.']
+    }
+    assert not UsageEvent.objects.exists()
+
+
 def test_events_too_old_or_too_far_in_the_future_are_rejected(usage_client, sellable):
     now = timezone.now()
     old = event(finished_at=(now - timedelta(days=30)).isoformat(),

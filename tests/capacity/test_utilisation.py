@@ -79,6 +79,42 @@ def test_bad_utilisation_queries_are_400_naming_the_parameter(
     assert field in response.json()["error"]["fields"]
 
 
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        ({"step": "1000000000d"}, "step"),
+        ({"step": "401d"}, "step"),
+        ({"step": "9" * 5000}, "step"),
+        ({"from": "2026-02-30T00:00:00Z"}, "from"),
+        ({"to": "2026-01-01T25:00:00Z"}, "to"),
+        ({"to": "0001-01-01T00:00:00Z"}, "to"),
+        ({"to": "9999-12-31T23:59:59Z"}, "to"),
+        ({"from": "0001-01-01T00:00:00+01:00"}, "from"),
+        ({"to": "9999-12-31T23:59:59-23:59"}, "to"),
+        ({"from": "1969-12-31T23:59:59Z", "to": "1970-01-01T01:00:00Z"}, "from"),
+        ({"from": "1971-01-01T00:00:00Z", "to": "2026-01-01T00:00:00Z"}, "from"),  # too long
+        ({"model": "llama-8b\x00"}, "model"),
+    ],
+)
+def test_out_of_range_utilisation_queries_are_400_naming_the_parameter_not_500(
+    acme_key_client, history, params, field
+):
+    response = acme_key_client.get(
+        "/api/v1/customers/acme/utilisation", {"model": "llama-8b"} | params
+    )
+    assert response.status_code == 400, response.content[:300]
+    assert field in response.json()["error"]["fields"]
+
+
+def test_the_last_day_of_2999_is_still_answered(acme_key_client, history):
+    response = acme_key_client.get(
+        "/api/v1/customers/acme/utilisation",
+        {"model": "llama-8b", "to": "2999-12-31T23:59:00Z", "step": "400d"},
+    )
+    assert response.status_code == 200, response.content[:300]
+    assert len(response.json()["steps"]) == 1
+
+
 def test_model_capacity_shows_deployable_hot_sold_and_used(planner_client, sellable, acme,
                                                            served_model):  # fmt: skip
     from capacity.models import Deployment

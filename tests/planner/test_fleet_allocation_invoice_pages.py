@@ -199,3 +199,12 @@ def test_invoice_filters_and_query_counts(planner_client):
     assert len(response.context["page"].object_list) == 3
     _, response = queries(planner_client, "/planner/invoices/?status=void")
     assert b"No invoice matches these filters." in response.content
+
+
+@pytest.mark.parametrize("period", ["99999999999-1", "0000-01", "9999-99"])
+def test_an_invoice_period_filter_out_of_range_matches_nothing_instead_of_a_500(
+    planner_client, period
+):
+    invoice_for(CustomerFactory())
+    response = planner_client.get("/planner/invoices/", {"period": period})
+    assert response.status_code == 200
