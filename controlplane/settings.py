@@ -269,6 +269,7 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "accounts.throttling.document_throttled_responses",
+        "controlplane.api.schema.document_error_responses",
     ],
     "COMPONENT_SPLIT_REQUEST": True,
     "SECURITY": [{"BearerApiKey": []}],

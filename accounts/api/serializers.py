@@ -23,7 +23,7 @@ class CustomerSerializer(StrictModelSerializer):
 
 
 class ApiKeySerializer(serializers.ModelSerializer):
-    customer = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    customer = serializers.SlugRelatedField(slug_field="slug", read_only=True, allow_null=True)
     is_active = serializers.SerializerMethodField()
 
     class Meta:

@@ -109,6 +109,16 @@ class ApiKeyViewSet(
     @extend_schema(request=ApiKeyCreateSerializer, responses={201: ApiKeyCreatedSerializer})
     def create(self, request, *args, **kwargs):
         principal = principal_of(request)
+        # Who may create keys at all is known before the body is read: a caller that may not
+        # gets 403 whatever it sends, rather than the body's 400.
+        if principal.is_service:
+            may_create = principal.has_scope("customers:write")
+        else:
+            may_create = principal.has_scope("write")
+        if not may_create:
+            raise PermissionDenied(
+                "Creating keys needs the write scope (customers:write for platform keys)."
+            )
         customers = (
             Customer.objects.all()
             if principal.is_planner

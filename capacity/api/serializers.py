@@ -58,10 +58,16 @@ class ServedModelSerializer(StrictModelSerializer):
             "parameters_billions",
             "reference_gpu_type",
             "context_length_tokens",
+            "headroom",
+            "overcommit",
         ]
         read_only_fields = ["id"]
         extra_kwargs = {
             "parameters_billions": {"min_value": 0, "max_value": MAX_PARAMETERS_BILLIONS},
+            # Selling: sellable = deployable × (1 − headroom) × overcommit (set by catalog
+            # writers; the database's constraints hold the same bounds).
+            "headroom": {"min_value": 0.0, "max_value": 0.99},
+            "overcommit": {"min_value": 0.01, "max_value": 100.0},
             # Usage events are bounded by it, and their token counts by MAX_TOKENS.
             "context_length_tokens": {"min_value": 1, "max_value": MAX_TOKENS},
         }

@@ -47,7 +47,7 @@ class UsageEventsView(APIView):
 
     @extend_schema(request=inline_serializer("UsageBatch", {"events": serializers.ListField(
         child=serializers.DictField(), max_length=MAX_BATCH_EVENTS)}),
-        responses={200: IngestResponse, 207: IngestResponse, 400: IngestResponse})  # fmt: skip
+        responses={200: IngestResponse, 207: IngestResponse})  # fmt: skip
     def post(self, request):
         principal = principal_of(request)
         if not (principal.is_planner or principal.has_scope("usage:write")):

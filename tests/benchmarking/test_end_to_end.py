@@ -18,6 +18,9 @@ from tests.factories import (
     ServedModelFactory,
 )
 
+# Measures real throughput and latency: runs alone, not beside another test worker.
+pytestmark = pytest.mark.serial
+
 # A small, fast model: the decode step's fixed cost dominates at low batch, so throughput keeps
 # growing up to the suite's max concurrency and every shape settles at the same batch size.
 TINY = {

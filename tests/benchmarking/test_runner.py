@@ -13,6 +13,9 @@ from benchmarking.emulator.config import parse_config
 from benchmarking.emulator.ground_truth import ground_truth_replica_seconds
 from controlplane import outbound
 
+# Measures real throughput and latency: runs alone, not beside another test worker.
+pytestmark = pytest.mark.serial
+
 # The runner's connections are vetted; every server here listens on loopback.
 LOOPBACK = outbound.HostPolicy.parse("BENCHMARK_ALLOWED_HOSTS", outbound.DEFAULT_ALLOWED_HOSTS)
 

@@ -134,6 +134,7 @@ def test_saturated_throughput_matches_the_ground_truth(input_tokens, output_toke
     assert measured == pytest.approx(expected, rel=0.10)
 
 
+@pytest.mark.serial  # measures the real emulator's throughput
 def test_saturated_throughput_matches_the_engine_emulator():
     # Steps of ~15 ms, so the emulator's own Python overhead stays small against them.
     raw = {

@@ -289,13 +289,20 @@ def test_max_replicas_may_still_drop_below_what_runs(planner_client, deployment)
     assert response.json()["max_replicas"] == 2
 
 
-def test_a_headroom_patch_on_a_model_is_a_400_not_ignored(planner_client, served_model):
-    # headroom and overcommit are not fields of the model's API: a PATCH that set them
-    # answered 200 and changed nothing.
+def test_a_headroom_patch_on_a_model_sets_it_and_a_bad_one_is_a_400(planner_client, served_model):
+    # headroom and overcommit were not fields of the model's API: a PATCH that set them
+    # answered 200 and changed nothing. Now planners set them; out of range is a 400.
     response = planner_client.patch(
-        f"/api/v1/models/{served_model.name}/", {"headroom": 0.5}, format="json"
+        f"/api/v1/models/{served_model.name}/", {"headroom": 0.25, "overcommit": 1.5},
+        format="json",
+    )  # fmt: skip
+    assert response.status_code == 200, response.json()
+    served_model.refresh_from_db()
+    assert (served_model.headroom, served_model.overcommit) == (0.25, 1.5)
+    response = planner_client.patch(
+        f"/api/v1/models/{served_model.name}/", {"headroom": 1.0}, format="json"
     )
     assert response.status_code == 400
     assert "headroom" in response.json()["error"]["fields"]
     served_model.refresh_from_db()
-    assert served_model.headroom == 0.1
+    assert served_model.headroom == 0.25

@@ -18,7 +18,8 @@ from tests.capacity.test_process_actuator import (  # noqa: F401 - fixtures
     supervisor,
 )
 
-pytestmark = pytest.mark.django_db
+# Measures real latency under load: runs alone, not beside another test worker.
+pytestmark = [pytest.mark.django_db, pytest.mark.serial]
 
 # Long enough for a dozen rounds at full saturation; `make bench` runs ten minutes.
 RUN_SECONDS = 8

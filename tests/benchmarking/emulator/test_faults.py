@@ -11,6 +11,9 @@ from tests.benchmarking.processes import emulator_process, emulator_subprocess
 
 from .support import config, metric, model, scrape, wait_until
 
+# Measures real throughput and latency: runs alone, not beside another test worker.
+pytestmark = pytest.mark.serial
+
 # What an inference probe sends: a fixed prompt, greedy, a fixed length.
 PROBE = {
     "model": "tiny",

@@ -10,6 +10,9 @@ from tests.benchmarking.processes import emulator_process
 
 from .support import metric, model, scrape, start_streams, wait_for_samples
 
+# Measures real throughput and latency: runs alone, not beside another test worker.
+pytestmark = pytest.mark.serial
+
 LOW = {"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 200, "ignore_eos": True, "priority": 1}
 PROBE = {
     "model": "tiny",

@@ -3,9 +3,14 @@
 import statistics
 import time
 
+import pytest
+
 from benchmarking.emulator import ground_truth_replica_seconds
 
 from .support import config, metric, model, scrape, start_streams, stream, wait_until
+
+# Measures real throughput and latency: runs alone, not beside another test worker.
+pytestmark = pytest.mark.serial
 
 
 def _gauges(http, emulator):
