@@ -1,4 +1,5 @@
 import pytest
+from django.conf import settings
 from django.contrib.auth.models import Group
 from rest_framework.test import APIClient
 
@@ -27,6 +28,11 @@ def _fresh_api_throttles():
     stale = list(client.scan_iter(match="cp-cache:*throttle:*", count=1000))
     if stale:
         client.delete(*stale)
+
+
+# Every test process hashes passwords cheaply (tests/hashers.py): set here, before any user
+# is created.
+settings.PASSWORD_HASHERS = ["tests.hashers.FastPBKDF2PasswordHasher"]
 
 
 @pytest.fixture

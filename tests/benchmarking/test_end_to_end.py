@@ -41,7 +41,7 @@ HELD_OUT_GRID = [[512, 96], [1536, 32], [128, 48]]
 SUITE = {
     "slo_ttft_p95_ms": 5000,
     "slo_tpot_p95_ms": 1000,
-    "duration_per_point_seconds": 2.0,
+    "duration_per_point_seconds": 1.0,
     # Two points per shape (8, 16): the sweep still has to find that 16 is the sustainable one.
     "concurrency_start": 8,
     "max_concurrency": 16,
