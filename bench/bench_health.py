@@ -29,8 +29,8 @@ from django.conf import settings
 from django.utils import timezone
 
 from bench.figures import Figure
-from capacity.actuator_config import validate_actuator_config
-from capacity.health import probe_endpoint, probe_round
+from capacity.actuation.config import validate_actuator_config
+from capacity.health.probes import probe_endpoint, probe_round
 from capacity.management.commands.run_process_supervisor import make_server
 from capacity.models import (
     ActuatorKind,

@@ -15,8 +15,8 @@ from accounts.models import Customer
 from accounts.principals import PLANNERS_GROUP
 from bench.figures import Figure
 from bench.timing import median_latencies
-from capacity.cost_models import cost_model_record
 from capacity.models import Deployment, GpuPool, GpuType, Reservation, ServedModel, UsageMinute
+from capacity.pricing.cost_models import cost_model_record
 
 CUSTOMERS = 10_000
 USAGE_MINUTES_PER_CUSTOMER = 24  # one an hour over the last day

@@ -22,8 +22,8 @@ from django.utils import timezone
 from benchmarking import fitting, runner
 from benchmarking.csv_import import parse_throughput_csv
 from benchmarking.models import BenchmarkRun, BenchmarkSample, BenchmarkSuite
-from capacity.cost_models import cost_model_record
 from capacity.models import CostModel, Deployment, GpuType, ServedModel
+from capacity.pricing.cost_models import cost_model_record
 from controlplane import outbound
 from controlplane.errors import ConflictError, DomainError
 

@@ -1,7 +1,8 @@
 from django import forms
 from django.contrib import admin
 
-from capacity.actuator_config import validate_actuator_config
+from capacity.actuation.config import validate_actuator_config
+from capacity.catalog.services import DEPLOYMENT_FIELDS, check_fits_pool
 from capacity.models import (
     ActuatorCircuit,
     AdmissionAllowance,
@@ -26,8 +27,7 @@ from capacity.models import (
     UsageEvent,
     UsageMinute,
 )
-from capacity.prometheus import validate_selector
-from capacity.services import DEPLOYMENT_FIELDS, check_fits_pool
+from capacity.telemetry.prometheus import validate_selector
 from controlplane import outbound
 from controlplane.audit import AuditedAdminMixin
 from controlplane.errors import DomainError
@@ -152,14 +152,14 @@ class CostModelAdmin(AuditedAdminMixin, admin.ModelAdmin):
 
     @admin.action(description="Activate (retires the version it replaces)")
     def activate_selected(self, request, queryset):
-        from capacity.cost_models import cost_model_activate
+        from capacity.pricing.cost_models import cost_model_activate
 
         for cost_model in queryset:
             cost_model_activate(cost_model=cost_model)
 
     @admin.action(description="Retire")
     def retire_selected(self, request, queryset):
-        from capacity.cost_models import cost_model_retire
+        from capacity.pricing.cost_models import cost_model_retire
 
         for cost_model in queryset.exclude(status=CostModel.Status.RETIRED):
             cost_model_retire(cost_model=cost_model)
@@ -353,7 +353,7 @@ class CapacitySampleAdmin(admin.ModelAdmin):
         return False
 
 
-# --- Runtime health (capacity.health, capacity.degradation) -------------------------------
+# --- Runtime health (capacity.health.probes, capacity.health.degradation) -------------------------
 
 
 class _WrittenBySystem(admin.ModelAdmin):
@@ -457,7 +457,7 @@ class DegradationPolicyAdminForm(forms.ModelForm):
         ]
 
     def clean(self):
-        from capacity.health_services import policy_problems
+        from capacity.health.services import policy_problems
 
         cleaned = super().clean()
         served_model = cleaned.get("served_model")

@@ -57,7 +57,7 @@ CRASHED = "crashed"
 
 # Names go into log file names, so no path separators.
 _DEPLOYMENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
-# The same rule as the process actuator's `engine` (capacity/actuator_config.py).
+# The same rule as the process actuator's `engine` (capacity/actuation/config.py).
 ENGINE_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 # A host name or an IP address: it is substituted into engines' argv as "{host}", so nothing
 # that could read as an option or a second word.

@@ -36,7 +36,7 @@ from .protocol import (
 EMULATOR_VERSION = "0.1.0"
 MAX_BODY_BYTES = 32 * 1024 * 1024
 
-# The webhook actuator's signing scheme (capacity/actuators/webhook.py); this package imports
+# The webhook actuator's signing scheme (capacity/actuation/webhook.py); this package imports
 # nothing from the control plane, so it is restated here.
 WEBHOOK_SECRET_ENV = "EMULATOR_WEBHOOK_SECRET"
 WEBHOOK_SIGNATURE_HEADER = "X-Signature-256"

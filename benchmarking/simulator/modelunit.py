@@ -1,14 +1,14 @@
-"""The live allocation policy (`capacity.allocation.decide`) as a simulator autoscaler.
+"""The live allocation policy (`capacity.allocation.policy.decide`) as a simulator autoscaler.
 
 The very same pure function the allocation tick runs is called every simulated tick, with a
-snapshot built the way the live tick builds it (`capacity.allocation_tick`), from what it could
+snapshot built the way the live tick builds it (`capacity.allocation.tick`), from what it could
 observe live and nothing from the future:
 
 - per customer, the MU its completed requests used (usage events), rolled up per whole minute:
   `recent` is the mean of the last RECENT_WINDOW's whole minutes, `peak` the busiest whole
   minute of the last PEAK_WINDOW (the minute in progress is left out, as the live tick leaves
   out a minute whose rollup is not complete);
-- bursts (`capacity.bursts`) of all completed requests by the second they started (usage
+- bursts (`capacity.allocation.bursts`) of all completed requests by the second they started (usage
   events' `started_at`) over the last BURST_WINDOW;
 - the requests waiting in the engines (vLLM's `num_requests_waiting`), priced at the mean
   request's MU;
@@ -23,7 +23,8 @@ from django.conf import settings
 
 from benchmarking.simulator.autoscaling import Observation
 from benchmarking.simulator.policy_context import PolicyContext
-from capacity.allocation import (
+from capacity.allocation.bursts import Bursts, bursts
+from capacity.allocation.policy import (
     BURST_WINDOW_SECONDS,
     PEAK_WINDOW_SECONDS,
     RECENT_WINDOW_SECONDS,
@@ -35,7 +36,6 @@ from capacity.allocation import (
     Snapshot,
     decide,
 )
-from capacity.bursts import Bursts, bursts
 
 # The live tick's windows and stabilisation (controlplane.settings).
 RECENT_MINUTES = RECENT_WINDOW_SECONDS // 60

@@ -1,4 +1,4 @@
-"""POST /api/v1/admission: may this request run, in which class (capacity/admission.py)."""
+"""POST /api/v1/admission: may this request run, in which class (capacity/admission/gate.py)."""
 
 import math
 
@@ -10,7 +10,7 @@ from rest_framework.views import APIView
 
 from accounts.models import Customer
 from accounts.principals import principal_of
-from capacity.admission import admit
+from capacity.admission.gate import admit
 from controlplane.api.serializers import StrictSerializer, identifier_validator
 from controlplane.errors import DomainError
 

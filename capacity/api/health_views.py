@@ -22,7 +22,7 @@ from rest_framework.views import APIView
 
 from accounts.principals import principal_of
 from capacity.api.allocation_views import FleetReader
-from capacity.health_services import (
+from capacity.health.services import (
     MAX_SECONDS,
     POLICY_FIELDS,
     degradation_policy_save,

@@ -1,6 +1,6 @@
 """Runtime health of the data plane: replicas, their inference probes, incidents, and the
-degradation policies that apply while healthy capacity is short (capacity.health,
-capacity.degradation)."""
+degradation policies that apply while healthy capacity is short (capacity.health.probes,
+capacity.health.degradation)."""
 
 from django.db import models
 from django.db.models import Q
@@ -202,7 +202,7 @@ class DegradationPolicy(models.Model):
 
 
 class DegradationState(models.Model):
-    """Where a model stands now; changed only by capacity.degradation.evaluate."""
+    """Where a model stands now; changed only by capacity.health.degradation.evaluate."""
 
     served_model = models.OneToOneField(
         ServedModel, on_delete=models.CASCADE, related_name="degradation_state"

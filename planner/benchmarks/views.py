@@ -3,7 +3,8 @@ GPU type, GPUs per replica) with the fit chart, the coefficient history, activat
 "Run now".
 
 Every write goes through the services the API uses (benchmarking.services.run_queue,
-capacity.cost_models.cost_model_activate / cost_model_retire); a refusal (DomainError) is shown
+capacity.pricing.cost_models.cost_model_activate / cost_model_retire); a refusal (DomainError) is
+shown
 as a message on the page, never as a server error.
 """
 
@@ -20,8 +21,8 @@ from django.views.decorators.http import require_POST
 from benchmarking.fitting import Shape, predict_replica_seconds
 from benchmarking.models import BenchmarkRun, BenchmarkSample, BenchmarkSuite
 from benchmarking.services import run_queue
-from capacity.cost_models import cost_model_activate, cost_model_retire
 from capacity.models import CostModel, Deployment, GpuType, ServedModel
+from capacity.pricing.cost_models import cost_model_activate, cost_model_retire
 from controlplane.audit import entries_about
 from controlplane.errors import DomainError
 from planner.access import planner_required

@@ -12,9 +12,9 @@ from django.views.decorators.http import require_POST
 
 from accounts.models import ApiKey, Customer
 from accounts.services import api_key_create, api_key_revoke, customer_create
+from capacity.metering.utilisation import customer_utilisation
 from capacity.models import Reservation, ServedModel, UsageMinute
-from capacity.reservations import reservation_amend, reservation_cancel, reservation_create
-from capacity.utilisation import customer_utilisation
+from capacity.selling.reservations import reservation_amend, reservation_cancel, reservation_create
 from controlplane.audit import actor_of, entries_about
 from controlplane.errors import DomainError
 from planner.access import planner_required

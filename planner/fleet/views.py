@@ -6,10 +6,10 @@ from django.db.models import F, Sum
 from django.shortcuts import render
 from django.utils import timezone
 
-from capacity.history import capacity_history
+from capacity.metering.history import capacity_history
+from capacity.metering.utilisation import sold_now, used_now
 from capacity.models import GpuPool, ServedModel
-from capacity.sellable import model_capacity
-from capacity.utilisation import sold_now, used_now
+from capacity.selling.sellable import model_capacity
 from planner.access import planner_required
 from planner.charts import chart_range, chart_window, line_chart, time_label
 

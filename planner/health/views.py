@@ -1,6 +1,6 @@
 """Health: replicas and their probes, fingerprints, incidents with their timed steps, and the
 degradation of each model (state, policy, changes). Writes go through
-capacity.health_services, like the API's."""
+capacity.health.services, like the API's."""
 
 from django.conf import settings
 from django.contrib import messages
@@ -10,7 +10,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from capacity.health_services import (
+from capacity.health.services import (
     degradation_policy_save,
     degradation_rows,
     fingerprint_reset,

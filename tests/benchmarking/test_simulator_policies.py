@@ -357,7 +357,7 @@ AZURE = Path(__file__).resolve().parents[2] / "benchmarking" / "data" / "traces"
 def test_on_azures_bursty_code_trace_only_the_live_policy_keeps_the_slo():
     # Scaled to about ten replicas at its busiest minute (static-peak: 9), with the built-in
     # 8B/H100 profile. Its 5-second bursts carry 3x its busiest minute: the live policy keeps
-    # capacity for them (capacity.bursts), static-peak and the HPA do not.
+    # capacity for them (capacity.allocation.bursts), static-peak and the HPA do not.
     requests = load_trace(AZURE / "AzureLLMInferenceTrace_code_2023.csv", scale=2.6, seed=0)
     report = compare(
         requests, model=BUILT_IN_MODEL, policies=["hpa-rps", "modelunit"], slo_ttft_ms=2000

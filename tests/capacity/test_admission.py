@@ -11,10 +11,10 @@ import redis
 from django.utils import timezone
 
 from accounts import scopes as S
-from capacity import admission
-from capacity.admission_buckets import limits_key
-from capacity.allocation import Allowance
-from capacity.allocation_tick import allocation_tick
+from capacity.admission import gate as admission
+from capacity.admission.redis_buckets import limits_key
+from capacity.allocation.policy import Allowance
+from capacity.allocation.tick import allocation_tick
 from capacity.models import AdmissionAllowance, Reservation
 from tests.benchmarking.processes import free_port
 

@@ -9,9 +9,9 @@ from django.utils import timezone
 
 from benchmarking.emulator.background import BackgroundEmulator
 from benchmarking.emulator.config import parse_config
-from capacity.allocation_tick import allocation_tick
+from capacity.allocation.tick import allocation_tick
+from capacity.metering.rollups import usage_rollup
 from capacity.models import AllocationDecision, Deployment
-from capacity.rollups import usage_rollup
 from tests.factories import DeploymentFactory
 
 pytestmark = pytest.mark.django_db

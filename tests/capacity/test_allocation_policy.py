@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import pytest
 
-from capacity.allocation import (
+from capacity.allocation.policy import (
     CustomerDemand,
     DeploymentState,
     ModelSnapshot,

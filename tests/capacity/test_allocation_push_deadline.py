@@ -5,7 +5,7 @@ import time
 import pytest
 from django.utils import timezone
 
-from capacity.allocation_tick import allocation_tick
+from capacity.allocation.tick import allocation_tick
 from capacity.models import AllocationDecision, Deployment, UsageMinute
 from tests.capacity.actuators.webhook_receiver import HANG, WebhookReceiver
 from tests.factories import DeploymentFactory, GpuPoolFactory, ServedModelFactory
@@ -95,8 +95,8 @@ def test_a_push_that_outlives_its_deadline_is_abandoned_and_its_late_answer_drop
     answer, arriving after the tick moved on, is recorded nowhere."""
     import threading
 
-    from capacity.actuators import registry
-    from capacity.actuators.base import Actuator
+    from capacity.actuation import registry
+    from capacity.actuation.base import Actuator
 
     settings.ALLOCATION_PUSH_DEADLINE_SECONDS = DEADLINE_SECONDS
     settings.ACTUATOR_ALLOW_UNSIGNED_WEBHOOKS = True  # the receivers check no signature

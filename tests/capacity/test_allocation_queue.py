@@ -7,7 +7,7 @@ import time
 import httpx
 import pytest
 
-from capacity.allocation_tick import allocation_tick
+from capacity.allocation.tick import allocation_tick
 from capacity.models import AllocationDecision, Deployment
 from tests.benchmarking.emulator.support import start_streams
 from tests.benchmarking.processes import emulator_process

@@ -10,7 +10,7 @@ from django.core.management import call_command
 from django.db import close_old_connections, connection
 from django.utils import timezone
 
-from capacity.allocation_tick import allocation_tick
+from capacity.allocation.tick import allocation_tick
 from capacity.models import (
     ActuatorCircuit,
     AdmissionAllowance,

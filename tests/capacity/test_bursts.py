@@ -2,7 +2,7 @@
 
 import pytest
 
-from capacity.bursts import bursts
+from capacity.allocation.bursts import bursts
 
 
 def test_steady_demand_needs_less_than_its_minute():

@@ -9,8 +9,9 @@ import redis
 import time_machine
 from django.utils import timezone
 
-from capacity import admission, degradation
-from capacity.allocation import Allowance
+from capacity.admission import gate as admission
+from capacity.allocation.policy import Allowance
+from capacity.health import degradation
 from capacity.models import (
     DegradationChange,
     DegradationPolicy,

@@ -10,9 +10,9 @@ import httpx
 import pytest
 from django.utils import timezone
 
-from capacity.actuator_config import validate_actuator_config
-from capacity.allocation_tick import allocation_tick
-from capacity.health import probe_round
+from capacity.actuation.config import validate_actuator_config
+from capacity.allocation.tick import allocation_tick
+from capacity.health.probes import probe_round
 from capacity.models import (
     ActuatorKind,
     DeploymentFingerprint,

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from capacity.health import probe_endpoint, probe_round
+from capacity.health.probes import probe_endpoint, probe_round
 from capacity.models import Incident, ProbeResult, Replica
 from tests.capacity.saturation import Saturator, waiting_requests
 from tests.capacity.test_health_probes import process_deployment  # noqa: F401 - fixture

@@ -5,7 +5,7 @@ import threading
 import pytest
 from django.db import close_old_connections
 
-from capacity import services
+from capacity.catalog import services
 from capacity.models import Deployment, GpuPool
 from controlplane.errors import DomainError
 

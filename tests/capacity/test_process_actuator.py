@@ -16,9 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from capacity.actuator_config import validate_actuator_config
-from capacity.actuators.base import PermanentActuatorError, ScaleRequest, TransientActuatorError
-from capacity.actuators.process import ProcessActuator
+from capacity.actuation.base import PermanentActuatorError, ScaleRequest, TransientActuatorError
+from capacity.actuation.config import validate_actuator_config
+from capacity.actuation.process import ProcessActuator
 from capacity.management.commands.run_process_supervisor import make_server
 from capacity.process_supervisor import (
     DeploymentSpec,

@@ -1,4 +1,5 @@
-"""Deployment load from a real Prometheus scraping the engine emulator (capacity/prometheus.py)."""
+"""Deployment load from a real Prometheus scraping the engine emulator
+(capacity/telemetry/prometheus.py)."""
 
 import asyncio
 import socket
@@ -9,9 +10,9 @@ import httpx
 import pytest
 
 from benchmarking.fitting import Shape, mu_coefficients, mu_for
-from capacity.cost_models import cost_model_record
 from capacity.models import Deployment, ServedModel
-from capacity.prometheus import (
+from capacity.pricing.cost_models import cost_model_record
+from capacity.telemetry.prometheus import (
     InvalidSelectorError,
     mu_per_minute_of,
     read_deployment_load,

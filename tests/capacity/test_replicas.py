@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from capacity.actuator_config import validate_actuator_config
+from capacity.actuation.config import validate_actuator_config
+from capacity.actuation.replicas import Endpoint, ReplicaError, list_endpoints, restart
 from capacity.models import ActuatorKind
-from capacity.replicas import Endpoint, ReplicaError, list_endpoints, restart
 from tests.capacity.actuators.scale_api import ScaleApiServer
 from tests.capacity.actuators.webhook_receiver import WebhookReceiver
 

@@ -6,8 +6,8 @@ import pytest
 from django.utils import timezone
 
 from capacity.models import Reservation
-from capacity.reservations import reservation_create, reservations_refresh_status
-from capacity.sellable import model_capacity
+from capacity.selling.reservations import reservation_create, reservations_refresh_status
+from capacity.selling.sellable import model_capacity
 from tests.conftest import make_cost_model
 from tests.factories import DeploymentFactory, GpuPoolFactory, GpuTypeFactory
 from tests.servers import gunicorn_server

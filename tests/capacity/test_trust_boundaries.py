@@ -16,8 +16,8 @@ from django.core.management.base import CommandError
 
 from benchmarking import services as benchmark_services
 from benchmarking.models import BenchmarkRun
-from capacity.allocation_tick import allocation_tick
-from capacity.health import probe_endpoint
+from capacity.allocation.tick import allocation_tick
+from capacity.health.probes import probe_endpoint
 from capacity.management.commands.run_process_supervisor import make_server
 from capacity.models import AllocationDecision, Deployment
 from capacity.process_supervisor import ProcessSupervisor

@@ -7,8 +7,8 @@ import httpx
 import pytest
 from django.utils import timezone
 
+from capacity.metering.rollups import direct_aggregation, usage_rollup
 from capacity.models import UsageEvent, UsageMinute
-from capacity.rollups import direct_aggregation, usage_rollup
 from tests.servers import gunicorn_server
 
 pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]

@@ -14,10 +14,10 @@ from accounts import scopes as S
 from billing.generation import generate_invoices
 from billing.models import Invoice
 from billing.rates import rate_card_create
-from capacity import admission
-from capacity.admission_buckets import _record_key
+from capacity.admission import gate as admission
+from capacity.admission.redis_buckets import _record_key
+from capacity.metering.rollups import usage_rollup
 from capacity.models import FallbackAdmission, Reservation, UsageEvent, UsageMinute
-from capacity.rollups import usage_rollup
 from tests.capacity.test_admission import SMALL, ask, clean_admission, limits, private_redis
 
 pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]

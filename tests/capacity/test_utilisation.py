@@ -144,7 +144,7 @@ def test_model_capacity_shows_deployable_hot_sold_and_used(planner_client, sella
 def test_the_sql_and_the_portable_bucketing_agree(sellable, served_model, acme):
     import random
 
-    from capacity.utilisation import _used_per_bucket_python, _used_per_bucket_sql
+    from capacity.metering.utilisation import _used_per_bucket_python, _used_per_bucket_sql
 
     rng = random.Random(4)
     start = timezone.now().replace(second=0, microsecond=0) - timedelta(hours=10)

@@ -29,7 +29,7 @@ from benchmarking.services import suite_create
 from billing.generation import generate_invoices
 from billing.models import Invoice
 from billing.rates import rate_card_create
-from capacity.health_services import degradation_policy_save
+from capacity.health.services import degradation_policy_save
 from capacity.models import AllocationDecision, CostModel, Reservation
 from tests.conftest import make_cost_model
 

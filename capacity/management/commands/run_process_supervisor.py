@@ -1,6 +1,6 @@
 """`manage.py run_process_supervisor`: own the engine processes of this GPU host.
 
-The process actuator (`capacity/actuators/process.py`) calls this over HTTP; see
+The process actuator (`capacity/actuation/process.py`) calls this over HTTP; see
 `capacity/process_supervisor.py` for what the supervisor does with the processes.
 
     POST /scale   {"deployment", "replicas", "engine", "host", "base_port", "drain_seconds"}

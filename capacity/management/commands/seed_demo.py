@@ -19,7 +19,7 @@ from benchmarking.models import BenchmarkSuite
 from benchmarking.services import benchmark_import, cost_model_fit, suite_create
 from billing.models import RateCard
 from billing.rates import rate_card_create
-from capacity.actuator_config import actuator_config_problem
+from capacity.actuation.config import actuator_config_problem
 from capacity.models import (
     ActuatorKind,
     CostModel,
@@ -30,7 +30,7 @@ from capacity.models import (
     Reservation,
     ServedModel,
 )
-from capacity.reservations import reservation_create
+from capacity.selling.reservations import reservation_create
 
 DEMO_KEY_NAME = "demo key (seed_demo)"
 # scripts/run.sh puts a fresh secret here and the same one in the emulator's

@@ -1,6 +1,6 @@
 import pytest
 
-from capacity.actuators.base import ScaleRequest, apply_with_retries
+from capacity.actuation.base import ScaleRequest, apply_with_retries
 from tests.capacity.actuators.scale_api import ScaleApiServer
 
 _PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy")

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from capacity.actuators.kubernetes import KubernetesActuator
+from capacity.actuation.kubernetes import KubernetesActuator
 from tests.capacity.actuators.conftest import apply, scale_request
 from tests.capacity.actuators.scale_api import HANG
 

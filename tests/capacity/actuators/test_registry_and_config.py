@@ -4,12 +4,12 @@ import sys
 
 import pytest
 
-from capacity.actuator_config import validate_actuator_config
-from capacity.actuators.base import PermanentActuatorError
-from capacity.actuators.dry_run import DryRunActuator
-from capacity.actuators.kubernetes import KubernetesActuator
-from capacity.actuators.registry import actuator_for
-from capacity.actuators.webhook import WebhookActuator
+from capacity.actuation.base import PermanentActuatorError
+from capacity.actuation.config import validate_actuator_config
+from capacity.actuation.dry_run import DryRunActuator
+from capacity.actuation.kubernetes import KubernetesActuator
+from capacity.actuation.registry import actuator_for
+from capacity.actuation.webhook import WebhookActuator
 from controlplane.errors import DomainError
 from tests.capacity.actuators.conftest import apply, scale_request
 
@@ -35,13 +35,13 @@ def test_the_process_kind_is_loaded_on_demand():
 
 def test_the_process_kind_is_reported_unavailable_when_its_module_is_missing(monkeypatch):
     # None in sys.modules makes the import fail as if the module did not exist.
-    monkeypatch.setitem(sys.modules, "capacity.actuators.process", None)
+    monkeypatch.setitem(sys.modules, "capacity.actuation.process", None)
     with pytest.raises(PermanentActuatorError, match="process actuator unavailable"):
         actuator_for("process")
 
 
 def test_the_dry_run_touches_nothing_and_observes_nothing(caplog):
-    with caplog.at_level("DEBUG", logger="capacity.actuators.dry_run"):
+    with caplog.at_level("DEBUG", logger="capacity.actuation.dry_run"):
         result = apply(actuator_for("dry_run"), scale_request({}, target_replicas=4))
 
     assert result.ok

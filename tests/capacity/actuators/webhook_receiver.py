@@ -4,7 +4,7 @@ It recomputes HMAC-SHA256 over `f"{X-Timestamp}.{X-Webhook-Id}."` + the raw body
 secret, compares in constant time, refuses timestamps more than 300 s from its clock and ids
 it has already accepted (401 for all), and answers 200 `{"observed_replicas": N}` — or the
 failures it is told to give next.
-Written independently of capacity/actuators/webhook.py, so the tests check the scheme itself.
+Written independently of capacity/actuation/webhook.py, so the tests check the scheme itself.
 """
 
 from __future__ import annotations
