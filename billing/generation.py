@@ -16,7 +16,7 @@ from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import F, Sum
 from django.utils import timezone
 
@@ -28,9 +28,8 @@ from billing.rates import cards_by_model, rate_segments
 from capacity.models import Reservation, ReservationChange, UsageMinute
 from controlplane.audit import audit_record
 from controlplane.bounds import EARLIEST, LATEST
+from controlplane.db import Lock, lock_for_transaction
 from controlplane.errors import ConflictError, DomainError
-
-ADVISORY_LOCK_BASE = 0x4249_4C4C  # "BILL"
 
 
 @dataclass
@@ -125,12 +124,7 @@ def generate_invoices(period: str | date, *, customers=None) -> GenerationResult
 def _lock_period(first: date) -> None:
     """The period's advisory lock, to the end of the transaction. SQLite needs none: its
     transactions begin IMMEDIATE (settings), which serialises writers anyway."""
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT pg_advisory_xact_lock(%s, %s)",
-                [ADVISORY_LOCK_BASE, first.year * 12 + first.month],
-            )
+    lock_for_transaction(Lock.INVOICE_PERIOD, first.year * 12 + first.month)
 
 
 def invoice_estimate(customer: Customer, period: str | date) -> dict:

@@ -31,9 +31,7 @@ from capacity.actuation.base import Actuator, ActuatorResult, ScaleRequest, appl
 from capacity.admission.gate import publish_limits
 from capacity.allocation import policy as allocation
 from capacity.allocation.bursts import Bursts, bursts
-from capacity.bulk import copy_upsert
 from capacity.health.probes import unhealthy_replicas_by_deployment
-from capacity.locks import exclusive
 from capacity.metering.history import record_capacity
 from capacity.models import (
     ActuatorCircuit,
@@ -48,10 +46,10 @@ from capacity.models import (
 )
 from capacity.selling.sellable import DEFAULT_MIX, MIX_LOOKBACK
 from capacity.telemetry import metrics
+from controlplane.db import Lock, copy_upsert, exclusive
 
 logger = logging.getLogger(__name__)
 
-ADVISORY_LOCK_KEY = 0x4D55_414C  # "MUAL"
 RECENT_WINDOW = timedelta(seconds=allocation.RECENT_WINDOW_SECONDS)
 PEAK_WINDOW = timedelta(seconds=allocation.PEAK_WINDOW_SECONDS)
 BURST_WINDOW = timedelta(seconds=allocation.BURST_WINDOW_SECONDS)
@@ -337,7 +335,7 @@ def _digest(model: allocation.ModelSnapshot) -> str:
 
 
 def _tick_lock():
-    return exclusive("allocation-tick", ADVISORY_LOCK_KEY)
+    return exclusive(Lock.ALLOCATION_TICK)
 
 
 # --- The tick ---------------------------------------------------------------------------------

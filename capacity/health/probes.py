@@ -31,7 +31,6 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from capacity.actuation.replicas import Endpoint, ReplicaError, list_endpoints, restart
-from capacity.locks import exclusive
 from capacity.models import (
     Deployment,
     DeploymentFingerprint,
@@ -43,10 +42,10 @@ from capacity.models import (
 )
 from capacity.telemetry import metrics
 from controlplane import outbound
+from controlplane.db import Lock, exclusive
 
 logger = logging.getLogger(__name__)
 
-ADVISORY_LOCK_KEY = 0x4D55_4845  # "MUHE"
 PROBE_PROMPT = "Control-plane health probe. Reply with the next words:"
 PROBE_MAX_TOKENS = 8
 PROBE_SEED = 0
@@ -189,7 +188,7 @@ def _check(check: _Check, now: datetime) -> _Check:
 def probe_round(*, now: datetime | None = None) -> RoundResult:
     """Probe every replica of every deployment once, and act on what is found."""
     result = RoundResult()
-    with exclusive("health-probes", ADVISORY_LOCK_KEY, timeout_seconds=300) as taken:
+    with exclusive(Lock.HEALTH_PROBES, timeout_seconds=300) as taken:
         if not taken:
             result.skipped_round = True
             return result

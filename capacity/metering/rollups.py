@@ -12,8 +12,8 @@ from django.db import connection, transaction
 from django.db.models import Count, Q, Sum
 
 from capacity.models import UsageEvent, UsageMinute
+from controlplane.db import Lock, try_lock_for_transaction
 
-ADVISORY_LOCK_KEY = 0x4D55_5255  # "MURU": any constant unique to this lock
 BATCH_EVENTS = 50_000
 
 _PG_PASS = """
@@ -140,11 +140,10 @@ def usage_rollup(*, limit: int = BATCH_EVENTS, max_passes: int = 100) -> dict:
     events = 0
     for _ in range(max_passes):
         with transaction.atomic():
+            if not try_lock_for_transaction(Lock.USAGE_ROLLUP):
+                return {"events": events, "skipped": True}
             if connection.vendor == "postgresql":
                 with connection.cursor() as cursor:
-                    cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [ADVISORY_LOCK_KEY])
-                    if not cursor.fetchone()[0]:
-                        return {"events": events, "skipped": True}
                     cursor.execute(_PG_PASS, {"limit": limit})
                     done = cursor.rowcount
             else:
