@@ -18,7 +18,6 @@ from django.utils import timezone
 
 from accounts.models import Customer
 from bench.figures import Figure
-from benchmarking.fitting import mu_coefficients
 from capacity.allocation import policy as allocation
 from capacity.allocation.tick import allocation_tick, build_snapshot
 from capacity.models import (
@@ -30,6 +29,7 @@ from capacity.models import (
     UsageMinute,
 )
 from capacity.pricing.cost_models import cost_model_record
+from capacity.pricing.features import mu_coefficients
 
 MODELS = 100
 DEPLOYMENTS_PER_MODEL = 10

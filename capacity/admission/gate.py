@@ -27,7 +27,6 @@ import redis
 from django.conf import settings
 from django.utils import timezone
 
-from benchmarking.fitting import replica_seconds_of
 from capacity.admission.redis_buckets import (
     BEST_EFFORT,
     GUARANTEED,
@@ -46,6 +45,7 @@ from capacity.models import (
     UsageEvent,
 )
 from capacity.pricing.cost_models import pricing_cost_model
+from capacity.pricing.features import mu_of, replica_seconds_of, uncached_input_tokens
 from capacity.telemetry import metrics
 from controlplane.errors import DomainError
 
@@ -171,11 +171,11 @@ def estimate_mu(info: _ModelInfo, *, input_tokens, cached_input_tokens, max_toke
     )
     replica_seconds = replica_seconds_of(
         info.cost_model.weights_replica_seconds,
-        input_tokens=input_tokens - cached_input_tokens,
+        input_tokens=uncached_input_tokens(input_tokens, cached_input_tokens),
         cached_input_tokens=cached_input_tokens,
         output_tokens=output,
     )
-    return replica_seconds * info.cost_model.replica_mu_per_minute / 60.0
+    return mu_of(replica_seconds, info.cost_model.replica_mu_per_minute)
 
 
 def admit(

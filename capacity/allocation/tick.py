@@ -26,7 +26,6 @@ from django.db.models import Max, Q, Sum
 from django.db.models.functions import Trunc
 from django.utils import timezone
 
-from benchmarking.fitting import Shape, predict_replica_seconds
 from capacity.actuation.base import Actuator, ActuatorResult, ScaleRequest, apply_with_retries
 from capacity.admission.gate import publish_limits
 from capacity.allocation import policy as allocation
@@ -44,7 +43,9 @@ from capacity.models import (
     UsageEvent,
     UsageMinute,
 )
-from capacity.selling.sellable import DEFAULT_MIX, MIX_LOOKBACK
+from capacity.pricing.exchange import DEFAULT_MIX, MeanShape
+from capacity.pricing.exchange import replica_mu_per_minute as exchange_rate
+from capacity.selling.sellable import MIX_LOOKBACK
 from capacity.telemetry import metrics
 from controlplane.db import Lock, copy_upsert, exclusive
 
@@ -77,14 +78,10 @@ class TickResult:
 # --- Snapshot --------------------------------------------------------------------------------
 
 
-def _replica_mu(reference: CostModel | None, own: CostModel | None, mix: Shape) -> float | None:
+def _replica_mu(reference: CostModel | None, own: CostModel | None, mix: MeanShape) -> float | None:
     if reference is None or own is None:
         return None
-    if own.pk == reference.pk:
-        return reference.replica_mu_per_minute
-    t_reference = predict_replica_seconds(reference.weights_replica_seconds, mix)
-    t_own = predict_replica_seconds(own.weights_replica_seconds, mix)
-    return reference.replica_mu_per_minute * t_reference / t_own if t_own > 0 else None
+    return exchange_rate(reference=reference, own=own, mix=mix)
 
 
 def build_snapshot(*, now: datetime, window_seconds: float | None = None):
@@ -117,7 +114,7 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
         if served and gpu_type_id == served.reference_gpu_type_id and model_id not in references:
             references[model_id] = cost_model
 
-    mixes: dict[int, Shape] = {}
+    mixes: dict[int, MeanShape] = {}
     mu_per_request: dict[int, float] = {}
     for row in (
         UsageMinute.objects.filter(minute__gte=now - MIX_LOOKBACK)
@@ -133,18 +130,16 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
         if row["requests"]:
             n = row["requests"]
             mu_per_request[row["served_model_id"]] = (row["mu"] or 0.0) / n
-            mixes[row["served_model_id"]] = Shape(
-                input_tokens=round((row["inp"] - row["cached"]) / n),
-                cached_input_tokens=round(row["cached"] / n),
-                output_tokens=round(row["out"] / n),
+            mixes[row["served_model_id"]] = MeanShape.of_totals(
+                requests=n,
+                input_tokens=row["inp"],
+                cached_input_tokens=row["cached"],
+                output_tokens=row["out"],
             )
 
     reserved: dict[tuple[int, int], list] = defaultdict(lambda: [0.0, False])
-    for model_id, customer_id, mu, keep_warm in (
-        Reservation.objects.filter(starts_at__lte=now)
-        .exclude(status=Reservation.Status.CANCELLED)
-        .filter(Q(ends_at__isnull=True) | Q(ends_at__gt=now))
-        .values_list("served_model_id", "customer_id", "mu_per_minute", "keep_warm")
+    for model_id, customer_id, mu, keep_warm in Reservation.objects.active_at(now).values_list(
+        "served_model_id", "customer_id", "mu_per_minute", "keep_warm"
     ):
         entry = reserved[(model_id, customer_id)]
         entry[0] += mu

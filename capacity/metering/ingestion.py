@@ -25,7 +25,6 @@ from django.utils import timezone
 from pydantic import ValidationError
 
 from accounts.models import Customer
-from benchmarking.fitting import FEATURES, feature_columns
 from capacity.admission.gate import admission_records, reconcile_usage
 from capacity.admission.redis_buckets import (
     BEST_EFFORT,
@@ -36,6 +35,7 @@ from capacity.admission.redis_buckets import (
 from capacity.metering.events import UsageEventIn, context_problems, minute_of, reasons_from
 from capacity.models import CostModel, Deployment, ServedModel, UsageEvent, Verification
 from capacity.pricing.cost_models import active_cost_model
+from capacity.pricing.features import FEATURES, feature_columns, mu_of, uncached_input_tokens
 from capacity.telemetry import metrics
 from controlplane.errors import DomainError
 
@@ -88,21 +88,20 @@ class IngestResult:
 def _mu_per_event(cost_model: CostModel, events: list[UsageEventIn]) -> np.ndarray:
     counts = np.array(
         [
-            (e.input_tokens - e.cached_input_tokens, e.cached_input_tokens, e.output_tokens,
-             e.images)
+            (e.input_tokens, e.cached_input_tokens, e.output_tokens, e.images)
             for e in events
         ],
         dtype=float,
     ).reshape(-1, 4)  # fmt: skip
     weights = np.array([cost_model.weights_replica_seconds.get(name, 0.0) for name in FEATURES])
     matrix = feature_columns(
-        input_tokens=counts[:, 0],
+        input_tokens=uncached_input_tokens(counts[:, 0], counts[:, 1]),
         cached_input_tokens=counts[:, 1],
         output_tokens=counts[:, 2],
         images=counts[:, 3],
         features=FEATURES,
     )
-    return matrix @ weights * cost_model.replica_mu_per_minute / 60.0
+    return mu_of(matrix @ weights, cost_model.replica_mu_per_minute)
 
 
 def usage_ingest(*, events, customer: Customer | None, may_name_customer: bool) -> IngestResult:

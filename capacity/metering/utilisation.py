@@ -5,7 +5,7 @@ from datetime import datetime, timedelta
 import numpy as np
 from django.conf import settings
 from django.db import connection
-from django.db.models import Q, Sum
+from django.db.models import Sum
 from django.utils import timezone
 
 from accounts.models import Customer
@@ -58,8 +58,8 @@ def customer_utilisation(
 
     reserved = np.zeros(minutes)
     reservations = Reservation.objects.filter(
-        customer=customer, served_model=served_model, starts_at__lt=end
-    ).filter(Q(ends_at__isnull=True) | Q(ends_at__gt=start))
+        customer=customer, served_model=served_model
+    ).overlapping(start, end)
     for reservation in reservations:
         # A cancelled reservation counted until it was cancelled.
         stop = reservation.ends_at or end
@@ -168,9 +168,8 @@ def _used_per_bucket_python(customer, served_model, start, end, minutes, step_mi
 def sold_now(served_model: ServedModel, *, now: datetime | None = None) -> float:
     now = now or timezone.now()
     return (
-        Reservation.objects.filter(served_model=served_model, starts_at__lte=now)
-        .exclude(status=Reservation.Status.CANCELLED)
-        .filter(Q(ends_at__isnull=True) | Q(ends_at__gt=now))
+        Reservation.objects.filter(served_model=served_model)
+        .active_at(now)
         .aggregate(total=Sum("mu_per_minute"))["total"]
         or 0.0
     )
@@ -226,9 +225,9 @@ def model_capacity_summary(served_model: ServedModel) -> dict:
         "headroom": capacity.headroom,
         "overcommit": capacity.overcommit,
         "workload_mix": {
-            "input_tokens": capacity.mix.input_tokens,
-            "cached_input_tokens": capacity.mix.cached_input_tokens,
-            "output_tokens": capacity.mix.output_tokens,
+            "input_tokens": capacity.mix.rounded().input_tokens,
+            "cached_input_tokens": capacity.mix.rounded().cached_input_tokens,
+            "output_tokens": capacity.mix.rounded().output_tokens,
         },
         "deployments": [
             {

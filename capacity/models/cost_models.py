@@ -2,6 +2,7 @@ from django.db import models
 from django.db.models import Q
 
 from capacity.models.catalog import GpuType, ServedModel
+from capacity.pricing.features import REPLICA_MU_PER_MINUTE
 
 
 class CostModel(models.Model):
@@ -26,7 +27,7 @@ class CostModel(models.Model):
     version = models.PositiveIntegerField()
     features = models.JSONField(help_text="Feature names the fit selected.")
     weights_replica_seconds = models.JSONField()
-    replica_mu_per_minute = models.FloatField(default=100.0)
+    replica_mu_per_minute = models.FloatField(default=REPLICA_MU_PER_MINUTE)
     alpha_mu_per_input_token = models.FloatField()
     beta_mu_per_output_token = models.FloatField()
     gamma_mu_per_request = models.FloatField()

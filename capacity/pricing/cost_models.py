@@ -15,6 +15,7 @@ from django.db.models import Max, QuerySet
 from django.utils import timezone
 
 from capacity.models import CostModel, GpuType, ServedModel
+from capacity.pricing.features import REPLICA_MU_PER_MINUTE
 from controlplane.audit import audit_record
 from controlplane.errors import ConflictError, DomainError
 
@@ -38,7 +39,7 @@ def cost_model_record(
     cv_worst_error: float,
     candidates: list,
     residuals: list,
-    replica_mu_per_minute: float = 100.0,
+    replica_mu_per_minute: float = REPLICA_MU_PER_MINUTE,
     source_run=None,
     auto_activate: bool = True,
 ) -> CostModel:

@@ -10,7 +10,6 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from accounts.models import Customer
@@ -38,12 +37,11 @@ def sold_peak(
     exclude_id: int | None = None,
 ) -> SoldPeak:
     """The most MU/min already sold at any moment of [starts_at, ends_at)."""
-    overlapping = Reservation.objects.filter(served_model=served_model).exclude(
-        status=Reservation.Status.CANCELLED
+    overlapping = (
+        Reservation.objects.filter(served_model=served_model)
+        .not_cancelled()
+        .overlapping(starts_at, ends_at)
     )
-    overlapping = overlapping.filter(Q(ends_at__isnull=True) | Q(ends_at__gt=starts_at))
-    if ends_at is not None:
-        overlapping = overlapping.filter(starts_at__lt=ends_at)
     if exclude_id is not None:
         overlapping = overlapping.exclude(pk=exclude_id)
     terms = list(overlapping.values_list("starts_at", "ends_at", "mu_per_minute"))
@@ -284,8 +282,8 @@ def reservations_refresh_status(*, now: datetime | None = None) -> dict[str, int
     """Move pending → active → expired as time passes (a periodic task)."""
     now = now or timezone.now()
     activated = (
-        Reservation.objects.filter(status=Reservation.Status.PENDING, starts_at__lte=now)
-        .filter(Q(ends_at__isnull=True) | Q(ends_at__gt=now))
+        Reservation.objects.filter(status=Reservation.Status.PENDING)
+        .in_term_at(now)
         .update(status=Reservation.Status.ACTIVE)
     )
     expired = Reservation.objects.filter(

@@ -16,11 +16,11 @@ from datetime import timedelta
 from django.db.models import Sum
 from django.utils import timezone
 
-from benchmarking.fitting import Shape, predict_replica_seconds
 from capacity.models import CostModel, Deployment, ServedModel, UsageMinute
 from capacity.pricing.cost_models import active_cost_model
+from capacity.pricing.exchange import DEFAULT_MIX, MeanShape
+from capacity.pricing.exchange import replica_mu_per_minute as exchange_rate
 
-DEFAULT_MIX = Shape(input_tokens=1000, output_tokens=250)
 MIX_LOOKBACK = timedelta(hours=1)
 
 
@@ -47,12 +47,12 @@ class ModelCapacity:
     sellable_mu_per_minute: float
     headroom: float
     overcommit: float
-    mix: Shape
+    mix: MeanShape
     reference_cost_model_id: int | None
     deployments: list[DeploymentCapacity] = field(default_factory=list)
 
 
-def workload_mix(served_model: ServedModel, *, now=None) -> Shape:
+def workload_mix(served_model: ServedModel, *, now=None) -> MeanShape:
     """The mean request of the last hour, from the minute rollups; the default mix if none."""
     now = now or timezone.now()
     totals = UsageMinute.objects.filter(
@@ -63,18 +63,17 @@ def workload_mix(served_model: ServedModel, *, now=None) -> Shape:
         cached=Sum("cached_input_tokens"),
         output_tokens=Sum("output_tokens"),
     )
-    requests = totals["requests"] or 0
-    if requests == 0:
-        return DEFAULT_MIX
-    return Shape(
-        input_tokens=round((totals["input_tokens"] - totals["cached"]) / requests),
-        cached_input_tokens=round(totals["cached"] / requests),
-        output_tokens=round(totals["output_tokens"] / requests),
+    mix = MeanShape.of_totals(
+        requests=totals["requests"] or 0,
+        input_tokens=totals["input_tokens"] or 0,
+        cached_input_tokens=totals["cached"] or 0,
+        output_tokens=totals["output_tokens"] or 0,
     )
+    return mix or DEFAULT_MIX
 
 
 def replica_mu_per_minute(
-    *, deployment: Deployment, reference: CostModel, mix: Shape
+    *, deployment: Deployment, reference: CostModel, mix: MeanShape
 ) -> tuple[float | None, str]:
     """MU/min one replica of the deployment mints, and why when it cannot be known."""
     gpu_type = deployment.gpu_pool.gpu_type
@@ -88,13 +87,10 @@ def replica_mu_per_minute(
             f"no active cost model for {gpu_type.name}×{deployment.gpus_per_replica}: "
             "benchmark this deployment to sell it"
         )
-    if own.pk == reference.pk:
-        return reference.replica_mu_per_minute, ""
-    t_reference = predict_replica_seconds(reference.weights_replica_seconds, mix)
-    t_own = predict_replica_seconds(own.weights_replica_seconds, mix)
-    if t_own <= 0 or t_reference <= 0:
+    rate = exchange_rate(reference=reference, own=own, mix=mix)
+    if rate is None:
         return None, "the cost models predict no time for the workload mix"
-    return reference.replica_mu_per_minute * t_reference / t_own, ""
+    return rate, ""
 
 
 def model_capacity(served_model: ServedModel, *, now=None) -> ModelCapacity:

@@ -52,9 +52,9 @@ from prometheus_api_client import PrometheusApiClientException, PrometheusConnec
 from urllib3.exceptions import ReadTimeoutError
 from urllib3.util.retry import Retry
 
-from benchmarking.fitting import Shape, predict_replica_seconds
 from capacity.models import CostModel, Deployment
 from capacity.pricing.cost_models import pricing_cost_model
+from capacity.pricing.exchange import MeanShape
 from controlplane.errors import DomainError
 
 logger = logging.getLogger(__name__)
@@ -217,26 +217,6 @@ def selector_for(deployment: Deployment) -> str:
 # --- pricing ------------------------------------------------------------------------------------
 
 
-def _replica_seconds_at(weights: Mapping[str, float], input_tokens: float, output_tokens: float):
-    """predict_replica_seconds at a shape of fractional token counts, such as a mean shape.
-
-    Shape counts whole tokens, so this interpolates bilinearly between the four whole-token
-    shapes around the point: exact for the input, output, input×output and per-request terms
-    (each bilinear in the two lengths) and within w_output²·0.25/1000 replica-seconds for the
-    output² term, far less than one token costs. Rounding would err by up to half a token.
-    """
-    input_floor, output_floor = math.floor(input_tokens), math.floor(output_tokens)
-    input_fraction, output_fraction = input_tokens - input_floor, output_tokens - output_floor
-    total = 0.0
-    for input_step, input_share in ((0, 1 - input_fraction), (1, input_fraction)):
-        for output_step, output_share in ((0, 1 - output_fraction), (1, output_fraction)):
-            share = input_share * output_share
-            if share > 0:
-                shape = Shape(input_floor + input_step, output_floor + output_step)
-                total += share * predict_replica_seconds(weights, shape)
-    return total
-
-
 def mu_per_minute_of(
     cost_model: CostModel,
     *,
@@ -247,11 +227,11 @@ def mu_per_minute_of(
     """MU per minute of traffic given by its rates, priced as requests of the mean shape."""
     weights = cost_model.weights_replica_seconds
     if requests_per_s > 0:
-        replica_seconds_per_request = _replica_seconds_at(
-            weights,
-            prompt_tokens_per_s / requests_per_s,
-            generation_tokens_per_s / requests_per_s,
-        )
+        # The window's mean request, at its fractional token counts (capacity.pricing.exchange).
+        replica_seconds_per_request = MeanShape(
+            input_tokens=prompt_tokens_per_s / requests_per_s,
+            output_tokens=generation_tokens_per_s / requests_per_s,
+        ).replica_seconds(weights)
         replica_seconds_per_s = requests_per_s * replica_seconds_per_request
     else:
         # No request finished in the window, yet tokens may have been processed (requests

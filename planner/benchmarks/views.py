@@ -18,11 +18,11 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from benchmarking.fitting import Shape, predict_replica_seconds
 from benchmarking.models import BenchmarkRun, BenchmarkSample, BenchmarkSuite
 from benchmarking.services import run_queue
 from capacity.models import CostModel, Deployment, GpuType, ServedModel
 from capacity.pricing.cost_models import cost_model_activate, cost_model_retire
+from capacity.pricing.features import Shape, predict_replica_seconds
 from controlplane.audit import entries_about
 from controlplane.errors import DomainError
 from planner.access import planner_required

@@ -7,9 +7,9 @@ import time
 import pytest
 
 from benchmarking import services
-from benchmarking.fitting import Shape, predict_requests_per_s
 from benchmarking.models import BenchmarkRun
 from capacity.models import CostModel
+from capacity.pricing.features import Shape, predict_requests_per_s
 from tests.benchmarking.processes import celery_worker_process, emulator_process
 from tests.factories import (
     DeploymentFactory,

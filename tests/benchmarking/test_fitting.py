@@ -8,15 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarking.fitting import (
+from benchmarking.fitting import fit_cost_model, held_out_errors
+from capacity.pricing.features import (
     FEATURES,
     PLAIN_FEATURES,
     FitError,
     Shape,
     feature_matrix,
     feature_vector,
-    fit_cost_model,
-    held_out_errors,
     mu_coefficients,
     mu_for,
     predict_replica_seconds,

@@ -9,9 +9,9 @@ import time
 import httpx
 import pytest
 
-from benchmarking.fitting import Shape, mu_coefficients, mu_for
 from capacity.models import Deployment, ServedModel
 from capacity.pricing.cost_models import cost_model_record
+from capacity.pricing.features import Shape, mu_coefficients, mu_for
 from capacity.telemetry.prometheus import (
     InvalidSelectorError,
     mu_per_minute_of,
