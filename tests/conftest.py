@@ -182,7 +182,7 @@ SIMPLE_WEIGHTS = {
 
 
 def make_cost_model(served_model, gpu_type, *, gpus_per_replica=1, weights=None):
-    from benchmarking.fitting import mu_coefficients
+    from capacity.pricing.features import mu_coefficients
     from capacity.pricing.cost_models import cost_model_record
 
     weights = weights or SIMPLE_WEIGHTS

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 
 import numpy as np
@@ -27,6 +27,7 @@ import redis
 from django.conf import settings
 from django.utils import timezone
 
+from capacity.admission.bucket import LocalBuckets
 from capacity.admission.redis_buckets import (
     BEST_EFFORT,
     GUARANTEED,
@@ -85,17 +86,9 @@ class _ModelInfo:
     loaded_at: float
 
 
-@dataclass
-class _LocalBucket:
-    """The fallback while Redis is down: a token bucket in this process."""
-
-    tokens_mu: float
-    updated_at: float
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-
 _models: dict[str, _ModelInfo] = {}
-_local: dict[tuple[int, int], _LocalBucket] = {}
+# The fallback while Redis is down: this process's buckets, under the one rule (bucket.py).
+_local: LocalBuckets | None = None
 _reserved: dict[tuple[int, int], tuple[float, float]] = {}  # -> (MU/min, read at)
 _buckets: Buckets | None = None
 _buckets_lock = threading.Lock()
@@ -126,7 +119,8 @@ def reset() -> None:
     global _buckets
     _buckets = None
     _models.clear()
-    _local.clear()
+    if _local is not None:
+        _local.clear()
     _reserved.clear()
     forget_degradation()
 
@@ -307,18 +301,15 @@ def _take_local(customer_id: int, model_id: int, cost: float, reserved: float) -
         return False
     # This process's share: every process that answers admission has such a bucket, so the
     # fleet admits at most the reservation (settings.ADMISSION_FALLBACK_PROCESSES).
-    rate = reserved / settings.ADMISSION_FALLBACK_PROCESSES
-    burst = rate / 60.0 * settings.ADMISSION_BURST_SECONDS
-    now = time.monotonic()
-    bucket = _local.setdefault((customer_id, model_id), _LocalBucket(burst, now))
-    with bucket.lock:
-        bucket.tokens_mu = min(burst, bucket.tokens_mu + (now - bucket.updated_at) * rate / 60)
-        bucket.updated_at = now
-        # As in Redis, a request larger than the burst is admitted when the bucket is full.
-        if bucket.tokens_mu >= min(cost, burst):
-            bucket.tokens_mu -= cost
-            return True
-        return False
+    global _local
+    if _local is None or _local.burst_seconds != settings.ADMISSION_BURST_SECONDS:
+        _local = LocalBuckets(burst_seconds=settings.ADMISSION_BURST_SECONDS)
+    return _local.take(
+        (customer_id, model_id),
+        cost_mu=cost,
+        mu_per_minute=reserved / settings.ADMISSION_FALLBACK_PROCESSES,
+        now_ms=time.monotonic() * 1000.0,
+    )
 
 
 def _spool_record(
