@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# make test: services up, then lint, format check, migration check and pytest on PostgreSQL.
+# make test: services up, then lint, format, import contracts, types, migration check and pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
@@ -13,6 +13,10 @@ export SECURE_SSL_REDIRECT=0
 $BIN/python scripts/services.py test
 echo "== ruff check";            $BIN/ruff check .
 echo "== ruff format --check";   $BIN/ruff format --check .
+# The dependency order between packages and the pure modules' freedom from Django
+# (pyproject.toml, [tool.importlinter]); strict types on the pure modules ([tool.mypy]).
+echo "== lint-imports";           $BIN/lint-imports
+echo "== mypy";                   $BIN/mypy
 echo "== makemigrations --check"; $BIN/python manage.py makemigrations --check --dry-run
 # 5 from pytest: the arguments selected no test for a pass (e.g. `-k` of a serial test), fine.
 run_pass() { "$@" || { status=$?; [ "$status" -eq 5 ] || exit "$status"; }; }

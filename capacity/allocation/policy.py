@@ -27,6 +27,7 @@ the hot capacity left over, split 80 % by recent best-effort demand and 20 % eve
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 EPSILON = 1e-9
 BEST_EFFORT_DEMAND_SHARE = 0.8
@@ -120,9 +121,9 @@ class Snapshot:
 class Reason:
     code: str
     message: str
-    data: dict = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"code": self.code, "message": self.message, "data": self.data}
 
 

@@ -1,6 +1,5 @@
 from rest_framework import serializers
 
-from benchmarking.models import BenchmarkSuite
 from capacity.catalog.services import DEPLOYMENT_FIELDS
 from capacity.metering.events import MAX_TOKENS
 from capacity.models import ActuatorKind, Deployment, GpuPool, GpuType, ServedModel
@@ -86,7 +85,9 @@ class DeploymentSerializer(StrictModelSerializer):
     target_utilisation = serializers.FloatField(required=False, min_value=0.01, max_value=1.0)
     benchmark_suite = serializers.SlugRelatedField(
         slug_field="name",
-        queryset=BenchmarkSuite.objects.all(),
+        # The suite's model belongs to benchmarking, which depends on capacity, not the
+        # other way: reach it through the foreign key.
+        queryset=Deployment._meta.get_field("benchmark_suite").related_model.objects.all(),
         required=False,
         allow_null=True,
         help_text="The suite the nightly benchmark runs (see benchmark_nightly).",

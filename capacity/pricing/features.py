@@ -19,7 +19,7 @@ import math
 import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -27,7 +27,10 @@ import numpy as np
 REPLICA_MU_PER_MINUTE = 100.0
 SECONDS_PER_MINUTE = 60.0
 
-Number = TypeVar("Number", float, np.ndarray)
+# A number, or an array of them (batches are priced as arrays).
+Number = TypeVar("Number", float, "np.ndarray[Any, np.dtype[np.float64]]")
+Count = TypeVar("Count", int, float, "np.ndarray[Any, np.dtype[np.float64]]")
+FloatArray = np.ndarray[Any, np.dtype[np.float64]]
 
 FEATURES: tuple[str, ...] = (
     "input_tokens",  # uncached input (prefill) tokens
@@ -54,10 +57,11 @@ class FitError(ValueError):
     """The benchmark data cannot support a cost model; the message says why, for a planner."""
 
 
-def uncached_input_tokens(input_tokens: Number, cached_input_tokens: Number) -> Number:
+def uncached_input_tokens(input_tokens: Count, cached_input_tokens: Count) -> Count:
     """The API counts cached tokens in `input_tokens` (as OpenAI's `usage.prompt_tokens` does);
     the features count the uncached part. The one place that converts (numbers or arrays)."""
-    return input_tokens - cached_input_tokens
+    uncached: Count = input_tokens - cached_input_tokens
+    return uncached
 
 
 @dataclass(frozen=True)
@@ -123,7 +127,9 @@ def canonical_features(features: Sequence[str]) -> tuple[str, ...]:
     return tuple(name for name in FEATURES if name in chosen)
 
 
-def _feature_values(input_tokens, cached_tokens, output_tokens, images, one) -> dict:
+def _feature_values(
+    input_tokens: Any, cached_tokens: Any, output_tokens: Any, images: Any, one: Any
+) -> dict[str, Any]:
     """Every feature from uncached input, cached input, output and images — numpy arrays or
     plain numbers alike. The one definition of every feature."""
     # Cached tokens still sit in the KV cache that every decode step reads, hence the total.
@@ -146,7 +152,7 @@ def feature_columns(
     output_tokens: np.ndarray,
     images: np.ndarray,
     features: Sequence[str],
-) -> np.ndarray:
+) -> FloatArray:
     """The feature matrix from token-count arrays (uncached input, cached input, output,
     images), without building a Shape per request: usage ingestion prices thousands of
     events per batch this way."""
@@ -176,10 +182,10 @@ def replica_seconds_of(
     values = _feature_values(
         float(input_tokens), float(cached_input_tokens), float(output_tokens), float(images), 1.0
     )
-    return sum(float(weight) * values[name] for name, weight in weights.items())
+    return float(sum(float(weight) * values[name] for name, weight in weights.items()))
 
 
-def feature_matrix(shapes: Sequence[Shape], features: Sequence[str]) -> np.ndarray:
+def feature_matrix(shapes: Sequence[Shape], features: Sequence[str]) -> FloatArray:
     """One row per shape, one column per feature (in the order given)."""
     return feature_columns(
         input_tokens=np.array([s.input_tokens for s in shapes], dtype=float),
@@ -190,8 +196,9 @@ def feature_matrix(shapes: Sequence[Shape], features: Sequence[str]) -> np.ndarr
     )
 
 
-def feature_vector(shape: Shape, features: Sequence[str]) -> np.ndarray:
-    return feature_matrix([shape], features)[0]
+def feature_vector(shape: Shape, features: Sequence[str]) -> FloatArray:
+    row: FloatArray = feature_matrix([shape], features)[0]
+    return row
 
 
 # --- prediction and model units -----------------------------------------------------------------

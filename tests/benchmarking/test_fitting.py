@@ -321,7 +321,12 @@ def test_on_a_published_table_the_selected_features_beat_plain_alpha_beta_gamma_
 def test_the_one_request_price_matches_the_vector_price():
     import numpy as np
 
-    from capacity.pricing.features import FEATURES, Shape, predict_replica_seconds, replica_seconds_of
+    from capacity.pricing.features import (
+        FEATURES,
+        Shape,
+        predict_replica_seconds,
+        replica_seconds_of,
+    )
 
     rng = np.random.default_rng(3)
     draws = rng.uniform(1e-5, 1e-2, len(FEATURES))
