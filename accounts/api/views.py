@@ -7,6 +7,7 @@ from rest_framework.permissions import SAFE_METHODS, BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from accounts import scopes as S
 from accounts import selectors, services
 from accounts.api.serializers import (
     ApiKeyCreatedSerializer,
@@ -16,20 +17,15 @@ from accounts.api.serializers import (
     MeSerializer,
 )
 from accounts.models import ApiKey, Customer
+from accounts.permissions import scoped_permission
 from accounts.principals import principal_of
 from controlplane.audit import actor_of
 
-
-class CustomerPermission(BasePermission):
-    message = "Only planners or a service key with the customers:write scope manage customers."
-
-    def has_permission(self, request, view) -> bool:
-        principal = principal_of(request)
-        if request.method in SAFE_METHODS:
-            return principal.has_scope("read")
-        return principal.is_planner or (
-            principal.is_service and principal.has_scope("customers:write")
-        )
+CustomerPermission = scoped_permission(
+    "CustomerPermission",
+    message="Only planners or a service key with the customers:write scope manage customers.",
+    write_scope=S.CUSTOMERS_WRITE,
+)
 
 
 class ApiKeyPermission(BasePermission):

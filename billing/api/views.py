@@ -13,10 +13,12 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serial
 from rest_framework import mixins, serializers, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied
-from rest_framework.permissions import SAFE_METHODS, BasePermission
+from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from accounts import scopes as S
+from accounts.permissions import scoped_permission
 from accounts.principals import principal_of
 from accounts.selectors import customers_visible_to
 from billing.generation import invoice_estimate, invoice_issue, period_bounds
@@ -219,16 +221,11 @@ class RateCardSerializer(StrictModelSerializer):
         validators = []
 
 
-class RateCardPermission(BasePermission):
-    message = "Pricing needs a planner or a key with the catalog:write scope."
-
-    def has_permission(self, request, view) -> bool:
-        principal = principal_of(request)
-        if request.method in SAFE_METHODS:
-            return principal.has_scope("read")
-        return principal.is_planner or (
-            principal.is_service and principal.has_scope("catalog:write")
-        )
+RateCardPermission = scoped_permission(
+    "RateCardPermission",
+    message="Pricing needs a planner or a key with the catalog:write scope.",
+    write_scope=S.CATALOG_WRITE,
+)
 
 
 class RateCardViewSet(

@@ -1,27 +1,19 @@
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, viewsets
 from rest_framework.decorators import action
-from rest_framework.permissions import SAFE_METHODS, BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from accounts.permissions import ReadScope
-from accounts.principals import principal_of
+from accounts.permissions import ReadScope, scoped_permission
 from capacity.metering.events import MAX_TOKENS, context_problems
 from capacity.models import CostModel, GpuType, ServedModel
 from capacity.pricing import cost_models
 from capacity.pricing.estimates import price_shapes
 from controlplane.api.serializers import StrictSerializer
 
-
-class CostModelPermission(BasePermission):
-    message = "Only planners activate or retire cost models."
-
-    def has_permission(self, request, view) -> bool:
-        principal = principal_of(request)
-        if request.method in SAFE_METHODS:
-            return principal.has_scope("read")
-        return principal.is_planner
+CostModelPermission = scoped_permission(
+    "CostModelPermission", message="Only planners activate or retire cost models.", write_scope=None
+)
 
 
 class CostModelSerializer(serializers.ModelSerializer):

@@ -3,10 +3,11 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound, PermissionDenied
-from rest_framework.permissions import SAFE_METHODS, BasePermission
 from rest_framework.response import Response
 
+from accounts import scopes as S
 from accounts.models import Customer
+from accounts.permissions import scoped_permission
 from accounts.principals import principal_of
 from capacity.models import Reservation, ReservationChange, ServedModel
 from capacity.selling import reservations
@@ -17,17 +18,11 @@ from controlplane.api.serializers import (
     StrictSerializer,
 )
 
-
-class ReservationPermission(BasePermission):
-    message = "Selling capacity needs a planner or a key with the reservations:write scope."
-
-    def has_permission(self, request, view) -> bool:
-        principal = principal_of(request)
-        if request.method in SAFE_METHODS:
-            return principal.has_scope("read")
-        return principal.is_planner or (
-            principal.is_service and principal.has_scope("reservations:write")
-        )
+ReservationPermission = scoped_permission(
+    "ReservationPermission",
+    message="Selling capacity needs a planner or a key with the reservations:write scope.",
+    write_scope=S.RESERVATIONS_WRITE,
+)
 
 
 class ReservationSerializer(StrictModelSerializer):
