@@ -43,7 +43,7 @@ from capacity.models import (
     ServedModel,
 )
 from capacity.process_supervisor import ProcessSupervisor
-from tests.capacity.saturation import Saturator, waiting_requests
+from tests.support.saturation import Saturator, waiting_requests
 
 ROOT = Path(__file__).resolve().parent.parent
 SATURATED_SECONDS = float(os.environ.get("BENCH_HEALTH_SATURATED_SECONDS", "600"))
@@ -115,7 +115,7 @@ class Fleet:
 
 
 def _free_base_port() -> int:
-    from tests.capacity.test_process_actuator import free_port_range
+    from tests.capacity.actuation.test_process_actuator import free_port_range
 
     return free_port_range(3)
 

@@ -24,7 +24,8 @@ import redis
 
 ROOT = Path(__file__).resolve().parent.parent
 WAIT_SECONDS = 30
-# The tests start their own Prometheus from this binary (tests/prometheus_server.py): Debian's
+# The tests start their own Prometheus from this binary (tests/support/prometheus_server.py):
+# Debian's
 # `prometheus` package puts it here.
 PROMETHEUS_BINARY = Path("/usr/bin/prometheus")
 CHROMIUM_BINARY = Path(os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium"))

@@ -7,7 +7,7 @@ from accounts import scopes as S
 from accounts.models import Membership
 from accounts.principals import PLANNERS_GROUP
 from accounts.services import api_key_create
-from tests.factories import (
+from tests.support.factories import (
     CustomerFactory,
     DeploymentFactory,
     GpuPoolFactory,
@@ -30,9 +30,9 @@ def _fresh_api_throttles():
         client.delete(*stale)
 
 
-# Every test process hashes passwords cheaply (tests/hashers.py): set here, before any user
+# Every test process hashes passwords cheaply (tests/support/hashers.py): set here, before any user
 # is created.
-settings.PASSWORD_HASHERS = ["tests.hashers.FastPBKDF2PasswordHasher"]
+settings.PASSWORD_HASHERS = ["tests.support.hashers.FastPBKDF2PasswordHasher"]
 
 
 @pytest.fixture

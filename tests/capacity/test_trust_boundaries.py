@@ -21,9 +21,9 @@ from capacity.health.probes import probe_endpoint
 from capacity.management.commands.run_process_supervisor import make_server
 from capacity.models import AllocationDecision, Deployment
 from capacity.process_supervisor import ProcessSupervisor
-from tests.capacity.test_allocation_tick import use
-from tests.capacity.test_process_actuator import free_port_range, wait_until
-from tests.recording_server import RecordingServer
+from tests.capacity.actuation.test_process_actuator import free_port_range, wait_until
+from tests.capacity.allocation.test_allocation_tick import use
+from tests.support.recording_server import RecordingServer
 
 pytestmark = pytest.mark.django_db
 
@@ -443,7 +443,7 @@ def test_the_migration_flags_stored_configs_and_drops_a_no_op_verify_tls(fleet, 
 
 @pytest.fixture
 def deployment_pair(served_model, pool):
-    from tests.factories import DeploymentFactory
+    from tests.support.factories import DeploymentFactory
 
     legacy = {"namespace": "inference", "kind": "Deployment", "verify_tls": True}
     return (

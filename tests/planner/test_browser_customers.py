@@ -13,7 +13,7 @@ from billing.models import Invoice, InvoiceLine
 from capacity.metering.history import record_capacity
 from capacity.models import AllocationDecision, Reservation, UsageMinute
 from capacity.selling.reservations import reservation_create
-from tests.planner.browser import log_in, screenshot
+from tests.support.browser import log_in, screenshot
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -13,7 +13,7 @@ from billing.models import Invoice, InvoiceLine
 from capacity.metering.history import record_capacity
 from capacity.models import ActuatorCircuit, AllocationDecision, CapacitySample
 from capacity.selling.reservations import reservation_create
-from tests.factories import CustomerFactory, DeploymentFactory
+from tests.support.factories import CustomerFactory, DeploymentFactory
 
 pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
 

@@ -18,7 +18,7 @@ from capacity.models import (
     ProbeOutcome,
     Replica,
 )
-from tests.factories import DeploymentFactory, ServedModelFactory
+from tests.support.factories import DeploymentFactory, ServedModelFactory
 
 pytestmark = pytest.mark.django_db
 

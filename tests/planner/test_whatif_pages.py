@@ -14,7 +14,7 @@ from django.urls import reverse
 
 from benchmarking import whatif
 from benchmarking.models import WhatIfRun
-from tests.factories import ServedModelFactory
+from tests.support.factories import ServedModelFactory
 
 pytestmark = pytest.mark.django_db
 

@@ -7,7 +7,7 @@ import pytest
 
 from benchmarking.emulator.config import ConfigError
 from benchmarking.emulator.faults import FaultError, FaultSpec, parse_fault_flag
-from tests.benchmarking.processes import emulator_process, emulator_subprocess
+from tests.support.processes import emulator_process, emulator_subprocess
 
 from .support import config, metric, model, scrape, wait_until
 

@@ -6,7 +6,7 @@ then a priority=0 probe arrives. Each low request runs ~1 s (200 tokens of 5 ms 
 
 import pytest
 
-from tests.benchmarking.processes import emulator_process
+from tests.support.processes import emulator_process
 
 from .support import metric, model, scrape, start_streams, wait_for_samples
 
@@ -103,7 +103,7 @@ def test_bad_policy_flags_are_refused(tmp_path, args):
     import subprocess
     import sys
 
-    from tests.benchmarking.processes import ROOT
+    from tests.support.processes import ROOT
 
     path = tmp_path / "c.json"
     path.write_text(json.dumps(CONFIG))

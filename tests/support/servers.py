@@ -1,0 +1,42 @@
+"""The control plane served by gunicorn in a subprocess, on the test database, for tests
+that need real concurrent clients over HTTP."""
+
+import os
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+from tests.support.processes import free_port, test_database_url
+from tests.support.subprocesses import stop, wait_until_answering
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@contextmanager
+def gunicorn_server(
+    tmp_path: Path, *, workers: int = 4, threads: int = 4, env: dict[str, str] | None = None
+):
+    port = free_port()
+    log_path = tmp_path / f"gunicorn-{port}.log"
+    env = (
+        os.environ | {"DATABASE_URL": test_database_url(), "SECURE_SSL_REDIRECT": "0"} | (env or {})
+    )
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            [
+                sys.executable, "-m", "gunicorn", "controlplane.wsgi:application",
+                "--bind", f"127.0.0.1:{port}", "--workers", str(workers),
+                "--threads", str(threads), "--backlog", "512", "--timeout", "120",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_answering(url + "/healthz", process, what="gunicorn", log_path=log_path)
+        yield url
+    finally:
+        stop(process)
