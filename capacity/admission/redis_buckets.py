@@ -27,22 +27,11 @@ GUARANTEED, BEST_EFFORT, REFUSED = "guaranteed", "best_effort", "refused"
 REFUSED_GUARANTEED = "refused_guaranteed"
 PREFIX = "adm"
 
-# KEYS: limits hash, guaranteed TAT, best-effort TAT, request record (or "" for none)
-# ARGV: cost MU, burst seconds, bucket TTL ms, record TTL s
-#
-# The record ("<class>:<estimated MU>", then ":s" once settled) is what later decides the
-# class its usage event is billed in; the latest decision for a request id is the one kept.
-_ADMIT = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
-local limits = redis.call('HMGET', KEYS[1], 'g', 'be')
-local cost = tonumber(ARGV[1])
-local burst_ms = tonumber(ARGV[2]) * 1000
-local ttl_ms = tonumber(ARGV[3])
-local g = tonumber(limits[1])
-local be = tonumber(limits[2])
-
-local function try(key, rate)
+# The one bucket rule (capacity.admission.bucket.take) in Lua, since a script cannot call Python:
+# the bucket's TAT lives at `key`. Kept as its own text so that the rule's property test
+# (tests/capacity/admission/test_bucket_rule.py) runs these very lines with a chosen clock.
+GCRA_LUA = """
+local function gcra_take(key, rate, now, cost, burst_ms, ttl_ms)
   if rate == nil or rate <= 0 then return false, -1 end
   local per_mu = 60000 / rate
   local tat = tonumber(redis.call('GET', key)) or now
@@ -55,6 +44,26 @@ local function try(key, rate)
     return true, 0
   end
   return false, allow_at - now
+end
+"""
+
+# KEYS: limits hash, guaranteed TAT, best-effort TAT, request record (or "" for none)
+# ARGV: cost MU, burst seconds, bucket TTL ms, record TTL s
+#
+# The record ("<class>:<estimated MU>", then ":s" once settled) is what later decides the
+# class its usage event is billed in; the latest decision for a request id is the one kept.
+_ADMIT = GCRA_LUA + """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+local limits = redis.call('HMGET', KEYS[1], 'g', 'be')
+local cost = tonumber(ARGV[1])
+local burst_ms = tonumber(ARGV[2]) * 1000
+local ttl_ms = tonumber(ARGV[3])
+local g = tonumber(limits[1])
+local be = tonumber(limits[2])
+
+local function try(key, rate)
+  return gcra_take(key, rate, now, cost, burst_ms, ttl_ms)
 end
 
 local ok, g_wait = try(KEYS[2], g)
