@@ -66,7 +66,7 @@ def invoice_detail(request, pk):
 def invoice_issue_view(request, pk):
     invoice = get_object_or_404(Invoice, pk=pk)
     try:
-        invoice_issue(invoice)
+        invoice_issue(invoice=invoice)
     except DomainError as error:
         messages.error(request, f"Not issued: {error.message}")
     else:
