@@ -9,6 +9,7 @@ from capacity.models import Deployment, GpuType, ServedModel
 class BenchmarkSuite(models.Model):
     """What to measure: a grid of request shapes, a latency SLO and how hard to push."""
 
+    # serves: suite by name: API /benchmark-suites/{name}, runs' suite field, run_benchmark
     name = models.SlugField(max_length=100, unique=True)
     description = models.TextField(blank=True, default="")
     grid = models.JSONField(help_text="Request shapes: [[input_len, output_len], ...].")
@@ -89,6 +90,7 @@ class BenchmarkRun(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
+        # serves: benchmarking.services.runs_reap_stale (running, heartbeat_at < cutoff)
         indexes = [models.Index(fields=["status", "heartbeat_at"])]
 
     def __str__(self) -> str:
@@ -131,6 +133,7 @@ class BenchmarkSample(models.Model):
             models.CheckConstraint(
                 condition=Q(requests_per_s__gte=0), name="sample_rps_not_negative"
             ),
+            # serves: sustainable_samples_of_run and the fit (a run's sustainable samples)
             models.UniqueConstraint(
                 fields=["run", "input_len", "output_len", "cached_input_len"],
                 condition=Q(sustainable=True),

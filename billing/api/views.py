@@ -139,7 +139,7 @@ class InvoiceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
     def issue(self, request, pk=None):
         if not principal_of(request).is_planner:
             raise PermissionDenied("Only planners issue invoices.")
-        invoice = invoice_issue(self.get_object())
+        invoice = invoice_issue(invoice=self.get_object())
         return Response(InvoiceSerializer(invoice).data)
 
 
@@ -166,7 +166,7 @@ class EstimateView(APIView):
     def get(self, request, slug):
         customer = get_object_or_404(customers_visible_to(principal_of(request)), slug=slug)
         period = request.query_params.get("period") or f"{timezone.now():%Y-%m}"
-        estimate = invoice_estimate(customer, period)
+        estimate = invoice_estimate(customer=customer, period=period)
         estimate["lines"] = InvoiceLineSerializer(estimate["lines"], many=True).data
         for name in ("subtotal", "credits", "total"):
             estimate[name] = str(estimate[name])  # as the invoices' amounts: exact decimals
@@ -256,4 +256,6 @@ class RateCardViewSet(
         )
 
     def perform_update(self, serializer):
-        serializer.instance = rate_card_update(serializer.instance, **serializer.validated_data)
+        serializer.instance = rate_card_update(
+            rate_card=serializer.instance, **serializer.validated_data
+        )

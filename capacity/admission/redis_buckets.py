@@ -52,7 +52,9 @@ end
 #
 # The record ("<class>:<estimated MU>", then ":s" once settled) is what later decides the
 # class its usage event is billed in; the latest decision for a request id is the one kept.
-_ADMIT = GCRA_LUA + """
+_ADMIT = (
+    GCRA_LUA
+    + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 local limits = redis.call('HMGET', KEYS[1], 'g', 'be')
@@ -89,6 +91,7 @@ if KEYS[4] ~= '' then
 end
 return {class, tostring(wait), tostring(g or -1), tostring(be or -1)}
 """
+)
 
 # KEYS: request record, guaranteed TAT, best-effort TAT, limits hash
 # ARGV: actual MU, bucket TTL ms

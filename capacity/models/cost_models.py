@@ -55,12 +55,14 @@ class CostModel(models.Model):
     class Meta:
         ordering = ["served_model__name", "gpu_type__name", "gpus_per_replica", "-version"]
         constraints = [
+            # serves: pricing_selectors.cost_model_versions and cost_model_groups
             models.UniqueConstraint(
                 fields=["served_model", "gpu_type", "gpus_per_replica", "version"],
                 name="costmodel_unique_version",
             ),
             # One active version per (model, GPU type, GPUs per replica), enforced by the database
             # so two concurrent activations cannot both win.
+            # serves: active_cost_model, active_cost_models_of_groups, group_has_active_version
             models.UniqueConstraint(
                 fields=["served_model", "gpu_type", "gpus_per_replica"],
                 condition=Q(status="active"),

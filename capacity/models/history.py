@@ -22,6 +22,7 @@ class CapacitySample(models.Model):
     class Meta:
         ordering = ["served_model_id", "minute"]
         constraints = [
+            # serves: capacity.metering.history.capacity_history (a model's samples over a range)
             models.UniqueConstraint(
                 fields=["served_model", "minute"], name="capacitysample_one_per_minute"
             )

@@ -1,7 +1,7 @@
 from django.core.management.base import BaseCommand
 
 from benchmarking.schedules import sync_benchmark_schedules
-from billing.schedules import sync_billing_schedules
+from billing.schedules import billing_schedules_sync
 from capacity.schedules import sync_capacity_schedules
 
 
@@ -17,7 +17,7 @@ class Command(BaseCommand):
     def handle(self, *args, nightly_hour_utc, **options):
         counts = sync_benchmark_schedules(hour_utc=nightly_hour_utc)
         capacity_tasks = sync_capacity_schedules()
-        sync_billing_schedules()
+        billing_schedules_sync()
         self.stdout.write(
             f"Nightly benchmarks: {counts['nightly']} deployment(s) "
             f"({counts['created']} new, {counts['disabled']} disabled). "

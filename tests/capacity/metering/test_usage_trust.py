@@ -11,7 +11,7 @@ from django.conf import settings as django_settings
 from django.utils import timezone
 
 from accounts import scopes as S
-from billing.generation import generate_invoices
+from billing.generation import invoice_generate
 from billing.models import Invoice
 from billing.rates import rate_card_create
 from capacity.admission import gate as admission
@@ -69,7 +69,7 @@ def post(client, *events):
 def invoice_now(customer) -> Invoice:
     period = timezone.now().date()
     usage_rollup()
-    generate_invoices(period)
+    invoice_generate(period=period)
     return Invoice.objects.get(customer=customer, period_start=period.replace(day=1))
 
 
