@@ -29,7 +29,7 @@ from capacity.models import (
 )
 from capacity.telemetry.prometheus import validate_selector
 from controlplane import outbound
-from controlplane.audit import AuditedAdminMixin
+from controlplane.audit import AuditedAdminMixin, ReadOnlyAdminMixin
 from controlplane.errors import DomainError
 
 
@@ -176,7 +176,7 @@ class ReservationChangeInline(admin.TabularInline):
 
 
 @admin.register(Reservation)
-class ReservationAdmin(AuditedAdminMixin, admin.ModelAdmin):
+class ReservationAdmin(AuditedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     """Read-only here: selling goes through the API, which checks capacity under a lock."""
 
     list_display = [
@@ -191,35 +191,17 @@ class ReservationAdmin(AuditedAdminMixin, admin.ModelAdmin):
     list_filter = ["status", "served_model", "keep_warm"]
     search_fields = ["customer__slug", "served_model__name", "notes"]
     list_select_related = ["customer", "served_model"]
+    # Never deleted either: a sold reservation is billed; cancel it through the API.
     inlines = [ReservationChangeInline]
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        # A sold reservation is billed: cancel it through the API, never delete it.
-        return False
 
 
 @admin.register(ReservationChange)
-class ReservationChangeAdmin(admin.ModelAdmin):
+class ReservationChangeAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     """A reservation's history: written by its services, never edited."""
 
     list_display = ["reservation", "kind", "changed_by", "changed_at"]
     list_filter = ["kind"]
     search_fields = ["changed_by", "reservation__customer__slug"]
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
 
 
 @admin.register(UsageEvent)

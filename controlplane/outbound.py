@@ -370,6 +370,20 @@ def _ssl_context(verify, cert) -> ssl.SSLContext:
     return httpx.create_ssl_context(verify=verify, cert=cert)
 
 
+def _guarded_pool(pool_class, backend, ssl_context, limits, *, http1, http2, retries):
+    """The same pool httpx builds, plus the network backend that checks each connection."""
+    return pool_class(
+        ssl_context=ssl_context,
+        max_connections=limits.max_connections,
+        max_keepalive_connections=limits.max_keepalive_connections,
+        keepalive_expiry=limits.keepalive_expiry,
+        http1=http1,
+        http2=http2,
+        retries=retries,
+        network_backend=backend,
+    )
+
+
 class GuardedTransport(httpx.HTTPTransport):
     """httpx's transport over a connection pool whose every TCP connection is vetted."""
 
@@ -388,17 +402,10 @@ class GuardedTransport(httpx.HTTPTransport):
         super().__init__(
             verify=ssl_context, trust_env=False, http1=http1, http2=http2, limits=limits
         )
-        # The same pool httpx builds, plus the network backend that checks each connection.
-        self._pool = httpcore.ConnectionPool(
-            ssl_context=ssl_context,
-            max_connections=limits.max_connections,
-            max_keepalive_connections=limits.max_keepalive_connections,
-            keepalive_expiry=limits.keepalive_expiry,
-            http1=http1,
-            http2=http2,
-            retries=retries,
-            network_backend=_GuardedSyncBackend(host_policy),
-        )
+        self._pool = _guarded_pool(
+            httpcore.ConnectionPool, _GuardedSyncBackend(host_policy), ssl_context, limits,
+            http1=http1, http2=http2, retries=retries,
+        )  # fmt: skip
 
 
 class AsyncGuardedTransport(httpx.AsyncHTTPTransport):
@@ -419,16 +426,10 @@ class AsyncGuardedTransport(httpx.AsyncHTTPTransport):
         super().__init__(
             verify=ssl_context, trust_env=False, http1=http1, http2=http2, limits=limits
         )
-        self._pool = httpcore.AsyncConnectionPool(
-            ssl_context=ssl_context,
-            max_connections=limits.max_connections,
-            max_keepalive_connections=limits.max_keepalive_connections,
-            keepalive_expiry=limits.keepalive_expiry,
-            http1=http1,
-            http2=http2,
-            retries=retries,
-            network_backend=_GuardedAsyncBackend(host_policy),
-        )
+        self._pool = _guarded_pool(
+            httpcore.AsyncConnectionPool, _GuardedAsyncBackend(host_policy), ssl_context, limits,
+            http1=http1, http2=http2, retries=retries,
+        )  # fmt: skip
 
 
 class GuardedClient(httpx.Client):
