@@ -46,7 +46,7 @@ class ReadScope(BasePermission):
     message = "Reading this needs the read scope."
 
     def has_permission(self, request, view) -> bool:
-        return principal_of(request).has_scope("read")
+        return principal_of(request).has_scope(S.READ)
 
 
 CatalogPermission = scoped_permission(

@@ -2,6 +2,7 @@
 
 from django.db.models import Q, QuerySet
 
+from accounts import scopes as S
 from accounts.models import ApiKey, Customer
 from accounts.principals import Principal
 
@@ -19,7 +20,7 @@ def api_keys_visible_to(principal: Principal) -> QuerySet[ApiKey]:
         return api_keys
     if principal.is_service:
         # A service sees its own key and, when it provisions customers, customers' keys.
-        if "customers:write" in principal.scopes:
+        if S.CUSTOMERS_WRITE in principal.scopes:
             return api_keys.filter(customer__isnull=False) | api_keys.filter(
                 pk=principal.api_key.pk
             )

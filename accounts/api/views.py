@@ -37,7 +37,7 @@ class ApiKeyPermission(BasePermission):
     def has_permission(self, request, view) -> bool:
         principal = principal_of(request)
         if request.method in SAFE_METHODS:
-            return principal.has_scope("read")
+            return principal.has_scope(S.READ)
         return bool(request.user and request.user.is_authenticated)
 
 
@@ -108,9 +108,9 @@ class ApiKeyViewSet(
         # Who may create keys at all is known before the body is read: a caller that may not
         # gets 403 whatever it sends, rather than the body's 400.
         if principal.is_service:
-            may_create = principal.has_scope("customers:write")
+            may_create = principal.has_scope(S.CUSTOMERS_WRITE)
         else:
-            may_create = principal.has_scope("write")
+            may_create = principal.has_scope(S.WRITE)
         if not may_create:
             raise PermissionDenied(
                 "Creating keys needs the write scope (customers:write for platform keys)."
@@ -118,7 +118,7 @@ class ApiKeyViewSet(
         customers = (
             Customer.objects.all()
             if principal.is_planner
-            or (principal.is_service and principal.has_scope("customers:write"))
+            or (principal.is_service and principal.has_scope(S.CUSTOMERS_WRITE))
             else selectors.customers_visible_to(principal)
         )
         # Another tenant's slug reads exactly like an unknown one (the serializer's 400).

@@ -47,7 +47,7 @@ class ReadPermission(BasePermission):
     message = "Reading invoices needs the read scope."
 
     def has_permission(self, request, view) -> bool:
-        return principal_of(request).has_scope("read")
+        return principal_of(request).has_scope(S.READ)
 
 
 class InvoiceLineSerializer(serializers.ModelSerializer):

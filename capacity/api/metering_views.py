@@ -9,6 +9,7 @@ from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from accounts import scopes as S
 from accounts.permissions import ReadScope
 from accounts.principals import principal_of
 from accounts.selectors import customers_visible_to
@@ -50,7 +51,7 @@ class UsageEventsView(APIView):
         responses={200: IngestResponse, 207: IngestResponse})  # fmt: skip
     def post(self, request):
         principal = principal_of(request)
-        if not (principal.is_planner or principal.has_scope("usage:write")):
+        if not (principal.is_planner or principal.has_scope(S.USAGE_WRITE)):
             raise PermissionDenied("Posting usage needs the usage:write scope.")
         body = request.data
         events = body.get("events") if isinstance(body, dict) else body
@@ -177,7 +178,7 @@ class ModelCapacityView(APIView):
         "deployable_mu_per_minute": serializers.FloatField()}))  # fmt: skip
     def get(self, request, name):
         principal = principal_of(request)
-        if not (principal.is_planner or (principal.is_service and principal.has_scope("read"))):
+        if not (principal.is_planner or (principal.is_service and principal.has_scope(S.READ))):
             raise PermissionDenied("Only planners and platform services see fleet capacity.")
         served_model = get_object_or_404(ServedModel, name=name)
         return Response(model_capacity_summary(served_model))
