@@ -9,9 +9,9 @@ import pytest
 
 from capacity.allocation_tick import allocation_tick
 from capacity.models import AllocationDecision, Deployment
-from tests.benchmarking.emulator.support import start_streams
 from tests.benchmarking.processes import emulator_process
 from tests.capacity.test_allocation_tick import use
+from tests.dataplane.emulator.support import start_streams
 from tests.prometheus_server import prometheus_server, wait_for_samples
 
 pytestmark = pytest.mark.django_db

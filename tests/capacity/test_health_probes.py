@@ -21,7 +21,7 @@ from capacity.models import (
     ProbeResult,
     Replica,
 )
-from tests.capacity.test_process_actuator import (  # noqa: F401 - fixtures
+from tests.dataplane.supervisor.support import (  # noqa: F401 - fixtures
     emulator_command,
     engines,
     free_port_range,
@@ -178,7 +178,7 @@ def test_a_hung_pod_is_deleted_and_its_replacement_closes_the_incident(
     sellable, served_model, k8s_api, tmp_path, fast_probes
 ):
     from tests.benchmarking.processes import emulator_process
-    from tests.capacity.test_process_actuator import TINY_MODEL
+    from tests.dataplane.supervisor.support import TINY_MODEL
 
     served_model.engine_model_id = "tiny"
     served_model.save()

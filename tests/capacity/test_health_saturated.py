@@ -11,7 +11,7 @@ from capacity.health import probe_endpoint, probe_round
 from capacity.models import Incident, ProbeResult, Replica
 from tests.capacity.saturation import Saturator, waiting_requests
 from tests.capacity.test_health_probes import process_deployment  # noqa: F401 - fixture
-from tests.capacity.test_process_actuator import (  # noqa: F401 - fixtures
+from tests.dataplane.supervisor.support import (  # noqa: F401 - fixtures
     emulator_command,
     engines,
     http_supervisor,
