@@ -30,8 +30,7 @@ from django.utils import timezone
 
 from bench.figures import Figure
 from capacity.actuation.config import validate_actuator_config
-from capacity.health.probes import probe_endpoint, probe_round
-from capacity.management.commands.run_process_supervisor import make_server
+from capacity.health import probe_endpoint, probe_round
 from capacity.models import (
     ActuatorKind,
     Deployment,
@@ -42,7 +41,8 @@ from capacity.models import (
     Replica,
     ServedModel,
 )
-from capacity.process_supervisor import ProcessSupervisor
+from dataplane.supervisor.server import make_server
+from dataplane.supervisor.supervisor import ProcessSupervisor
 from tests.support.saturation import Saturator, waiting_requests
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,7 +71,7 @@ class Fleet:
         config.write_text(json.dumps({"models": [MODEL]}))
         os.environ["PYTHONPATH"] = str(ROOT)
         self.command = [
-            sys.executable, "-m", "benchmarking.emulator", "--port", "{port}",
+            sys.executable, "-m", "dataplane.emulator", "--port", "{port}",
             "--config", str(config), "--scheduling-policy", "priority",
         ]  # fmt: skip
         self.supervisor = ProcessSupervisor(
@@ -86,7 +86,7 @@ class Fleet:
             ActuatorKind.PROCESS,
             {"engine": "emulator", "base_port": base_port, "supervisor_url": self.server.url},
         )
-        from capacity.process_supervisor import DeploymentSpec
+        from dataplane.supervisor.supervisor import DeploymentSpec
 
         self.supervisor.scale(
             self.name, 2, DeploymentSpec("emulator", "127.0.0.1", base_port, 30.0)
@@ -115,7 +115,7 @@ class Fleet:
 
 
 def _free_base_port() -> int:
-    from tests.capacity.actuation.test_process_actuator import free_port_range
+    from tests.dataplane.supervisor.support import free_port_range
 
     return free_port_range(3)
 

@@ -26,10 +26,10 @@ import httpx
 
 from bench.figures import Figure
 from benchmarking import runner
-from benchmarking.emulator.config import parse_config
-from benchmarking.emulator.engine import Listener
-from benchmarking.emulator.fleet import ModelFleet
 from controlplane import outbound
+from dataplane.emulator.config import parse_config
+from dataplane.emulator.engine import Listener
+from dataplane.emulator.fleet import ModelFleet
 
 ROOT = Path(__file__).resolve().parent.parent
 CONCURRENCY = 512
@@ -160,7 +160,7 @@ def _start_emulator(config_path: Path, port: int) -> subprocess.Popen:
         [
             sys.executable,
             "-m",
-            "benchmarking.emulator",
+            "dataplane.emulator",
             "--port",
             str(port),
             "--config",

@@ -88,6 +88,7 @@ INSTALLED_APPS = [
     "capacity",
     "benchmarking",
     "billing",
+    "simulation",
     "planner",
 ]
 

@@ -42,7 +42,7 @@ def emulator_subprocess(config: dict, tmp_path: Path, args: tuple[str, ...] = ()
         [
             sys.executable,
             "-m",
-            "benchmarking.emulator",
+            "dataplane.emulator",
             "--port",
             str(port),
             "--config",

@@ -7,9 +7,9 @@ import time
 import httpx
 import pytest
 
-from benchmarking.emulator import parse_config
-from benchmarking.emulator.background import BackgroundEmulator
 from capacity.actuation.webhook import WebhookActuator, request_body, sign, signed_headers
+from dataplane.emulator import parse_config
+from dataplane.emulator.background import BackgroundEmulator
 from tests.capacity.actuation.conftest import apply, scale_request
 from tests.support.webhook_receiver import HANG, WebhookReceiver
 

@@ -7,11 +7,11 @@ import httpx
 import pytest
 from django.utils import timezone
 
-from benchmarking.emulator.background import BackgroundEmulator
-from benchmarking.emulator.config import parse_config
 from capacity.allocation.tick import allocation_tick
-from capacity.metering.rollups import usage_rollup
 from capacity.models import AllocationDecision, Deployment
+from capacity.metering.rollups import usage_rollup
+from dataplane.emulator.background import BackgroundEmulator
+from dataplane.emulator.config import parse_config
 from tests.support.factories import DeploymentFactory
 
 pytestmark = pytest.mark.django_db

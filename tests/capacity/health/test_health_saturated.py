@@ -9,7 +9,9 @@ import pytest
 
 from capacity.health.probes import probe_endpoint, probe_round
 from capacity.models import Incident, ProbeResult, Replica
-from tests.capacity.actuation.test_process_actuator import (  # noqa: F401 - fixtures
+from tests.support.saturation import Saturator, waiting_requests
+from tests.capacity.health.test_health_probes import process_deployment  # noqa: F401 - fixture
+from tests.dataplane.supervisor.support import (  # noqa: F401 - fixtures
     emulator_command,
     engines,
     http_supervisor,
