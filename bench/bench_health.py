@@ -30,7 +30,7 @@ from django.utils import timezone
 
 from bench.figures import Figure
 from capacity.actuation.config import validate_actuator_config
-from capacity.health import probe_endpoint, probe_round
+from capacity.health.probes import probe_endpoint, probe_round
 from capacity.models import (
     ActuatorKind,
     Deployment,

@@ -222,7 +222,7 @@ class WebhookConfig(_StrictSerializer):
 
 
 class ProcessConfig(_StrictSerializer):
-    """Engine processes on one host, run by `manage.py run_process_supervisor` on that host.
+    """Engine processes on one host, run by `python -m dataplane.supervisor` on that host.
 
     `engine` names one of the supervisor's own engines (`--engine NAME='argv…'`); replica i
     runs that command with "{port}" = `base_port + i`. The control plane reaches the supervisor
@@ -233,8 +233,8 @@ class ProcessConfig(_StrictSerializer):
     moved_to_operator = {
         "command": (
             "is the process supervisor's own setting now: start it with "
-            "`run_process_supervisor --engine NAME='argv with {port}'` and name the engine in "
-            "`engine`."
+            "`python -m dataplane.supervisor --engine NAME='argv with {port}'` and name the "
+            "engine in `engine`."
         )
     }
 
@@ -243,7 +243,9 @@ class ProcessConfig(_StrictSerializer):
         error_messages={
             "invalid": "must be an engine name of the process supervisor (a-z, 0-9, '.', '_', '-')."
         },
-        help_text="An engine of the supervisor's allow-list (run_process_supervisor --engine).",
+        help_text=(
+            "An engine of the supervisor's allow-list (python -m dataplane.supervisor --engine)."
+        ),
     )
     host = serializers.CharField(
         default="127.0.0.1",
@@ -259,7 +261,7 @@ class ProcessConfig(_StrictSerializer):
         default="http://127.0.0.1:8190",
         max_length=2000,
         help_text=(
-            "Base URL of `manage.py run_process_supervisor` on the engines' host; must be allowed "
+            "Base URL of `python -m dataplane.supervisor` on the engines' host; must be allowed "
             "by OUTBOUND_ALLOWED_HOSTS."
         ),
     )

@@ -1,7 +1,8 @@
 """The `process` actuator: engine processes on a GPU host without Kubernetes.
 
-The processes outlive any allocation tick, so they belong to `manage.py
-run_process_supervisor` on that host; this actuator only tells the supervisor the target.
+The processes outlive any allocation tick, so they belong to the host agent
+(`python -m dataplane.supervisor`) on that host; this actuator only tells the supervisor the
+target.
 It sends the deployment's parameters (engine name, host, ports, drain time) with every call,
 so the supervisor keeps no database and a supervisor restarted empty is brought back to the
 target by the next tick. It never sends a command: the supervisor runs only the engines of its

@@ -20,7 +20,8 @@ from collections import defaultdict, deque
 
 import numpy as np
 
-from capacity.allocation import (
+from capacity.allocation.bursts import Bursts, bursts
+from capacity.allocation.policy import (
     BURST_WINDOW_SECONDS,
     PEAK_WINDOW_SECONDS,
     RECENT_WINDOW_SECONDS,
@@ -32,7 +33,6 @@ from capacity.allocation import (
     Snapshot,
     decide,
 )
-from capacity.allocation.bursts import Bursts, bursts
 from simulation.engine.autoscaling import Observation
 from simulation.engine.policy_context import PolicyContext
 

@@ -15,7 +15,7 @@ from django.core.management.base import CommandError
 from benchmarking import services as benchmark_services
 from benchmarking.models import BenchmarkRun
 from capacity.allocation.tick import allocation_tick
-from capacity.health import probe_endpoint
+from capacity.health.probes import probe_endpoint
 from capacity.models import AllocationDecision, Deployment
 from tests.capacity.allocation.test_allocation_tick import use
 from tests.support.recording_server import RecordingServer
@@ -186,7 +186,7 @@ def test_it_refuses_a_command_through_the_api(planner_client, fleet):
 
     assert response.status_code == 400
     [reason] = error_of(response)["fields"]["actuator_config.command"]
-    assert "run_process_supervisor --engine" in reason
+    assert "python -m dataplane.supervisor --engine" in reason
 
 
 # -- Load, probes and webhooks aimed anywhere -----------------------------------------------------

@@ -6,8 +6,8 @@ The supervisor runs only its own engines (named argv templates); the actuator na
 import httpx
 import pytest
 
-from capacity.actuation.config import validate_actuator_config
 from capacity.actuation.base import PermanentActuatorError, ScaleRequest, TransientActuatorError
+from capacity.actuation.config import validate_actuator_config
 from capacity.actuation.process import ProcessActuator
 from controlplane.errors import DomainError
 from tests.dataplane.supervisor.support import (  # noqa: F401 - fixtures

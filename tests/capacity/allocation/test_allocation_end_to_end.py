@@ -8,8 +8,8 @@ import pytest
 from django.utils import timezone
 
 from capacity.allocation.tick import allocation_tick
-from capacity.models import AllocationDecision, Deployment
 from capacity.metering.rollups import usage_rollup
+from capacity.models import AllocationDecision, Deployment
 from dataplane.emulator.background import BackgroundEmulator
 from dataplane.emulator.config import parse_config
 from tests.support.factories import DeploymentFactory

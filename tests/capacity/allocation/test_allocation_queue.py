@@ -9,9 +9,9 @@ import pytest
 
 from capacity.allocation.tick import allocation_tick
 from capacity.models import AllocationDecision, Deployment
-from tests.support.processes import emulator_process
 from tests.capacity.allocation.test_allocation_tick import use
 from tests.dataplane.emulator.support import start_streams
+from tests.support.processes import emulator_process
 from tests.support.prometheus_server import prometheus_server, wait_for_samples
 
 pytestmark = pytest.mark.django_db

@@ -177,8 +177,8 @@ def k8s_api(monkeypatch, settings):
 def test_a_hung_pod_is_deleted_and_its_replacement_closes_the_incident(
     sellable, served_model, k8s_api, tmp_path, fast_probes
 ):
-    from tests.support.processes import emulator_process
     from tests.dataplane.supervisor.support import TINY_MODEL
+    from tests.support.processes import emulator_process
 
     served_model.engine_model_id = "tiny"
     served_model.save()

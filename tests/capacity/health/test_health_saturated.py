@@ -9,7 +9,6 @@ import pytest
 
 from capacity.health.probes import probe_endpoint, probe_round
 from capacity.models import Incident, ProbeResult, Replica
-from tests.support.saturation import Saturator, waiting_requests
 from tests.capacity.health.test_health_probes import process_deployment  # noqa: F401 - fixture
 from tests.dataplane.supervisor.support import (  # noqa: F401 - fixtures
     emulator_command,
@@ -17,7 +16,6 @@ from tests.dataplane.supervisor.support import (  # noqa: F401 - fixtures
     http_supervisor,
     supervisor,
 )
-from tests.capacity.health.test_health_probes import process_deployment  # noqa: F401 - fixture
 from tests.support.saturation import Saturator, waiting_requests
 
 # Measures real latency under load: runs alone, not beside another test worker.

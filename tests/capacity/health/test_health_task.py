@@ -8,8 +8,8 @@ from django_celery_beat.models import PeriodicTask
 from capacity.models import ActuatorKind, DeploymentFingerprint, Replica
 from capacity.schedules import sync_capacity_schedules
 from capacity.tasks import health_probes
-from tests.support.processes import celery_worker_process, emulator_process
 from tests.dataplane.supervisor.support import TINY_MODEL
+from tests.support.processes import celery_worker_process, emulator_process
 
 
 def test_beat_schedules_the_probes_on_the_health_queue(db, settings):
