@@ -44,11 +44,11 @@ from django.db.models import F
 from django.utils import timezone
 
 from capacity.models import ServedModel
+from capacity.pricing.features import REPLICA_MU_PER_MINUTE
 from controlplane.errors import DomainError
 from simulation.engine.compare import (
     MODELUNIT,
     REFERENCE,
-    REPLICA_MU_PER_MINUTE,
     compare,
     known_policies,
     policy_registry,

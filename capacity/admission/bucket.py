@@ -22,6 +22,9 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 
 MS_PER_MINUTE = 60_000.0
+# The live default of ADMISSION_BURST_SECONDS (controlplane/settings.py; a test keeps the two
+# equal): what the simulator uses unless it is given the live setting.
+DEFAULT_BURST_SECONDS = 10.0
 
 
 @dataclass(frozen=True)

@@ -2,13 +2,16 @@
 
 The same shape as the live admission (DESIGN.md §2): a request is charged its MU against the
 customer's guaranteed bucket, else against the best-effort bucket, else refused. Buckets refill
-continuously at their MU/min rate and hold at most `burst_seconds` worth of it.
+continuously at their MU/min rate and hold `burst_seconds` worth of it, under the one bucket
+rule of the live admission (capacity.admission.bucket), which the simulator imports.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Protocol
+
+from capacity.admission.bucket import DEFAULT_BURST_SECONDS, LocalBuckets
 
 from .traces import TraceRequest
 
@@ -21,24 +24,26 @@ class Admission(Protocol):
 
 @dataclass
 class TokenBucketAdmission:
+    """The live admission's buckets under the live rule (capacity.admission.bucket: GCRA, an
+    oversized request admitted into debt when its bucket is full), with the live burst."""
+
     guaranteed_mu_per_minute: dict[str, float] = field(default_factory=dict)
     best_effort_mu_per_minute: float = 0.0
-    burst_seconds: float = 60.0
-    # bucket key -> (level in MU, time of that level in s); None is the best-effort bucket.
-    _buckets: dict[str | None, tuple[float, float]] = field(default_factory=dict, repr=False)
+    burst_seconds: float = DEFAULT_BURST_SECONDS
+    _buckets: LocalBuckets = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._buckets = LocalBuckets(burst_seconds=self.burst_seconds)
 
     def admit(self, request: TraceRequest, mu: float, now_s: float) -> bool:
+        now_ms = now_s * 1000.0
         rate = self.guaranteed_mu_per_minute.get(request.client, 0.0)
-        if rate > 0 and self._take(request.client, rate, mu, now_s):
+        if rate > 0 and self._buckets.take(
+            ("guaranteed", request.client), cost_mu=mu, mu_per_minute=rate, now_ms=now_ms
+        ):
             return True
-        return self.best_effort_mu_per_minute > 0 and self._take(
-            None, self.best_effort_mu_per_minute, mu, now_s
-        )
-
-    def _take(self, key: str | None, mu_per_minute: float, mu: float, now_s: float) -> bool:
-        capacity_mu = mu_per_minute * self.burst_seconds / 60.0
-        level_mu, since_s = self._buckets.get(key, (capacity_mu, now_s))
-        level_mu = min(capacity_mu, level_mu + (now_s - since_s) * mu_per_minute / 60.0)
-        taken = level_mu >= mu
-        self._buckets[key] = (level_mu - mu if taken else level_mu, now_s)
-        return taken
+        # One best-effort bucket for the fleet's spare capacity.
+        return self.best_effort_mu_per_minute > 0 and self._buckets.take(
+            ("best_effort",), cost_mu=mu, mu_per_minute=self.best_effort_mu_per_minute,
+            now_ms=now_ms,
+        )  # fmt: skip

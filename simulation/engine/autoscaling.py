@@ -21,7 +21,7 @@ class Observation:
     completed_requests: int
     refused_requests: int
     timed_out_requests: int
-    # MU of the requests completed in the window, per client (empty without `mu_of`).
+    # MU of the requests completed in the window, per client (empty without `request_mu`).
     mu_used_by_client: dict[str, float]
     current_replicas: int
     ready_replicas: int

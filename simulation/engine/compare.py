@@ -8,10 +8,10 @@ the reference for `savings_vs_static`) and returns
                          ttft_p95_ms, ttft_p99_ms, tpot_p95_ms, guaranteed_refused,
                          scale_events}}}
 
-A request's cost in MU is its ground-truth replica-seconds at a full batch × 100 / 60, so one
-saturated replica mints 100 MU/min. `guaranteed_refused` counts the requests of customers with
-a reservation that were not served (refused or timed out); no admission policy is applied, so
-it is 0 without reservations.
+A request's cost in MU is `mu_of` its ground-truth replica-seconds at a full batch (× R / 60),
+so one saturated replica mints R = 100 MU/min. `guaranteed_refused` counts the requests of
+customers with a reservation that were not served (refused or timed out); no admission policy is
+applied, so it is 0 without reservations.
 
 Warm-up (default on): the trace is played backwards, then forwards, and only the forward pass
 is scored (requests, GPU-hours, scale events), so that every policy meets the trace with the
@@ -44,6 +44,8 @@ from dataclasses import replace
 
 import numpy as np
 
+from capacity.pricing.features import REPLICA_MU_PER_MINUTE, mu_of
+
 from .autoscaling import Autoscaler
 from .baselines import HPARpsAutoscaler, KPAAutoscaler, StaticPeakAutoscaler, replicas_for
 from .fleet import SERVED, SimulationSettings, simulate
@@ -52,7 +54,6 @@ from .policy_context import PolicyContext
 from .profile import ModelConfig, ground_truth_replica_seconds
 from .traces import TraceRequest, summarise
 
-REPLICA_MU_PER_MINUTE = 100.0
 REFERENCE = "static-peak"
 MODELUNIT = "modelunit"
 MODELUNIT_PATH = "simulation.engine.modelunit:ModelUnitAutoscaler"
@@ -120,20 +121,18 @@ def known_policies() -> tuple[str, ...]:
     return (*_BUILT_IN, MODELUNIT)
 
 
-def request_mu(model: ModelConfig) -> Callable[[TraceRequest], float]:
-    def mu_of(request: TraceRequest) -> float:
-        return (
+def request_mu_of_model(model: ModelConfig) -> Callable[[TraceRequest], float]:
+    def cost_mu(request: TraceRequest) -> float:
+        return mu_of(
             ground_truth_replica_seconds(
                 model,
                 request.input_tokens,
                 max(1, request.output_tokens),
                 batch_size=model.max_num_seqs,
             )
-            * REPLICA_MU_PER_MINUTE
-            / 60.0
         )
 
-    return mu_of
+    return cost_mu
 
 
 def build_context(
@@ -153,14 +152,14 @@ def build_context(
 
     `max_replicas`, if given, caps the fleet below what the trace and reservations would allow.
     """
-    mu_of = request_mu(model)
+    request_mu = request_mu_of_model(model)
     summary = summarise(requests)
-    mean_mu = float(np.mean([mu_of(r) for r in requests])) if requests else 0.0
+    mean_mu = float(np.mean([request_mu(r) for r in requests])) if requests else 0.0
     peak_mu_per_minute = summary.peak_rate_req_per_s_1min * 60.0 * mean_mu
     reservations = dict(reservations or {})
     base = PolicyContext(
         replica_mu_per_minute=REPLICA_MU_PER_MINUTE,
-        mu_of=mu_of,
+        request_mu=request_mu,
         max_replicas=1,
         max_num_seqs=model.max_num_seqs,
         cold_start_seconds=cold_start_seconds,
@@ -246,7 +245,7 @@ def compare(
         "cold_start_seconds": cold_start,
         "tick_seconds": tick_seconds,
         "ttft_slo_seconds": slo_ttft_ms / 1000.0,
-        "mu_of": request_mu(model),
+        "request_mu": request_mu_of_model(model),
     }
     results: dict[str, dict] = {}
     for name in order:

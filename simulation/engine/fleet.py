@@ -55,7 +55,7 @@ class SimulationSettings:
     # Simulate at least until here (default: the last arrival); the run then goes on, tick by
     # tick, until every request is resolved, and ends on a tick.
     horizon_s: float | None = None
-    mu_of: Callable[[TraceRequest], float] | None = None
+    request_mu: Callable[[TraceRequest], float] | None = None
     admission: Admission | None = None
 
 
@@ -226,8 +226,8 @@ class _Fleet:
             raise ValueError("a decode step must take time (base + per-sequence > 0)")
         if settings.tick_seconds <= 0:
             raise ValueError("tick_seconds must be > 0")
-        if settings.admission is not None and settings.mu_of is None:
-            raise ValueError("admission charges MU: give mu_of too")
+        if settings.admission is not None and settings.request_mu is None:
+            raise ValueError("admission charges MU: give request_mu too")
         self.requests = requests
         self.settings = settings
         self.model = model
@@ -325,7 +325,7 @@ class _Fleet:
         too_long = self.inputs[index] + self.outputs[index] > self.model.kv_cache_tokens
         refused = too_long
         if not refused and settings.admission is not None:
-            refused = not settings.admission.admit(request, settings.mu_of(request), t_s)
+            refused = not settings.admission.admit(request, settings.request_mu(request), t_s)
         if refused:
             self.outcome[index] = REFUSED
             self.unresolved -= 1
@@ -438,9 +438,9 @@ class _Fleet:
         self.outcome[index] = SERVED
         self.unresolved -= 1
         self.window[1] += 1
-        if self.settings.mu_of is not None:
+        if self.settings.request_mu is not None:
             request = self.requests[index]
-            mu = self.settings.mu_of(request)
+            mu = self.settings.request_mu(request)
             self.mu_by_client[request.client] = self.mu_by_client.get(request.client, 0.0) + mu
             self.completed_mu.append((request.client, self.arrival[index], mu))
 

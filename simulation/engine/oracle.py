@@ -3,7 +3,7 @@
 It knows all future demand (`PolicyContext.future_requests`, which only it may read) and
 precomputes, before the run, how many replicas it wants each second:
 
-1. Demand. Each request's MU (`context.mu_of`) is put in the 1 s bin of its arrival; the MU/min
+1. Demand. Each request's MU (`context.request_mu`) is put in the 1 s bin of its arrival; the MU/min
    demand at second t is the sum over the centred 60 s window [t - 30 s, t + 30 s). A centred
    window follows a ramp without lag in either direction, and 60 s matches the trace summary's
    peak (the busiest minute) and static-peak's sizing; a single request keeps one replica for
@@ -48,7 +48,7 @@ def required_replicas(context: PolicyContext) -> np.ndarray:
     mu = {client: np.zeros(bins) for client in (None, *reservations)}
     for request in requests:
         series = mu[request.client if request.client in reservations else None]
-        series[max(0, int(request.arrival_s))] += context.mu_of(request)
+        series[max(0, int(request.arrival_s))] += context.request_mu(request)
     half = DEMAND_WINDOW_S // 2
     index = np.arange(bins)
     lo = np.clip(index - half, 0, bins)

@@ -14,7 +14,7 @@ from simulation.engine.traces import TraceRequest
 @dataclass(frozen=True)
 class PolicyContext:
     replica_mu_per_minute: float  # MU/min one replica serves when saturated (R = 100)
-    mu_of: Callable[[TraceRequest], float]  # a request's cost in MU
+    request_mu: Callable[[TraceRequest], float]  # a request's cost in MU
     max_replicas: int
     max_num_seqs: int  # a replica's batch limit (Knative's concurrency target derives from it)
     cold_start_seconds: float

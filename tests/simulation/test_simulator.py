@@ -60,7 +60,7 @@ def test_every_request_ends_served_refused_or_timed_out():
         model=MODEL,
         initial_replicas=2,
         queue_timeout_seconds=5.0,
-        mu_of=lambda r: (r.input_tokens + r.output_tokens) / 1000,
+        request_mu=lambda r: (r.input_tokens + r.output_tokens) / 1000,
         # "a" holds a reservation; "b" lives off a best-effort bucket too small for it.
         admission=TokenBucketAdmission(
             guaranteed_mu_per_minute={"a": 1000.0}, best_effort_mu_per_minute=100.0
@@ -224,7 +224,7 @@ def test_the_autoscaler_sees_the_last_window_and_never_the_future():
 
     trace = [TraceRequest(t, 100, 10) for t in (1.0, 2.0, 16.0)]
     settings = SimulationSettings(
-        model=MODEL, initial_replicas=1, mu_of=lambda r: 2.0, horizon_s=30.0
+        model=MODEL, initial_replicas=1, request_mu=lambda r: 2.0, horizon_s=30.0
     )
     simulate(trace, settings, Recorder())
 

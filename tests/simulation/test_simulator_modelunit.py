@@ -20,7 +20,7 @@ MODEL = ModelConfig(
 )
 
 
-def mu_of(request: TraceRequest) -> float:
+def request_mu(request: TraceRequest) -> float:
     seconds = ground_truth_replica_seconds(
         MODEL, request.input_tokens, request.output_tokens, batch_size=MODEL.max_num_seqs
     )
@@ -34,10 +34,10 @@ def steady(rate_req_per_s: float, start_s: float, end_s: float) -> list[TraceReq
 
 
 def context(requests, **overrides) -> PolicyContext:
-    mean_mu = sum(mu_of(r) for r in requests) / len(requests)
+    mean_mu = sum(request_mu(r) for r in requests) / len(requests)
     values = dict(
         replica_mu_per_minute=100.0,
-        mu_of=mu_of,
+        request_mu=request_mu,
         max_replicas=20,
         max_num_seqs=MODEL.max_num_seqs,
         cold_start_seconds=30,
@@ -60,7 +60,7 @@ def test_the_live_policy_scales_up_with_demand_and_down_after_the_window():
     # Starting near the busy fleet: a cold ramp from one replica is physics, not policy.
     result = simulate(
         requests,
-        SimulationSettings(model=MODEL, initial_replicas=4, mu_of=mu_of),
+        SimulationSettings(model=MODEL, initial_replicas=4, request_mu=request_mu),
         ModelUnitAutoscaler(ctx),
     )
     needed = busy_mu_per_minute / (100 * ctx.target_utilisation)
@@ -77,7 +77,7 @@ def test_a_reservation_keeps_capacity_hot_before_any_traffic():
     ctx = context(requests, reservations_mu_per_minute={"default": 250.0}, keep_warm=True)
     result = simulate(
         requests,
-        SimulationSettings(model=MODEL, initial_replicas=0, mu_of=mu_of),
+        SimulationSettings(model=MODEL, initial_replicas=0, request_mu=request_mu),
         ModelUnitAutoscaler(ctx),
     )
     assert replicas_at(result, 300) == pytest.approx(4)  # 250 MU/min at 80 % of 100

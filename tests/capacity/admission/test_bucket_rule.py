@@ -17,6 +17,8 @@ from hypothesis import strategies as st
 
 from capacity.admission import bucket
 from capacity.admission.redis_buckets import GCRA_LUA
+from simulation.engine import TokenBucketAdmission
+from simulation.engine.traces import TraceRequest
 
 # Decisions whose margin is below this are ties that float rounding may break either way: the
 # Lua script stores a TAT as text with 14 significant digits.
@@ -67,9 +69,14 @@ def _margin_ms(tat_ms, now_ms, cost_mu, rate, burst_seconds):
     burst_seconds=st.sampled_from([1, 5, 10, 60]),
     sequence=steps,
 )
-def test_the_pure_rule_and_the_lua_script_decide_alike(lua_take, rate, burst_seconds, sequence):
+def test_the_pure_rule_the_lua_script_and_the_simulator_decide_alike(
+    lua_take, rate, burst_seconds, sequence
+):
     key = f"test:gcra:{next(_keys)}"
-    now_ms, tat_ms = 1_000.0, None
+    simulator = TokenBucketAdmission(
+        guaranteed_mu_per_minute={"a": rate}, burst_seconds=burst_seconds
+    )
+    now_ms, tat_ms, simulator_tat_ms = 1_000.0, None, None
     for gap_ms, cost_mu in sequence:
         now_ms += gap_ms
         pure = bucket.take(
@@ -79,8 +86,21 @@ def test_the_pure_rule_and_the_lua_script_decide_alike(lua_take, rate, burst_sec
         admitted, _, stored = lua_take(
             key, rate=rate, now_ms=now_ms, cost_mu=cost_mu, burst_seconds=burst_seconds
         )
+        request = TraceRequest(arrival_s=now_ms / 1000, input_tokens=1, output_tokens=1, client="a")
+        simulated = simulator.admit(request, cost_mu, now_ms / 1000)
         if _margin_ms(tat_ms, now_ms, cost_mu, rate, burst_seconds) > TIE_MS:
             assert bool(admitted) == pure.admitted, (now_ms, cost_mu, tat_ms)
+        if _margin_ms(simulator_tat_ms, now_ms, cost_mu, rate, burst_seconds) > TIE_MS:
+            on_simulator_state = bucket.take(
+                tat_ms=simulator_tat_ms, now_ms=now_ms, cost_mu=cost_mu, mu_per_minute=rate,
+                burst_seconds=burst_seconds,
+            )  # fmt: skip
+            assert simulated == on_simulator_state.admitted, (now_ms, cost_mu, simulator_tat_ms)
+        if simulated:
+            simulator_tat_ms = bucket.take(
+                tat_ms=simulator_tat_ms, now_ms=now_ms, cost_mu=cost_mu, mu_per_minute=rate,
+                burst_seconds=burst_seconds,
+            ).tat_ms  # fmt: skip
         # Both go on from the state Redis holds (rounding aside, the pure rule's own).
         tat_ms = float(stored) if stored else None
         if pure.admitted and admitted:
@@ -108,3 +128,12 @@ def test_over_any_interval_a_bucket_admits_at_most_its_rate_and_burst_plus_one_r
     )
     # 120 MU/min over 60 s is 120 MU, plus a 20 MU burst, plus one request.
     assert 120 <= admitted_mu <= 120 + 20 + 3
+
+
+def test_the_simulator_bursts_as_the_live_default_unless_told(settings):
+    import os
+
+    # The live default (settings, when the environment sets none) is the simulator's default.
+    if "ADMISSION_BURST_SECONDS" not in os.environ:
+        assert settings.ADMISSION_BURST_SECONDS == bucket.DEFAULT_BURST_SECONDS
+    assert TokenBucketAdmission().burst_seconds == bucket.DEFAULT_BURST_SECONDS
