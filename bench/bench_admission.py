@@ -33,6 +33,7 @@ from capacity.admission import gate as admission
 from capacity.allocation.policy import Allowance
 from capacity.models import GpuType, ServedModel
 from capacity.pricing.cost_models import cost_model_record
+from capacity.pricing.features import mu_coefficients
 
 DECISIONS = 20_000
 TRIVIAL_SCRIPT = "return 1"
@@ -66,7 +67,7 @@ def _fixture():
         gpus_per_replica=1,
         features=list(WEIGHTS),
         weights_replica_seconds=WEIGHTS,
-        mu_per_unit={name: w * 100 / 60 for name, w in WEIGHTS.items()},
+        mu_per_unit=mu_coefficients(WEIGHTS),
         sample_count=10,
         distinct_shapes=10,
         cv_mape=0.01,

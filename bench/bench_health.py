@@ -9,7 +9,7 @@ beat starts them.
 - hang_liveness_detections: /health checks (5 s timeout, as the probes) of the hung replica
   that failed while it hung: a liveness check never sees a hang. Baseline: the probes' one.
 - saturated_false_unhealthy: replicas marked unhealthy over BENCH_HEALTH_SATURATED_SECONDS
-  (600) with every replica saturated and no faults, probing every round (quiet window 0, so
+  (120) with every replica saturated and no faults, probing every round (quiet window 0, so
   real traffic never stands in for a probe). Baseline, same run: the same probe sent at the
   traffic's own priority, counted as K timeouts in a row (the seeds' false kills).
 - saturated_probe_p99_ms: the probes' p99 latency under that load, beside the p50 of the
@@ -46,7 +46,7 @@ from dataplane.supervisor.supervisor import ProcessSupervisor
 from tests.support.saturation import Saturator, waiting_requests
 
 ROOT = Path(__file__).resolve().parent.parent
-SATURATED_SECONDS = float(os.environ.get("BENCH_HEALTH_SATURATED_SECONDS", "600"))
+SATURATED_SECONDS = float(os.environ.get("BENCH_HEALTH_SATURATED_SECONDS", "120"))
 # A small fast engine: 8 sequences per batch, ~2 ms steps; 600-token requests last ~1.3 s.
 MODEL = {
     "name": "tiny",
