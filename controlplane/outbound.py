@@ -370,66 +370,52 @@ def _ssl_context(verify, cert) -> ssl.SSLContext:
     return httpx.create_ssl_context(verify=verify, cert=cert)
 
 
-def _guarded_pool(pool_class, backend, ssl_context, limits, *, http1, http2, retries):
-    """The same pool httpx builds, plus the network backend that checks each connection."""
-    return pool_class(
-        ssl_context=ssl_context,
-        max_connections=limits.max_connections,
-        max_keepalive_connections=limits.max_keepalive_connections,
-        keepalive_expiry=limits.keepalive_expiry,
-        http1=http1,
-        http2=http2,
-        retries=retries,
-        network_backend=backend,
-    )
+class _GuardedPool:
+    """httpx's transport over the same connection pool httpx builds, plus the network backend
+    that vets every TCP connection (the sync and async transports differ only in the classes)."""
+
+    _pool_class: type
+    _backend_class: type
+
+    def __init__(
+        self,
+        host_policy: HostPolicy,
+        *,
+        verify: ssl.SSLContext | str | bool = True,
+        cert=None,
+        http1: bool = True,
+        http2: bool = False,
+        limits: httpx.Limits = _DEFAULT_LIMITS,
+        retries: int = 0,
+    ) -> None:
+        ssl_context = _ssl_context(verify, cert)
+        super().__init__(  # the httpx transport after this class in the MRO
+            verify=ssl_context, trust_env=False, http1=http1, http2=http2, limits=limits
+        )
+        self._pool = self._pool_class(
+            ssl_context=ssl_context,
+            max_connections=limits.max_connections,
+            max_keepalive_connections=limits.max_keepalive_connections,
+            keepalive_expiry=limits.keepalive_expiry,
+            http1=http1,
+            http2=http2,
+            retries=retries,
+            network_backend=self._backend_class(host_policy),
+        )
 
 
-class GuardedTransport(httpx.HTTPTransport):
+class GuardedTransport(_GuardedPool, httpx.HTTPTransport):
     """httpx's transport over a connection pool whose every TCP connection is vetted."""
 
-    def __init__(
-        self,
-        host_policy: HostPolicy,
-        *,
-        verify: ssl.SSLContext | str | bool = True,
-        cert=None,
-        http1: bool = True,
-        http2: bool = False,
-        limits: httpx.Limits = _DEFAULT_LIMITS,
-        retries: int = 0,
-    ) -> None:
-        ssl_context = _ssl_context(verify, cert)
-        super().__init__(
-            verify=ssl_context, trust_env=False, http1=http1, http2=http2, limits=limits
-        )
-        self._pool = _guarded_pool(
-            httpcore.ConnectionPool, _GuardedSyncBackend(host_policy), ssl_context, limits,
-            http1=http1, http2=http2, retries=retries,
-        )  # fmt: skip
+    _pool_class = httpcore.ConnectionPool
+    _backend_class = _GuardedSyncBackend
 
 
-class AsyncGuardedTransport(httpx.AsyncHTTPTransport):
+class AsyncGuardedTransport(_GuardedPool, httpx.AsyncHTTPTransport):
     """The async twin of GuardedTransport."""
 
-    def __init__(
-        self,
-        host_policy: HostPolicy,
-        *,
-        verify: ssl.SSLContext | str | bool = True,
-        cert=None,
-        http1: bool = True,
-        http2: bool = False,
-        limits: httpx.Limits = _DEFAULT_LIMITS,
-        retries: int = 0,
-    ) -> None:
-        ssl_context = _ssl_context(verify, cert)
-        super().__init__(
-            verify=ssl_context, trust_env=False, http1=http1, http2=http2, limits=limits
-        )
-        self._pool = _guarded_pool(
-            httpcore.AsyncConnectionPool, _GuardedAsyncBackend(host_policy), ssl_context, limits,
-            http1=http1, http2=http2, retries=retries,
-        )  # fmt: skip
+    _pool_class = httpcore.AsyncConnectionPool
+    _backend_class = _GuardedAsyncBackend
 
 
 class GuardedClient(httpx.Client):

@@ -184,22 +184,23 @@ def gpu_pool_update(*, pool: GpuPool, **changes) -> GpuPool:
     return pool
 
 
+def _create_named(model, label: str, values: dict):
+    """A catalog row whose name is its key: a clear 409 for a taken name, then audited."""
+    if model.objects.filter(name=values["name"]).exists():
+        raise ConflictError(f"A {label} named '{values['name']}' already exists.", field="name")
+    instance = model.objects.create(**values)
+    _audit_created(_AUDIT_NAMES[model], instance)
+    return instance
+
+
 @transaction.atomic
 def gpu_type_create(**values) -> GpuType:
-    if GpuType.objects.filter(name=values["name"]).exists():
-        raise ConflictError(f"A GPU type named '{values['name']}' already exists.", field="name")
-    gpu_type = GpuType.objects.create(**values)
-    _audit_created("gpu_type", gpu_type)
-    return gpu_type
+    return _create_named(GpuType, "GPU type", values)
 
 
 @transaction.atomic
 def served_model_create(**values) -> ServedModel:
-    if ServedModel.objects.filter(name=values["name"]).exists():
-        raise ConflictError(f"A model named '{values['name']}' already exists.", field="name")
-    served_model = ServedModel.objects.create(**values)
-    _audit_created("served_model", served_model)
-    return served_model
+    return _create_named(ServedModel, "model", values)
 
 
 @transaction.atomic

@@ -1,10 +1,14 @@
-"""The control plane served by gunicorn in a subprocess, on the test database, for tests
-that need real concurrent clients over HTTP."""
+"""Servers for tests: the control plane served by gunicorn in a subprocess, on the test
+database, for tests that need real concurrent clients over HTTP; a throwaway HTTP server for a
+handler class (`serving`)."""
 
 import os
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from tests.support.processes import free_port, test_database_url
@@ -40,3 +44,16 @@ def gunicorn_server(
         yield url
     finally:
         stop(process)
+
+
+@contextmanager
+def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """A throwaway HTTP server on a free port answering with `handler`; yields its base URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
