@@ -43,24 +43,14 @@ from capacity.models import (
 )
 from dataplane.supervisor.server import make_server
 from dataplane.supervisor.supervisor import ProcessSupervisor
+from tests.dataplane.supervisor.support import TINY_MODEL
 from tests.support.saturation import Saturator, waiting_requests
 
 ROOT = Path(__file__).resolve().parent.parent
 SATURATED_SECONDS = float(os.environ.get("BENCH_HEALTH_SATURATED_SECONDS", "120"))
 # A small fast engine: 8 sequences per batch, ~2 ms steps; 600-token requests last ~1.3 s.
-MODEL = {
-    "name": "tiny",
-    "replicas": 1,
-    "max_num_seqs": 8,
-    "kv_cache_tokens": 16384,
-    "context_length": 4096,
-    "prefill_seconds_per_token": 1e-5,
-    "decode_step_base_seconds": 0.002,
-    "decode_seconds_per_sequence": 1e-5,
-    "decode_seconds_per_context_token": 1e-8,
-    "mean_output_tokens": 8,
-    "vocab_size": 1000,
-}
+# The tests' small fast engine, with room in its KV cache for the saturating load.
+MODEL = {**TINY_MODEL, "kv_cache_tokens": 16384}
 
 
 class Fleet:

@@ -24,6 +24,14 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def emulator_command(config_path, port: int, *args: str) -> list[str]:
+    """The argv that starts the engine emulator (`python -m dataplane.emulator`)."""
+    return [
+        sys.executable, "-m", "dataplane.emulator", "--port", str(port),
+        "--config", str(config_path), *args,
+    ]  # fmt: skip
+
+
 @contextmanager
 def emulator_process(config: dict, tmp_path: Path, args: tuple[str, ...] = ()):
     """An emulator subprocess serving `config`; yields its base URL. `args`: extra flags."""
@@ -39,16 +47,7 @@ def emulator_subprocess(config: dict, tmp_path: Path, args: tuple[str, ...] = ()
     config_path.write_text(json.dumps(config))
     log = open(tmp_path / f"emulator-{port}.log", "w")  # noqa: SIM115 - closed below
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "dataplane.emulator",
-            "--port",
-            str(port),
-            "--config",
-            str(config_path),
-            *args,
-        ],
+        emulator_command(config_path, port, *args),
         cwd=ROOT,
         stdout=log,
         stderr=subprocess.STDOUT,

@@ -6,9 +6,10 @@ nothing) or that a redirect was not followed.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+
+from tests.support.servers import BackgroundHTTPServer
 
 
 @dataclass
@@ -32,21 +33,15 @@ class RecordingServer:
         self.body = body
         self.headers = {"Content-Type": "application/json"} | (headers or {})
         self.requests: list[Request] = []
-        self._httpd = ThreadingHTTPServer((host, 0), _handler_for(self))
-        self._httpd.daemon_threads = True
-        self.url = f"http://{host}:{self._httpd.server_address[1]}"
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
+        self._server = BackgroundHTTPServer(_handler_for(self), host)
+        self.url = self._server.base_url
 
     def __enter__(self) -> RecordingServer:
-        self._thread.start()
+        self._server.start()
         return self
 
     def __exit__(self, *exc_info) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(timeout=5)
+        self._server.stop()
 
 
 def _handler_for(server: RecordingServer) -> type[BaseHTTPRequestHandler]:

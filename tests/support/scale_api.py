@@ -20,8 +20,10 @@ import re
 import threading
 from dataclasses import dataclass
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import unquote
+
+from tests.support.servers import BackgroundHTTPServer
 
 HANG = "hang"
 _SCALE_PATH = re.compile(
@@ -56,22 +58,16 @@ class ScaleApiServer:
         self._always: int | str | None = None
         self._lock = threading.Lock()
         self._released = threading.Event()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
-        self._httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}"
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
+        self._server = BackgroundHTTPServer(_handler_for(self))
+        self.url = self._server.base_url
 
     def start(self) -> ScaleApiServer:
-        self._thread.start()
+        self._server.start()
         return self
 
     def stop(self) -> None:
         self._released.set()  # lets hanging handlers go
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(timeout=5)
+        self._server.stop()
 
     def add(self, path: str, replicas: int) -> None:
         """Add an object at its scale path, e.g. `/apis/apps/v1/namespaces/ns/deployments/x`."""

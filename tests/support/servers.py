@@ -57,3 +57,24 @@ def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+class BackgroundHTTPServer:
+    """An HTTP server on a free port in a daemon thread, for the test doubles of other
+    services (a recording server, a fake scale API, a webhook receiver)."""
+
+    def __init__(self, handler: type[BaseHTTPRequestHandler], host: str = "127.0.0.1"):
+        self._httpd = ThreadingHTTPServer((host, 0), handler)
+        self._httpd.daemon_threads = True
+        self.base_url = f"http://{host}:{self._httpd.server_address[1]}"
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)

@@ -15,7 +15,9 @@ import json
 import threading
 import time
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+
+from tests.support.servers import BackgroundHTTPServer
 
 HANG = "hang"
 MAX_SKEW_SECONDS = 300
@@ -37,22 +39,16 @@ class WebhookReceiver:
         self._script: list[int | str] = []
         self._lock = threading.Lock()
         self._released = threading.Event()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
-        self._httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self._httpd.server_address[1]}/hooks/scale"
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
+        self._server = BackgroundHTTPServer(_handler_for(self))
+        self.url = f"{self._server.base_url}/hooks/scale"
 
     def start(self) -> WebhookReceiver:
-        self._thread.start()
+        self._server.start()
         return self
 
     def stop(self) -> None:
-        self._released.set()
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(timeout=5)
+        self._released.set()  # lets hanging handlers go
+        self._server.stop()
 
     def fail_next(self, *answers: int | str) -> None:
         with self._lock:
