@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
+from typing import TypeVar, TypeVarTuple
 
 from aiohttp import web
 
 from .config import EmulatorConfig
 from .fleet import Fleet
 from .server import FLEET_KEY, create_app
+
+_T = TypeVar("_T")
+_Ts = TypeVarTuple("_Ts")
 
 
 class BackgroundEmulator:
@@ -30,7 +35,7 @@ class BackgroundEmulator:
         self._thread: threading.Thread | None = None
         self._started = threading.Event()
         self._error: BaseException | None = None
-        self._cleanup: asyncio.Task | None = None
+        self._cleanup: asyncio.Task[None] | None = None
 
     @property
     def fleet(self) -> Fleet:
@@ -48,11 +53,11 @@ class BackgroundEmulator:
             raise RuntimeError("the emulator did not start within 10 s")
         return self
 
-    def call(self, fn, *args):
+    def call(self, fn: Callable[[*_Ts], _T], *args: *_Ts) -> _T:
         """Run `fn(*args)` on the emulator's loop and return its result."""
         assert self.loop is not None
 
-        async def _call():
+        async def _call() -> _T:
             return fn(*args)
 
         return asyncio.run_coroutine_threadsafe(_call(), self.loop).result(timeout=10)
@@ -68,7 +73,7 @@ class BackgroundEmulator:
     def __enter__(self) -> BackgroundEmulator:
         return self.start()
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
     def _serve(self) -> None:

@@ -23,7 +23,7 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 NONE = "none"
 HANG = "hang"
@@ -52,6 +52,28 @@ class FaultError(ValueError):
         self.field = field
 
 
+class FaultDict(TypedDict):
+    mode: str
+    factor: float | None
+    at_seconds: float
+    duration_seconds: float | None
+
+
+class ScheduledFault(TypedDict):
+    mode: str
+    factor: float | None
+    starts_in_seconds: float
+    duration_seconds: float | None
+
+
+class FaultStatus(TypedDict):
+    mode: str
+    factor: float | None
+    active_for_seconds: float | None
+    ends_in_seconds: float | None
+    scheduled: list[ScheduledFault]
+
+
 @dataclass(frozen=True)
 class FaultSpec:
     mode: str
@@ -60,7 +82,7 @@ class FaultSpec:
     duration_seconds: float | None = None  # None: until replaced or cleared
     factor: float | None = None  # slow only
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> FaultDict:
         return {
             "mode": self.mode,
             "factor": self.factor,
@@ -275,28 +297,33 @@ class Faults:
 
     # -- observation ----------------------------------------------------------------------
 
-    def status(self) -> dict:
+    def status(self) -> FaultStatus:
         now = asyncio.get_running_loop().time()
-        active: dict[str, Any] = {"mode": self.mode, "factor": self.factor}
-        active["active_for_seconds"] = (
+        active_for_seconds = (
             None if self.started_seconds is None else round(now - self.started_seconds, 3)
         )
-        active["ends_in_seconds"] = (
+        ends_in_seconds = (
             None if self.ends_seconds is None else round(max(0.0, self.ends_seconds - now), 3)
         )
         scheduled = sorted(
             (
-                {
-                    "mode": spec.mode,
-                    "factor": spec.factor,
-                    "starts_in_seconds": round(max(0.0, when - now), 3),
-                    "duration_seconds": spec.duration_seconds,
-                }
+                ScheduledFault(
+                    mode=spec.mode,
+                    factor=spec.factor,
+                    starts_in_seconds=round(max(0.0, when - now), 3),
+                    duration_seconds=spec.duration_seconds,
+                )
                 for spec, when in self._timers.values()
             ),
             key=lambda entry: entry["starts_in_seconds"],
         )
-        return {**active, "scheduled": scheduled}
+        return {
+            "mode": self.mode,
+            "factor": self.factor,
+            "active_for_seconds": active_for_seconds,
+            "ends_in_seconds": ends_in_seconds,
+            "scheduled": scheduled,
+        }
 
 
 def corrupt_token(token_id: int, vocab_size: int) -> int:

@@ -15,6 +15,7 @@ import itertools
 import random
 import struct
 from collections.abc import Callable
+from typing import TypedDict
 
 from .config import MAX_REPLICAS, PRIORITY, EmulatorConfig, ModelConfig
 from .engine import (
@@ -37,6 +38,17 @@ def prompt_digest(prompt_token_ids: list[int]) -> str:
     are validated non-negative and below `vocab_size`). struct, not array: faster from a list."""
     data = struct.pack(f"<{len(prompt_token_ids)}Q", *prompt_token_ids)
     return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+class ModelStatus(TypedDict):
+    model: str
+    target: int
+    ready: int
+    starting: int
+    draining: int
+    cold_start_seconds: float
+    running: int
+    waiting: int
 
 
 class ModelFleet:
@@ -252,7 +264,7 @@ class ModelFleet:
     def waiting_count(self) -> int:
         return self._pending_count + sum(r.waiting_count for r in self.replicas)
 
-    def status(self) -> dict:
+    def status(self) -> ModelStatus:
         counts = self.replica_counts()
         return {
             "model": self.model.name,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any, TypedDict, TypeGuard
 
 from .config import ModelConfig
 from .tokens import text_to_token_ids, token_text
@@ -32,6 +33,23 @@ COMPLETION_DEFAULT_MAX_TOKENS = 16
 GREEDY_TEMPERATURE = 1e-5
 
 
+class ErrorDetail(TypedDict):
+    message: str
+    type: str
+    param: str | None
+    code: int
+
+
+class ErrorBody(TypedDict):
+    error: ErrorDetail
+
+
+class Usage(TypedDict):
+    prompt_tokens: int
+    total_tokens: int
+    completion_tokens: int
+
+
 class RequestError(Exception):
     """An error answered as `{"error": {"message", "type", "param", "code"}}`."""
 
@@ -41,11 +59,11 @@ class RequestError(Exception):
         self.status = status
         self.param = param
 
-    def body(self) -> dict:
+    def body(self) -> ErrorBody:
         return error_body(self.message, status=self.status, param=self.param)
 
 
-def error_body(message: str, *, status: int, param: str | None = None) -> dict:
+def error_body(message: str, *, status: int, param: str | None = None) -> ErrorBody:
     return {
         "error": {
             "message": message,
@@ -76,11 +94,11 @@ class GenerationRequest:
         return self.temperature is not None and self.temperature < GREEDY_TEMPERATURE
 
 
-def _is_int(value) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _optional_int(body: dict, name: str, *, minimum: int | None = None) -> int | None:
+def _optional_int(body: dict[str, Any], name: str, *, minimum: int | None = None) -> int | None:
     value = body.get(name)
     if value is None:
         return None
@@ -91,7 +109,7 @@ def _optional_int(body: dict, name: str, *, minimum: int | None = None) -> int |
     return value
 
 
-def _temperature(body: dict) -> float | None:
+def _temperature(body: dict[str, Any]) -> float | None:
     value = body.get("temperature")
     if value is None:
         return None
@@ -102,7 +120,7 @@ def _temperature(body: dict) -> float | None:
     return float(value)
 
 
-def _bool(body: dict, name: str, default: bool = False) -> bool:
+def _bool(body: dict[str, Any], name: str, default: bool = False) -> bool:
     value = body.get(name)
     if value is None:
         return default
@@ -111,7 +129,9 @@ def _bool(body: dict, name: str, default: bool = False) -> bool:
     return value
 
 
-def _parse_common(body: dict, kind: str, prompts: tuple) -> GenerationRequest:
+def _parse_common(
+    body: dict[str, Any], kind: str, prompts: tuple[str | tuple[int, ...], ...]
+) -> GenerationRequest:
     max_tokens = _optional_int(body, "max_tokens", minimum=1)
     if kind == CHAT and max_tokens is None:
         max_tokens = _optional_int(body, "max_completion_tokens", minimum=1)
@@ -160,7 +180,7 @@ def _parse_common(body: dict, kind: str, prompts: tuple) -> GenerationRequest:
     )
 
 
-def _check_model(body: object) -> dict:
+def _check_model(body: object) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise RequestError("The request body must be a JSON object.")
     model = body.get("model")
@@ -169,13 +189,13 @@ def _check_model(body: object) -> dict:
     return body
 
 
-def _all_ints(values: list) -> bool:
+def _all_ints(values: list[Any]) -> bool:
     # `type() is int` rather than isinstance: excludes bool, and token-id prompts are long
     # enough for the difference in speed to show up in a profile.
     return all(type(v) is int for v in values)
 
 
-def _token_id_list(value: list, param: str) -> tuple[int, ...]:
+def _token_id_list(value: list[Any], param: str) -> tuple[int, ...]:
     if not value or not _all_ints(value) or min(value) < 0:
         raise RequestError(f"'{param}' token ids must be non-negative integers.", param=param)
     return tuple(value)
@@ -184,7 +204,7 @@ def _token_id_list(value: list, param: str) -> tuple[int, ...]:
 def parse_completion_request(body: object) -> GenerationRequest:
     body = _check_model(body)
     prompt = body.get("prompt")
-    prompts: tuple
+    prompts: tuple[str | tuple[int, ...], ...]
     if isinstance(prompt, str):
         prompts = (prompt,)
     elif isinstance(prompt, list) and prompt and _all_ints(prompt):
@@ -289,7 +309,7 @@ def output_text(token_ids: list[int]) -> str:
     return "".join(token_text(t) for t in token_ids)
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int) -> Usage:
     return {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
@@ -311,14 +331,14 @@ def completion_response(
     request_id: str,
     created: int,
     choices: list[Choice],
-) -> dict:
+) -> dict[str, Any]:
     prompt_tokens = sum(len(c.prompt_token_ids) for c in choices)
     completion_tokens = sum(len(c.token_ids) for c in choices)
-    body_choices = []
+    body_choices: list[dict[str, Any]] = []
     for c in choices:
         text = output_text(c.token_ids)
         if request.kind == CHAT:
-            choice: dict = {
+            choice: dict[str, Any] = {
                 "index": c.index,
                 "message": {"role": "assistant", "content": text, "tool_calls": []},
                 "logprobs": None,
@@ -338,7 +358,7 @@ def completion_response(
             if request.kind == COMPLETION:
                 choice["prompt_token_ids"] = c.prompt_token_ids
         body_choices.append(choice)
-    body = {
+    body: dict[str, Any] = {
         "id": request_id,
         "object": "chat.completion" if request.kind == CHAT else "text_completion",
         "created": created,

@@ -9,16 +9,18 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
+from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
 from .config import MAX_REPLICAS, EmulatorConfig
 from .engine import Listener, Sequence
 from .faults import CRASH, FaultError, exit_process, parse_fault
-from .fleet import Fleet, ModelFleet
+from .fleet import Fleet, ModelFleet, ModelStatus
 from .metrics import EmulatorCollector, build_registry, render
 from .protocol import (
     CHAT,
@@ -100,7 +102,7 @@ async def _stop_fleet(app: web.Application) -> None:
 
 
 @web.middleware
-async def _json_errors(request: web.Request, handler) -> web.StreamResponse:
+async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except RequestError as exc:
@@ -308,7 +310,7 @@ async def scale_replicas(request: web.Request) -> web.Response:
     return web.json_response(model_fleet.status())
 
 
-def _replica_count(body: dict, key: str) -> int:
+def _replica_count(body: dict[str, Any], key: str) -> int:
     replicas = body.get(key)
     if not isinstance(replicas, int) or isinstance(replicas, bool):
         raise RequestError(f"'{key}' is required and must be an integer.", param=key)
@@ -317,6 +319,12 @@ def _replica_count(body: dict, key: str) -> int:
             f"'{key}' must be between 0 and {MAX_REPLICAS}, got {replicas}.", param=key
         )
     return replicas
+
+
+class _WebhookScaleStatus(ModelStatus):
+    """A model's status as the webhook actuator reads it."""
+
+    observed_replicas: int
 
 
 async def webhook_scale(request: web.Request) -> web.Response:
@@ -355,8 +363,11 @@ async def webhook_scale(request: web.Request) -> web.Response:
     status = model_fleet.status()
     # What the actuator reports as observed: replicas that exist toward the target, like a
     # Deployment's status.replicas counts pods that are not ready yet.
-    status["observed_replicas"] = status["ready"] + status["starting"]
-    return web.json_response(status)
+    scaled: _WebhookScaleStatus = {
+        **status,
+        "observed_replicas": status["ready"] + status["starting"],
+    }
+    return web.json_response(scaled)
 
 
 async def get_faults(request: web.Request) -> web.Response:
@@ -377,7 +388,9 @@ async def set_faults(request: web.Request) -> web.Response:
     return web.json_response(faults.status())
 
 
-def _webhook_signature_problem(secret: str, headers, raw: bytes, seen_ids: dict) -> str:
+def _webhook_signature_problem(
+    secret: str, headers: Mapping[str, str], raw: bytes, seen_ids: dict[str, int]
+) -> str:
     """Why the request's signature is not acceptable, or "" when it is (and its id is new).
 
     The signed material is f"{timestamp}.{webhook_id}." + raw body; an id accepted once is

@@ -37,7 +37,10 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import FrameType
+from typing import Any, cast
 
 from .supervisor import (
     ProcessSupervisor,
@@ -64,7 +67,8 @@ class SupervisorHTTPServer(ThreadingHTTPServer):
 
     @property
     def url(self) -> str:
-        host, port = self.server_address[:2]
+        # Bound to an IPv4/IPv6 (host, port) address: the first two items are the str and int.
+        host, port = cast(tuple[str, int], self.server_address[:2])
         return f"http://{host}:{port}"
 
 
@@ -78,7 +82,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self._answer(self._post)
 
-    def _answer(self, handle) -> None:
+    def _answer(self, handle: Callable[[], None]) -> None:
         try:
             handle()
         except Exception:  # a 500 the actuator retries, not a dropped connection
@@ -128,7 +132,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self._json(200, status)
 
-    def _restart(self, body) -> None:
+    def _restart(self, body: object) -> None:
         """POST /restart {"deployment": name, "replica": index}: the health probes' restart."""
         if not isinstance(body, dict):
             self._json(400, {"error": "the body must be a JSON object."})
@@ -160,7 +164,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._json(401, {"error": "a valid 'Authorization: Bearer <token>' header is required."})
         return False
 
-    def _json(self, status: int, payload: dict) -> None:
+    def _json(self, status: int, payload: Mapping[str, object]) -> None:
         body = json.dumps(payload).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -168,12 +172,16 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def log_message(self, format: str, *args) -> None:
+    def log_message(self, format: str, *args: Any) -> None:
         logger.debug("%s %s", self.address_string(), format % args)
 
 
 def make_server(
-    supervisor: ProcessSupervisor, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT, token=""
+    supervisor: ProcessSupervisor,
+    *,
+    host: str = "127.0.0.1",
+    port: int = DEFAULT_PORT,
+    token: str = "",
 ) -> SupervisorHTTPServer:
     """The HTTP API over `supervisor`, bound (port 0: any free port) but not yet serving."""
     return SupervisorHTTPServer((host, port), supervisor, token)
@@ -254,7 +262,7 @@ def run(argv: list[str] | None = None) -> None:
         raise CommandError(f"Cannot listen on {host}:{options.port}: {error}") from error
     stop_requested = threading.Event()
 
-    def on_signal(signum, frame):
+    def on_signal(signum: int, frame: FrameType | None) -> None:
         if stop_requested.is_set():
             supervisor.hurry()
         stop_requested.set()

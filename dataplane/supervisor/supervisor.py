@@ -40,6 +40,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypedDict
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -104,21 +105,21 @@ def parse_engines(
                 argv = shlex.split(argv)
             entries.append((name, argv, f"--engines {engines_file}"))
     engines: dict[str, tuple[str, ...]] = {}
-    for name, argv, where in entries:
+    for name, command, where in entries:
         if not isinstance(name, str) or not ENGINE_NAME.match(name):
             raise ValueError(f"{where}: engine name {name!r} must match {ENGINE_NAME.pattern}.")
         if name in engines:
             raise ValueError(f"{where}: engine {name!r} is given twice.")
         if (
-            not isinstance(argv, list)
-            or not argv
-            or not all(isinstance(a, str) and a for a in argv)
+            not isinstance(command, list)
+            or not command
+            or not all(isinstance(a, str) and a for a in command)
         ):
             raise ValueError(f"{where}: engine {name!r} must be a non-empty argv.")
         # Without the placeholder every replica would try the same port and all but one crash.
-        if not any("{port}" in arg for arg in argv):
+        if not any("{port}" in arg for arg in command):
             raise ValueError(f'{where}: engine {name!r} must contain "{{port}}" in one argument.')
-        engines[name] = tuple(argv)
+        engines[name] = tuple(command)
     return engines
 
 
@@ -189,11 +190,35 @@ def parse_scale_request(body: object) -> tuple[str, int, DeploymentSpec]:
     return name, replicas, DeploymentSpec(engine, host, base_port, float(drain_seconds))
 
 
-def _integer(body: dict, key: str, low: int, high: int) -> int:
+def _integer(body: dict[str, Any], key: str, low: int, high: int) -> int:
     value = body.get(key)
     if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
         raise SpecError(f"{key}: must be an integer from {low} to {high}.")
     return value
+
+
+class ReplicaStatus(TypedDict):
+    replica: int
+    port: int
+    pid: int | None
+    state: str
+    restarts: int
+    last_error: str
+
+
+class DeploymentStatus(TypedDict):
+    deployment: str
+    target: int
+    ready: int
+    engine: str
+    host: str
+    base_port: int
+    drain_seconds: float
+    replicas: list[ReplicaStatus]
+
+
+class SupervisorStatus(TypedDict):
+    deployments: dict[str, DeploymentStatus]
 
 
 @dataclass(eq=False)
@@ -202,7 +227,7 @@ class _Replica:
     index: int
     spec: DeploymentSpec
     state: str = STARTING
-    process: subprocess.Popen | None = None
+    process: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     consecutive_crashes: int = 0
     next_start_monotonic: float = 0.0
@@ -219,7 +244,7 @@ class _Replica:
     def port(self) -> int:
         return self.spec.base_port + self.index
 
-    def status(self) -> dict:
+    def status(self) -> ReplicaStatus:
         return {
             "replica": self.index,
             "port": self.port,
@@ -294,7 +319,7 @@ class ProcessSupervisor:
     def __enter__(self) -> ProcessSupervisor:
         return self.start()
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.shutdown(drain=False)
 
     def hurry(self) -> None:
@@ -323,7 +348,7 @@ class ProcessSupervisor:
 
     # -- the API --------------------------------------------------------------------------
 
-    def scale(self, name: str, replicas: int, spec: DeploymentSpec) -> dict:
+    def scale(self, name: str, replicas: int, spec: DeploymentSpec) -> DeploymentStatus:
         """Set `name` to `replicas` replicas of `spec`; answer at once with its status.
 
         A changed engine, host or base port replaces every replica (the old ones drain; a
@@ -362,7 +387,7 @@ class ProcessSupervisor:
             self._spawn_due_locked(time.monotonic())
             return self._deployment_status_locked(deployment)
 
-    def restart(self, name: str, index: int) -> dict:
+    def restart(self, name: str, index: int) -> ReplicaStatus:
         """Kill replica `index` of `name` at once (a hung engine ignores SIGTERM's polite
         request) and start it again; answers the replica's status."""
         with self._lock:
@@ -388,7 +413,7 @@ class ProcessSupervisor:
             self._spawn_locked(replica, time.monotonic())
             return replica.status()
 
-    def status(self) -> dict:
+    def status(self) -> SupervisorStatus:
         """Per deployment: target, ready count, and each replica's pid, port, state, restarts."""
         with self._lock:
             return {
@@ -398,14 +423,14 @@ class ProcessSupervisor:
                 }
             }
 
-    def deployment_status(self, name: str) -> dict | None:
+    def deployment_status(self, name: str) -> DeploymentStatus | None:
         with self._lock:
             deployment = self._deployments.get(name)
             return None if deployment is None else self._deployment_status_locked(deployment)
 
     # -- bookkeeping (callers hold the lock) -----------------------------------------------
 
-    def _deployment_status_locked(self, deployment: _Deployment) -> dict:
+    def _deployment_status_locked(self, deployment: _Deployment) -> DeploymentStatus:
         now = time.monotonic()
         for replica in deployment.active.values():
             # A dead process is never reported ready, even between two monitor passes.
@@ -626,7 +651,7 @@ class ProcessSupervisor:
         self,
         deployment: _Deployment,
         replica: _Replica,
-        process: subprocess.Popen,
+        process: subprocess.Popen[bytes],
         generation: int,
     ) -> None:
         try:
@@ -647,7 +672,9 @@ class ProcessSupervisor:
             if not self._closing:
                 self._spawn_due_locked(time.monotonic())
 
-    def _wait_for_idle(self, replica: _Replica, process: subprocess.Popen, generation: int) -> None:
+    def _wait_for_idle(
+        self, replica: _Replica, process: subprocess.Popen[bytes], generation: int
+    ) -> None:
         """Until the replica has no request in flight, the drain time is up, or it exited."""
         if replica.ready_since_monotonic is None:
             return  # it never served, so it has nothing to finish
@@ -702,7 +729,7 @@ class ProcessSupervisor:
             raise _NoInFlightMetrics
         return round(sum(samples))
 
-    def _stop(self, replica: _Replica, process: subprocess.Popen) -> None:
+    def _stop(self, replica: _Replica, process: subprocess.Popen[bytes]) -> None:
         """SIGTERM, wait for the rest of the drain time (at least the grace), then SIGKILL."""
         term_sent_at = time.monotonic()
         logger.info("%s[%d]: SIGTERM to pid %d", replica.deployment, replica.index, process.pid)
@@ -735,7 +762,7 @@ class ProcessSupervisor:
         )
 
 
-def _signal_group(process: subprocess.Popen, signum: int) -> None:
+def _signal_group(process: subprocess.Popen[bytes], signum: int) -> None:
     # start_new_session made the engine its group's leader, so its pid is the group id.
     with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is gone
         os.killpg(process.pid, signum)

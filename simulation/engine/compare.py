@@ -41,12 +41,13 @@ import importlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import Protocol, TypedDict, cast
 
 import numpy as np
 
 from capacity.pricing.features import REPLICA_MU_PER_MINUTE, mu_of
 
-from .autoscaling import Autoscaler
+from .autoscaling import Autoscaler, Observation
 from .baselines import HPARpsAutoscaler, KPAAutoscaler, StaticPeakAutoscaler, replicas_for
 from .fleet import SERVED, SimulationSettings, simulate
 from .oracle import OracleAutoscaler, required_replicas
@@ -77,6 +78,25 @@ _BUILT_IN: dict[str, Callable[[PolicyContext], Autoscaler]] = {
 }
 
 
+class _ModelUnitFactory(Protocol):
+    """The modelunit policy's constructor, which also takes the stabilisation window."""
+
+    def __call__(
+        self, context: PolicyContext, /, *, stabilisation_seconds: float
+    ) -> Autoscaler: ...
+
+
+class _SettingsKwargs(TypedDict):
+    """The SimulationSettings every policy shares (`compare` adds the opening fleet)."""
+
+    model: ModelConfig
+    gpus_per_replica: int
+    cold_start_seconds: float
+    tick_seconds: float
+    ttft_slo_seconds: float
+    request_mu: Callable[[TraceRequest], float]
+
+
 class PolicyError(ValueError):
     """An unknown or unavailable policy name."""
 
@@ -101,7 +121,7 @@ class _Capped:
         initial = getattr(self.autoscaler, "initial_replicas", None)
         return min(self.cap, int(initial()) if initial else 0)
 
-    def decide(self, observation) -> int:
+    def decide(self, observation: Observation) -> int:
         return min(self.cap, self.autoscaler.decide(observation))
 
 
@@ -204,7 +224,7 @@ def compare(
     max_replicas: int | None = None,
     on_policy: Callable[[str, int, int], None] | None = None,
     stabilisation_seconds: float | None = None,
-) -> dict:
+) -> dict[str, dict[str, dict[str, float]]]:
     """Simulate each policy over `requests` (see the module docstring for the result).
 
     `stabilisation_seconds`: the modelunit policy's scale-down stabilisation window, the live
@@ -239,7 +259,7 @@ def compare(
             (replace(r, arrival_s=last_s - r.arrival_s) for r in requests),
             key=lambda r: r.arrival_s,
         ) + [replace(r, arrival_s=r.arrival_s + scored_from_s) for r in requests]
-    settings_kwargs = {
+    settings_kwargs: _SettingsKwargs = {
         "model": model,
         "gpus_per_replica": gpus_per_replica,
         "cold_start_seconds": cold_start,
@@ -247,7 +267,7 @@ def compare(
         "ttft_slo_seconds": slo_ttft_ms / 1000.0,
         "request_mu": request_mu_of_model(model),
     }
-    results: dict[str, dict] = {}
+    results: dict[str, dict[str, float]] = {}
     for name in order:
         context = build_context(
             requests,
@@ -264,7 +284,9 @@ def compare(
         if name == "oracle":
             context = replace(context, future_requests=tuple(replayed))
         if name == MODELUNIT and stabilisation_seconds is not None:
-            autoscaler = registry[name](context, stabilisation_seconds=stabilisation_seconds)
+            # The modelunit factory is ModelUnitAutoscaler, loaded by name (_load_modelunit).
+            factory = cast(_ModelUnitFactory, registry[name])
+            autoscaler = factory(context, stabilisation_seconds=stabilisation_seconds)
         else:
             autoscaler = registry[name](context)
         if max_replicas is not None:
@@ -289,7 +311,7 @@ def compare(
         if on_policy is not None:
             on_policy(name, len(results), len(order))
     reference_hours = results[REFERENCE]["gpu_hours"]
-    out: dict[str, dict] = {}
+    out: dict[str, dict[str, float]] = {}
     for name in order:
         row = results[name]
         savings = 1.0 - row["gpu_hours"] / reference_hours if reference_hours > 0 else math.nan

@@ -220,7 +220,9 @@ def simulate(
 
 
 class _Fleet:
-    def __init__(self, requests, settings: SimulationSettings, autoscaler: Autoscaler):
+    def __init__(
+        self, requests: Sequence[TraceRequest], settings: SimulationSettings, autoscaler: Autoscaler
+    ):
         model = settings.model
         if model.decode_step_base_seconds + model.decode_seconds_per_sequence <= 0:
             raise ValueError("a decode step must take time (base + per-sequence > 0)")
@@ -257,7 +259,8 @@ class _Fleet:
         self.finish = [nan] * n
         self.outcome = [_UNRESOLVED] * n
         self.unresolved = n
-        self.heap: list[tuple] = []
+        # (time, sequence, kind, replica or None for a tick, replica version)
+        self.heap: list[tuple[float, int, int, _Replica | None, int]] = []
         self.sequence = 0  # tie-breaker: equal-time events run in the order scheduled
         self.replicas: list[_Replica] = []  # every replica not gone
         self.ready: list[_Replica] = []
@@ -279,8 +282,7 @@ class _Fleet:
     def run(self) -> SimulationResult:
         settings = self.settings
         for _ in range(settings.initial_replicas):
-            replica = self._add_replica(_READY, 0.0)
-            self.ready.append(replica)
+            self.ready.append(self._add_replica(_READY, 0.0))
         self._push(0.0, _TICK, None, 0)
         arrival, order, heap = self.arrival, self.order, self.heap
         horizon_s = settings.horizon_s
@@ -293,9 +295,11 @@ class _Fleet:
             if heap[0][0] < next_arrival_s:
                 t_s, _, kind, replica, version = heapq.heappop(heap)
                 if kind == _BOUNDARY:
+                    assert replica is not None  # only ticks are pushed without a replica
                     if version == replica.version and replica.state != _GONE:
                         self._boundary(replica, t_s)
                 elif kind == _REPLICA_READY:
+                    assert replica is not None  # only ticks are pushed without a replica
                     if replica.state == _STARTING:
                         replica.state = _READY
                         self.ready.append(replica)
@@ -312,7 +316,7 @@ class _Fleet:
         self._count_alive(end_s, 0)
         return self._result(end_s)
 
-    def _push(self, t_s: float, kind: int, replica, version: int) -> None:
+    def _push(self, t_s: float, kind: int, replica: _Replica | None, version: int) -> None:
         self.sequence += 1
         heapq.heappush(self.heap, (t_s, self.sequence, kind, replica, version))
 
@@ -325,6 +329,7 @@ class _Fleet:
         too_long = self.inputs[index] + self.outputs[index] > self.model.kv_cache_tokens
         refused = too_long
         if not refused and settings.admission is not None:
+            assert settings.request_mu is not None  # __init__ refuses admission without it
             refused = not settings.admission.admit(request, settings.request_mu(request), t_s)
         if refused:
             self.outcome[index] = REFUSED

@@ -18,8 +18,6 @@ observe live and nothing from the future:
 
 from collections import defaultdict, deque
 
-import numpy as np
-
 from capacity.allocation.bursts import Bursts, bursts
 from capacity.allocation.policy import (
     BURST_WINDOW_SECONDS,
@@ -104,7 +102,7 @@ class ModelUnitAutoscaler:
 
     def _bursts(self, now: float) -> Bursts:
         start_s = int(now) - BURST_WINDOW_SECONDS
-        bins = np.zeros(BURST_WINDOW_SECONDS + 1)
+        bins = [0.0] * (BURST_WINDOW_SECONDS + 1)
         for second, mu in self._starts.items():
             if second >= start_s:
                 bins[second - start_s] += mu

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, TypeGuard
 
 # Defaults describe an 8B dense model on one H100 (bf16): weights read once per decode step
 # (~7 ms), a small per-sequence cost, and ~128 KiB of KV cache read per context token.
@@ -117,7 +117,7 @@ _FLOAT_MINIMUMS: dict[str, float] = {
 }
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int]:
     # bool is an int subclass; `"replicas": true` is a mistake, not 1.
     return isinstance(value, int) and not isinstance(value, bool)
 

@@ -54,13 +54,14 @@ import gc
 import io
 import math
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
+from numpy.typing import NDArray
 
 DEFAULT_CLIENT = "default"
 # A guard against a typo (a rate of 1e6 for a week) exhausting memory: ~100 bytes per request.
@@ -85,6 +86,9 @@ _REQUEST_ACCEPTED = (
     "output_tokens (or GeneratedTokens), optional client"
 )
 _WINDOW_ACCEPTED = "window_start_s, rate_req_per_s, optional cv, client, window_end_s"
+
+_Floats = NDArray[np.float64]
+_Ints = NDArray[np.int64]
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,7 +274,11 @@ class _CsvRows:
 
 
 def _columns(
-    path, header: list[str], spec: dict[str, tuple[str, ...]], required: tuple[str, ...], accepted
+    path: str | Path,
+    header: list[str],
+    spec: Mapping[str, tuple[str, ...]],
+    required: tuple[str, ...],
+    accepted: str,
 ) -> dict[str, int]:
     """Map canonical column names to their positions; reject unknown, duplicate or missing ones."""
     lookup = {spelling: name for name, spellings in spec.items() for spelling in spellings}
@@ -292,13 +300,13 @@ def _columns(
     return positions
 
 
-def _fields(path, line: int, row: list[str], width: int) -> list[str]:
+def _fields(path: str | Path, line: int, row: list[str], width: int) -> list[str]:
     if len(row) != width:
         raise TraceError(path, line, f"expected {width} values, got {len(row)}")
     return [cell.strip() for cell in row]
 
 
-def _number(path, line: int, column: str, text: str) -> float:
+def _number(path: str | Path, line: int, column: str, text: str) -> float:
     try:
         value = float(text)
     except ValueError:
@@ -308,7 +316,7 @@ def _number(path, line: int, column: str, text: str) -> float:
     return value
 
 
-def _tokens(path, line: int, column: str, text: str) -> int:
+def _tokens(path: str | Path, line: int, column: str, text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -321,7 +329,7 @@ def _tokens(path, line: int, column: str, text: str) -> int:
     return value
 
 
-def _client(path, line: int, text: str) -> str:
+def _client(path: str | Path, line: int, text: str) -> str:
     if not text:
         raise TraceError(path, line, "client is blank")
     return text
@@ -332,17 +340,17 @@ def _client(path, line: int, text: str) -> str:
 
 @dataclass
 class _Requests:
-    arrivals: np.ndarray  # float seconds, non-decreasing
-    inputs: np.ndarray  # int64
-    outputs: np.ndarray  # int64
-    client_idx: np.ndarray  # int64 index into clients
+    arrivals: _Floats  # float seconds, non-decreasing
+    inputs: _Ints
+    outputs: _Ints
+    client_idx: _Ints  # index into clients
     clients: list[str]
 
 
-def _parse_request_trace(path, *, require_timestamp: bool) -> _Requests:
+def _parse_request_trace(path: str | Path, *, require_timestamp: bool) -> _Requests:
     rows = _CsvRows(path)
     header = rows.header()
-    required = ("input_tokens", "output_tokens")
+    required: tuple[str, ...] = ("input_tokens", "output_tokens")
     if require_timestamp:
         required = ("timestamp", *required)
     columns = _columns(path, header, REQUEST_COLUMNS, required, _REQUEST_ACCEPTED)
@@ -410,7 +418,7 @@ def _parse_request_trace(path, *, require_timestamp: bool) -> _Requests:
     )
 
 
-def _datetime(path, line: int, column: str, text: str) -> datetime:
+def _datetime(path: str | Path, line: int, column: str, text: str) -> datetime:
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:
@@ -422,7 +430,9 @@ def _datetime(path, line: int, column: str, text: str) -> datetime:
     return moment
 
 
-def _scale_requests(parsed: _Requests, scale: float, seed: int):
+def _scale_requests(
+    parsed: _Requests, scale: float, seed: int
+) -> tuple[_Floats, _Ints, _Ints, _Ints]:
     arrivals, inputs, outputs, client_idx = (
         parsed.arrivals,
         parsed.inputs,
@@ -456,13 +466,13 @@ def _scale_requests(parsed: _Requests, scale: float, seed: int):
 
 @dataclass
 class _Windows:
-    starts: np.ndarray
-    lengths: np.ndarray
-    rates: np.ndarray
-    cvs: np.ndarray
+    starts: _Floats
+    lengths: _Floats
+    rates: _Floats
+    cvs: _Floats
 
 
-def _parse_windows(path) -> dict[str, _Windows]:
+def _parse_windows(path: str | Path) -> dict[str, _Windows]:
     rows = _CsvRows(path)
     header = rows.header()
     columns = _columns(
@@ -539,7 +549,7 @@ def _parse_windows(path) -> dict[str, _Windows]:
     return result
 
 
-def _client_arrivals(windows: _Windows, scale: float, rng: np.random.Generator) -> np.ndarray:
+def _client_arrivals(windows: _Windows, scale: float, rng: np.random.Generator) -> _Floats:
     """Arrival times of one client: a renewal process per cv, mapped through the rate."""
     rates = windows.rates * scale
     parts = []
@@ -561,7 +571,7 @@ def _client_arrivals(windows: _Windows, scale: float, rng: np.random.Generator) 
     return np.sort(np.concatenate(parts))
 
 
-def _unit_renewal(rng: np.random.Generator, total: float, cv: float) -> np.ndarray:
+def _unit_renewal(rng: np.random.Generator, total: float, cv: float) -> _Floats:
     """Points of a stationary unit-rate renewal process on [0, total); gamma gaps, shape 1/cv²."""
     if cv == 0.0:
         first = rng.random()
@@ -586,7 +596,7 @@ def _unit_renewal(rng: np.random.Generator, total: float, cv: float) -> np.ndarr
 
 
 @contextmanager
-def _gc_paused():
+def _gc_paused() -> Iterator[None]:
     """Building millions of small objects triggers many useless collections; pause them."""
     enabled = gc.isenabled()
     gc.disable()
@@ -597,7 +607,9 @@ def _gc_paused():
             gc.enable()
 
 
-def _build(arrivals, inputs, outputs, client_idx, clients: list[str]) -> list[TraceRequest]:
+def _build(
+    arrivals: _Floats, inputs: _Ints, outputs: _Ints, client_idx: _Ints, clients: list[str]
+) -> list[TraceRequest]:
     if len(clients) == 1:
         client_list = [clients[0]] * len(arrivals)
     else:
@@ -614,7 +626,7 @@ def _build(arrivals, inputs, outputs, client_idx, clients: list[str]) -> list[Tr
         )
 
 
-def _check_scale(path, scale: float) -> None:
+def _check_scale(path: str | Path, scale: float) -> None:
     try:
         valid = math.isfinite(float(scale)) and float(scale) > 0
     except (TypeError, ValueError):
