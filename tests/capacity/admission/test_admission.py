@@ -18,23 +18,16 @@ from capacity.allocation.tick import allocation_tick
 from capacity.models import AdmissionAllowance, Reservation
 from tests.support.processes import free_port
 
-pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
+pytestmark = [
+    pytest.mark.django_db,
+    pytest.mark.both_databases,
+    pytest.mark.usefixtures("clean_admission"),
+]
 
 # With the fixtures' cost model (tests/conftest.py SIMPLE_WEIGHTS, R = 100): 100 prompt tokens
 # and 10 output tokens take 0.1 + 0.2 + 0.05 = 0.35 replica-seconds, i.e. 0.35 × 100 / 60 MU.
 SMALL = {"input_tokens": 100, "max_tokens": 10}
 SMALL_MU = 0.35 * 100 / 60
-
-
-@pytest.fixture(autouse=True)
-def clean_admission(settings):
-    admission.reset()
-    client = redis.Redis.from_url(settings.ADMISSION_REDIS_URL)
-    keys = list(client.scan_iter("adm:*"))
-    if keys:
-        client.delete(*keys)
-    yield client
-    admission.reset()
 
 
 def limits(customer, model, guaranteed, best_effort):

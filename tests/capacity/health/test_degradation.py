@@ -5,7 +5,6 @@ lifted after the hysteresis window, with no flapping in between."""
 from datetime import timedelta
 
 import pytest
-import redis
 import time_machine
 from django.utils import timezone
 
@@ -20,20 +19,13 @@ from capacity.models import (
 )
 from tests.support.factories import ServedModelFactory
 
-pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
+pytestmark = [
+    pytest.mark.django_db,
+    pytest.mark.both_databases,
+    pytest.mark.usefixtures("clean_admission"),
+]
 
 SMALL = {"input_tokens": 100, "max_tokens": 400}
-
-
-@pytest.fixture(autouse=True)
-def clean_admission(settings):
-    admission.reset()
-    client = redis.Redis.from_url(settings.ADMISSION_REDIS_URL)
-    keys = list(client.scan_iter("adm:*"))
-    if keys:
-        client.delete(*keys)
-    yield
-    admission.reset()
 
 
 @pytest.fixture

@@ -21,14 +21,17 @@ from capacity.models import FallbackAdmission, Reservation, UsageEvent, UsageMin
 from tests.capacity.admission.test_admission import (
     SMALL,
     ask,
-    clean_admission,
     limits,
     private_redis,
 )
 
-pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
+pytestmark = [
+    pytest.mark.django_db,
+    pytest.mark.both_databases,
+    pytest.mark.usefixtures("clean_admission"),
+]
 URL = "/api/v1/usage/events"
-__all__ = ["clean_admission", "private_redis"]  # fixtures used here
+__all__ = ["private_redis"]  # a fixture used here
 
 
 def event(event_id, customer="acme", **overrides) -> dict:
