@@ -100,12 +100,7 @@ def deployment_create(**values) -> Deployment:
     values = defaults | values
     _check_shape(values)
     _check_current(values)
-    pool = GpuPool.objects.select_for_update().get(pk=values["gpu_pool"].pk)
-    check_fits_pool(
-        pool=pool,
-        max_replicas=values["max_replicas"],
-        gpus_per_replica=values["gpus_per_replica"],
-    )
+    _check_fits_its_pool(values)
     values["actuator_config"] = validate_actuator_config(
         values["actuator_kind"], values.get("actuator_config")
     )
@@ -113,6 +108,16 @@ def deployment_create(**values) -> Deployment:
     deployment = Deployment.objects.create(**values)
     _audit_created("deployment", deployment)
     return deployment
+
+
+def _check_fits_its_pool(values: dict) -> None:
+    """Under the pool's row lock: a pool cannot shrink under a deployment being placed."""
+    pool = GpuPool.objects.select_for_update().get(pk=values["gpu_pool"].pk)
+    check_fits_pool(
+        pool=pool,
+        max_replicas=values["max_replicas"],
+        gpus_per_replica=values["gpus_per_replica"],
+    )
 
 
 @transaction.atomic
@@ -126,12 +131,7 @@ def deployment_update(*, deployment: Deployment, **changes) -> Deployment:
     _check_shape(values)
     if changes.get("current_replicas", deployment.current_replicas) != deployment.current_replicas:
         _check_current(values)
-    pool = GpuPool.objects.select_for_update().get(pk=values["gpu_pool"].pk)
-    check_fits_pool(
-        pool=pool,
-        max_replicas=values["max_replicas"],
-        gpus_per_replica=values["gpus_per_replica"],
-    )
+    _check_fits_its_pool(values)
     if "actuator_kind" in changes or "actuator_config" in changes:
         values["actuator_config"] = validate_actuator_config(
             values["actuator_kind"], values.get("actuator_config")
