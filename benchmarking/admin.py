@@ -17,17 +17,23 @@ class BenchmarkSuiteAdmin(AuditedAdminMixin, admin.ModelAdmin):
     search_fields = ["name", "description"]
 
 
+# A sample's measured point, in the order the run's page and the list show it.
+SAMPLE_POINT_FIELDS = [
+    "input_len",
+    "output_len",
+    "concurrency",
+    "requests_per_s",
+    "ttft_p95_ms",
+    "tpot_p95_ms",
+]
+
+
 class BenchmarkSampleInline(admin.TabularInline):
     model = BenchmarkSample
     extra = 0
     can_delete = False
     fields = [
-        "input_len",
-        "output_len",
-        "concurrency",
-        "requests_per_s",
-        "ttft_p95_ms",
-        "tpot_p95_ms",
+        *SAMPLE_POINT_FIELDS,
         "error_count",
         "slo_met",
         "sustainable",
@@ -71,16 +77,7 @@ class BenchmarkRunAdmin(admin.ModelAdmin):
 
 @admin.register(BenchmarkSample)
 class BenchmarkSampleAdmin(admin.ModelAdmin):
-    list_display = [
-        "run",
-        "input_len",
-        "output_len",
-        "concurrency",
-        "requests_per_s",
-        "ttft_p95_ms",
-        "tpot_p95_ms",
-        "sustainable",
-    ]
+    list_display = ["run", *SAMPLE_POINT_FIELDS, "sustainable"]
     list_filter = ["sustainable", "slo_met"]
     search_fields = ["run__served_model__name"]
     list_select_related = ["run"]

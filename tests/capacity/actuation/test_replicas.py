@@ -35,17 +35,19 @@ def configure(deployment, kind, config, endpoint_url=""):
     return deployment
 
 
+KUBERNETES_CONFIG = {
+    "namespace": "inference",
+    "name": "llama-8b",
+    "cluster": "local",
+    "pod_selector": "app=llama-8b",
+}
+
+
 def test_kubernetes_pods_are_the_replicas_and_a_restart_deletes_the_pod(deployment, k8s):
     configure(
         deployment,
         ActuatorKind.KUBERNETES,
-        {
-            "namespace": "inference",
-            "name": "llama-8b",
-            "cluster": "local",
-            "pod_selector": "app=llama-8b",
-            "pod_port": 8000,
-        },
+        {**KUBERNETES_CONFIG, "pod_port": 8000},
     )
     k8s.add_pod("inference", "llama-8b-a", "10.0.0.5", {"app": "llama-8b"})
     k8s.add_pod("inference", "llama-8b-b", "10.0.0.6", {"app": "llama-8b"})
@@ -70,12 +72,7 @@ def test_kubernetes_errors_name_what_failed(deployment, k8s):
     configure(
         deployment,
         ActuatorKind.KUBERNETES,
-        {
-            "namespace": "inference",
-            "name": "llama-8b",
-            "cluster": "local",
-            "pod_selector": "app=llama-8b",
-        },
+        KUBERNETES_CONFIG,
     )
     k8s.add_pod("inference", "llama-8b-a", "10.0.0.5", {"app": "llama-8b"})
     k8s.fail_next(500)
