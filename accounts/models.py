@@ -12,6 +12,7 @@ class Customer(models.Model):
         ENTERPRISE = "enterprise", "Enterprise"
 
     name = models.CharField(max_length=200)
+    # serves: Customer by slug: API /customers/{slug}, planner pages, customers_by_slug
     slug = models.SlugField(max_length=64, unique=True)
     tier = models.CharField(max_length=20, choices=Tier.choices, default=Tier.STANDARD)
     # Usage is what the customer is billed on, so by default only the platform's own gateways
@@ -48,6 +49,7 @@ class Membership(models.Model):
     class Meta:
         ordering = ["customer__slug", "user__username"]
         constraints = [
+            # serves: services' membership by (user, customer); principals' user.memberships
             models.UniqueConstraint(fields=["user", "customer"], name="membership_unique_user"),
         ]
 
@@ -68,6 +70,7 @@ class ApiKey(models.Model):
         Customer, on_delete=models.CASCADE, null=True, blank=True, related_name="api_keys"
     )
     service_name = models.CharField(max_length=100, blank=True, default="")
+    # serves: accounts.authentication: the key by prefix on every request
     prefix = models.CharField(max_length=16, unique=True, editable=False)
     secret_sha256 = models.CharField(max_length=64, editable=False)
     scopes = models.JSONField(default=list)
@@ -100,6 +103,7 @@ class ApiKey(models.Model):
                 name="apikey_one_owner",
             ),
         ]
+        # serves: api_keys_of_customer_newest_first; api_keys_visible_to (customer)
         indexes = [models.Index(fields=["customer", "-created_at"])]
 
     def __str__(self) -> str:

@@ -1,7 +1,8 @@
 """Reads for customers and API keys, always through what the principal may see."""
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
+from accounts import scopes as S
 from accounts.models import ApiKey, Customer
 from accounts.principals import Principal
 
@@ -19,9 +20,41 @@ def api_keys_visible_to(principal: Principal) -> QuerySet[ApiKey]:
         return api_keys
     if principal.is_service:
         # A service sees its own key and, when it provisions customers, customers' keys.
-        if "customers:write" in principal.scopes:
+        if S.CUSTOMERS_WRITE in principal.scopes:
             return api_keys.filter(customer__isnull=False) | api_keys.filter(
                 pk=principal.api_key.pk
             )
         return api_keys.filter(pk=principal.api_key.pk)
     return api_keys.filter(customer_id__in=principal.customer_ids)
+
+
+# --- The planner's customer pages (planners see every customer) ------------------------------
+
+
+def customers_by_slug(*, text: str = "") -> QuerySet[Customer]:
+    """Customers by slug, narrowed to those whose slug or name contains the text when given."""
+    customers = Customer.objects.order_by("slug")
+    if text:
+        customers = customers.filter(Q(slug__icontains=text) | Q(name__icontains=text))
+    return customers
+
+
+def any_customers() -> bool:
+    return Customer.objects.exists()
+
+
+def api_keys_of_customer_newest_first(customer: Customer) -> QuerySet[ApiKey]:
+    return customer.api_keys.order_by("-created_at", "-id")
+
+
+def api_key_ids_of_customer(customer: Customer) -> QuerySet:
+    return customer.api_keys.values_list("pk", flat=True)
+
+
+def membership_ids_of_customer(customer: Customer) -> QuerySet:
+    return customer.memberships.values_list("pk", flat=True)
+
+
+def api_key_of_customer(customer: Customer, pk: int) -> ApiKey | None:
+    """The customer's key with this id; None when it has none (or it is another's)."""
+    return ApiKey.objects.filter(customer=customer, pk=pk).first()

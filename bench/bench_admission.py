@@ -1,6 +1,6 @@
 """Admission decisions: the in-process API and the HTTP endpoint, each beside its floor.
 
-- inprocess_decisions_per_s: `capacity.admission.admit` in a loop, one client process, one
+- inprocess_decisions_per_s: `capacity.admission.gate.admit` in a loop, one client process, one
   connection, no pipelining, against `redis-benchmark` running EVALSHA of a trivial script
   (`return 1`) with the same connection count and pipelining depth on the same machine — the
   rate one connection to Redis allows at all. Target: at least 50 % of it. Its p50 and p99
@@ -29,10 +29,11 @@ from accounts import scopes as S
 from accounts.services import api_key_create, customer_create
 from bench.figures import Figure
 from bench.timing import median_latencies
-from capacity import admission
-from capacity.allocation import Allowance
-from capacity.cost_models import cost_model_record
+from capacity.admission import gate as admission
+from capacity.allocation.policy import Allowance
 from capacity.models import GpuType, ServedModel
+from capacity.pricing.cost_models import cost_model_record
+from capacity.pricing.features import mu_coefficients
 
 DECISIONS = 20_000
 TRIVIAL_SCRIPT = "return 1"
@@ -66,7 +67,7 @@ def _fixture():
         gpus_per_replica=1,
         features=list(WEIGHTS),
         weights_replica_seconds=WEIGHTS,
-        mu_per_unit={name: w * 100 / 60 for name, w in WEIGHTS.items()},
+        mu_per_unit=mu_coefficients(WEIGHTS),
         sample_count=10,
         distinct_shapes=10,
         cv_mape=0.01,

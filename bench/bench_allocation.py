@@ -1,7 +1,7 @@
 """One allocation tick at fleet scale: 1,000 deployments, 10,000 customers, 20,000
 reservations (plus recent usage for every customer).
 
-- policy: `capacity.allocation.decide` alone on the snapshot (target: under 200 ms);
+- policy: `capacity.allocation.policy.decide` alone on the snapshot (target: under 200 ms);
 - tick: the whole `allocation_tick` — snapshot queries, policy, decisions and allowances
   written, dry-run actuators applied (target: under 2 s);
 both beside the time to simply load the same rows (deployments, reservations, recent usage
@@ -18,10 +18,8 @@ from django.utils import timezone
 
 from accounts.models import Customer
 from bench.figures import Figure
-from benchmarking.fitting import mu_coefficients
-from capacity import allocation
-from capacity.allocation_tick import allocation_tick, build_snapshot
-from capacity.cost_models import cost_model_record
+from capacity.allocation import policy as allocation
+from capacity.allocation.tick import allocation_tick, build_snapshot
 from capacity.models import (
     Deployment,
     GpuPool,
@@ -30,6 +28,8 @@ from capacity.models import (
     ServedModel,
     UsageMinute,
 )
+from capacity.pricing.cost_models import cost_model_record
+from capacity.pricing.features import mu_coefficients
 
 MODELS = 100
 DEPLOYMENTS_PER_MODEL = 10

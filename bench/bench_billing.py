@@ -2,7 +2,7 @@
 
 A month (November 2026) of minute rollups for 1,000 customers on one model, one active minute
 in 30 (1.44 M rows), every tenth minute row with a guaranteed refusal, and a reservation for
-every other customer. `generate_invoices` reads reservations, rate cards and rollups, builds
+every other customer. `invoice_generate` reads reservations, rate cards and rollups, builds
 every line and writes the drafts; the baseline is the one query its best-effort lines rest on
 (best-effort MU per customer over the month), run on the same rows in the same run.
 """
@@ -16,7 +16,7 @@ from django.db.models import F, Sum
 
 from accounts.services import customer_create
 from bench.figures import Figure
-from billing.generation import generate_invoices
+from billing.generation import invoice_generate
 from billing.models import Invoice
 from billing.rates import rate_card_create
 from capacity.models import GpuType, Reservation, ServedModel, UsageMinute
@@ -82,7 +82,7 @@ def run() -> list[Figure]:
     if len(rows) != CUSTOMERS:
         raise AssertionError(f"expected {CUSTOMERS} customers of usage, got {len(rows)}")
     started = time.perf_counter()
-    result = generate_invoices("2026-11")
+    result = invoice_generate(period="2026-11")
     generate_s = time.perf_counter() - started
     if result.drafts != CUSTOMERS or Invoice.objects.count() != CUSTOMERS:
         raise AssertionError(f"expected {CUSTOMERS} drafts, got {result.drafts}")

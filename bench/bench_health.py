@@ -9,7 +9,7 @@ beat starts them.
 - hang_liveness_detections: /health checks (5 s timeout, as the probes) of the hung replica
   that failed while it hung: a liveness check never sees a hang. Baseline: the probes' one.
 - saturated_false_unhealthy: replicas marked unhealthy over BENCH_HEALTH_SATURATED_SECONDS
-  (600) with every replica saturated and no faults, probing every round (quiet window 0, so
+  (120) with every replica saturated and no faults, probing every round (quiet window 0, so
   real traffic never stands in for a probe). Baseline, same run: the same probe sent at the
   traffic's own priority, counted as K timeouts in a row (the seeds' false kills).
 - saturated_probe_p99_ms: the probes' p99 latency under that load, beside the p50 of the
@@ -29,9 +29,8 @@ from django.conf import settings
 from django.utils import timezone
 
 from bench.figures import Figure
-from capacity.actuator_config import validate_actuator_config
-from capacity.health import probe_endpoint, probe_round
-from capacity.management.commands.run_process_supervisor import make_server
+from capacity.actuation.config import validate_actuator_config
+from capacity.health.probes import probe_endpoint, probe_round
 from capacity.models import (
     ActuatorKind,
     Deployment,
@@ -42,25 +41,16 @@ from capacity.models import (
     Replica,
     ServedModel,
 )
-from capacity.process_supervisor import ProcessSupervisor
-from tests.capacity.saturation import Saturator, waiting_requests
+from dataplane.supervisor.server import make_server
+from dataplane.supervisor.supervisor import ProcessSupervisor
+from tests.dataplane.supervisor.support import TINY_MODEL
+from tests.support.saturation import Saturator, waiting_requests
 
 ROOT = Path(__file__).resolve().parent.parent
-SATURATED_SECONDS = float(os.environ.get("BENCH_HEALTH_SATURATED_SECONDS", "600"))
+SATURATED_SECONDS = float(os.environ.get("BENCH_HEALTH_SATURATED_SECONDS", "120"))
 # A small fast engine: 8 sequences per batch, ~2 ms steps; 600-token requests last ~1.3 s.
-MODEL = {
-    "name": "tiny",
-    "replicas": 1,
-    "max_num_seqs": 8,
-    "kv_cache_tokens": 16384,
-    "context_length": 4096,
-    "prefill_seconds_per_token": 1e-5,
-    "decode_step_base_seconds": 0.002,
-    "decode_seconds_per_sequence": 1e-5,
-    "decode_seconds_per_context_token": 1e-8,
-    "mean_output_tokens": 8,
-    "vocab_size": 1000,
-}
+# The tests' small fast engine, with room in its KV cache for the saturating load.
+MODEL = {**TINY_MODEL, "kv_cache_tokens": 16384}
 
 
 class Fleet:
@@ -71,7 +61,7 @@ class Fleet:
         config.write_text(json.dumps({"models": [MODEL]}))
         os.environ["PYTHONPATH"] = str(ROOT)
         self.command = [
-            sys.executable, "-m", "benchmarking.emulator", "--port", "{port}",
+            sys.executable, "-m", "dataplane.emulator", "--port", "{port}",
             "--config", str(config), "--scheduling-policy", "priority",
         ]  # fmt: skip
         self.supervisor = ProcessSupervisor(
@@ -86,7 +76,7 @@ class Fleet:
             ActuatorKind.PROCESS,
             {"engine": "emulator", "base_port": base_port, "supervisor_url": self.server.url},
         )
-        from capacity.process_supervisor import DeploymentSpec
+        from dataplane.supervisor.supervisor import DeploymentSpec
 
         self.supervisor.scale(
             self.name, 2, DeploymentSpec("emulator", "127.0.0.1", base_port, 30.0)
@@ -115,7 +105,7 @@ class Fleet:
 
 
 def _free_base_port() -> int:
-    from tests.capacity.test_process_actuator import free_port_range
+    from tests.dataplane.supervisor.support import free_port_range
 
     return free_port_range(3)
 

@@ -15,8 +15,9 @@ from accounts.models import Customer
 from accounts.principals import PLANNERS_GROUP
 from bench.figures import Figure
 from bench.timing import median_latencies
-from capacity.cost_models import cost_model_record
 from capacity.models import Deployment, GpuPool, GpuType, Reservation, ServedModel, UsageMinute
+from capacity.pricing.cost_models import cost_model_record
+from capacity.pricing.features import mu_coefficients
 
 CUSTOMERS = 10_000
 USAGE_MINUTES_PER_CUSTOMER = 24  # one an hour over the last day
@@ -36,7 +37,7 @@ def _fixture() -> Client:
     weights = {"input_tokens": 1e-4, "output_tokens": 2e-3, "request": 0.01}
     cost_model_record(
         served_model=model, gpu_type=gpu, gpus_per_replica=1, features=list(weights),
-        weights_replica_seconds=weights, mu_per_unit={k: v * 100 / 60 for k, v in weights.items()},
+        weights_replica_seconds=weights, mu_per_unit=mu_coefficients(weights),
         sample_count=10, distinct_shapes=10, cv_mape=0.01, cv_worst_error=0.02,
         candidates=[], residuals=[],
     )  # fmt: skip

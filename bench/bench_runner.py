@@ -17,7 +17,6 @@ end-to-end latency minus the engine's own p99 for the same shapes.
 import asyncio
 import json
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,10 +25,11 @@ import httpx
 
 from bench.figures import Figure
 from benchmarking import runner
-from benchmarking.emulator.config import parse_config
-from benchmarking.emulator.engine import Listener
-from benchmarking.emulator.fleet import ModelFleet
 from controlplane import outbound
+from dataplane.emulator.config import parse_config
+from dataplane.emulator.engine import Listener
+from dataplane.emulator.fleet import ModelFleet
+from tests.support.processes import emulator_command
 
 ROOT = Path(__file__).resolve().parent.parent
 CONCURRENCY = 512
@@ -157,15 +157,7 @@ async def _runner_p99(base_url: str) -> float:
 
 def _start_emulator(config_path: Path, port: int) -> subprocess.Popen:
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "benchmarking.emulator",
-            "--port",
-            str(port),
-            "--config",
-            str(config_path),
-        ],
+        emulator_command(config_path, port),
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -2,18 +2,18 @@
 
 Traces: Azure's code and conversation traces scaled to about ten replicas at peak (static-peak
 sizes 9 and 10), and the two-day, three-customer diurnal rate-window scenario
-(benchmarking/data/scenarios). Also prints each comparison as the `simulate` command does, and
+(simulation/data/scenarios). Also prints each comparison as the `simulate` command does, and
 the share of the oracle's savings over static-peak that modelunit captures.
 """
 
 from pathlib import Path
 
 from bench.figures import Figure
-from benchmarking.management.commands.simulate import BUILT_IN_MODEL, load_scenario
-from benchmarking.simulator.compare import compare
-from benchmarking.traces import load_trace
+from simulation.engine.compare import compare
+from simulation.engine.traces import load_trace
+from simulation.management.commands.simulate import BUILT_IN_MODEL, load_scenario
 
-DATA = Path(__file__).resolve().parent.parent / "benchmarking" / "data"
+DATA = Path(__file__).resolve().parent.parent / "simulation" / "data"
 TRACES = DATA / "traces"
 POLICIES = ["static-peak", "kpa", "hpa-rps", "oracle", "modelunit"]
 CASES = (

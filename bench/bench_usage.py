@@ -26,10 +26,10 @@ from django.db import connection
 
 from accounts.services import api_key_create, customer_create
 from bench.figures import Figure
-from benchmarking.fitting import mu_coefficients
-from capacity.cost_models import cost_model_record
+from capacity.metering.utilisation import customer_utilisation
 from capacity.models import GpuType, ServedModel
-from capacity.utilisation import customer_utilisation
+from capacity.pricing.cost_models import cost_model_record
+from capacity.pricing.features import mu_coefficients
 
 ROOT = Path(__file__).resolve().parent.parent
 BATCH = 5_000

@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from benchmarking.models import BenchmarkRun, BenchmarkSample, BenchmarkSuite, WhatIfRun
+from benchmarking.models import BenchmarkRun, BenchmarkSample, BenchmarkSuite
 from controlplane.audit import AuditedAdminMixin
 
 
@@ -17,17 +17,23 @@ class BenchmarkSuiteAdmin(AuditedAdminMixin, admin.ModelAdmin):
     search_fields = ["name", "description"]
 
 
+# A sample's measured point, in the order the run's page and the list show it.
+SAMPLE_POINT_FIELDS = [
+    "input_len",
+    "output_len",
+    "concurrency",
+    "requests_per_s",
+    "ttft_p95_ms",
+    "tpot_p95_ms",
+]
+
+
 class BenchmarkSampleInline(admin.TabularInline):
     model = BenchmarkSample
     extra = 0
     can_delete = False
     fields = [
-        "input_len",
-        "output_len",
-        "concurrency",
-        "requests_per_s",
-        "ttft_p95_ms",
-        "tpot_p95_ms",
+        *SAMPLE_POINT_FIELDS,
         "error_count",
         "slo_met",
         "sustainable",
@@ -71,46 +77,7 @@ class BenchmarkRunAdmin(admin.ModelAdmin):
 
 @admin.register(BenchmarkSample)
 class BenchmarkSampleAdmin(admin.ModelAdmin):
-    list_display = [
-        "run",
-        "input_len",
-        "output_len",
-        "concurrency",
-        "requests_per_s",
-        "ttft_p95_ms",
-        "tpot_p95_ms",
-        "sustainable",
-    ]
+    list_display = ["run", *SAMPLE_POINT_FIELDS, "sustainable"]
     list_filter = ["sustainable", "slo_met"]
     search_fields = ["run__served_model__name"]
     list_select_related = ["run"]
-
-
-@admin.register(WhatIfRun)
-class WhatIfRunAdmin(admin.ModelAdmin):
-    list_display = [
-        "id",
-        "served_model",
-        "trace_name",
-        "trace_filename",
-        "status",
-        "progress_done",
-        "progress_total",
-        "requested_by",
-        "created_at",
-        "finished_at",
-    ]
-    list_filter = ["status", "trace_name", "served_model"]
-    search_fields = ["served_model__name", "trace_name", "trace_filename", "error"]
-    list_select_related = ["served_model", "requested_by"]
-    readonly_fields = [
-        "status",
-        "progress_done",
-        "progress_total",
-        "progress_message",
-        "error",
-        "result",
-        "created_at",
-        "started_at",
-        "finished_at",
-    ]

@@ -29,13 +29,17 @@ class ImportedRow:
     concurrency: int | None = None
 
 
-def _positive_int(value: str, *, column: str, line: int, allow_zero: bool = False) -> int:
+def _number(value: str, *, column: str, line: int) -> float:
     try:
-        number = float(value)
+        return float(value)
     except ValueError:
         raise DomainError(
             f"line {line}: {column} '{value}' is not a number.", field=column
         ) from None
+
+
+def _positive_int(value: str, *, column: str, line: int, allow_zero: bool = False) -> int:
+    number = _number(value, column=column, line=line)
     if not math.isfinite(number) or number != int(number):
         raise DomainError(f"line {line}: {column} '{value}' is not a whole number.", field=column)
     if number < 0 or (number == 0 and not allow_zero):
@@ -47,12 +51,7 @@ def _positive_int(value: str, *, column: str, line: int, allow_zero: bool = Fals
 
 
 def _positive_float(value: str, *, column: str, line: int) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise DomainError(
-            f"line {line}: {column} '{value}' is not a number.", field=column
-        ) from None
+    number = _number(value, column=column, line=line)
     if not math.isfinite(number) or number <= 0:
         raise DomainError(f"line {line}: {column} must be > 0, got {value}.", field=column)
     return number

@@ -21,33 +21,21 @@ describe the engine or merely the noise.
 from __future__ import annotations
 
 import math
-import operator
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from sklearn.linear_model import LinearRegression
 from sklearn.model_selection import KFold
 
-FEATURES: tuple[str, ...] = (
-    "input_tokens",  # uncached input (prefill) tokens
-    "cached_input_tokens",  # input tokens served from the prefix cache
-    "output_tokens",  # decoded tokens
-    "input_x_output_per_1000",  # every decode step reads the whole prompt's KV cache
-    "output_sq_per_1000",  # ... and the part of the context decoded so far
-    "images",
-    "request",  # constant 1: per-request overhead (scheduling, sampling setup, detokenising)
+from capacity.pricing.features import (
+    FEATURES,
+    PLAIN_FEATURES,
+    FitError,
+    Shape,
+    canonical_features,
+    feature_matrix,
 )
-
-# The seeds' α/β/γ model: cost = α·input + β·output + γ.
-PLAIN_FEATURES: tuple[str, ...] = ("input_tokens", "output_tokens", "request")
-
-# Which feature's MU coefficient is which of the seeds' α, β, γ (see mu_coefficients).
-ALPHA_BETA_GAMMA_FEATURES: Mapping[str, str] = {
-    "alpha": "input_tokens",
-    "beta": "output_tokens",
-    "gamma": "request",
-}
 
 MIN_DISTINCT_SHAPES = 6
 
@@ -57,46 +45,6 @@ MIN_DISTINCT_SHAPES = 6
 # extra weights would price noise. Both thresholds are on CV MAPE expressed as a fraction.
 MIN_MAPE_IMPROVEMENT_ABSOLUTE = 0.005
 MIN_MAPE_IMPROVEMENT_RELATIVE = 0.10
-
-SECONDS_PER_MINUTE = 60.0
-
-
-class FitError(ValueError):
-    """The benchmark data cannot support a cost model; the message says why, for a planner."""
-
-
-@dataclass(frozen=True)
-class Shape:
-    """One request shape: token counts and image count of a benchmarked (or metered) request."""
-
-    input_tokens: int  # uncached input tokens
-    output_tokens: int
-    cached_input_tokens: int = 0
-    images: int = 0
-
-    def __post_init__(self) -> None:
-        for field in fields(self):
-            raw = getattr(self, field.name)
-            try:
-                count = operator.index(raw)
-            except TypeError:
-                raise ValueError(f"Shape.{field.name} must be an integer, got {raw!r}") from None
-            if count < 0:
-                raise ValueError(f"Shape.{field.name} must not be negative, got {count}")
-            # Normalise numpy integers to int so equal shapes hash equal and print plainly.
-            object.__setattr__(self, field.name, int(count))
-
-    @property
-    def total_input_tokens(self) -> int:
-        return self.input_tokens + self.cached_input_tokens
-
-    def describe(self) -> str:
-        text = f"input {self.input_tokens}, output {self.output_tokens}"
-        if self.cached_input_tokens:
-            text += f", cached {self.cached_input_tokens}"
-        if self.images:
-            text += f", images {self.images}"
-        return f"({text})"
 
 
 @dataclass(frozen=True)
@@ -124,147 +72,6 @@ class FitResult:
     distinct_shapes: int
     residuals: tuple[Residual, ...]  # in-sample, of the final fit on all data, one per sample
     candidates: tuple[CandidateScore, ...]  # every feature set tried, with its CV score
-
-
-# --- features -----------------------------------------------------------------------------------
-
-
-def _canonical_features(features: Sequence[str]) -> tuple[str, ...]:
-    if isinstance(features, str):
-        # A bare string is a sequence of characters; catching it here beats "unknown feature 'i'".
-        raise FitError(f"features must be a sequence of feature names, got the string {features!r}")
-    unknown = sorted(set(features) - set(FEATURES))
-    if unknown:
-        raise FitError(f"unknown feature(s) {unknown}; known features are {list(FEATURES)}")
-    if not features:
-        raise FitError("a feature set must name at least one feature")
-    chosen = set(features)
-    return tuple(name for name in FEATURES if name in chosen)
-
-
-def _feature_values(input_tokens, cached_tokens, output_tokens, images, one) -> dict:
-    """Every feature from uncached input, cached input, output and images — numpy arrays or
-    plain numbers alike. The one definition of every feature."""
-    # Cached tokens still sit in the KV cache that every decode step reads, hence the total.
-    total_input_tokens = input_tokens + cached_tokens
-    return {
-        "input_tokens": input_tokens,
-        "cached_input_tokens": cached_tokens,
-        "output_tokens": output_tokens,
-        "input_x_output_per_1000": total_input_tokens * output_tokens / 1000.0,
-        "output_sq_per_1000": output_tokens * output_tokens / 1000.0,
-        "images": images,
-        "request": one,
-    }
-
-
-def feature_columns(
-    *,
-    input_tokens: np.ndarray,
-    cached_input_tokens: np.ndarray,
-    output_tokens: np.ndarray,
-    images: np.ndarray,
-    features: Sequence[str],
-) -> np.ndarray:
-    """The feature matrix from token-count arrays (uncached input, cached input, output,
-    images), without building a Shape per request: usage ingestion prices thousands of
-    events per batch this way."""
-    names = tuple(features)
-    _canonical_features(names)  # validates the names
-    input_tokens = np.asarray(input_tokens, dtype=float)
-    values = _feature_values(
-        input_tokens,
-        np.asarray(cached_input_tokens, dtype=float),
-        np.asarray(output_tokens, dtype=float),
-        np.asarray(images, dtype=float),
-        np.ones(len(input_tokens)),
-    )
-    return np.column_stack([values[name] for name in names])
-
-
-def replica_seconds_of(
-    weights: Mapping[str, float],
-    *,
-    input_tokens: float,
-    cached_input_tokens: float = 0.0,
-    output_tokens: float,
-    images: float = 0.0,
-) -> float:
-    """`predict_replica_seconds` for one request in plain Python: admission prices one request
-    per decision, where building numpy arrays would cost more than the arithmetic."""
-    values = _feature_values(
-        float(input_tokens), float(cached_input_tokens), float(output_tokens), float(images), 1.0
-    )
-    return sum(float(weight) * values[name] for name, weight in weights.items())
-
-
-def feature_matrix(shapes: Sequence[Shape], features: Sequence[str]) -> np.ndarray:
-    """One row per shape, one column per feature (in the order given)."""
-    return feature_columns(
-        input_tokens=np.array([s.input_tokens for s in shapes], dtype=float),
-        cached_input_tokens=np.array([s.cached_input_tokens for s in shapes], dtype=float),
-        output_tokens=np.array([s.output_tokens for s in shapes], dtype=float),
-        images=np.array([s.images for s in shapes], dtype=float),
-        features=features,
-    )
-
-
-def feature_vector(shape: Shape, features: Sequence[str]) -> np.ndarray:
-    return feature_matrix([shape], features)[0]
-
-
-# --- prediction and model units -----------------------------------------------------------------
-
-
-def predict_replica_seconds(weights: Mapping[str, float], shape: Shape) -> float:
-    """Replica-seconds the shape costs; features missing from `weights` weigh 0."""
-    names = tuple(weights)
-    if not names:
-        return 0.0
-    w = np.array([float(weights[name]) for name in names])
-    return float(feature_vector(shape, names) @ w)
-
-
-def predict_requests_per_s(weights: Mapping[str, float], shape: Shape) -> float:
-    """Sustainable requests/s of one replica serving only this shape."""
-    replica_seconds = predict_replica_seconds(weights, shape)
-    if not replica_seconds > 0:
-        raise ValueError(
-            f"the cost model prices shape {shape.describe()} at {replica_seconds} replica-seconds;"
-            " a throughput needs a positive cost"
-        )
-    return 1.0 / replica_seconds
-
-
-def _check_replica_mu_per_minute(replica_mu_per_minute: float) -> None:
-    if not (math.isfinite(replica_mu_per_minute) and replica_mu_per_minute > 0):
-        raise ValueError(
-            f"replica_mu_per_minute must be a positive finite number, got {replica_mu_per_minute}"
-        )
-
-
-def mu_coefficients(
-    weights: Mapping[str, float], replica_mu_per_minute: float = 100.0
-) -> dict[str, float]:
-    """MU per unit of each feature, keyed by feature name: w_f · R / 60.
-
-    On the reference GPU a replica mints R MU per minute, so one replica-second is R/60 MU. The
-    seeds' α, β, γ are the entries for input_tokens, output_tokens and request
-    (ALPHA_BETA_GAMMA_FEATURES).
-    """
-    _check_replica_mu_per_minute(replica_mu_per_minute)
-    if weights:
-        _canonical_features(tuple(weights))  # rejects misspelt feature names
-    mu_per_replica_second = replica_mu_per_minute / SECONDS_PER_MINUTE
-    return {name: float(weights.get(name, 0.0)) * mu_per_replica_second for name in FEATURES}
-
-
-def mu_for(
-    weights: Mapping[str, float], shape: Shape, replica_mu_per_minute: float = 100.0
-) -> float:
-    """Model units one request of this shape costs."""
-    _check_replica_mu_per_minute(replica_mu_per_minute)
-    return predict_replica_seconds(weights, shape) * replica_mu_per_minute / SECONDS_PER_MINUTE
 
 
 # --- validation ---------------------------------------------------------------------------------
@@ -424,7 +231,7 @@ def fit_cost_model(
         raw_sets: Sequence[Sequence[str]] = _default_candidate_sets(shapes)
     else:
         raw_sets = candidate_sets
-    feature_sets = list(dict.fromkeys(_canonical_features(s) for s in raw_sets))
+    feature_sets = list(dict.fromkeys(canonical_features(s) for s in raw_sets))
     if not feature_sets:
         raise FitError("no candidate feature sets to try")
 
@@ -478,7 +285,7 @@ def held_out_errors(
     replica_seconds = _validated_targets(shapes, requests_per_s)
     groups = _shape_groups(shapes)
     splits = _group_splits(groups, int(groups.max()) + 1, seed=None)
-    names = _canonical_features(features)
+    names = canonical_features(features)
     errors = np.abs(
         _held_out_relative_errors(feature_matrix(shapes, names), replica_seconds, splits)
     )

@@ -22,8 +22,9 @@ from django.utils import timezone
 from benchmarking import fitting, runner
 from benchmarking.csv_import import parse_throughput_csv
 from benchmarking.models import BenchmarkRun, BenchmarkSample, BenchmarkSuite
-from capacity.cost_models import cost_model_record
 from capacity.models import CostModel, Deployment, GpuType, ServedModel
+from capacity.pricing.cost_models import cost_model_record
+from capacity.pricing.features import REPLICA_MU_PER_MINUTE, Shape, mu_coefficients
 from controlplane import outbound
 from controlplane.errors import ConflictError, DomainError
 
@@ -469,7 +470,7 @@ def cost_model_fit(
         )
     samples = list(run.samples.filter(sustainable=True, requests_per_s__gt=0))
     shapes = [
-        fitting.Shape(
+        Shape(
             input_tokens=s.input_len - s.cached_input_len,
             output_tokens=s.output_len,
             cached_input_tokens=s.cached_input_len,
@@ -480,8 +481,8 @@ def cost_model_fit(
         result = fitting.fit_cost_model(shapes, [s.requests_per_s for s in samples])
     except fitting.FitError as error:
         raise DomainError(str(error), field="run", code="cannot_fit") from None
-    replica_mu_per_minute = 100.0
-    mu_per_unit = fitting.mu_coefficients(result.weights_replica_seconds, replica_mu_per_minute)
+    replica_mu_per_minute = REPLICA_MU_PER_MINUTE
+    mu_per_unit = mu_coefficients(result.weights_replica_seconds, replica_mu_per_minute)
     return cost_model_record(
         served_model=run.served_model,
         gpu_type=run.gpu_type,

@@ -67,7 +67,7 @@ class InvoiceLineInline(admin.TabularInline):
 
 @admin.register(Invoice)
 class InvoiceAdmin(AuditedAdminMixin, admin.ModelAdmin):
-    """Invoices are made by generate_invoices and frozen once issued: read-only here."""
+    """Invoices are made by invoice_generate and frozen once issued: read-only here."""
 
     list_display = ("customer", "period_start", "status", "currency", "total")
     list_filter = ("status", "period_start", "currency")

@@ -16,7 +16,7 @@ from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import F, Sum
 from django.utils import timezone
 
@@ -28,9 +28,8 @@ from billing.rates import cards_by_model, rate_segments
 from capacity.models import Reservation, ReservationChange, UsageMinute
 from controlplane.audit import audit_record
 from controlplane.bounds import EARLIEST, LATEST
+from controlplane.db import Lock, lock_for_transaction
 from controlplane.errors import ConflictError, DomainError
-
-ADVISORY_LOCK_BASE = 0x4249_4C4C  # "BILL"
 
 
 @dataclass
@@ -111,7 +110,7 @@ def build_lines(period: str | date, *, customers=None, until: datetime | None = 
     return first, lines_by_customer, result
 
 
-def generate_invoices(period: str | date, *, customers=None) -> GenerationResult:
+def invoice_generate(*, period: str | date, customers=None) -> GenerationResult:
     first, _, _ = period_bounds(period)
     with transaction.atomic():
         # Lines are built after the lock is held (READ COMMITTED: each query sees what the
@@ -125,15 +124,10 @@ def generate_invoices(period: str | date, *, customers=None) -> GenerationResult
 def _lock_period(first: date) -> None:
     """The period's advisory lock, to the end of the transaction. SQLite needs none: its
     transactions begin IMMEDIATE (settings), which serialises writers anyway."""
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT pg_advisory_xact_lock(%s, %s)",
-                [ADVISORY_LOCK_BASE, first.year * 12 + first.month],
-            )
+    lock_for_transaction(Lock.INVOICE_PERIOD, first.year * 12 + first.month)
 
 
-def invoice_estimate(customer: Customer, period: str | date) -> dict:
+def invoice_estimate(*, customer: Customer, period: str | date) -> dict:
     """What the customer's invoice for the period holds so far (not stored): the live
     month-to-date estimate; commitments count up to now, not to the month's end."""
     first, lines_by_customer, _ = build_lines(period, customers=[customer], until=timezone.now())
@@ -408,7 +402,7 @@ def _credit_lines(
 
 
 def _store_drafts(first: date, lines_by_customer: dict, result: GenerationResult) -> None:
-    """Replace the period's drafts of these customers, inside generate_invoices' transaction
+    """Replace the period's drafts of these customers, inside invoice_generate's transaction
     and lock; customers with an issued invoice for the period are left exactly as they are."""
     now = timezone.now()
     with transaction.atomic():
@@ -454,7 +448,7 @@ def _store_drafts(first: date, lines_by_customer: dict, result: GenerationResult
 
 
 @transaction.atomic
-def invoice_issue(invoice: Invoice, *, actor: str | None = None) -> Invoice:
+def invoice_issue(*, invoice: Invoice, actor: str | None = None) -> Invoice:
     invoice = Invoice.objects.select_for_update().get(pk=invoice.pk)
     if invoice.status != Invoice.Status.DRAFT:
         raise ConflictError(f"Only a draft can be issued; this invoice is {invoice.status}.")

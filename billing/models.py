@@ -39,6 +39,7 @@ class RateCard(models.Model):
     class Meta:
         ordering = ["served_model__name", "effective_from"]
         constraints = [
+            # serves: billing.rates.cards_by_model (a model's cards by effective_from)
             models.UniqueConstraint(
                 fields=["served_model", "effective_from"], name="rate_card_one_per_date"
             )
@@ -68,6 +69,7 @@ class Invoice(models.Model):
         ordering = ["-period_start", "customer__slug"]
         constraints = [
             # One live invoice per customer, month and currency; void ones are kept beside it.
+            # serves: generation._store_drafts; billing.selectors.recent_invoices_of_customer
             models.UniqueConstraint(
                 fields=["customer", "period_start", "currency"],
                 condition=~Q(status="void"),

@@ -97,9 +97,9 @@ def rate_card_used(card: RateCard) -> bool:
 
 
 @transaction.atomic
-def rate_card_update(card: RateCard, **prices) -> RateCard:
+def rate_card_update(*, rate_card: RateCard, **prices) -> RateCard:
     """Change an unused card's prices; a used one is refused (publish a new version)."""
-    card = RateCard.objects.select_for_update().get(pk=card.pk)
+    card = RateCard.objects.select_for_update().get(pk=rate_card.pk)
     if rate_card_used(card):
         raise ConflictError(
             "This rate card has priced an issued invoice and cannot change; create a new "

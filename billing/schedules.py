@@ -7,7 +7,7 @@ NAME = "billing: last month's draft invoices"
 
 
 @transaction.atomic
-def sync_billing_schedules() -> int:
+def billing_schedules_sync() -> int:
     # 03:00 UTC on the 1st, after the month's last rollups have settled.
     monthly, _ = CrontabSchedule.objects.get_or_create(
         minute="0", hour="3", day_of_month="1", month_of_year="*", day_of_week="*", timezone="UTC"

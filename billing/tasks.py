@@ -5,7 +5,7 @@ from datetime import timedelta
 from celery import shared_task
 from django.utils import timezone
 
-from billing.generation import generate_invoices
+from billing.generation import invoice_generate
 
 
 @shared_task(name="billing.generate_last_month")
@@ -13,5 +13,5 @@ def generate_last_month() -> dict:
     """The previous month's drafts (run on the 1st; re-running replaces drafts only)."""
     first_of_this_month = timezone.now().date().replace(day=1)
     last_month = (first_of_this_month - timedelta(days=1)).replace(day=1)
-    result = generate_invoices(last_month)
+    result = invoice_generate(period=last_month)
     return {"period": result.period, "drafts": result.drafts, "skipped": result.skipped_issued}

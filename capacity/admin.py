@@ -1,7 +1,8 @@
 from django import forms
 from django.contrib import admin
 
-from capacity.actuator_config import validate_actuator_config
+from capacity.actuation.config import validate_actuator_config
+from capacity.catalog.services import DEPLOYMENT_FIELDS, check_fits_pool
 from capacity.models import (
     ActuatorCircuit,
     AdmissionAllowance,
@@ -26,10 +27,9 @@ from capacity.models import (
     UsageEvent,
     UsageMinute,
 )
-from capacity.prometheus import validate_selector
-from capacity.services import DEPLOYMENT_FIELDS, check_fits_pool
+from capacity.telemetry.prometheus import validate_selector
 from controlplane import outbound
-from controlplane.audit import AuditedAdminMixin
+from controlplane.audit import AuditedAdminMixin, ReadOnlyAdminMixin
 from controlplane.errors import DomainError
 
 
@@ -152,14 +152,14 @@ class CostModelAdmin(AuditedAdminMixin, admin.ModelAdmin):
 
     @admin.action(description="Activate (retires the version it replaces)")
     def activate_selected(self, request, queryset):
-        from capacity.cost_models import cost_model_activate
+        from capacity.pricing.cost_models import cost_model_activate
 
         for cost_model in queryset:
             cost_model_activate(cost_model=cost_model)
 
     @admin.action(description="Retire")
     def retire_selected(self, request, queryset):
-        from capacity.cost_models import cost_model_retire
+        from capacity.pricing.cost_models import cost_model_retire
 
         for cost_model in queryset.exclude(status=CostModel.Status.RETIRED):
             cost_model_retire(cost_model=cost_model)
@@ -176,7 +176,7 @@ class ReservationChangeInline(admin.TabularInline):
 
 
 @admin.register(Reservation)
-class ReservationAdmin(AuditedAdminMixin, admin.ModelAdmin):
+class ReservationAdmin(AuditedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     """Read-only here: selling goes through the API, which checks capacity under a lock."""
 
     list_display = [
@@ -191,35 +191,17 @@ class ReservationAdmin(AuditedAdminMixin, admin.ModelAdmin):
     list_filter = ["status", "served_model", "keep_warm"]
     search_fields = ["customer__slug", "served_model__name", "notes"]
     list_select_related = ["customer", "served_model"]
+    # Never deleted either: a sold reservation is billed; cancel it through the API.
     inlines = [ReservationChangeInline]
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        # A sold reservation is billed: cancel it through the API, never delete it.
-        return False
 
 
 @admin.register(ReservationChange)
-class ReservationChangeAdmin(admin.ModelAdmin):
+class ReservationChangeAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     """A reservation's history: written by its services, never edited."""
 
     list_display = ["reservation", "kind", "changed_by", "changed_at"]
     list_filter = ["kind"]
     search_fields = ["changed_by", "reservation__customer__slug"]
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
 
 
 @admin.register(UsageEvent)
@@ -353,7 +335,7 @@ class CapacitySampleAdmin(admin.ModelAdmin):
         return False
 
 
-# --- Runtime health (capacity.health, capacity.degradation) -------------------------------
+# --- Runtime health (capacity.health.probes, capacity.health.degradation) -------------------------
 
 
 class _WrittenBySystem(admin.ModelAdmin):
@@ -457,7 +439,7 @@ class DegradationPolicyAdminForm(forms.ModelForm):
         ]
 
     def clean(self):
-        from capacity.health_services import policy_problems
+        from capacity.health.services import policy_problems
 
         cleaned = super().clean()
         served_model = cleaned.get("served_model")

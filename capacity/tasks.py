@@ -2,12 +2,13 @@
 
 from celery import shared_task
 
-from capacity import reservations, rollups
+from capacity.metering import rollups
+from capacity.selling import reservations
 
 
 @shared_task(name="capacity.usage_rollup", expires=25)
 def usage_rollup() -> dict:
-    from capacity.admission import fallback_records_prune
+    from capacity.admission.gate import fallback_records_prune
 
     result = rollups.usage_rollup()
     # Fallback admission records are needed only while their usage events may still arrive.
@@ -22,7 +23,7 @@ def reservations_refresh_status() -> dict:
 
 @shared_task(name="capacity.allocation_tick", queue="allocation", expires=12)
 def allocation_tick() -> dict:
-    from capacity.allocation_tick import allocation_tick as tick
+    from capacity.allocation.tick import allocation_tick as tick
 
     result = tick()
     return {"tick_id": result.tick_id, "skipped": result.skipped, "applied": result.applied,
@@ -31,8 +32,8 @@ def allocation_tick() -> dict:
 
 @shared_task(name="capacity.health_probes", queue="health", expires=10)
 def health_probes() -> dict:
-    from capacity.degradation import evaluate_all
-    from capacity.health import probe_round
+    from capacity.health.degradation import evaluate_all
+    from capacity.health.probes import probe_round
 
     result = probe_round()
     changes = evaluate_all()

@@ -1,22 +1,14 @@
 from django.contrib import admin
 
+from controlplane.audit import ReadOnlyAdminMixin
 from controlplane.models import AuditEntry
 
 
 @admin.register(AuditEntry)
-class AuditEntryAdmin(admin.ModelAdmin):
+class AuditEntryAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     """The audit log is written by services only: nobody edits or deletes history here."""
 
     list_display = ["at", "actor", "action", "object_type", "object_repr"]
     list_filter = ["action", "object_type"]
     search_fields = ["actor", "action", "object_repr", "object_id", "reason"]
     date_hierarchy = "at"
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False

@@ -164,6 +164,20 @@ def all_fields(obj: models.Model) -> list[str]:
     ]
 
 
+class ReadOnlyAdminMixin:
+    """An admin page that only shows: rows written by services (histories, logs, records),
+    never added, edited or deleted by hand."""
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
 class AuditedAdminMixin:
     """For ModelAdmins: changes made in the admin are written to the audit log too, with the
     staff user as the actor (the admin saves models itself, not through the services)."""

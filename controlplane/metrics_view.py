@@ -1,4 +1,4 @@
-"""GET /metrics: the control plane's own Prometheus metrics (capacity.metrics)."""
+"""GET /metrics: the control plane's own Prometheus metrics (capacity.telemetry.metrics)."""
 
 import os
 

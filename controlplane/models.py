@@ -11,6 +11,7 @@ class AuditEntry(models.Model):
     so a rolled-back change leaves no entry and a committed one always has its entry.
     """
 
+    # serves: audit_selectors.audit_entries_newest_first (the audit list by -at)
     at = models.DateTimeField(default=timezone.now, db_index=True)
     # "user:alice", "key:mu1a2b3c4d5e6f (customer:acme)", "system:migration …": who acted.
     actor = models.CharField(max_length=200)
@@ -26,6 +27,7 @@ class AuditEntry(models.Model):
         ordering = ["-at", "-id"]
         indexes = [
             # An object's own history (the planner's per-object view).
+            # serves: controlplane.audit.entries_about; the audit list filtered to one object
             models.Index(fields=["object_type", "object_id", "-at"], name="audit_object_history"),
         ]
         verbose_name_plural = "audit entries"

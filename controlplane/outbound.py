@@ -370,65 +370,52 @@ def _ssl_context(verify, cert) -> ssl.SSLContext:
     return httpx.create_ssl_context(verify=verify, cert=cert)
 
 
-class GuardedTransport(httpx.HTTPTransport):
+class _GuardedPool:
+    """httpx's transport over the same connection pool httpx builds, plus the network backend
+    that vets every TCP connection (the sync and async transports differ only in the classes)."""
+
+    _pool_class: type
+    _backend_class: type
+
+    def __init__(
+        self,
+        host_policy: HostPolicy,
+        *,
+        verify: ssl.SSLContext | str | bool = True,
+        cert=None,
+        http1: bool = True,
+        http2: bool = False,
+        limits: httpx.Limits = _DEFAULT_LIMITS,
+        retries: int = 0,
+    ) -> None:
+        ssl_context = _ssl_context(verify, cert)
+        super().__init__(  # the httpx transport after this class in the MRO
+            verify=ssl_context, trust_env=False, http1=http1, http2=http2, limits=limits
+        )
+        self._pool = self._pool_class(
+            ssl_context=ssl_context,
+            max_connections=limits.max_connections,
+            max_keepalive_connections=limits.max_keepalive_connections,
+            keepalive_expiry=limits.keepalive_expiry,
+            http1=http1,
+            http2=http2,
+            retries=retries,
+            network_backend=self._backend_class(host_policy),
+        )
+
+
+class GuardedTransport(_GuardedPool, httpx.HTTPTransport):
     """httpx's transport over a connection pool whose every TCP connection is vetted."""
 
-    def __init__(
-        self,
-        host_policy: HostPolicy,
-        *,
-        verify: ssl.SSLContext | str | bool = True,
-        cert=None,
-        http1: bool = True,
-        http2: bool = False,
-        limits: httpx.Limits = _DEFAULT_LIMITS,
-        retries: int = 0,
-    ) -> None:
-        ssl_context = _ssl_context(verify, cert)
-        super().__init__(
-            verify=ssl_context, trust_env=False, http1=http1, http2=http2, limits=limits
-        )
-        # The same pool httpx builds, plus the network backend that checks each connection.
-        self._pool = httpcore.ConnectionPool(
-            ssl_context=ssl_context,
-            max_connections=limits.max_connections,
-            max_keepalive_connections=limits.max_keepalive_connections,
-            keepalive_expiry=limits.keepalive_expiry,
-            http1=http1,
-            http2=http2,
-            retries=retries,
-            network_backend=_GuardedSyncBackend(host_policy),
-        )
+    _pool_class = httpcore.ConnectionPool
+    _backend_class = _GuardedSyncBackend
 
 
-class AsyncGuardedTransport(httpx.AsyncHTTPTransport):
+class AsyncGuardedTransport(_GuardedPool, httpx.AsyncHTTPTransport):
     """The async twin of GuardedTransport."""
 
-    def __init__(
-        self,
-        host_policy: HostPolicy,
-        *,
-        verify: ssl.SSLContext | str | bool = True,
-        cert=None,
-        http1: bool = True,
-        http2: bool = False,
-        limits: httpx.Limits = _DEFAULT_LIMITS,
-        retries: int = 0,
-    ) -> None:
-        ssl_context = _ssl_context(verify, cert)
-        super().__init__(
-            verify=ssl_context, trust_env=False, http1=http1, http2=http2, limits=limits
-        )
-        self._pool = httpcore.AsyncConnectionPool(
-            ssl_context=ssl_context,
-            max_connections=limits.max_connections,
-            max_keepalive_connections=limits.max_keepalive_connections,
-            keepalive_expiry=limits.keepalive_expiry,
-            http1=http1,
-            http2=http2,
-            retries=retries,
-            network_backend=_GuardedAsyncBackend(host_policy),
-        )
+    _pool_class = httpcore.AsyncConnectionPool
+    _backend_class = _GuardedAsyncBackend
 
 
 class GuardedClient(httpx.Client):

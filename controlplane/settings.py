@@ -88,6 +88,7 @@ INSTALLED_APPS = [
     "capacity",
     "benchmarking",
     "billing",
+    "simulation",
     "planner",
 ]
 
@@ -321,7 +322,7 @@ USAGE_MAX_FUTURE_SECONDS = env_int("USAGE_MAX_FUTURE_SECONDS", 300, minimum=0)
 # A usage event's request ran at most this long (started_at ≥ finished_at − this).
 USAGE_MAX_DURATION_HOURS = env_int("USAGE_MAX_DURATION_HOURS", 24, minimum=1)
 
-# --- Reservations (capacity/reservations.py) ----------------------------------------------------
+# --- Reservations (capacity/selling/reservations.py) ----------------------------------------------
 # A sale ends at most this many days after it starts (or is open-ended).
 RESERVATION_MAX_TERM_DAYS = env_int("RESERVATION_MAX_TERM_DAYS", 3650, minimum=1)
 # A sale starts at most this many days from now, in the future or (backdated) in the past.
@@ -337,7 +338,7 @@ ALLOCATION_STABILISATION_SECONDS = env_int("ALLOCATION_STABILISATION_SECONDS", 1
 ALLOCATION_PUSH_DEADLINE_SECONDS = env_float("ALLOCATION_PUSH_DEADLINE_SECONDS", 10.0, minimum=0.5)
 # The fleet page charts 7 days; a day more keeps the oldest bucket whole.
 CAPACITY_HISTORY_DAYS = env_int("CAPACITY_HISTORY_DAYS", 8, minimum=1)
-# --- Health probes (capacity/health.py) ---------------------------------------------------------
+# --- Health probes (capacity/health/probes.py) ----------------------------------------------------
 HEALTH_PROBE_INTERVAL_SECONDS = env_int("HEALTH_PROBE_INTERVAL_SECONDS", 5, minimum=1)
 HEALTH_PROBE_TIMEOUT_SECONDS = env_float("HEALTH_PROBE_TIMEOUT_SECONDS", 5.0, minimum=0.1)
 HEALTH_PROBE_FAILURES = env_int("HEALTH_PROBE_FAILURES", 3, minimum=1)
@@ -348,7 +349,7 @@ HEALTH_PROBE_PRIORITY = env_optional_int("HEALTH_PROBE_PRIORITY", -1)
 HEALTH_PROBE_HISTORY_HOURS = env_int("HEALTH_PROBE_HISTORY_HOURS", 24, minimum=1)
 HEALTH_RESTART_RETRY_SECONDS = env_int("HEALTH_RESTART_RETRY_SECONDS", 120, minimum=1)
 HEALTH_UNLISTED_GONE_SECONDS = env_int("HEALTH_UNLISTED_GONE_SECONDS", 600, minimum=1)
-# --- Admission (capacity/admission.py) ------------------------------------------------------------
+# --- Admission (capacity/admission/gate.py) -------------------------------------------------------
 ADMISSION_REDIS_URL = env_redis_url("ADMISSION_REDIS_URL", REDIS_URL)
 # Burst tolerance of every bucket, in seconds of its rate.
 ADMISSION_BURST_SECONDS = env_int("ADMISSION_BURST_SECONDS", 10, minimum=1)
@@ -389,7 +390,7 @@ BILLING_CURRENCY = env_str("BILLING_CURRENCY", "USD")
 # refused while the customer used less than its reservation.
 BILLING_SLA_CREDIT_SHARE = float(env_str("BILLING_SLA_CREDIT_SHARE", "0.5"))
 
-# The TTFT the fleet is sized to keep under sub-minute bursts (capacity.bursts).
+# The TTFT the fleet is sized to keep under sub-minute bursts (capacity.allocation.bursts).
 ALLOCATION_TTFT_SLO_MS = env_int("ALLOCATION_TTFT_SLO_MS", 2000, minimum=1)
 
 # --- Trust boundaries: what the control plane may reach, and with which secrets ------------------

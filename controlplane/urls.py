@@ -5,7 +5,7 @@ from django.views import defaults
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
-from controlplane import health, metrics_view
+from controlplane import liveness, metrics_view
 from controlplane.api.errors import json_404, json_500
 
 api_v1 = [
@@ -16,8 +16,8 @@ api_v1 = [
 ]
 
 urlpatterns = [
-    path("healthz", health.healthz, name="healthz"),
-    path("readyz", health.readyz, name="readyz"),
+    path("healthz", liveness.healthz, name="healthz"),
+    path("readyz", liveness.readyz, name="readyz"),
     path("metrics", metrics_view.metrics, name="metrics"),
     path("admin/", admin.site.urls),
     path(

@@ -48,8 +48,8 @@ $BIN/python manage.py seed_demo --emulator-url "http://$HOST:$EMULATOR_PORT"
 $BIN/python manage.py setup_periodic_tasks
 
 # The engine emulator stands in for the data plane (a vLLM fleet) in the demo.
-$BIN/python -m benchmarking.emulator --host "$HOST" --port "$EMULATOR_PORT" \
-  --config benchmarking/emulator/demo.json > var/log/emulator.log 2>&1 &
+$BIN/python -m dataplane.emulator --host "$HOST" --port "$EMULATOR_PORT" \
+  --config dataplane/emulator/demo.json > var/log/emulator.log 2>&1 &
 pids+=($!)
 
 $BIN/gunicorn controlplane.wsgi:application --bind "$HOST:$PORT" --workers 2 \

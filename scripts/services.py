@@ -24,7 +24,8 @@ import redis
 
 ROOT = Path(__file__).resolve().parent.parent
 WAIT_SECONDS = 30
-# The tests start their own Prometheus from this binary (tests/prometheus_server.py): Debian's
+# The tests start their own Prometheus from this binary (tests/support/prometheus_server.py):
+# Debian's
 # `prometheus` package puts it here.
 PROMETHEUS_BINARY = Path("/usr/bin/prometheus")
 CHROMIUM_BINARY = Path(os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium"))
@@ -38,18 +39,24 @@ def _redis_answers(url: str) -> bool:
         return False
 
 
+def _connect_to_server(url: str, **options):
+    """A connection to the server the URL names (its maintenance database `postgres`)."""
+    parsed = urlparse(url)
+    return psycopg.connect(
+        host=parsed.hostname or "127.0.0.1",
+        port=parsed.port or 5432,
+        user=parsed.username or "postgres",
+        password=parsed.password or None,
+        dbname="postgres",
+        connect_timeout=2,
+        **options,
+    )
+
+
 def _postgres_answers(url: str) -> str | None:
     """None when it answers, else the reason."""
-    parsed = urlparse(url)
     try:
-        with psycopg.connect(
-            host=parsed.hostname or "127.0.0.1",
-            port=parsed.port or 5432,
-            user=parsed.username or "postgres",
-            password=parsed.password or None,
-            dbname="postgres",
-            connect_timeout=2,
-        ):
+        with _connect_to_server(url):
             return None
     except psycopg.Error as error:
         return str(error).strip()
@@ -71,15 +78,7 @@ def ensure_database(url: str) -> None:
     name = parsed.path.lstrip("/")
     if not name:
         return
-    with psycopg.connect(
-        host=parsed.hostname or "127.0.0.1",
-        port=parsed.port or 5432,
-        user=parsed.username or "postgres",
-        password=parsed.password or None,
-        dbname="postgres",
-        connect_timeout=2,
-        autocommit=True,
-    ) as connection:
+    with _connect_to_server(url, autocommit=True) as connection:
         exists = connection.execute(
             "SELECT 1 FROM pg_database WHERE datname = %s", [name]
         ).fetchone()

@@ -7,7 +7,7 @@ from accounts import scopes as S
 from accounts.models import Membership
 from accounts.principals import PLANNERS_GROUP
 from accounts.services import api_key_create
-from tests.factories import (
+from tests.support.factories import (
     CustomerFactory,
     DeploymentFactory,
     GpuPoolFactory,
@@ -30,9 +30,9 @@ def _fresh_api_throttles():
         client.delete(*stale)
 
 
-# Every test process hashes passwords cheaply (tests/hashers.py): set here, before any user
+# Every test process hashes passwords cheaply (tests/support/hashers.py): set here, before any user
 # is created.
-settings.PASSWORD_HASHERS = ["tests.hashers.FastPBKDF2PasswordHasher"]
+settings.PASSWORD_HASHERS = ["tests.support.hashers.FastPBKDF2PasswordHasher"]
 
 
 @pytest.fixture
@@ -182,8 +182,8 @@ SIMPLE_WEIGHTS = {
 
 
 def make_cost_model(served_model, gpu_type, *, gpus_per_replica=1, weights=None):
-    from benchmarking.fitting import mu_coefficients
-    from capacity.cost_models import cost_model_record
+    from capacity.pricing.cost_models import cost_model_record
+    from capacity.pricing.features import mu_coefficients
 
     weights = weights or SIMPLE_WEIGHTS
     return cost_model_record(

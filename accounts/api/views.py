@@ -7,6 +7,7 @@ from rest_framework.permissions import SAFE_METHODS, BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from accounts import scopes as S
 from accounts import selectors, services
 from accounts.api.serializers import (
     ApiKeyCreatedSerializer,
@@ -16,20 +17,15 @@ from accounts.api.serializers import (
     MeSerializer,
 )
 from accounts.models import ApiKey, Customer
+from accounts.permissions import scoped_permission
 from accounts.principals import principal_of
 from controlplane.audit import actor_of
 
-
-class CustomerPermission(BasePermission):
-    message = "Only planners or a service key with the customers:write scope manage customers."
-
-    def has_permission(self, request, view) -> bool:
-        principal = principal_of(request)
-        if request.method in SAFE_METHODS:
-            return principal.has_scope("read")
-        return principal.is_planner or (
-            principal.is_service and principal.has_scope("customers:write")
-        )
+CustomerPermission = scoped_permission(
+    "CustomerPermission",
+    message="Only planners or a service key with the customers:write scope manage customers.",
+    write_scope=S.CUSTOMERS_WRITE,
+)
 
 
 class ApiKeyPermission(BasePermission):
@@ -41,7 +37,7 @@ class ApiKeyPermission(BasePermission):
     def has_permission(self, request, view) -> bool:
         principal = principal_of(request)
         if request.method in SAFE_METHODS:
-            return principal.has_scope("read")
+            return principal.has_scope(S.READ)
         return bool(request.user and request.user.is_authenticated)
 
 
@@ -112,9 +108,9 @@ class ApiKeyViewSet(
         # Who may create keys at all is known before the body is read: a caller that may not
         # gets 403 whatever it sends, rather than the body's 400.
         if principal.is_service:
-            may_create = principal.has_scope("customers:write")
+            may_create = principal.has_scope(S.CUSTOMERS_WRITE)
         else:
-            may_create = principal.has_scope("write")
+            may_create = principal.has_scope(S.WRITE)
         if not may_create:
             raise PermissionDenied(
                 "Creating keys needs the write scope (customers:write for platform keys)."
@@ -122,7 +118,7 @@ class ApiKeyViewSet(
         customers = (
             Customer.objects.all()
             if principal.is_planner
-            or (principal.is_service and principal.has_scope("customers:write"))
+            or (principal.is_service and principal.has_scope(S.CUSTOMERS_WRITE))
             else selectors.customers_visible_to(principal)
         )
         # Another tenant's slug reads exactly like an unknown one (the serializer's 400).

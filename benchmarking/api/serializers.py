@@ -1,8 +1,8 @@
 from rest_framework import serializers
 
 from benchmarking.models import BenchmarkRun, BenchmarkSample, BenchmarkSuite
+from capacity.metering.events import MAX_TOKENS
 from capacity.models import Deployment, GpuType, ServedModel
-from capacity.usage_schema import MAX_TOKENS
 from controlplane.api.serializers import FreeTextField, StrictModelSerializer, StrictSerializer
 
 # A latency SLO of an hour is already no SLO.

@@ -1,10 +1,10 @@
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.permissions import SAFE_METHODS, BasePermission
 from rest_framework.response import Response
 
-from accounts.principals import principal_of
+from accounts import scopes as S
+from accounts.permissions import OPERATORS, scoped_permission
 from benchmarking import selectors, services
 from benchmarking.api.serializers import (
     BenchmarkRunCreateSerializer,
@@ -13,22 +13,14 @@ from benchmarking.api.serializers import (
     BenchmarkSuiteSerializer,
 )
 
-
-class BenchmarkPermission(BasePermission):
-    """Benchmarks are the fleet's internals: planners, and service keys (read; catalog:write
-    to change), never customers."""
-
-    message = "Only planners and platform services see benchmarks."
-
-    def has_permission(self, request, view) -> bool:
-        principal = principal_of(request)
-        if principal.is_planner:
-            return True
-        if not principal.is_service:
-            return False
-        if request.method in SAFE_METHODS:
-            return principal.has_scope("read")
-        return principal.has_scope("catalog:write")
+# Benchmarks are the fleet's internals: planners, and service keys (read; catalog:write to
+# change), never customers.
+BenchmarkPermission = scoped_permission(
+    "BenchmarkPermission",
+    message="Only planners and platform services see benchmarks.",
+    write_scope=S.CATALOG_WRITE,
+    readers=OPERATORS,
+)
 
 
 class BenchmarkSuiteViewSet(viewsets.ModelViewSet):

@@ -13,10 +13,12 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serial
 from rest_framework import mixins, serializers, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied
-from rest_framework.permissions import SAFE_METHODS, BasePermission
+from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from accounts import scopes as S
+from accounts.permissions import scoped_permission
 from accounts.principals import principal_of
 from accounts.selectors import customers_visible_to
 from billing.generation import invoice_estimate, invoice_issue, period_bounds
@@ -45,7 +47,7 @@ class ReadPermission(BasePermission):
     message = "Reading invoices needs the read scope."
 
     def has_permission(self, request, view) -> bool:
-        return principal_of(request).has_scope("read")
+        return principal_of(request).has_scope(S.READ)
 
 
 class InvoiceLineSerializer(serializers.ModelSerializer):
@@ -137,7 +139,7 @@ class InvoiceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
     def issue(self, request, pk=None):
         if not principal_of(request).is_planner:
             raise PermissionDenied("Only planners issue invoices.")
-        invoice = invoice_issue(self.get_object())
+        invoice = invoice_issue(invoice=self.get_object())
         return Response(InvoiceSerializer(invoice).data)
 
 
@@ -164,7 +166,7 @@ class EstimateView(APIView):
     def get(self, request, slug):
         customer = get_object_or_404(customers_visible_to(principal_of(request)), slug=slug)
         period = request.query_params.get("period") or f"{timezone.now():%Y-%m}"
-        estimate = invoice_estimate(customer, period)
+        estimate = invoice_estimate(customer=customer, period=period)
         estimate["lines"] = InvoiceLineSerializer(estimate["lines"], many=True).data
         for name in ("subtotal", "credits", "total"):
             estimate[name] = str(estimate[name])  # as the invoices' amounts: exact decimals
@@ -219,16 +221,11 @@ class RateCardSerializer(StrictModelSerializer):
         validators = []
 
 
-class RateCardPermission(BasePermission):
-    message = "Pricing needs a planner or a key with the catalog:write scope."
-
-    def has_permission(self, request, view) -> bool:
-        principal = principal_of(request)
-        if request.method in SAFE_METHODS:
-            return principal.has_scope("read")
-        return principal.is_planner or (
-            principal.is_service and principal.has_scope("catalog:write")
-        )
+RateCardPermission = scoped_permission(
+    "RateCardPermission",
+    message="Pricing needs a planner or a key with the catalog:write scope.",
+    write_scope=S.CATALOG_WRITE,
+)
 
 
 class RateCardViewSet(
@@ -259,4 +256,6 @@ class RateCardViewSet(
         )
 
     def perform_update(self, serializer):
-        serializer.instance = rate_card_update(serializer.instance, **serializer.validated_data)
+        serializer.instance = rate_card_update(
+            rate_card=serializer.instance, **serializer.validated_data
+        )

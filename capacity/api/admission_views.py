@@ -1,4 +1,4 @@
-"""POST /api/v1/admission: may this request run, in which class (capacity/admission.py)."""
+"""POST /api/v1/admission: may this request run, in which class (capacity/admission/gate.py)."""
 
 import math
 
@@ -8,9 +8,10 @@ from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from accounts import scopes as S
 from accounts.models import Customer
 from accounts.principals import principal_of
-from capacity.admission import admit
+from capacity.admission.gate import admit
 from controlplane.api.serializers import StrictSerializer, identifier_validator
 from controlplane.errors import DomainError
 
@@ -76,7 +77,7 @@ class AdmissionView(APIView):
     )
     def post(self, request):
         principal = principal_of(request)
-        if not (principal.has_scope("admission") or principal.is_planner):
+        if not (principal.has_scope(S.ADMISSION) or principal.is_planner):
             raise PermissionDenied("Asking for admission needs the admission scope.")
         body = AdmissionRequest(data=request.data)
         body.is_valid(raise_exception=True)

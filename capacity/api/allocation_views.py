@@ -6,6 +6,7 @@ from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from accounts import scopes as S
 from accounts.permissions import ReadScope
 from accounts.principals import principal_of
 from capacity.models import (
@@ -24,7 +25,7 @@ class FleetReader(BasePermission):
 
     def has_permission(self, request, view) -> bool:
         principal = principal_of(request)
-        return principal.is_planner or (principal.is_service and principal.has_scope("read"))
+        return principal.is_planner or (principal.is_service and principal.has_scope(S.READ))
 
 
 class AllocationDecisionSerializer(serializers.ModelSerializer):
@@ -113,7 +114,7 @@ class ModelWhyView(APIView):
         )
     )
     def get(self, request, name):
-        if not principal_of(request).has_scope("read"):
+        if not principal_of(request).has_scope(S.READ):
             raise PermissionDenied()
         served_model = get_object_or_404(ServedModel, name=name)
         deployments = []

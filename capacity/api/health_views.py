@@ -16,13 +16,13 @@ from drf_spectacular.utils import (
 )
 from rest_framework import generics, serializers, status
 from rest_framework.exceptions import ValidationError
-from rest_framework.permissions import SAFE_METHODS, BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from accounts.principals import principal_of
+from accounts import scopes as S
+from accounts.permissions import OPERATORS, scoped_permission
 from capacity.api.allocation_views import FleetReader
-from capacity.health_services import (
+from capacity.health.services import (
     MAX_SECONDS,
     POLICY_FIELDS,
     degradation_policy_save,
@@ -45,19 +45,13 @@ from controlplane.api.serializers import StrictModelSerializer
 RECENT_CHANGES = 10
 
 
-class HealthWriter(BasePermission):
-    """Changing health settings is a catalog change: planners or `catalog:write` services."""
-
-    message = "Only planners or a service key with the catalog:write scope may change this."
-
-    def has_permission(self, request, view) -> bool:
-        principal = principal_of(request)
-        if request.method in SAFE_METHODS:
-            return FleetReader().has_permission(request, view)
-        return principal.is_planner or (
-            principal.is_service and principal.has_scope("catalog:write")
-        )
-
+# Changing health settings is a catalog change; reading them is the operator's business.
+HealthWriter = scoped_permission(
+    "HealthWriter",
+    message="Only planners or a service key with the catalog:write scope may change this.",
+    write_scope=S.CATALOG_WRITE,
+    readers=OPERATORS,
+)
 
 # --- Replicas -------------------------------------------------------------------------------
 

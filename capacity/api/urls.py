@@ -7,7 +7,12 @@ from capacity.api.allocation_views import (
     AllowanceViewSet,
     ModelWhyView,
 )
-from capacity.api.cost_model_views import CostEstimateView, CostModelViewSet
+from capacity.api.catalog_views import (
+    DeploymentViewSet,
+    GpuPoolViewSet,
+    GpuTypeViewSet,
+    ServedModelViewSet,
+)
 from capacity.api.health_views import (
     DegradationListView,
     IncidentListView,
@@ -15,14 +20,9 @@ from capacity.api.health_views import (
     ReplicaListView,
     ResetFingerprintView,
 )
-from capacity.api.reservation_views import ReservationViewSet
-from capacity.api.usage_views import CustomerUtilisationView, ModelCapacityView, UsageEventsView
-from capacity.api.views import (
-    DeploymentViewSet,
-    GpuPoolViewSet,
-    GpuTypeViewSet,
-    ServedModelViewSet,
-)
+from capacity.api.metering_views import CustomerUtilisationView, ModelCapacityView, UsageEventsView
+from capacity.api.pricing_views import CostEstimateView, CostModelViewSet
+from capacity.api.selling_views import ReservationViewSet
 
 router = SimpleRouter()
 router.register("gpu-types", GpuTypeViewSet, basename="gpu-type")

@@ -14,7 +14,7 @@ def flag_configs_that_break_the_rules(apps, schema_editor):
     Deployment = apps.get_model("capacity", "Deployment")
     if not Deployment.objects.exists():
         return  # a new database: nothing stored to flag
-    from capacity.actuator_config import actuator_config_problem, without_legacy_no_ops
+    from capacity.actuation.config import actuator_config_problem, without_legacy_no_ops
 
     for deployment in Deployment.objects.order_by("pk"):
         config = without_legacy_no_ops(deployment.actuator_kind, deployment.actuator_config)

@@ -7,11 +7,13 @@ from capacity.models.catalog import Deployment, ServedModel
 class AllocationDecision(models.Model):
     """What one tick decided for one deployment, why, and what the actuator made of it."""
 
+    # serves: one tick's decisions by tick_id (ad hoc; no code path filters on it today)
     tick_id = models.UUIDField(db_index=True)
     deployment = models.ForeignKey(
         Deployment, on_delete=models.CASCADE, related_name="allocation_decisions"
     )
     served_model = models.ForeignKey(ServedModel, on_delete=models.CASCADE, related_name="+")
+    # serves: decisions by -created_at (API list, decisions_newest_first), billing.margin
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     inputs_digest = models.CharField(max_length=64, help_text="SHA-256 of the model's snapshot.")
     current_replicas = models.PositiveIntegerField()
@@ -28,6 +30,7 @@ class AllocationDecision(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
+        # serves: latest_decision_per_deployment, replica_counts_per_step (one deployment)
         indexes = [models.Index(fields=["deployment", "-created_at"])]
 
     def __str__(self) -> str:
@@ -47,6 +50,7 @@ class AdmissionAllowance(models.Model):
     class Meta:
         ordering = ["customer__slug", "served_model__name"]
         constraints = [
+            # serves: admission._reserved_mu_per_minute (allowance of customer × model)
             models.UniqueConstraint(
                 fields=["customer", "served_model"], name="allowance_unique_customer_model"
             )

@@ -8,6 +8,7 @@ from django.db.models import F, Q
 class GpuType(models.Model):
     """A kind of accelerator, e.g. H100-80GB, with what an hour of one costs."""
 
+    # serves: GPU type by name: API /gpu-types/{name}, seed_demo
     name = models.CharField(max_length=100, unique=True)
     memory_gb = models.PositiveIntegerField(validators=[MinValueValidator(1)])
     hourly_cost_usd = models.DecimalField(
@@ -33,6 +34,7 @@ class GpuPool(models.Model):
     Deployments share their pool; the allocator never places more GPUs than `gpu_count`.
     """
 
+    # serves: pool by name: API /gpu-pools/{name}, gpu_pool_usage_by_name's order
     name = models.CharField(max_length=100, unique=True, help_text="Cluster or region name.")
     gpu_type = models.ForeignKey(GpuType, on_delete=models.PROTECT, related_name="pools")
     gpu_count = models.PositiveIntegerField()
@@ -47,6 +49,7 @@ class GpuPool(models.Model):
 class ServedModel(models.Model):
     """A model the fleet serves and sells in its own MU (DESIGN §1)."""
 
+    # serves: model by name: API /models/{name}, admission._model, planner pages
     name = models.SlugField(max_length=100, unique=True)
     engine_model_id = models.CharField(
         max_length=200, help_text="The id the engine serves it under, e.g. meta-llama/Llama-3.1-8B."
@@ -95,6 +98,7 @@ class ActuatorKind(models.TextChoices):
 class Deployment(models.Model):
     """A served model on one GPU pool: how many replicas, of what size, pushed where."""
 
+    # serves: deployment by name: API /deployments/{name}, planner allocation and health
     name = models.SlugField(max_length=100, unique=True)
     served_model = models.ForeignKey(
         ServedModel, on_delete=models.PROTECT, related_name="deployments"

@@ -2,6 +2,7 @@ from django.db import models
 from django.db.models import Q
 
 from capacity.models.catalog import GpuType, ServedModel
+from capacity.pricing.features import REPLICA_MU_PER_MINUTE
 
 
 class CostModel(models.Model):
@@ -26,7 +27,7 @@ class CostModel(models.Model):
     version = models.PositiveIntegerField()
     features = models.JSONField(help_text="Feature names the fit selected.")
     weights_replica_seconds = models.JSONField()
-    replica_mu_per_minute = models.FloatField(default=100.0)
+    replica_mu_per_minute = models.FloatField(default=REPLICA_MU_PER_MINUTE)
     alpha_mu_per_input_token = models.FloatField()
     beta_mu_per_output_token = models.FloatField()
     gamma_mu_per_request = models.FloatField()
@@ -54,12 +55,14 @@ class CostModel(models.Model):
     class Meta:
         ordering = ["served_model__name", "gpu_type__name", "gpus_per_replica", "-version"]
         constraints = [
+            # serves: pricing_selectors.cost_model_versions and cost_model_groups
             models.UniqueConstraint(
                 fields=["served_model", "gpu_type", "gpus_per_replica", "version"],
                 name="costmodel_unique_version",
             ),
             # One active version per (model, GPU type, GPUs per replica), enforced by the database
             # so two concurrent activations cannot both win.
+            # serves: active_cost_model, active_cost_models_of_groups, group_has_active_version
             models.UniqueConstraint(
                 fields=["served_model", "gpu_type", "gpus_per_replica"],
                 condition=Q(status="active"),

@@ -1,6 +1,6 @@
 """Runtime health of the data plane: replicas, their inference probes, incidents, and the
-degradation policies that apply while healthy capacity is short (capacity.health,
-capacity.degradation)."""
+degradation policies that apply while healthy capacity is short (capacity.health.probes,
+capacity.health.degradation)."""
 
 from django.db import models
 from django.db.models import Q
@@ -37,6 +37,7 @@ class Replica(models.Model):
     class Meta:
         ordering = ["deployment_id", "key"]
         constraints = [
+            # serves: a deployment's replicas by key (deployments_with_replicas_by_name, API list)
             models.UniqueConstraint(fields=["deployment", "key"], name="replica_unique_key")
         ]
 
@@ -80,7 +81,12 @@ class ProbeResult(models.Model):
 
     class Meta:
         ordering = ["-at", "-id"]
-        indexes = [models.Index(fields=["replica", "-at"]), models.Index(fields=["at"])]
+        indexes = [
+            # serves: a replica's probes newest first (admin; the cascade from Replica)
+            models.Index(fields=["replica", "-at"]),
+            # serves: capacity.health.probe_round's delete of probes older than the history
+            models.Index(fields=["at"]),
+        ]
 
     def __str__(self) -> str:
         return f"{self.replica_id} {self.outcome} at {self.at:%H:%M:%S}"
@@ -109,6 +115,7 @@ class Incident(models.Model):
         ordering = ["-detected_at", "-id"]
         constraints = [
             # At most one open incident per replica.
+            # serves: capacity.health: a replica's open incident (ended_at IS NULL)
             models.UniqueConstraint(
                 fields=["replica"], condition=Q(ended_at__isnull=True), name="incident_one_open_v2"
             )
@@ -202,7 +209,7 @@ class DegradationPolicy(models.Model):
 
 
 class DegradationState(models.Model):
-    """Where a model stands now; changed only by capacity.degradation.evaluate."""
+    """Where a model stands now; changed only by capacity.health.degradation.evaluate."""
 
     served_model = models.OneToOneField(
         ServedModel, on_delete=models.CASCADE, related_name="degradation_state"

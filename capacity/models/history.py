@@ -6,7 +6,7 @@ from capacity.models.catalog import ServedModel
 class CapacitySample(models.Model):
     """One minute of a model's capacity as the allocation loop saw it: the fleet page's charts.
 
-    Written by the allocation tick at most once per model per minute (capacity.history), so
+    Written by the allocation tick at most once per model per minute (capacity.metering.history), so
     the last 24 h and 7 days of deployable / hot / sellable / sold / used can be drawn without
     replaying decisions. Old rows are pruned after CAPACITY_HISTORY_DAYS.
     """
@@ -22,6 +22,7 @@ class CapacitySample(models.Model):
     class Meta:
         ordering = ["served_model_id", "minute"]
         constraints = [
+            # serves: capacity.metering.history.capacity_history (a model's samples over a range)
             models.UniqueConstraint(
                 fields=["served_model", "minute"], name="capacitysample_one_per_minute"
             )

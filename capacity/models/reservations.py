@@ -5,6 +5,28 @@ from accounts.models import Customer
 from capacity.models.catalog import ServedModel
 
 
+class ReservationQuerySet(models.QuerySet):
+    """The terms of reservations, written once: "sold at a moment" and "overlapping a span"."""
+
+    def not_cancelled(self) -> "ReservationQuerySet":
+        return self.exclude(status=Reservation.Status.CANCELLED)
+
+    def in_term_at(self, moment) -> "ReservationQuerySet":
+        """Reservations whose term [starts_at, ends_at) covers the moment, whatever status."""
+        return self.filter(starts_at__lte=moment).filter(
+            Q(ends_at__isnull=True) | Q(ends_at__gt=moment)
+        )
+
+    def active_at(self, moment) -> "ReservationQuerySet":
+        """What is sold at the moment: in term there and not cancelled."""
+        return self.not_cancelled().in_term_at(moment)
+
+    def overlapping(self, start, end) -> "ReservationQuerySet":
+        """Reservations whose term meets [start, end); `end` None: open-ended."""
+        overlapping = self.filter(Q(ends_at__isnull=True) | Q(ends_at__gt=start))
+        return overlapping if end is None else overlapping.filter(starts_at__lt=end)
+
+
 class Reservation(models.Model):
     """Sold capacity: a customer is guaranteed `mu_per_minute` of a model for a term.
 
@@ -34,6 +56,8 @@ class Reservation(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
     cancelled_at = models.DateTimeField(null=True, blank=True)
 
+    objects = ReservationQuerySet.as_manager()
+
     class Meta:
         ordering = ["-starts_at", "-id"]
         constraints = [
@@ -46,7 +70,9 @@ class Reservation(models.Model):
             ),
         ]
         indexes = [
+            # serves: utilisation.sold_now, reservations.sold_peak (a model's reservations)
             models.Index(fields=["served_model", "status", "starts_at"]),
+            # serves: customer_utilisation, reserved_mu_per_minute_by_customer
             models.Index(fields=["customer", "served_model", "starts_at"]),
         ]
 

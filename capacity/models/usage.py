@@ -76,6 +76,7 @@ class UsageEvent(models.Model):
         constraints = [
             # Idempotency: a retried or concurrent duplicate of a customer's event is skipped
             # (ingestion's ON CONFLICT targets exactly these columns).
+            # serves: usage._insert_rows' ON CONFLICT (customer, event_id): duplicates skipped
             models.UniqueConstraint(
                 fields=["customer", "event_id"], name="usage_event_id_unique_per_customer"
             ),
@@ -86,9 +87,12 @@ class UsageEvent(models.Model):
             ),
         ]
         indexes = [
+            # serves: capacity.metering.rollups: the events of each (customer, model, minute)
+            # touched
             models.Index(fields=["customer", "served_model", "minute"]),
-            # The allocation tick's burst query (requests started in the last minutes).
+            # serves: allocation_tick._bursts (requests started in the last minutes)
             models.Index(fields=["started_at"], name="usage_started_at"),
+            # serves: capacity.metering.rollups: a pass picks events not rolled up, by id
             models.Index(fields=["id"], name="usage_not_rolled_up", condition=Q(rolled_up=False)),
         ]
 
@@ -118,10 +122,12 @@ class UsageMinute(models.Model):
 
     class Meta:
         constraints = [
+            # serves: rollups' upsert, customer_utilisation, usage_totals_by_customer
             models.UniqueConstraint(
                 fields=["customer", "served_model", "minute"], name="usageminute_unique_key"
             ),
         ]
+        # serves: capacity.metering.utilisation.used_now (a model's last five minutes)
         indexes = [models.Index(fields=["served_model", "minute"])]
 
     def __str__(self) -> str:
@@ -147,12 +153,14 @@ class FallbackAdmission(models.Model):
     class Meta:
         constraints = [
             # Ingestion looks records up by (customer, request id).
+            # serves: capacity.admission.admission_records (by customer and request id)
             models.UniqueConstraint(
                 fields=["customer", "request_id"], name="fallback_admission_unique_request"
             ),
         ]
         indexes = [
             # The clean-up of records older than the usage lateness window.
+            # serves: capacity.admission.fallback_records_prune (decided_at < horizon)
             models.Index(fields=["decided_at"], name="fallback_admission_decided_at"),
         ]
 

@@ -3,28 +3,47 @@ GPU type, GPUs per replica) with the fit chart, the coefficient history, activat
 "Run now".
 
 Every write goes through the services the API uses (benchmarking.services.run_queue,
-capacity.cost_models.cost_model_activate / cost_model_retire); a refusal (DomainError) is shown
+capacity.pricing.cost_models.cost_model_activate / cost_model_retire); a refusal (DomainError) is
+shown
 as a message on the page, never as a server error.
 """
 
 import math
 
-from django import forms
 from django.contrib import messages
-from django.db.models import Count, Exists, Max, OuterRef
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from benchmarking.fitting import Shape, predict_replica_seconds
-from benchmarking.models import BenchmarkRun, BenchmarkSample, BenchmarkSuite
+from benchmarking.models import BenchmarkRun, BenchmarkSample
+from benchmarking.selectors import (
+    any_suites,
+    latest_runs_of_group,
+    runs_without_log,
+    samples_in_shape_order,
+    sustainable_samples_of_run,
+)
+from benchmarking.selectors import runs as benchmark_runs
 from benchmarking.services import run_queue
-from capacity.cost_models import cost_model_activate, cost_model_retire
-from capacity.models import CostModel, Deployment, GpuType, ServedModel
+from capacity.catalog.selectors import any_deployments_of_group, deployments_of_group
+from capacity.models import CostModel, GpuType, ServedModel
+from capacity.pricing.cost_models import cost_model_activate, cost_model_retire
+from capacity.pricing.features import Shape, predict_replica_seconds
+from capacity.pricing.selectors import (
+    active_cost_models_of_groups,
+    cost_model_groups,
+    cost_model_versions,
+    cost_models_fitted_from,
+    cost_models_with_model_and_gpu,
+    group_has_active_version,
+    reference_gpu_has_active_version,
+    unfitted_deployment_groups,
+)
 from controlplane.audit import entries_about
 from controlplane.errors import DomainError
 from planner.access import planner_required
+from planner.benchmarks.forms import RunNowForm
 from planner.charts import PALETTE, line_chart, scatter_chart
 from planner.paging import page_of, query_without
 
@@ -55,15 +74,8 @@ def cost_model_url(served_model, gpu_type_id: int, gpus_per_replica: int, versio
 # --- Runs ------------------------------------------------------------------------------------
 
 
-def _runs_queryset():
-    # The log can hold 20,000 characters per run; the list never shows it.
-    return BenchmarkRun.objects.select_related(
-        "suite", "deployment", "served_model", "gpu_type"
-    ).defer("log")
-
-
 def _runs_context(request):
-    page = page_of(request, _runs_queryset())
+    page = page_of(request, runs_without_log())
     runs = list(page.object_list)
     for run in runs:
         run.cost_model_url = cost_model_url(run.served_model, run.gpu_type_id, run.gpus_per_replica)
@@ -94,16 +106,11 @@ def runs_table(request):
 
 
 def _run_or_404(pk: int) -> BenchmarkRun:
-    return get_object_or_404(
-        BenchmarkRun.objects.select_related("suite", "deployment", "served_model", "gpu_type"),
-        pk=pk,
-    )
+    return get_object_or_404(benchmark_runs(), pk=pk)
 
 
 def _run_live_context(run: BenchmarkRun) -> dict:
-    samples = list(
-        run.samples.order_by("input_len", "output_len", "cached_input_len", "concurrency", "id")
-    )
+    samples = list(samples_in_shape_order(run))
     log_lines = run.log.splitlines()
     return {
         "run": run,
@@ -125,7 +132,7 @@ def _run_live_context(run: BenchmarkRun) -> dict:
                 ),
                 "cv_mape": percent(cost_model.cv_mape),
             }
-            for cost_model in run.cost_models.order_by("version")
+            for cost_model in cost_models_fitted_from(run)
         ],
         "group_url": cost_model_url(run.served_model, run.gpu_type_id, run.gpus_per_replica),
     }
@@ -147,31 +154,10 @@ def run_live(request, pk: int):
 
 @planner_required
 def cost_models(request):
-    groups = (
-        CostModel.objects.values(
-            "served_model_id",
-            "served_model__name",
-            "gpu_type_id",
-            "gpu_type__name",
-            "gpus_per_replica",
-        )
-        .annotate(versions=Count("id"), latest_version=Max("version"))
-        .order_by("served_model__name", "gpu_type__name", "gpus_per_replica")
+    page = page_of(request, cost_model_groups())
+    active = active_cost_models_of_groups(
+        [(g["served_model_id"], g["gpu_type_id"], g["gpus_per_replica"]) for g in page.object_list]
     )
-    page = page_of(request, groups)
-    keys = [
-        (g["served_model_id"], g["gpu_type_id"], g["gpus_per_replica"]) for g in page.object_list
-    ]
-    active = {}
-    if keys:
-        for cost_model in CostModel.objects.filter(
-            status=CostModel.Status.ACTIVE,
-            served_model_id__in={key[0] for key in keys},
-            gpu_type_id__in={key[1] for key in keys},
-        ):
-            active[
-                (cost_model.served_model_id, cost_model.gpu_type_id, cost_model.gpus_per_replica)
-            ] = cost_model
     rows = []
     for group in page.object_list:
         key = (group["served_model_id"], group["gpu_type_id"], group["gpus_per_replica"])
@@ -213,22 +199,7 @@ UNFITTED_SHOWN = 100
 def _unfitted_groups() -> list[dict]:
     """(model, GPU type, GPUs per replica) of deployments that no cost model version covers:
     where "Run now" gets a model its first version."""
-    fitted = CostModel.objects.filter(
-        served_model_id=OuterRef("served_model_id"),
-        gpu_type_id=OuterRef("gpu_pool__gpu_type_id"),
-        gpus_per_replica=OuterRef("gpus_per_replica"),
-    )
-    groups = (
-        Deployment.objects.filter(~Exists(fitted))
-        .values(
-            "served_model__name",
-            "gpu_pool__gpu_type_id",
-            "gpu_pool__gpu_type__name",
-            "gpus_per_replica",
-        )
-        .annotate(deployments=Count("id"))
-        .order_by("served_model__name", "gpu_pool__gpu_type__name", "gpus_per_replica")
-    )[:UNFITTED_SHOWN]
+    groups = unfitted_deployment_groups(limit=UNFITTED_SHOWN)
     return [
         {
             "model_name": group["served_model__name"],
@@ -376,45 +347,6 @@ def history_chart(versions) -> dict | None:
     return config
 
 
-class RunNowForm(forms.Form):
-    deployment = forms.ModelChoiceField(
-        queryset=Deployment.objects.none(), empty_label="Choose a deployment"
-    )
-    suite = forms.ModelChoiceField(
-        queryset=BenchmarkSuite.objects.all(),
-        required=False,
-        empty_label="The deployment's suite",
-    )
-    replicas = forms.IntegerField(
-        min_value=1,
-        max_value=1000,
-        initial=1,
-        help_text="Replicas behind the endpoint: measured throughput is divided by this.",
-    )
-
-    def __init__(self, *args, deployments, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.fields["deployment"].queryset = deployments
-        self.fields["deployment"].label_from_instance = self._deployment_label
-
-    @staticmethod
-    def _deployment_label(deployment):
-        suite = deployment.benchmark_suite.name if deployment.benchmark_suite else "no suite"
-        endpoint = deployment.endpoint_url or "no endpoint"
-        return f"{deployment.name} ({suite}; {endpoint})"
-
-    def clean(self):
-        cleaned = super().clean()
-        deployment = cleaned.get("deployment")
-        if deployment is not None and cleaned.get("suite") is None:
-            if deployment.benchmark_suite is None:
-                raise forms.ValidationError(
-                    f"Deployment {deployment.name} has no benchmark suite: choose a suite."
-                )
-            cleaned["suite"] = deployment.benchmark_suite
-        return cleaned
-
-
 def _group(model: str, gpu_type: int):
     served_model = get_object_or_404(ServedModel, name=model)
     gpu = get_object_or_404(GpuType, pk=gpu_type)
@@ -423,23 +355,13 @@ def _group(model: str, gpu_type: int):
 
 def _group_deployments(served_model, gpu, gpus: int):
     """Deployments whose runs fit this cost model: this model on this GPU type and size."""
-    return (
-        Deployment.objects.filter(
-            served_model=served_model, gpu_pool__gpu_type=gpu, gpus_per_replica=gpus
-        )
-        .select_related("benchmark_suite")
-        .order_by("name")
-    )
+    return deployments_of_group(served_model=served_model, gpu_type=gpu, gpus_per_replica=gpus)
 
 
 @planner_required
 def cost_model(request, model: str, gpu_type: int, gpus: int):
     served_model, gpu = _group(model, gpu_type)
-    versions = list(
-        CostModel.objects.filter(served_model=served_model, gpu_type=gpu, gpus_per_replica=gpus)
-        .select_related("source_run")
-        .order_by("version")
-    )
+    versions = cost_model_versions(served_model=served_model, gpu_type=gpu, gpus_per_replica=gpus)
     selected = None
     wanted = request.GET.get("version")
     if wanted:
@@ -452,10 +374,7 @@ def cost_model(request, model: str, gpu_type: int, gpus: int):
 
     points = []
     if selected is not None and selected.source_run_id:
-        samples = BenchmarkSample.objects.filter(
-            run_id=selected.source_run_id, sustainable=True, requests_per_s__gt=0
-        ).order_by("input_len", "output_len", "cached_input_len")
-        points = fit_points(selected, samples)
+        points = fit_points(selected, sustainable_samples_of_run(selected.source_run_id))
     chart = fit_chart(points) if points else None
     in_sample_mape = sum(abs(point["error"]) for point in points) / len(points) if points else None
 
@@ -484,16 +403,16 @@ def cost_model(request, model: str, gpu_type: int, gpus: int):
         "fit_chart": chart,
         "history_chart": history_chart(versions) if len(versions) > 1 else None,
         "form": RunNowForm(deployments=deployments),
-        "has_deployments": deployments.exists(),
-        "has_suites": BenchmarkSuite.objects.exists(),
+        "has_deployments": any_deployments_of_group(
+            served_model=served_model, gpu_type=gpu, gpus_per_replica=gpus
+        ),
+        "has_suites": any_suites(),
         "run_now_url": reverse(
             "planner:benchmarks:run_now", args=[served_model.name, gpu.pk, gpus]
         ),
         "history": entries_about(("capacity.costmodel", [c.pk for c in versions]), limit=20),
-        "latest_runs": list(
-            _runs_queryset().filter(served_model=served_model, gpu_type=gpu, gpus_per_replica=gpus)[
-                :5
-            ]
+        "latest_runs": latest_runs_of_group(
+            served_model=served_model, gpu_type=gpu, gpus_per_replica=gpus, limit=5
         ),
     }
     return render(request, "planner/benchmarks/cost_model.html", context)
@@ -529,9 +448,7 @@ def run_now(request, model: str, gpu_type: int, gpus: int):
 
 
 def _version_action(request, pk: int, action, done: str):
-    cost_model = get_object_or_404(
-        CostModel.objects.select_related("served_model", "gpu_type"), pk=pk
-    )
+    cost_model = get_object_or_404(cost_models_with_model_and_gpu(), pk=pk)
     back = cost_model_url(
         cost_model.served_model,
         cost_model.gpu_type_id,
@@ -569,21 +486,14 @@ def version_activate(request, pk: int):
 @require_POST
 def version_retire(request, pk: int):
     def done(cost_model):
-        still_active = CostModel.objects.filter(
+        if group_has_active_version(
             served_model_id=cost_model.served_model_id,
             gpu_type_id=cost_model.gpu_type_id,
             gpus_per_replica=cost_model.gpus_per_replica,
-            status=CostModel.Status.ACTIVE,
-        ).exists()
-        if still_active:
+        ):
             return "is retired."
         consequence = "deployments on these GPUs are not sold"
-        reference_priced = CostModel.objects.filter(
-            served_model_id=cost_model.served_model_id,
-            gpu_type_id=cost_model.served_model.reference_gpu_type_id,
-            status=CostModel.Status.ACTIVE,
-        ).exists()
-        if not reference_priced:
+        if not reference_gpu_has_active_version(cost_model.served_model):
             consequence += " and metered usage of the model cannot be priced"
         return (
             f"is retired. No version is active now: {consequence} until you activate one "

@@ -2,14 +2,13 @@
 
 from decimal import Decimal
 
-from django.db.models import F, Sum
 from django.shortcuts import render
 from django.utils import timezone
 
-from capacity.history import capacity_history
-from capacity.models import GpuPool, ServedModel
-from capacity.sellable import model_capacity
-from capacity.utilisation import sold_now, used_now
+from capacity.catalog.selectors import gpu_pool_usage_by_name, served_models_by_name
+from capacity.metering.history import capacity_history
+from capacity.metering.utilisation import sold_now, used_now
+from capacity.selling.sellable import model_capacity
 from planner.access import planner_required
 from planner.charts import chart_range, chart_window, line_chart, time_label
 
@@ -70,27 +69,8 @@ def _model_rows(served_models, start, end, step, span):
 def fleet(request):
     range_name, span, step = chart_range(request)
     start, end = chart_window(timezone.now(), span, step)
-    served_models = list(ServedModel.objects.select_related("reference_gpu_type").order_by("name"))
-    pools = list(
-        GpuPool.objects.select_related("gpu_type")
-        .annotate(
-            used_gpus=Sum(F("deployments__current_replicas") * F("deployments__gpus_per_replica"))
-        )
-        .order_by("name")
-    )
-    pool_rows = []
-    for pool in pools:
-        used = min(pool.used_gpus or 0, pool.gpu_count)
-        hourly = pool.gpu_type.hourly_cost_usd
-        pool_rows.append(
-            {
-                "pool": pool,
-                "used_gpus": used,
-                "free_gpus": pool.gpu_count - used,
-                "running_cost_usd_per_hour": hourly * used,
-                "full_cost_usd_per_hour": hourly * pool.gpu_count,
-            }
-        )
+    served_models = list(served_models_by_name())
+    pool_rows = gpu_pool_usage_by_name()
     context = {
         "range": range_name,
         "models": _model_rows(served_models, start, end, step, span),

@@ -3,7 +3,7 @@ before the database's check constraint could refuse them."""
 
 from django import forms
 
-from capacity.health_services import MAX_SECONDS, policy_problems
+from capacity.health.services import MAX_SECONDS, policy_problems
 from capacity.models import ServedModel
 
 

@@ -1,16 +1,26 @@
 """Health: replicas and their probes, fingerprints, incidents with their timed steps, and the
 degradation of each model (state, policy, changes). Writes go through
-capacity.health_services, like the API's."""
+capacity.health.services, like the API's."""
 
 from django.conf import settings
 from django.contrib import messages
-from django.db.models import Count, Prefetch, Q
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from capacity.health_services import (
+from capacity.health.selectors import (
+    degradation_changes_newest_first,
+    degradation_policy_of,
+    deployments_with_replicas_by_name,
+    ended_incidents_newest_first,
+    incidents_with_steps,
+    open_incidents_newest_first,
+    replica_counts_by_state,
+    served_models_with_degradation_by_name,
+    served_models_with_degradation_state,
+)
+from capacity.health.services import (
     degradation_policy_save,
     degradation_rows,
     fingerprint_reset,
@@ -19,14 +29,7 @@ from capacity.health_services import (
     seconds_to_restart_requested,
     step_timings,
 )
-from capacity.models import (
-    DegradationChange,
-    DegradationPolicy,
-    Deployment,
-    Incident,
-    Replica,
-    ServedModel,
-)
+from capacity.models import Deployment
 from controlplane.audit import entries_about
 from controlplane.errors import DomainError
 from planner.access import planner_required
@@ -46,29 +49,23 @@ def _with_timings(incidents):
     return incidents
 
 
-def _incidents():
-    return Incident.objects.select_related("deployment", "replica").order_by("-detected_at", "-id")
-
-
 @planner_required
 def index(request):
-    deployments = (
-        Deployment.objects.select_related("served_model", "probe_fingerprint")
-        .prefetch_related(Prefetch("replicas", queryset=Replica.objects.order_by("key")))
-        .order_by("name")
-    )
     deployments_page = page_of(
-        request, deployments, per_page=DEPLOYMENTS_PER_PAGE, param="deployments_page"
+        request,
+        deployments_with_replicas_by_name(),
+        per_page=DEPLOYMENTS_PER_PAGE,
+        param="deployments_page",
     )
     open_page = page_of(
         request,
-        _incidents().filter(ended_at__isnull=True),
+        open_incidents_newest_first(),
         per_page=INCIDENTS_PER_PAGE,
         param="open_page",
     )
     recent_page = page_of(
         request,
-        _incidents().filter(ended_at__isnull=False),
+        ended_incidents_newest_first(),
         per_page=INCIDENTS_PER_PAGE,
         param="page",
     )
@@ -76,22 +73,16 @@ def index(request):
     _with_timings(recent_page.object_list)
     models_page = page_of(
         request,
-        ServedModel.objects.select_related(
-            "degradation_state", "degradation_policy__fallback_model"
-        ).order_by("name"),
+        served_models_with_degradation_by_name(),
         param="models_page",
     )
     changes_page = page_of(
         request,
-        DegradationChange.objects.select_related("served_model").order_by("-at", "-id"),
+        degradation_changes_newest_first(),
         per_page=CHANGES_PER_PAGE,
         param="changes_page",
     )
-    counts = Replica.objects.aggregate(
-        healthy=Count("id", filter=Q(state=Replica.State.HEALTHY)),
-        unhealthy=Count("id", filter=Q(state=Replica.State.UNHEALTHY)),
-        gone=Count("id", filter=Q(state=Replica.State.GONE)),
-    )
+    counts = replica_counts_by_state()
     degradation = degradation_rows(models_page.object_list)
     context = {
         "deployments": deployments_page,
@@ -117,12 +108,7 @@ def index(request):
 
 @planner_required
 def incident(request, pk):
-    incident = get_object_or_404(
-        Incident.objects.select_related("deployment__served_model", "replica").prefetch_related(
-            "steps"
-        ),
-        pk=pk,
-    )
+    incident = get_object_or_404(incidents_with_steps(), pk=pk)
     context = {
         "incident": incident,
         "steps": step_timings(incident),
@@ -154,14 +140,8 @@ def reset_fingerprint(request, name):
 
 @planner_required
 def policy(request, name):
-    served_model = get_object_or_404(
-        ServedModel.objects.select_related("degradation_state"), name=name
-    )
-    current = (
-        DegradationPolicy.objects.filter(served_model=served_model)
-        .select_related("fallback_model")
-        .first()
-    )
+    served_model = get_object_or_404(served_models_with_degradation_state(), name=name)
+    current = degradation_policy_of(served_model)
     status = 200
     if request.method == "POST":
         form = PolicyForm(request.POST, served_model=served_model)

@@ -1,11 +1,11 @@
-"""The what-if form: types and ranges here, everything else in benchmarking.whatif (whose
+"""The what-if form: types and ranges here, everything else in simulation.whatif (whose
 DomainError names the field, which the view puts back on the form)."""
 
 from django import forms
 
-from benchmarking import whatif
-from benchmarking.simulator.compare import known_policies
 from capacity.models import ServedModel
+from simulation import whatif
+from simulation.engine.compare import known_policies
 
 POLICY_HELP = {
     "static-peak": "the trace's peak, always on (the reference; always simulated)",

@@ -1,17 +1,17 @@
 """What-if: simulate a model's fleet over a trace with changed reservations, overcommit or
-policy settings (a Celery job, benchmarking.whatif), then compare the policies."""
+policy settings (a Celery job, simulation.whatif), then compare the policies."""
 
 from django.contrib import messages
 from django.db.models import Sum
 from django.shortcuts import get_object_or_404, redirect, render
 
-from benchmarking import whatif
-from benchmarking.models import WhatIfRun
 from capacity.models import Reservation, ServedModel
 from controlplane.errors import DomainError
 from planner.access import planner_required
 from planner.paging import page_of, query_without
 from planner.whatif.forms import WhatIfForm
+from simulation import whatif
+from simulation.models import WhatIfRun
 
 COLUMNS = [
     # key, heading, format

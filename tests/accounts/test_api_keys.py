@@ -128,7 +128,7 @@ def test_a_customer_key_cannot_take_service_scopes(owner_client, acme):
 
 
 def test_a_viewer_cannot_create_keys(acme, key_client):
-    from tests.factories import MembershipFactory
+    from tests.support.factories import MembershipFactory
 
     viewer = MembershipFactory(customer=acme, role="viewer").user
     from rest_framework.test import APIClient

@@ -5,12 +5,12 @@ import pytest
 from django.contrib.auth import SESSION_KEY
 
 from accounts import scopes as S
-from tests.factories import UserFactory
+from tests.support.factories import UserFactory
 
 pytestmark = pytest.mark.django_db
 
 LOGIN_PAGES = ["/login/", "/admin/login/"]
-PASSWORD = "pw-for-tests-only"  # tests.factories.UserFactory
+PASSWORD = "pw-for-tests-only"  # tests.support.factories.UserFactory
 
 
 @pytest.fixture(autouse=True)

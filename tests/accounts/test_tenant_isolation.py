@@ -117,7 +117,7 @@ def test_planners_see_everything(planner_client, keys):
 def test_a_staff_user_outside_the_planners_group_is_no_planner(db):
     from rest_framework.test import APIClient
 
-    from tests.factories import UserFactory
+    from tests.support.factories import UserFactory
 
     staff = UserFactory(is_staff=True)
     client = APIClient()

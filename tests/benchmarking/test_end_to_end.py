@@ -7,16 +7,16 @@ import time
 import pytest
 
 from benchmarking import services
-from benchmarking.fitting import Shape, predict_requests_per_s
 from benchmarking.models import BenchmarkRun
 from capacity.models import CostModel
-from tests.benchmarking.processes import celery_worker_process, emulator_process
-from tests.factories import (
+from capacity.pricing.features import Shape, predict_requests_per_s
+from tests.support.factories import (
     DeploymentFactory,
     GpuPoolFactory,
     GpuTypeFactory,
     ServedModelFactory,
 )
+from tests.support.processes import celery_worker_process, emulator_process
 
 # Measures real throughput and latency: runs alone, not beside another test worker.
 pytestmark = pytest.mark.serial

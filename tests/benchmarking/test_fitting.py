@@ -8,15 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarking.fitting import (
+from benchmarking.fitting import fit_cost_model, held_out_errors
+from capacity.pricing.features import (
     FEATURES,
     PLAIN_FEATURES,
     FitError,
     Shape,
     feature_matrix,
     feature_vector,
-    fit_cost_model,
-    held_out_errors,
     mu_coefficients,
     mu_for,
     predict_replica_seconds,
@@ -322,7 +321,12 @@ def test_on_a_published_table_the_selected_features_beat_plain_alpha_beta_gamma_
 def test_the_one_request_price_matches_the_vector_price():
     import numpy as np
 
-    from benchmarking.fitting import FEATURES, Shape, predict_replica_seconds, replica_seconds_of
+    from capacity.pricing.features import (
+        FEATURES,
+        Shape,
+        predict_replica_seconds,
+        replica_seconds_of,
+    )
 
     rng = np.random.default_rng(3)
     draws = rng.uniform(1e-5, 1e-2, len(FEATURES))

@@ -4,7 +4,7 @@ import json
 import threading
 import time
 from datetime import timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 from django.db import connection
@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from benchmarking import services
 from benchmarking.models import BenchmarkRun
+from tests.support.servers import serving
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -39,11 +40,8 @@ class _Streams(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def engine():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Streams)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    with serving(_Streams) as url:
+        yield url
 
 
 def queued_run(suite, deployment, endpoint_url):

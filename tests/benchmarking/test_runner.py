@@ -8,10 +8,10 @@ import pytest
 from aiohttp import web
 
 from benchmarking import runner
-from benchmarking.emulator.background import BackgroundEmulator
-from benchmarking.emulator.config import parse_config
-from benchmarking.emulator.ground_truth import ground_truth_replica_seconds
 from controlplane import outbound
+from dataplane.emulator.background import BackgroundEmulator
+from dataplane.emulator.config import parse_config
+from simulation.engine.profile import ground_truth_replica_seconds
 
 # Measures real throughput and latency: runs alone, not beside another test worker.
 pytestmark = pytest.mark.serial

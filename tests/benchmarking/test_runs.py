@@ -1,8 +1,7 @@
 """Benchmark runs as rows: queued through the API, failed clearly, never left running."""
 
-import threading
 from datetime import timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 from django.utils import timezone
@@ -10,6 +9,7 @@ from django.utils import timezone
 from benchmarking import services
 from benchmarking.models import BenchmarkRun, BenchmarkSample, BenchmarkSuite
 from capacity.models import CostModel
+from tests.support.servers import serving
 
 pytestmark = pytest.mark.django_db
 
@@ -43,11 +43,8 @@ class _Always500(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def failing_server():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Always500)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    with serving(_Always500) as url:
+        yield url
 
 
 def test_a_planner_creates_a_suite_and_a_bad_grid_is_named(planner_client):

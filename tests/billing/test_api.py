@@ -8,7 +8,7 @@ from decimal import Decimal
 import pytest
 import time_machine
 
-from billing.generation import generate_invoices
+from billing.generation import invoice_generate
 from billing.models import Invoice, RateCard
 from billing.rates import rate_card_create
 from capacity.models import Reservation
@@ -32,7 +32,7 @@ def invoices(served_model, acme, globex):
             starts_at=datetime(2026, 11, 16, tzinfo=UTC),
             status="active",
         )
-    generate_invoices("2026-11")
+    invoice_generate(period="2026-11")
     return {i.customer.slug: i for i in Invoice.objects.select_related("customer")}
 
 
@@ -137,7 +137,7 @@ def test_a_rate_card_cannot_take_effect_inside_an_issued_period(invoices, planne
     )
     assert after.status_code == 201
     # The issued invoice is as it was: regenerating leaves it alone, and it priced at $0.10.
-    generate_invoices("2026-11")
+    invoice_generate(period="2026-11")
     invoices["acme"].refresh_from_db()
     assert invoices["acme"].lines.get().unit_price == Decimal("0.10")
 

@@ -8,7 +8,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from billing.generation import generate_invoices, invoice_issue
+from billing.generation import invoice_generate, invoice_issue
 from billing.models import Invoice, InvoiceLine
 from billing.rates import rate_card_create, rate_card_update
 from capacity.models import Reservation, ReservationChange, UsageMinute
@@ -63,7 +63,7 @@ def invoice_of(customer):
 def test_a_reservation_starting_mid_month_is_billed_from_its_start(card, served_model, acme):
     # 100 MU/min from 16 November: 15 days = 360 hours; 100 × 360 × $0.10 = $3,600.00.
     reserve(acme, served_model, 100, at(16))
-    generate_invoices("2026-11")
+    invoice_generate(period="2026-11")
     invoice = invoice_of(acme)
     assert invoice.status == "draft"
     assert invoice.total == Decimal("3600.00")
@@ -85,7 +85,7 @@ def test_a_rate_change_mid_month_splits_the_commitment(card, served_model, acme)
         best_effort_price_per_1000_mu=Decimal("2.50"),
     )
     reserve(acme, served_model, 100, at(16))
-    generate_invoices("2026-11")
+    invoice_generate(period="2026-11")
     amounts = sorted(line.amount for line in invoice_of(acme).lines.all())
     assert amounts == [Decimal("1200.00"), Decimal("2880.00")]
     assert invoice_of(acme).total == Decimal("4080.00")
@@ -101,7 +101,7 @@ def test_best_effort_usage_is_billed_per_1000_mu_at_the_card_in_force(card, serv
     used(globex, served_model, at(10, 12), 1500.0)  # 1.5 × $2.00 = $3.00
     used(globex, served_model, at(11, 12), 500.0, guaranteed_mu=500.0)  # guaranteed: not here
     used(globex, served_model, at(25, 8), 1000.0)  # 1 × $2.50 = $2.50
-    generate_invoices("2026-11")
+    invoice_generate(period="2026-11")
     lines = invoice_of(globex).lines.order_by("amount")
     assert [(line.kind, line.amount) for line in lines] == [
         ("best_effort", Decimal("2.50")),
@@ -117,7 +117,7 @@ def test_a_guaranteed_refusal_below_the_reservation_earns_a_credit(
     reserve(acme, served_model, 100, at(1))  # 720 h: $7,200.00
     used(acme, served_model, at(20, 10), 40.0, guaranteed_mu=40.0, refused=3)  # credit
     used(acme, served_model, at(20, 11), 120.0, guaranteed_mu=120.0, refused=2)  # over: none
-    generate_invoices("2026-11")
+    invoice_generate(period="2026-11")
     invoice = invoice_of(acme)
     credit = invoice.lines.get(kind="credit")
     # Half of one minute's commitment: 0.5 × 100 MU/min × $0.10 / 60 = $0.0833 -> $0.08.
@@ -151,7 +151,7 @@ def test_an_amendment_changes_the_commitment_from_its_time(card, served_model, a
         changed_at=datetime(2026, 10, 30, tzinfo=UTC)
     )
     ReservationChange.objects.filter(pk=change.pk).update(changed_at=at(26))
-    generate_invoices("2026-11")
+    invoice_generate(period="2026-11")
     assert sorted(line.amount for line in invoice_of(acme).lines.all()) == [
         Decimal("2400.00"),
         Decimal("6000.00"),
@@ -163,33 +163,36 @@ def test_regenerating_replaces_drafts_and_never_touches_an_issued_invoice(
 ):
     reserve(acme, served_model, 100, at(16))
     used(globex, served_model, at(10, 12), 1500.0)
-    generate_invoices("2026-11")
+    invoice_generate(period="2026-11")
     first = {i.customer_id: (i.pk, i.total) for i in Invoice.objects.all()}
-    generate_invoices("2026-11")
+    invoice_generate(period="2026-11")
     again = {i.customer_id: i.total for i in Invoice.objects.all()}
     assert again == {c: total for c, (_, total) in first.items()}
     assert Invoice.objects.count() == 2
 
-    issued = invoice_issue(invoice_of(acme))
+    issued = invoice_issue(invoice=invoice_of(acme))
     lines_before = list(issued.lines.values_list("description", "amount"))
     used(acme, served_model, at(20, 9), 5000.0)  # late usage for an issued month
-    result = generate_invoices("2026-11")
+    result = invoice_generate(period="2026-11")
     assert result.skipped_issued == 1
     issued.refresh_from_db()
     assert (issued.status, issued.total) == ("issued", Decimal("3600.00"))
     assert list(issued.lines.values_list("description", "amount")) == lines_before
     assert Invoice.objects.filter(customer=acme).count() == 1
     with pytest.raises(ConflictError):
-        invoice_issue(issued)
+        invoice_issue(invoice=issued)
 
 
 def test_a_used_rate_card_cannot_change_but_a_new_version_can_follow(card, served_model, acme):
-    assert rate_card_update(card, best_effort_price_per_1000_mu=Decimal("2.00")).pk == card.pk
+    assert (
+        rate_card_update(rate_card=card, best_effort_price_per_1000_mu=Decimal("2.00")).pk
+        == card.pk
+    )
     reserve(acme, served_model, 100, at(16))
-    generate_invoices("2026-11")
-    invoice_issue(invoice_of(acme))
+    invoice_generate(period="2026-11")
+    invoice_issue(invoice=invoice_of(acme))
     with pytest.raises(ConflictError):
-        rate_card_update(card, reserved_price_per_mu_minute_hour=Decimal("0.01"))
+        rate_card_update(rate_card=card, reserved_price_per_mu_minute_hour=Decimal("0.01"))
     newer = rate_card_create(
         served_model=served_model,
         effective_from=datetime(2026, 12, 1, tzinfo=UTC),
@@ -215,11 +218,11 @@ def test_late_usage_for_an_issued_month_is_an_adjustment_on_the_next_invoice(
     card, served_model, globex
 ):
     used(globex, served_model, at(10, 12), 1500.0)  # $3.00 in November
-    generate_invoices("2026-11")
-    invoice_issue(invoice_of(globex))
+    invoice_generate(period="2026-11")
+    invoice_issue(invoice=invoice_of(globex))
     used(globex, served_model, at(30, 23, 59), 500.0)  # arrives after the issue
     used(globex, served_model, datetime(2026, 12, 2, tzinfo=UTC), 1000.0)  # December: $2.00
-    generate_invoices("2026-12")
+    invoice_generate(period="2026-12")
     december = Invoice.objects.get(customer=globex, period_start="2026-12-01")
     adjustment = december.lines.get(kind="adjustment")
     # 500 late MU at November's card: 0.5 × $2.00 = $1.00.
@@ -227,7 +230,7 @@ def test_late_usage_for_an_issued_month_is_an_adjustment_on_the_next_invoice(
     assert december.total == Decimal("3.00")
     assert invoice_of(globex).total == Decimal("3.00")  # November itself never changes
     # Regenerating December does not bill the late usage twice.
-    generate_invoices("2026-12")
+    invoice_generate(period="2026-12")
     december = Invoice.objects.get(customer=globex, period_start="2026-12-01")
     assert december.lines.filter(kind="adjustment").count() == 1
     assert december.total == Decimal("3.00")

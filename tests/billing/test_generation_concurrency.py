@@ -53,7 +53,7 @@ def test_an_older_run_never_overwrites_a_newer_runs_drafts(served_model, acme, m
 
     def run():
         try:
-            generation.generate_invoices("2026-11")
+            generation.invoice_generate(period="2026-11")
         except Exception as error:  # reported by the test below
             errors.append(error)
         finally:

@@ -6,7 +6,7 @@ from decimal import Decimal
 
 import pytest
 
-from billing.generation import generate_invoices
+from billing.generation import invoice_generate
 from billing.margin import _replica_seconds, replica_seconds_in_python
 from billing.rates import rate_card_create
 from capacity.models import AllocationDecision, Deployment, Reservation
@@ -45,7 +45,7 @@ def test_margin_per_model_is_revenue_less_gpu_hours_at_their_cost(
         starts_at=datetime(2026, 11, 16, tzinfo=UTC),
         status="active",
     )
-    generate_invoices("2026-11")  # $3,600.00
+    invoice_generate(period="2026-11")  # $3,600.00
     deployment = Deployment.objects.get(name="llama-8b-h100")  # 1 GPU per replica, $2.50/h
     # 2 replicas since October (in force on 1 November), 4 from 16 November; a dry run and a
     # decision in December change nothing: 2 × 360 h + 4 × 360 h = 2,160 GPU-h = $5,400.00.

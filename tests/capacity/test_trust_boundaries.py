@@ -6,9 +6,7 @@ is flagged and never sent anywhere (a real local listener shows it received noth
 """
 
 import importlib
-import threading
 
-import httpx
 import pytest
 from django.apps import apps
 from django.core.management import call_command
@@ -16,14 +14,11 @@ from django.core.management.base import CommandError
 
 from benchmarking import services as benchmark_services
 from benchmarking.models import BenchmarkRun
-from capacity.allocation_tick import allocation_tick
-from capacity.health import probe_endpoint
-from capacity.management.commands.run_process_supervisor import make_server
+from capacity.allocation.tick import allocation_tick
+from capacity.health.probes import probe_endpoint
 from capacity.models import AllocationDecision, Deployment
-from capacity.process_supervisor import ProcessSupervisor
-from tests.capacity.test_allocation_tick import use
-from tests.capacity.test_process_actuator import free_port_range, wait_until
-from tests.recording_server import RecordingServer
+from tests.capacity.allocation.test_allocation_tick import use
+from tests.support.recording_server import RecordingServer
 
 pytestmark = pytest.mark.django_db
 
@@ -191,60 +186,7 @@ def test_it_refuses_a_command_through_the_api(planner_client, fleet):
 
     assert response.status_code == 400
     [reason] = error_of(response)["fields"]["actuator_config.command"]
-    assert "run_process_supervisor --engine" in reason
-
-
-@pytest.fixture
-def running_supervisor(tmp_path):
-    engines = {"sleeper": ("sleep", "60", "{port}")}
-    supervisor = ProcessSupervisor(engines=engines, log_dir=tmp_path / "logs").start()
-    server = make_server(supervisor, port=0)
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
-    supervisor.shutdown(drain=False)
-
-
-def test_a_running_supervisor_refuses_a_command_and_runs_only_its_own_engines(
-    running_supervisor, tmp_path
-):
-    owned = tmp_path / "owned"
-    scale = f"{running_supervisor.url}/scale"
-    base = {"deployment": "llm", "replicas": 1, "base_port": free_port_range(1)}
-
-    with_command = httpx.post(
-        scale, json=base | {"command": ["/bin/sh", "-c", f"id > {owned}", "{port}"]}, timeout=5
-    )
-    unknown = httpx.post(scale, json=base | {"engine": "shell"}, timeout=5)
-    known = httpx.post(scale, json=base | {"engine": "sleeper"}, timeout=5)
-
-    assert with_command.status_code == 400
-    assert "runs only the engines of its own allow-list" in with_command.json()["error"]
-    assert unknown.status_code == 400
-    assert unknown.json()["error"] == (
-        "engine: 'shell' is not an engine of this supervisor (known: sleeper)."
-    )
-    assert known.status_code == 200
-    assert known.json()["engine"] == "sleeper"
-    status = httpx.get(f"{running_supervisor.url}/status", timeout=5).json()
-    assert status["deployments"]["llm"]["engine"] == "sleeper"
-    assert "command" not in status["deployments"]["llm"]
-    wait_until(lambda: status_pid(running_supervisor), what="the sleeper to start")
-    assert not owned.exists()
-
-
-def status_pid(server) -> int | None:
-    status = httpx.get(f"{server.url}/status", timeout=5).json()
-    return status["deployments"]["llm"]["replicas"][0]["pid"]
-
-
-def test_the_supervisor_will_not_start_without_an_engine_allow_list():
-    with pytest.raises(CommandError, match="No engine to run"):
-        call_command("run_process_supervisor", "--port", "0")
-    with pytest.raises(CommandError, match='must contain "{port}"'):
-        call_command("run_process_supervisor", "--port", "0", "--engine", "vllm=vllm serve x")
+    assert "python -m dataplane.supervisor --engine" in reason
 
 
 # -- Load, probes and webhooks aimed anywhere -----------------------------------------------------
@@ -443,7 +385,7 @@ def test_the_migration_flags_stored_configs_and_drops_a_no_op_verify_tls(fleet, 
 
 @pytest.fixture
 def deployment_pair(served_model, pool):
-    from tests.factories import DeploymentFactory
+    from tests.support.factories import DeploymentFactory
 
     legacy = {"namespace": "inference", "kind": "Deployment", "verify_tls": True}
     return (

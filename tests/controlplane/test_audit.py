@@ -9,7 +9,7 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from billing.generation import generate_invoices
+from billing.generation import invoice_generate
 from billing.models import Invoice
 from billing.rates import rate_card_create
 from capacity.models import CostModel, DeploymentFingerprint, Reservation, ReservationChange
@@ -96,7 +96,7 @@ def test_rate_cards_and_invoice_issue_are_recorded(planner_client, served_model,
         starts_at=datetime(2026, 11, 1, tzinfo=UTC),
         status="active",
     )
-    generate_invoices("2026-11")
+    invoice_generate(period="2026-11")
     invoice = Invoice.objects.get(customer=acme)
     planner_client.post(f"/api/v1/invoices/{invoice.pk}/issue/")
     issued = entry("invoice.issue")
@@ -195,7 +195,7 @@ def test_the_admin_cannot_rewrite_billed_history(
     ReservationChange.objects.create(
         reservation=reservation, kind="created", changes={}, changed_by="seed"
     )
-    generate_invoices("2026-11")
+    invoice_generate(period="2026-11")
     invoice = Invoice.objects.get(customer=acme)
     draft_delete = reverse("admin:billing_invoice_delete", args=[invoice.pk])
     assert client.get(draft_delete).status_code == 200  # a draft may still go

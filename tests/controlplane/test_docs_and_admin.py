@@ -47,7 +47,7 @@ def test_every_model_of_our_apps_has_an_admin_page_that_loads(
 
 
 def test_pagination_and_filtering_shape(planner_client, gpu_type):
-    from tests.factories import GpuPoolFactory
+    from tests.support.factories import GpuPoolFactory
 
     for index in range(7):
         GpuPoolFactory(name=f"pool-{index:02d}", gpu_type=gpu_type, gpu_count=index + 1)

@@ -11,7 +11,7 @@ import pytest
 
 from controlplane import outbound
 from controlplane.errors import DomainError
-from tests.recording_server import RecordingServer
+from tests.support.recording_server import RecordingServer
 
 METADATA_ADDRESSES = [
     "169.254.169.254",

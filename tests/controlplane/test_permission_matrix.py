@@ -26,10 +26,10 @@ from accounts import scopes as S
 from accounts.services import api_key_create
 from benchmarking.models import BenchmarkRun
 from benchmarking.services import suite_create
-from billing.generation import generate_invoices
+from billing.generation import invoice_generate
 from billing.models import Invoice
 from billing.rates import rate_card_create
-from capacity.health_services import degradation_policy_save
+from capacity.health.services import degradation_policy_save
 from capacity.models import AllocationDecision, CostModel, Reservation
 from tests.conftest import make_cost_model
 
@@ -219,7 +219,7 @@ def world(acme, globex, owner, member, outsider, planner, served_model, gpu_type
         reserved_price_per_mu_minute_hour=Decimal("0.10"),
         best_effort_price_per_1000_mu=Decimal("2.00"),
     )
-    generate_invoices("2026-11")
+    invoice_generate(period="2026-11")
     degradation_policy_save(served_model=served_model)
     suite = suite_create(name="suite", grid=[[64, 16]], slo_ttft_p95_ms=2000, slo_tpot_p95_ms=100)
     run = BenchmarkRun.objects.create(

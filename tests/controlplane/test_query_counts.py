@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from accounts.services import api_key_create
 from capacity.models import AllocationDecision, Reservation
-from tests.factories import CustomerFactory, DeploymentFactory
+from tests.support.factories import CustomerFactory, DeploymentFactory
 
 pytestmark = pytest.mark.django_db
 

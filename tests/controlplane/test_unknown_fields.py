@@ -9,7 +9,7 @@ from drf_spectacular.generators import SchemaGenerator
 
 from billing.rates import rate_card_create
 from capacity.models import Deployment, Reservation
-from tests.factories import GpuTypeFactory
+from tests.support.factories import GpuTypeFactory
 
 pytestmark = pytest.mark.django_db
 

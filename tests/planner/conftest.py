@@ -1,7 +1,7 @@
 import pytest
 
 from accounts.services import planner_create
-from tests.planner.browser import PLANNER_PASSWORD, chromium, collected_static, page, site
+from tests.support.browser import PLANNER_PASSWORD, chromium, collected_static, page, site
 
 __all__ = ["chromium", "collected_static", "page", "site"]
 

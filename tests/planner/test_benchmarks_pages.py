@@ -14,7 +14,7 @@ from benchmarking import services
 from benchmarking.models import BenchmarkRun, BenchmarkSample
 from capacity.models import CostModel
 from tests.conftest import make_cost_model
-from tests.factories import DeploymentFactory, GpuTypeFactory, ServedModelFactory
+from tests.support.factories import DeploymentFactory, GpuTypeFactory, ServedModelFactory
 
 pytestmark = pytest.mark.django_db
 

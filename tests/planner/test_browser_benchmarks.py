@@ -7,9 +7,14 @@ from playwright.sync_api import expect
 
 from benchmarking import services
 from benchmarking.models import BenchmarkRun
-from tests.factories import DeploymentFactory, GpuPoolFactory, GpuTypeFactory, ServedModelFactory
-from tests.planner.browser import log_in, screenshot
 from tests.planner.test_benchmarks_pages import GRID, measured_run
+from tests.support.browser import log_in, screenshot
+from tests.support.factories import (
+    DeploymentFactory,
+    GpuPoolFactory,
+    GpuTypeFactory,
+    ServedModelFactory,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -3,7 +3,7 @@ Security Policy: no script or style is refused, and htmx, Chart.js and Swagger U
 
 import pytest
 
-from tests.planner.browser import log_in, screenshot
+from tests.support.browser import log_in, screenshot
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -10,10 +10,10 @@ from django.utils import timezone
 
 from accounts.models import ApiKey, Customer
 from billing.models import Invoice, InvoiceLine
-from capacity.history import record_capacity
+from capacity.metering.history import record_capacity
 from capacity.models import AllocationDecision, Reservation, UsageMinute
-from capacity.reservations import reservation_create
-from tests.planner.browser import log_in, screenshot
+from capacity.selling.reservations import reservation_create
+from tests.support.browser import log_in, screenshot
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.planner.browser import log_in, screenshot
+from tests.support.browser import log_in, screenshot
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -16,8 +16,8 @@ from capacity.models import (
     ProbeOutcome,
     Replica,
 )
-from tests.factories import ServedModelFactory
-from tests.planner.browser import log_in, screenshot
+from tests.support.browser import log_in, screenshot
+from tests.support.factories import ServedModelFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -5,8 +5,8 @@ import re
 
 import pytest
 
-from tests.benchmarking.processes import celery_worker_process
-from tests.planner.browser import log_in, screenshot
+from tests.support.browser import log_in, screenshot
+from tests.support.processes import celery_worker_process
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -10,7 +10,7 @@ from django.utils import timezone
 from accounts.keys import hash_secret
 from accounts.models import ApiKey, Customer
 from capacity.models import Reservation, UsageMinute
-from capacity.reservations import reservation_create
+from capacity.selling.reservations import reservation_create
 
 pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
 

@@ -14,7 +14,12 @@ from capacity.models import (
     Replica,
 )
 from tests.conftest import make_cost_model
-from tests.factories import DeploymentFactory, GpuPoolFactory, GpuTypeFactory, ServedModelFactory
+from tests.support.factories import (
+    DeploymentFactory,
+    GpuPoolFactory,
+    GpuTypeFactory,
+    ServedModelFactory,
+)
 
 pytestmark = pytest.mark.django_db
 

@@ -10,10 +10,10 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from billing.models import Invoice, InvoiceLine
-from capacity.history import record_capacity
+from capacity.metering.history import record_capacity
 from capacity.models import ActuatorCircuit, AllocationDecision, CapacitySample
-from capacity.reservations import reservation_create
-from tests.factories import CustomerFactory, DeploymentFactory
+from capacity.selling.reservations import reservation_create
+from tests.support.factories import CustomerFactory, DeploymentFactory
 
 pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
 

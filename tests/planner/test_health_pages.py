@@ -18,7 +18,7 @@ from capacity.models import (
     ProbeOutcome,
     Replica,
 )
-from tests.factories import DeploymentFactory, ServedModelFactory
+from tests.support.factories import DeploymentFactory, ServedModelFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -33,7 +33,7 @@ def queries(client, path):
 
 
 def incident_with_steps(deployment, key, *, detected_at, restart_after=None, ready_after=None):
-    """An incident as capacity.health writes it: first failure 10 s before detection."""
+    """An incident as capacity.health.probes writes it: first failure 10 s before detection."""
     replica = Replica.objects.create(
         deployment=deployment,
         key=key,

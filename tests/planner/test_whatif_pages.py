@@ -12,9 +12,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from benchmarking import whatif
-from benchmarking.models import WhatIfRun
-from tests.factories import ServedModelFactory
+from simulation import whatif
+from simulation.models import WhatIfRun
+from tests.support.factories import ServedModelFactory
 
 pytestmark = pytest.mark.django_db
 

@@ -5,9 +5,9 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError
 
 from benchmarking.csv_import import _positive_int
-from capacity.cost_models import pricing_cost_model
 from capacity.models import GpuType, ServedModel
-from capacity.pricing import price_shapes
+from capacity.pricing.cost_models import pricing_cost_model
+from capacity.pricing.estimates import price_shapes
 from controlplane.errors import DomainError
 
 

@@ -3,7 +3,7 @@
 from django.core.management.base import BaseCommand, CommandError
 
 from accounts.models import Customer
-from billing.generation import generate_invoices
+from billing.generation import invoice_generate
 from controlplane.errors import DomainError
 
 
@@ -24,7 +24,7 @@ class Command(BaseCommand):
             if missing:
                 raise CommandError(f"no customer {sorted(missing)[0]!r}")
         try:
-            result = generate_invoices(options["period"], customers=customers)
+            result = invoice_generate(period=options["period"], customers=customers)
         except DomainError as exc:
             raise CommandError(f"--period: {exc.message}") from exc
         self.stdout.write(

@@ -2,7 +2,7 @@ import json
 
 from django.core.management.base import BaseCommand
 
-from capacity.allocation_tick import allocation_tick
+from capacity.allocation.tick import allocation_tick
 
 
 class Command(BaseCommand):

@@ -9,7 +9,7 @@ config with its reason; exits 1 with --strict when any is refused.
 
 from django.core.management.base import BaseCommand, CommandError
 
-from capacity.actuator_config import actuator_config_problem
+from capacity.actuation.config import actuator_config_problem
 from capacity.models import Deployment
 
 

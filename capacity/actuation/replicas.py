@@ -1,0 +1,228 @@
+"""Which engine endpoints a deployment runs, and how to restart one, per actuator kind.
+
+- `process`: the replicas the process supervisor reports (`GET /status`), each at
+  http://host:port; restart: `POST /restart` (the supervisor kills and starts it again).
+- `kubernetes` with `pod_selector`: the running pods (by IP and `pod_port`); restart: delete
+  the pod, so its ReplicaSet (or the like) starts another.
+- `webhook`: the deployment's `endpoint_url` as one endpoint; restart: a signed POST to the
+  webhook with `"action": "restart"`.
+- `dry_run` (and kubernetes without a selector): `endpoint_url` as one endpoint; a restart
+  is only recorded.
+
+Every HTTP call goes through the guarded client (OUTBOUND_ALLOWED_HOSTS, controlplane/outbound.py);
+a deployment whose stored actuator config is flagged (`actuator_config_problem`) is neither
+listed nor restarted until its config is fixed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+import httpx
+from kubernetes import client as k8s_client
+from kubernetes.client.rest import ApiException
+
+from capacity.actuation import kubernetes as k8s_actuator
+from capacity.actuation.config import KUBERNETES_DEFAULT_TIMEOUT_SECONDS, validate_actuator_config
+from capacity.actuation.webhook import signed_headers
+from capacity.models import ActuatorKind, Deployment
+from controlplane import outbound
+from controlplane.errors import DomainError
+
+ENDPOINT_KEY = "endpoint"
+SUPERVISOR_TIMEOUT_SECONDS = 5.0
+DEFAULT_POD_PORT = 8000
+
+
+class ReplicaError(Exception):
+    """Listing or restarting replicas failed; the message says where and why."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    key: str
+    url: str
+
+
+def _endpoint_only(deployment: Deployment) -> list[Endpoint]:
+    if not deployment.endpoint_url:
+        return []
+    return [Endpoint(ENDPOINT_KEY, deployment.endpoint_url.rstrip("/"))]
+
+
+def _supervisor(config: dict) -> tuple[str, dict]:
+    headers = {}
+    if config.get("token_env"):
+        token = os.environ.get(config["token_env"], "")
+        if not token:
+            raise ReplicaError(f"environment variable {config['token_env']} is not set")
+        headers["Authorization"] = f"Bearer {token}"
+    return config["supervisor_url"].rstrip("/"), headers
+
+
+def _config(deployment: Deployment) -> dict:
+    if deployment.actuator_config_problem:
+        raise ReplicaError(
+            f"the stored actuator config breaks the operator's rules: "
+            f"{deployment.actuator_config_problem}"
+        )
+    try:
+        # Hosts are checked where the connection is made (the guarded client).
+        return validate_actuator_config(
+            deployment.actuator_kind, deployment.actuator_config, check_hosts=False
+        )
+    except DomainError as error:
+        raise ReplicaError(str(error)) from error
+
+
+def list_endpoints(deployment: Deployment) -> list[Endpoint]:
+    """The endpoints to probe now (replicas still starting are left out)."""
+    kind = deployment.actuator_kind
+    if kind == ActuatorKind.DRY_RUN:
+        return _endpoint_only(deployment)
+    config = _config(deployment)
+    if kind == ActuatorKind.PROCESS:
+        base, headers = _supervisor(config)
+        try:
+            response = outbound.request(
+                "GET", f"{base}/status", headers=headers, timeout=SUPERVISOR_TIMEOUT_SECONDS
+            )
+            response.raise_for_status()
+            status = response.json()["deployments"].get(deployment.name)
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as error:
+            raise ReplicaError(f"process supervisor at {base}: {error}") from error
+        if status is None:
+            return []
+        host = config["host"]
+        host = f"[{host}]" if ":" in host else host
+        return [
+            Endpoint(f"process:{r['replica']}", f"http://{host}:{r['port']}")
+            for r in status["replicas"]
+            if r["state"] == "ready" and r["replica"] < status["target"]
+        ]
+    if kind == ActuatorKind.KUBERNETES and config.get("pod_selector"):
+        with _core_api(config) as core:
+            try:
+                pods = core.list_namespaced_pod(
+                    config["namespace"],
+                    label_selector=config["pod_selector"],
+                    _request_timeout=config.get(
+                        "timeout_seconds", KUBERNETES_DEFAULT_TIMEOUT_SECONDS
+                    ),
+                )
+            except (ApiException, OSError) as error:
+                raise ReplicaError(f"listing pods {config['pod_selector']}: {error}") from error
+        endpoints = []
+        for pod in pods.items:
+            status = pod.status
+            ready = any(c.type == "Ready" and c.status == "True" for c in (status.conditions or []))
+            if (
+                status.phase == "Running"
+                and ready
+                and status.pod_ip
+                and not pod.metadata.deletion_timestamp
+            ):
+                port = _pod_port(pod, config)
+                endpoints.append(
+                    Endpoint(f"pod:{pod.metadata.name}", f"http://{status.pod_ip}:{port}")
+                )
+        return sorted(endpoints, key=lambda e: e.key)
+    return _endpoint_only(deployment)
+
+
+def _pod_port(pod, config: dict) -> int:
+    """`pod_port` from the config, else the container port named "http", else 8000."""
+    if config.get("pod_port"):
+        return config["pod_port"]
+    for container in (pod.spec.containers if pod.spec else None) or []:
+        for port in container.ports or []:
+            if port.name == "http":
+                return port.container_port
+    return DEFAULT_POD_PORT
+
+
+class _core_api:
+    """A CoreV1Api over the same connection settings as the kubernetes actuator."""
+
+    def __init__(self, config: dict):
+        self.api_client = k8s_actuator._api_client(config)
+
+    def __enter__(self) -> k8s_client.CoreV1Api:
+        return k8s_client.CoreV1Api(self.api_client)
+
+    def __exit__(self, *exc_info) -> None:
+        k8s_actuator._close(self.api_client)
+
+
+def restart(deployment: Deployment, key: str) -> str:
+    """Ask the data plane to restart or replace one replica; returns what was done."""
+    kind = deployment.actuator_kind
+    if kind == ActuatorKind.DRY_RUN:
+        return "recorded only (dry run: nothing to restart)"
+    config = _config(deployment)
+    if kind == ActuatorKind.PROCESS and key.startswith("process:"):
+        base, headers = _supervisor(config)
+        body = {"deployment": deployment.name, "replica": int(key.split(":", 1)[1])}
+        try:
+            response = outbound.request(
+                "POST",
+                f"{base}/restart",
+                json=body,
+                headers=headers,
+                timeout=SUPERVISOR_TIMEOUT_SECONDS,
+            )
+        except httpx.HTTPError as error:
+            raise ReplicaError(f"process supervisor at {base}: {error}") from error
+        if response.status_code != 200:
+            raise ReplicaError(
+                f"process supervisor at {base} answered {response.status_code}: "
+                f"{response.text[:300]}"
+            )
+        return f"process supervisor restarted replica {body['replica']}"
+    if kind == ActuatorKind.KUBERNETES and key.startswith("pod:"):
+        name = key.split(":", 1)[1]
+        with _core_api(config) as core:
+            try:
+                core.delete_namespaced_pod(
+                    name,
+                    config["namespace"],
+                    grace_period_seconds=0,
+                    _request_timeout=config.get(
+                        "timeout_seconds", KUBERNETES_DEFAULT_TIMEOUT_SECONDS
+                    ),
+                )
+            except ApiException as error:
+                if error.status != 404:  # already gone: its replacement is on its way
+                    raise ReplicaError(
+                        f"deleting pod {name}: {error.status} {error.reason}"
+                    ) from error
+            except OSError as error:
+                raise ReplicaError(f"deleting pod {name}: {error}") from error
+        return f"pod {config['namespace']}/{name} deleted"
+    if kind == ActuatorKind.WEBHOOK:
+        body = json.dumps(
+            {"action": "restart", "deployment": deployment.name, "replica": key},
+            separators=(",", ":"),
+        ).encode()
+        headers = {"Content-Type": "application/json"}
+        if config.get("secret_env"):
+            secret = os.environ.get(config["secret_env"], "")
+            if not secret:
+                raise ReplicaError(f"environment variable {config['secret_env']} is not set")
+            headers |= signed_headers(secret, body)
+        try:
+            response = outbound.request(
+                "POST",
+                config["url"],
+                content=body,
+                headers=headers,
+                timeout=config["timeout_seconds"],
+            )
+        except httpx.HTTPError as error:
+            raise ReplicaError(f"{config['url']}: {error}") from error
+        if not 200 <= response.status_code < 300:
+            raise ReplicaError(f"{config['url']} answered {response.status_code}")
+        return f"restart posted to {config['url']}"
+    return "recorded only (dry run: nothing to restart)"

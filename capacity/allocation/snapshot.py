@@ -1,0 +1,286 @@
+"""The allocation policy's input, read from the database in a fixed number of queries whatever
+the fleet size: demand (usage rollups and raw events), reservations, GPU inventory, replica
+health, the workload mix and the engines' own load from Prometheus (DESIGN §2)."""
+
+import hashlib
+import logging
+from collections import defaultdict
+from dataclasses import replace
+from datetime import datetime, timedelta
+
+import numpy as np
+from django.conf import settings
+from django.db.models import Max, Q, Sum
+from django.db.models.functions import Trunc
+
+from capacity.allocation import policy as allocation
+from capacity.allocation.bursts import Bursts, bursts
+from capacity.health.probes import unhealthy_replicas_by_deployment
+from capacity.models import (
+    AllocationDecision,
+    CostModel,
+    Deployment,
+    GpuPool,
+    Reservation,
+    UsageEvent,
+    UsageMinute,
+)
+from capacity.pricing.exchange import DEFAULT_MIX, MeanShape
+from capacity.pricing.exchange import replica_mu_per_minute as exchange_rate
+from capacity.selling.sellable import MIX_LOOKBACK
+
+logger = logging.getLogger(__name__)
+
+RECENT_WINDOW = timedelta(seconds=allocation.RECENT_WINDOW_SECONDS)
+PEAK_WINDOW = timedelta(seconds=allocation.PEAK_WINDOW_SECONDS)
+BURST_WINDOW = timedelta(seconds=allocation.BURST_WINDOW_SECONDS)
+NO_BURSTS = Bursts(0.0, 0.0)
+IDLE_LOOKBACK = timedelta(days=1)
+
+
+def _replica_mu(reference: CostModel | None, own: CostModel | None, mix: MeanShape) -> float | None:
+    if reference is None or own is None:
+        return None
+    return exchange_rate(reference=reference, own=own, mix=mix)
+
+
+def build_snapshot(*, now: datetime, window_seconds: float | None = None):
+    """The policy's input, in a fixed number of queries whatever the fleet size."""
+    window_seconds = window_seconds or settings.ALLOCATION_STABILISATION_SECONDS
+    deployments = list(
+        Deployment.objects.select_related("served_model", "gpu_pool__gpu_type").order_by("pk")
+    )
+    # Replicas the probes found unhealthy are being restarted: they hold their GPUs but serve
+    # nothing, so the policy plans without them (and `with_replacements` adds them back).
+    unhealthy = unhealthy_replicas_by_deployment()
+    held_gpus: dict[int, int] = defaultdict(int)
+    for d in deployments:
+        held_gpus[d.gpu_pool_id] += min(unhealthy.get(d.pk, 0), d.current_replicas) * (
+            d.gpus_per_replica
+        )
+    pools = [
+        allocation.PoolState(pool.pk, pool.name, max(0, pool.gpu_count - held_gpus[pool.pk]))
+        for pool in GpuPool.objects.all()
+    ]
+    active = {
+        (c.served_model_id, c.gpu_type_id, c.gpus_per_replica): c
+        for c in CostModel.objects.filter(status=CostModel.Status.ACTIVE)
+    }
+    # The reference cost model: the model's reference GPU type, fewest GPUs per replica.
+    served_models = {d.served_model_id: d.served_model for d in deployments}
+    references: dict[int, CostModel] = {}
+    for (model_id, gpu_type_id, _gpus), cost_model in sorted(active.items(), key=lambda i: i[0]):
+        served = served_models.get(model_id)
+        if served and gpu_type_id == served.reference_gpu_type_id and model_id not in references:
+            references[model_id] = cost_model
+
+    mixes: dict[int, MeanShape] = {}
+    mu_per_request: dict[int, float] = {}
+    for row in (
+        UsageMinute.objects.filter(minute__gte=now - MIX_LOOKBACK)
+        .values("served_model_id")
+        .annotate(
+            requests=Sum("requests"),
+            inp=Sum("input_tokens"),
+            cached=Sum("cached_input_tokens"),
+            out=Sum("output_tokens"),
+            mu=Sum("mu"),
+        )
+    ):
+        if row["requests"]:
+            n = row["requests"]
+            mu_per_request[row["served_model_id"]] = (row["mu"] or 0.0) / n
+            mixes[row["served_model_id"]] = MeanShape.of_totals(
+                requests=n,
+                input_tokens=row["inp"],
+                cached_input_tokens=row["cached"],
+                output_tokens=row["out"],
+            )
+
+    reserved: dict[tuple[int, int], list] = defaultdict(lambda: [0.0, False])
+    for model_id, customer_id, mu, keep_warm in Reservation.objects.active_at(now).values_list(
+        "served_model_id", "customer_id", "mu_per_minute", "keep_warm"
+    ):
+        entry = reserved[(model_id, customer_id)]
+        entry[0] += mu
+        entry[1] = entry[1] or keep_warm
+
+    whole_minute = now.replace(second=0, microsecond=0)
+    recent_minutes = RECENT_WINDOW.total_seconds() / 60
+    demand: dict[tuple[int, int], tuple[float, float]] = {}
+    for row in (
+        UsageMinute.objects.filter(minute__gte=whole_minute - PEAK_WINDOW, minute__lt=whole_minute)
+        .values("served_model_id", "customer_id")
+        .annotate(
+            recent=Sum("mu", filter=Q(minute__gte=whole_minute - RECENT_WINDOW)),
+            peak=Max("mu"),
+        )
+    ):
+        demand[(row["served_model_id"], row["customer_id"])] = (
+            (row["recent"] or 0.0) / recent_minutes,
+            row["peak"] or 0.0,
+        )
+
+    model_bursts = _bursts(now)
+
+    last_used = dict(
+        UsageMinute.objects.filter(minute__gte=now - IDLE_LOOKBACK, requests__gt=0)
+        .values("served_model_id")
+        .annotate(last=Max("minute"))
+        .values_list("served_model_id", "last")
+    )
+
+    history: dict[int, list[tuple[float, int]]] = defaultdict(list)
+    for deployment_id, created_at, recommended in AllocationDecision.objects.filter(
+        created_at__gte=now - timedelta(seconds=window_seconds), dry_run=False
+    ).values_list("deployment_id", "created_at", "recommended_replicas"):
+        history[deployment_id].append(((now - created_at).total_seconds(), recommended))
+
+    loads = _loads(deployments)
+    load_known = {deployment_id: load.known for deployment_id, load in loads.items()}
+
+    by_model: dict[int, list[Deployment]] = defaultdict(list)
+    for deployment in deployments:
+        by_model[deployment.served_model_id].append(deployment)
+    customers_of: dict[int, set[int]] = defaultdict(set)
+    for model_id, customer_id in [*reserved, *demand]:
+        customers_of[model_id].add(customer_id)
+    models = []
+    for model_id, model_deployments in by_model.items():
+        mix = mixes.get(model_id, DEFAULT_MIX)
+        states = []
+        for d in model_deployments:
+            own = active.get((model_id, d.gpu_pool.gpu_type_id, d.gpus_per_replica))
+            broken = min(unhealthy.get(d.pk, 0), d.current_replicas)
+            states.append(
+                allocation.DeploymentState(
+                    deployment_id=d.pk,
+                    name=d.name,
+                    pool_id=d.gpu_pool_id,
+                    gpus_per_replica=d.gpus_per_replica,
+                    mu_per_minute_per_replica=_replica_mu(references.get(model_id), own, mix),
+                    current_replicas=d.current_replicas - broken,
+                    ready_replicas=d.current_replicas - broken,
+                    min_replicas=min(d.min_replicas, max(0, d.max_replicas - broken)),
+                    max_replicas=max(0, d.max_replicas - broken),
+                    cold_start_seconds=d.cold_start_seconds,
+                    scale_to_zero_after_seconds=d.scale_to_zero_after_seconds,
+                    target_utilisation=d.target_utilisation,
+                    cost_per_hour_usd=float(d.gpu_pool.gpu_type.hourly_cost_usd)
+                    * d.gpus_per_replica,
+                    recent_recommendations=tuple(history.get(d.pk, ())),
+                )
+            )
+        customer_ids = customers_of.get(model_id, set())
+        customers = tuple(
+            allocation.CustomerDemand(
+                customer_id=customer_id,
+                reserved_mu_per_minute=reserved.get((model_id, customer_id), [0.0, False])[0],
+                recent_mu_per_minute=demand.get((model_id, customer_id), (0.0, 0.0))[0],
+                peak_mu_per_minute=demand.get((model_id, customer_id), (0.0, 0.0))[1],
+                keep_warm=reserved.get((model_id, customer_id), [0.0, False])[1],
+            )
+            for customer_id in sorted(customer_ids)
+        )
+        last = last_used.get(model_id)
+        burst = model_bursts.get(model_id, NO_BURSTS)
+        models.append(
+            allocation.ModelSnapshot(
+                model_id=model_id,
+                name=model_deployments[0].served_model.name,
+                customers=customers,
+                deployments=tuple(states),
+                idle_seconds=(now - last).total_seconds() if last else None,
+                load_known=all(load_known.get(d.pk, True) for d in model_deployments),
+                waiting_mu=_waiting_mu(model_deployments, loads, mu_per_request.get(model_id)),
+                burst_mu_per_minute=burst.burst_mu_per_minute,
+                burst_window_busiest_minute_mu=burst.busiest_minute_mu,
+            )
+        )
+    snapshot = allocation.Snapshot(
+        models=tuple(models),
+        pools=tuple(pools),
+        settings=allocation.PolicySettings(stabilisation_window_seconds=window_seconds),
+    )
+    return snapshot, {d.pk: d for d in deployments}, unhealthy
+
+
+def with_replacements(
+    decisions: allocation.Decisions, unhealthy: dict[int, int], deployments: dict
+) -> allocation.Decisions:
+    """Add the unhealthy replicas back to what the policy planned without them: they still
+    exist (being restarted), so the actuator's target is the healthy plan plus them, and a
+    replacement starts at once while they come back."""
+    if not unhealthy:
+        return decisions
+    result = []
+    for decision in decisions.deployments:
+        broken = min(
+            unhealthy.get(decision.deployment_id, 0),
+            deployments[decision.deployment_id].current_replicas,
+        )
+        if broken:
+            decision = replace(
+                decision,
+                current_replicas=decision.current_replicas + broken,
+                recommended_replicas=decision.recommended_replicas + broken,
+                target_replicas=decision.target_replicas + broken,
+                reasons=(
+                    *decision.reasons,
+                    allocation.Reason(
+                        "unhealthy_replicas",
+                        f"{broken} unhealthy replica(s) are being restarted: planned without "
+                        "them, so a replacement starts now",
+                        {"unhealthy": broken},
+                    ),
+                ),
+            )
+        result.append(decision)
+    return replace(decisions, deployments=tuple(result))
+
+
+def _bursts(now: datetime) -> dict[int, Bursts]:
+    """Per model, the bursts (`capacity.allocation.bursts`) of the requests that started in the last
+    BURST_WINDOW (all customers together), from usage events in 1-second bins."""
+    since = now - BURST_WINDOW
+    seconds = int(BURST_WINDOW.total_seconds())
+    bins: dict[int, np.ndarray] = {}
+    for model_id, second, mu in (
+        UsageEvent.objects.filter(started_at__gte=since, started_at__lt=now)
+        .annotate(second=Trunc("started_at", "second"))
+        .values("served_model_id", "second")
+        .annotate(mu=Sum("mu"))
+        .values_list("served_model_id", "second", "mu")
+    ):
+        series = bins.setdefault(model_id, np.zeros(seconds + 1))
+        series[min(seconds, max(0, int((second - since).total_seconds())))] += mu
+    slo_seconds = settings.ALLOCATION_TTFT_SLO_MS / 1000.0
+    return {model_id: bursts(series, slo_seconds) for model_id, series in bins.items()}
+
+
+def _waiting_mu(deployments: list[Deployment], loads: dict, mu_per_request: float | None) -> float:
+    """MU of the requests queued in a model's engines, at the model's recent mean request.
+    The queue is a gauge read directly, so it counts even when the load's rates are unknown."""
+    waiting = sum(loads[d.pk].waiting or 0.0 for d in deployments if d.pk in loads)
+    return waiting * (mu_per_request or 0.0)
+
+
+def _loads(deployments: list[Deployment]) -> dict:
+    """Each deployment's engine load (`capacity.telemetry.prometheus.DeploymentLoad`), when
+    Prometheus is
+    configured; without it metered usage is the only load signal and counts as known."""
+    if not settings.PROMETHEUS_URL or not deployments:
+        return {}
+    from capacity.telemetry.prometheus import DeploymentLoad, read_fleet_load
+
+    try:
+        return read_fleet_load(deployments)
+    except Exception:  # an unreadable fleet is an unknown load, never a reason to scale down
+        logger.exception("reading the fleet's load from Prometheus failed")
+        return {d.pk: DeploymentLoad.unknown(d.pk, "Prometheus unreadable", 0) for d in deployments}
+
+
+def digest(model: allocation.ModelSnapshot) -> str:
+    # The dataclasses' repr is deterministic and far cheaper than asdict + JSON for models
+    # with thousands of customers.
+    return hashlib.sha256(repr(model).encode()).hexdigest()

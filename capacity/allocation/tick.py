@@ -1,0 +1,386 @@
+"""The allocation tick: snapshot from the database → the policy → decisions stored → targets
+applied through actuators (DESIGN §2). Run every 15 s by Celery beat.
+
+One tick runs at a time across all workers: a PostgreSQL advisory lock (a Redis lock on the
+SQLite demo database); a tick that finds it taken skips. Actuators are called outside any
+database transaction and only with this tick's targets, so a failed push is never re-applied
+later: the next tick decides afresh. Repeated failures open a circuit for the deployment.
+Pushes run concurrently, each within ALLOCATION_PUSH_DEADLINE_SECONDS: one that misses it is a
+failure on its decision, and the tick (which holds the lock) does not wait for it.
+"""
+
+import logging
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from capacity.actuation.base import ActuatorResult, ScaleRequest, apply_with_retries
+from capacity.actuation.push import Abandoned, BoundedActuator, push_all
+from capacity.admission.gate import publish_limits
+from capacity.allocation import policy as allocation
+from capacity.allocation.circuits import record_applied, record_failure
+from capacity.allocation.snapshot import build_snapshot, digest, with_replacements
+from capacity.metering.history import record_capacity
+from capacity.models import (
+    ActuatorCircuit,
+    AdmissionAllowance,
+    AllocationDecision,
+    Deployment,
+)
+from capacity.telemetry import metrics
+from controlplane.db import Lock, copy_upsert, exclusive
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TickResult:
+    tick_id: str
+    skipped: bool = False
+    dry_run: bool = False
+    seconds: float = 0.0
+    decisions: list[dict] = field(default_factory=list)
+    allowances: list[dict] | int = field(default_factory=list)  # dry run: rows; else: count
+    models: list[dict] = field(default_factory=list)
+    applied: int = 0
+    failed: int = 0
+
+
+# --- One tick at a time -----------------------------------------------------------------------
+
+
+def _tick_lock():
+    return exclusive(Lock.ALLOCATION_TICK)
+
+
+# --- The tick ---------------------------------------------------------------------------------
+
+
+def allocation_tick(*, dry_run: bool = False, now: datetime | None = None) -> TickResult:
+    started = time.perf_counter()
+    tick_id = uuid.uuid4()
+    result = TickResult(tick_id=str(tick_id), dry_run=dry_run)
+    with _tick_lock() as taken:
+        if not taken:
+            result.skipped = True
+            return result
+        now = now or timezone.now()
+        snapshot, deployments, unhealthy = build_snapshot(now=now)
+        decisions = with_replacements(allocation.decide(snapshot), unhealthy, deployments)
+        result.models = [asdict(outcome) for outcome in decisions.models]
+        result.allowances = (
+            [asdict(a) for a in decisions.allowances] if dry_run else len(decisions.allowances)
+        )
+        digests = {model.model_id: digest(model) for model in snapshot.models}
+        if dry_run:
+            result.decisions = [_decision_dict(d, deployments) for d in decisions.deployments]
+            result.seconds = time.perf_counter() - started
+            return result
+        rows, forgotten = _store(tick_id, now, decisions, deployments, digests)
+        # Admission limits follow the tick within the tick (a reservation that starts or ends
+        # changes admission within one tick).
+        publish_limits(decisions.allowances, forgotten)
+        _apply(rows, decisions, deployments, result, now)
+        result.decisions = [_row_dict(row) for row in rows]
+        record_capacity(now=now)
+    result.seconds = time.perf_counter() - started
+    metrics.TICK_SECONDS.observe(result.seconds)
+    return result
+
+
+@transaction.atomic
+def _store(tick_id, now, decisions, deployments, digests) -> list[AllocationDecision]:
+    rows = [
+        AllocationDecision(
+            tick_id=tick_id,
+            deployment_id=d.deployment_id,
+            served_model_id=d.model_id,
+            inputs_digest=digests[d.model_id],
+            current_replicas=d.current_replicas,
+            recommended_replicas=d.recommended_replicas,
+            target_replicas=d.target_replicas,
+            reasons=[reason.as_dict() for reason in d.reasons]
+            + _config_problem_reasons(deployments[d.deployment_id]),
+            actuator_kind=deployments[d.deployment_id].actuator_kind,
+            created_at=now,
+        )
+        for d in decisions.deployments
+    ]
+    if connection.vendor == "postgresql":
+        columns = (
+            "tick_id",
+            "deployment_id",
+            "served_model_id",
+            "created_at",
+            "inputs_digest",
+            "current_replicas",
+            "recommended_replicas",
+            "target_replicas",
+            "reasons",
+            "dry_run",
+            "actuator_kind",
+            "actuator_attempts",
+            "actuator_error",
+        )
+        ids = dict(
+            (deployment_id, pk)
+            for pk, deployment_id in copy_upsert(
+                table=AllocationDecision._meta.db_table,
+                columns=columns,
+                rows=[
+                    (
+                        r.tick_id,
+                        r.deployment_id,
+                        r.served_model_id,
+                        now,
+                        r.inputs_digest,
+                        r.current_replicas,
+                        r.recommended_replicas,
+                        r.target_replicas,
+                        r.reasons,
+                        False,
+                        r.actuator_kind,
+                        0,
+                        "",
+                    )
+                    for r in rows
+                ],
+                returning=("id", "deployment_id"),
+            )
+        )
+        for row in rows:
+            row.pk = ids[row.deployment_id]
+    else:
+        rows = AllocationDecision.objects.bulk_create(rows)
+    forgotten = _store_allowances(tick_id, now, decisions.allowances)
+    return rows, forgotten
+
+
+# An allowance that moved by less than this share is not rewritten: best-effort shares drift
+# a little every tick, and a 1 % change does not matter to a token bucket refilled every 15 s.
+ALLOWANCE_RELATIVE_TOLERANCE = 0.01
+ALLOWANCE_TOLERANCE_MU = 1e-6
+
+
+def _close(old: float, new: float) -> bool:
+    return abs(old - new) <= max(ALLOWANCE_TOLERANCE_MU, ALLOWANCE_RELATIVE_TOLERANCE * abs(new))
+
+
+def _store_allowances(tick_id, now, allowances) -> set[tuple[int, int]]:
+    """Write only the allowances that changed, and delete those the policy no longer gives
+    (returned as (customer, model) pairs): most are stable from one tick to the next, and
+    rewriting tens of thousands of rows every 15 s would cost more than the rest of the tick."""
+    rows = AdmissionAllowance.objects.values_list(
+        "pk",
+        "customer_id",
+        "served_model_id",
+        "guaranteed_mu_per_minute",
+        "best_effort_mu_per_minute",
+    )
+    existing = {(c, m): (pk, g, b) for pk, c, m, g, b in rows}
+    changed = []
+    for allowance in allowances:
+        key = (allowance.customer_id, allowance.model_id)
+        old = existing.pop(key, None)
+        # Reservations are exact: any change to the guaranteed rate is written.
+        if (
+            old is not None
+            and abs(old[1] - allowance.guaranteed_mu_per_minute) <= ALLOWANCE_TOLERANCE_MU
+            and _close(old[2], allowance.best_effort_mu_per_minute)
+        ):
+            continue
+        changed.append(
+            (
+                allowance.customer_id,
+                allowance.model_id,
+                allowance.guaranteed_mu_per_minute,
+                allowance.best_effort_mu_per_minute,
+                tick_id,
+                now,
+            )
+        )
+    if changed and connection.vendor == "postgresql":
+        copy_upsert(
+            table=AdmissionAllowance._meta.db_table,
+            columns=(
+                "customer_id",
+                "served_model_id",
+                "guaranteed_mu_per_minute",
+                "best_effort_mu_per_minute",
+                "tick_id",
+                "updated_at",
+            ),
+            rows=changed,
+            conflict=("customer_id", "served_model_id"),
+            update=(
+                "guaranteed_mu_per_minute",
+                "best_effort_mu_per_minute",
+                "tick_id",
+                "updated_at",
+            ),
+        )
+    elif changed:
+        AdmissionAllowance.objects.bulk_create(
+            [
+                AdmissionAllowance(
+                    customer_id=c,
+                    served_model_id=m,
+                    guaranteed_mu_per_minute=g,
+                    best_effort_mu_per_minute=b,
+                    tick_id=t,
+                    updated_at=u,
+                )
+                for c, m, g, b, t, u in changed
+            ],
+            batch_size=5000,
+            update_conflicts=True,
+            unique_fields=["customer", "served_model"],
+            update_fields=[
+                "guaranteed_mu_per_minute",
+                "best_effort_mu_per_minute",
+                "tick_id",
+                "updated_at",
+            ],
+        )
+    # Customers the policy no longer sees (reservation ended, no recent use) lose their rows.
+    stale = [pk for pk, _, _ in existing.values()]
+    if stale:
+        AdmissionAllowance.objects.filter(pk__in=stale).delete()
+    return set(existing)
+
+
+def _apply(rows, decisions, deployments, result: TickResult, now) -> None:
+    from capacity.actuation.registry import actuator_for
+
+    circuits = {c.deployment_id: c for c in ActuatorCircuit.objects.all()}
+    work = []
+    for row, decision in zip(rows, decisions.deployments, strict=True):
+        if decision.target_replicas == decision.current_replicas:
+            continue
+        circuit = circuits.get(decision.deployment_id)
+        if circuit and circuit.opened_until and circuit.opened_until > now:
+            row.actuator_ok = False
+            row.actuator_error = (
+                f"circuit open until {circuit.opened_until.isoformat()} after "
+                f"{circuit.consecutive_failures} failures: {circuit.last_error[:200]}"
+            )
+            row.save(update_fields=["actuator_ok", "actuator_error"])
+            result.failed += 1
+            continue
+        deployment = deployments[decision.deployment_id]
+        if deployment.actuator_config_problem:
+            # Never sent: the stored config breaks the operator's rules (it may name a secret
+            # or a host the API may not choose) until a valid one is written.
+            row.actuator_ok = False
+            row.actuator_attempts = 0
+            row.actuator_error = (
+                f"refused: the stored actuator config breaks the operator's rules: "
+                f"{deployment.actuator_config_problem}"
+            )
+            row.save(update_fields=["actuator_ok", "actuator_attempts", "actuator_error"])
+            metrics.ACTUATOR_FAILURES.labels(deployment.actuator_kind).inc()
+            result.failed += 1
+            continue
+        request = ScaleRequest(
+            deployment_id=deployment.pk,
+            deployment=deployment.name,
+            model=deployment.served_model.engine_model_id,
+            target_replicas=decision.target_replicas,
+            current_replicas=decision.current_replicas,
+            config=deployment.actuator_config,
+            endpoint_url=deployment.endpoint_url,
+            decision_id=row.pk,
+            reasons=row.reasons,
+        )
+        work.append((row, request, deployment.actuator_kind))
+
+    deadline = settings.ALLOCATION_PUSH_DEADLINE_SECONDS
+
+    def push(item, abandoned: threading.Event) -> ActuatorResult:
+        _, request, kind = item
+
+        def sleep_unless_abandoned(seconds: float) -> None:
+            # A push abandoned at its deadline starts no further attempt.
+            if abandoned.wait(seconds):
+                raise Abandoned
+
+        try:
+            return apply_with_retries(
+                BoundedActuator(actuator_for(kind), time.monotonic() + deadline, abandoned),
+                request,
+                deadline_seconds=deadline,
+                sleep=sleep_unless_abandoned,
+            )
+        except Abandoned:
+            return ActuatorResult(ok=False, error="abandoned at the push deadline")
+        except Exception as error:  # one broken actuator must not stop the others
+            return ActuatorResult(ok=False, error=f"{type(error).__name__}: {error}")
+
+    results = push_all(work, push, deadline)
+    outcomes = [(row, outcome) for (row, _, _), outcome in zip(work, results, strict=True)]
+    applied_at = timezone.now()
+    succeeded = []
+    for row, outcome in outcomes:
+        row.actuator_ok = outcome.ok
+        row.actuator_attempts = outcome.attempts
+        row.actuator_error = outcome.error
+        row.observed_replicas = outcome.observed_replicas
+        row.applied_at = applied_at
+        if outcome.ok:
+            result.applied += 1
+            succeeded.append(row)
+        else:
+            metrics.ACTUATOR_FAILURES.labels(deployments[row.deployment_id].actuator_kind).inc()
+            result.failed += 1
+            record_failure(row.deployment_id, outcome.error, now)
+    AllocationDecision.objects.bulk_update(
+        [row for row, _ in outcomes],
+        ["actuator_ok", "actuator_attempts", "actuator_error", "observed_replicas", "applied_at"],
+        batch_size=1000,
+    )
+    record_applied(succeeded)
+
+
+def _decision_dict(decision: allocation.DeploymentDecision, deployments) -> dict:
+    return {
+        "deployment": deployments[decision.deployment_id].name,
+        "current_replicas": decision.current_replicas,
+        "recommended_replicas": decision.recommended_replicas,
+        "target_replicas": decision.target_replicas,
+        "reasons": [reason.as_dict() for reason in decision.reasons]
+        + _config_problem_reasons(deployments[decision.deployment_id]),
+    }
+
+
+def _config_problem_reasons(deployment: Deployment) -> list[dict]:
+    if not deployment.actuator_config_problem:
+        return []
+    return [
+        allocation.Reason(
+            code="actuator_config_refused",
+            message=(
+                "Not applied: the stored actuator config breaks the operator's rules "
+                f"({deployment.actuator_config_problem}); write a valid config to resume."
+            ),
+            data={"problem": deployment.actuator_config_problem},
+        ).as_dict()
+    ]
+
+
+def _row_dict(row: AllocationDecision) -> dict:
+    return {
+        "id": row.pk,
+        "deployment_id": row.deployment_id,
+        "current_replicas": row.current_replicas,
+        "recommended_replicas": row.recommended_replicas,
+        "target_replicas": row.target_replicas,
+        "reasons": row.reasons,
+        "actuator_ok": row.actuator_ok,
+        "actuator_error": row.actuator_error,
+    }

@@ -1,0 +1,133 @@
+from rest_framework import serializers
+
+from capacity.catalog.services import DEPLOYMENT_FIELDS
+from capacity.metering.events import MAX_TOKENS
+from capacity.models import ActuatorKind, Deployment, GpuPool, GpuType, ServedModel
+from controlplane.api.serializers import StrictModelSerializer, no_control_characters
+
+# Larger than any model built (about 100 times the largest known), far below overflow.
+MAX_PARAMETERS_BILLIONS = 100_000
+
+
+class GpuTypeSerializer(StrictModelSerializer):
+    hourly_cost_usd = serializers.DecimalField(max_digits=10, decimal_places=4, min_value=0)
+
+    class Meta:
+        model = GpuType
+        fields = ["id", "name", "memory_gb", "hourly_cost_usd"]
+        read_only_fields = ["id"]
+        extra_kwargs = {"memory_gb": {"min_value": 1}}
+
+    def validate_name(self, value: str) -> str:
+        return no_control_characters(value)
+
+
+class GpuTypePublicSerializer(serializers.ModelSerializer):
+    """What customers see of a GPU type: not its cost."""
+
+    class Meta:
+        model = GpuType
+        fields = ["id", "name", "memory_gb"]
+        read_only_fields = fields
+
+
+class GpuPoolSerializer(StrictModelSerializer):
+    gpu_type = serializers.SlugRelatedField(slug_field="name", queryset=GpuType.objects.all())
+
+    class Meta:
+        model = GpuPool
+        fields = ["id", "name", "gpu_type", "gpu_count"]
+        read_only_fields = ["id"]
+
+    def validate_name(self, value: str) -> str:
+        return no_control_characters(value)
+
+
+class ServedModelSerializer(StrictModelSerializer):
+    reference_gpu_type = serializers.SlugRelatedField(
+        slug_field="name", queryset=GpuType.objects.all()
+    )
+
+    class Meta:
+        model = ServedModel
+        fields = [
+            "id",
+            "name",
+            "engine_model_id",
+            "parameters_billions",
+            "reference_gpu_type",
+            "context_length_tokens",
+            "headroom",
+            "overcommit",
+        ]
+        read_only_fields = ["id"]
+        extra_kwargs = {
+            "parameters_billions": {"min_value": 0, "max_value": MAX_PARAMETERS_BILLIONS},
+            # Selling: sellable = deployable × (1 − headroom) × overcommit (set by catalog
+            # writers; the database's constraints hold the same bounds).
+            "headroom": {"min_value": 0.0, "max_value": 0.99},
+            "overcommit": {"min_value": 0.01, "max_value": 100.0},
+            # Usage events are bounded by it, and their token counts by MAX_TOKENS.
+            "context_length_tokens": {"min_value": 1, "max_value": MAX_TOKENS},
+        }
+
+    def validate_engine_model_id(self, value: str) -> str:
+        return no_control_characters(value)
+
+
+class DeploymentSerializer(StrictModelSerializer):
+    served_model = serializers.SlugRelatedField(
+        slug_field="name", queryset=ServedModel.objects.all()
+    )
+    gpu_pool = serializers.SlugRelatedField(slug_field="name", queryset=GpuPool.objects.all())
+    actuator_kind = serializers.ChoiceField(choices=ActuatorKind.choices, required=False)
+    actuator_config = serializers.JSONField(required=False)
+    target_utilisation = serializers.FloatField(required=False, min_value=0.01, max_value=1.0)
+    benchmark_suite = serializers.SlugRelatedField(
+        slug_field="name",
+        # The suite's model belongs to benchmarking, which depends on capacity, not the
+        # other way: reach it through the foreign key.
+        queryset=Deployment._meta.get_field("benchmark_suite").related_model.objects.all(),
+        required=False,
+        allow_null=True,
+        help_text="The suite the nightly benchmark runs (see benchmark_nightly).",
+    )
+
+    class Meta:
+        model = Deployment
+        fields = ["id", *DEPLOYMENT_FIELDS, "actuator_config_problem", "created_at", "updated_at"]
+        read_only_fields = ["id", "actuator_config_problem", "created_at", "updated_at"]
+        extra_kwargs = {"gpus_per_replica": {"min_value": 1}}
+        # The database's min ≤ max constraint is checked by the service with a clearer message.
+        validators = []
+
+
+# What customers see of a deployment, by allowlist: never where it runs or how it is driven
+# (endpoint_url, actuator_config, prometheus_selector) nor its benchmarks; a field added to the
+# full serializer stays hidden from customers until it is added here.
+DEPLOYMENT_PUBLIC_FIELDS = [
+    "id",
+    "name",
+    "served_model",
+    "gpu_pool",
+    "gpus_per_replica",
+    "min_replicas",
+    "max_replicas",
+    "current_replicas",
+    "cold_start_seconds",
+    "scale_to_zero_after_seconds",
+    "target_utilisation",
+    "actuator_kind",  # filterable anyway (?actuator_kind=)
+    "created_at",
+    "updated_at",
+]
+
+
+class DeploymentPublicSerializer(serializers.ModelSerializer):
+    served_model = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    gpu_pool = serializers.SlugRelatedField(slug_field="name", read_only=True)
+
+    class Meta:
+        model = Deployment
+        fields = DEPLOYMENT_PUBLIC_FIELDS
+        read_only_fields = fields

@@ -1,0 +1,248 @@
+"""Writes for the fleet catalog.
+
+Placing a deployment reads its pool's size and writes against it, so the pool row is locked
+(`select_for_update`) for the check: a pool cannot shrink under a deployment being created.
+"""
+
+from django.db import transaction
+
+from capacity.actuation.config import validate_actuator_config
+from capacity.models import Deployment, GpuPool, GpuType, ServedModel
+from capacity.telemetry.prometheus import validate_selector
+from controlplane import outbound
+from controlplane.audit import all_fields, audit_change, audit_record, snapshot
+from controlplane.errors import ConflictError, DomainError
+
+# What a deployment's writer may set, in the order forms and the API show it; the one list the
+# API serializer and the admin form are built from.
+DEPLOYMENT_FIELDS = (
+    "name",
+    "served_model",
+    "gpu_pool",
+    "gpus_per_replica",
+    "min_replicas",
+    "max_replicas",
+    "current_replicas",
+    "cold_start_seconds",
+    "scale_to_zero_after_seconds",
+    "target_utilisation",
+    "endpoint_url",
+    "actuator_kind",
+    "actuator_config",
+    "prometheus_selector",
+    "benchmark_suite",
+    "benchmark_nightly",
+)
+
+
+def check_fits_pool(*, pool: GpuPool, max_replicas: int, gpus_per_replica: int) -> None:
+    needed_gpus = max_replicas * gpus_per_replica
+    if needed_gpus > pool.gpu_count:
+        raise DomainError(
+            f"max_replicas {max_replicas} × gpus_per_replica {gpus_per_replica} = {needed_gpus} "
+            f"GPUs exceeds pool '{pool.name}', which has {pool.gpu_count} GPUs.",
+            field="max_replicas",
+            code="exceeds_pool",
+            details={
+                "max_replicas": max_replicas,
+                "gpus_per_replica": gpus_per_replica,
+                "needed_gpus": needed_gpus,
+                "pool": pool.name,
+                "pool_gpu_count": pool.gpu_count,
+            },
+        )
+
+
+def _check_shape(values: dict) -> None:
+    if values["gpus_per_replica"] < 1:
+        raise DomainError("gpus_per_replica must be at least 1.", field="gpus_per_replica")
+    if values["min_replicas"] > values["max_replicas"]:
+        raise DomainError(
+            f"max_replicas ({values['max_replicas']}) must be at least min_replicas "
+            f"({values['min_replicas']}).",
+            field="max_replicas",
+        )
+    if not 0 < values["target_utilisation"] <= 1:
+        raise DomainError("target_utilisation must be in (0, 1].", field="target_utilisation")
+    if values.get("prometheus_selector"):
+        # Stored normalised; a malformed one is refused here rather than at every tick.
+        values["prometheus_selector"] = validate_selector(values["prometheus_selector"])
+
+
+def _check_endpoint(url: str | None) -> None:
+    # Health probes connect to it (OUTBOUND_ALLOWED_HOSTS); benchmark runs check it again
+    # against BENCHMARK_ALLOWED_HOSTS when they are queued.
+    if url:
+        outbound.check_url(url, purpose=outbound.OUTBOUND, field="endpoint_url")
+
+
+def _check_current(values: dict) -> None:
+    """A writer that states current_replicas states what runs, and no more than max_replicas
+    can run. (Lowering max_replicas below what runs is fine: the next tick scales down.)"""
+    if values["current_replicas"] > values["max_replicas"]:
+        raise DomainError(
+            f"current_replicas ({values['current_replicas']}) must not exceed max_replicas "
+            f"({values['max_replicas']}).",
+            field="current_replicas",
+        )
+
+
+@transaction.atomic
+def deployment_create(**values) -> Deployment:
+    unknown = set(values) - set(DEPLOYMENT_FIELDS)
+    if unknown:
+        raise DomainError(f"Unknown deployment fields: {', '.join(sorted(unknown))}.")
+    defaults = {
+        field.name: field.get_default()
+        for field in Deployment._meta.concrete_fields
+        if field.name in DEPLOYMENT_FIELDS and field.name not in values and field.has_default()
+    }
+    values = defaults | values
+    _check_shape(values)
+    _check_current(values)
+    _check_fits_its_pool(values)
+    values["actuator_config"] = validate_actuator_config(
+        values["actuator_kind"], values.get("actuator_config")
+    )
+    _check_endpoint(values.get("endpoint_url"))
+    deployment = Deployment.objects.create(**values)
+    _audit_created("deployment", deployment)
+    return deployment
+
+
+def _check_fits_its_pool(values: dict) -> None:
+    """Under the pool's row lock: a pool cannot shrink under a deployment being placed."""
+    pool = GpuPool.objects.select_for_update().get(pk=values["gpu_pool"].pk)
+    check_fits_pool(
+        pool=pool,
+        max_replicas=values["max_replicas"],
+        gpus_per_replica=values["gpus_per_replica"],
+    )
+
+
+@transaction.atomic
+def deployment_update(*, deployment: Deployment, **changes) -> Deployment:
+    unknown = set(changes) - set(DEPLOYMENT_FIELDS)
+    if unknown:
+        raise DomainError(f"Unknown deployment fields: {', '.join(sorted(unknown))}.")
+    deployment = Deployment.objects.select_for_update().get(pk=deployment.pk)
+    before = snapshot(deployment, all_fields(deployment))
+    values = {name: getattr(deployment, name) for name in DEPLOYMENT_FIELDS} | changes
+    _check_shape(values)
+    if changes.get("current_replicas", deployment.current_replicas) != deployment.current_replicas:
+        _check_current(values)
+    _check_fits_its_pool(values)
+    if "actuator_kind" in changes or "actuator_config" in changes:
+        values["actuator_config"] = validate_actuator_config(
+            values["actuator_kind"], values.get("actuator_config")
+        )
+        # A valid config is written: whatever was flagged in the stored one is gone.
+        deployment.actuator_config_problem = ""
+    if "endpoint_url" in changes:
+        _check_endpoint(values.get("endpoint_url"))
+    for name, value in values.items():
+        setattr(deployment, name, value)
+    deployment.save()
+    _audit_updated("deployment", deployment, before)
+    return deployment
+
+
+@transaction.atomic
+def gpu_pool_create(*, name: str, gpu_type: GpuType, gpu_count: int) -> GpuPool:
+    if GpuPool.objects.filter(name=name).exists():
+        raise ConflictError(f"A GPU pool named '{name}' already exists.", field="name")
+    pool = GpuPool.objects.create(name=name, gpu_type=gpu_type, gpu_count=gpu_count)
+    _audit_created("gpu_pool", pool)
+    return pool
+
+
+@transaction.atomic
+def gpu_pool_update(*, pool: GpuPool, **changes) -> GpuPool:
+    pool = GpuPool.objects.select_for_update().get(pk=pool.pk)
+    before = snapshot(pool, all_fields(pool))
+    type_changes = "gpu_type" in changes and changes["gpu_type"].pk != pool.gpu_type_id
+    if type_changes and pool.deployments.exists():
+        raise ConflictError(
+            "The GPU type of a pool with deployments cannot change: the deployments' "
+            "capacity was measured on the old type.",
+            field="gpu_type",
+        )
+    new_count = changes.get("gpu_count", pool.gpu_count)
+    largest = max(pool.deployments.all(), key=lambda deployment: deployment.max_gpus, default=None)
+    if largest is not None and largest.max_gpus > new_count:
+        raise ConflictError(
+            f"gpu_count {new_count} is below what deployment '{largest.name}' may use: "
+            f"max_replicas {largest.max_replicas} × gpus_per_replica "
+            f"{largest.gpus_per_replica} = {largest.max_gpus} GPUs.",
+            field="gpu_count",
+            details={"deployment": largest.name, "needed_gpus": largest.max_gpus},
+        )
+    for name, value in changes.items():
+        setattr(pool, name, value)
+    pool.save()
+    _audit_updated("gpu_pool", pool, before)
+    return pool
+
+
+def _create_named(model, label: str, values: dict):
+    """A catalog row whose name is its key: a clear 409 for a taken name, then audited."""
+    if model.objects.filter(name=values["name"]).exists():
+        raise ConflictError(f"A {label} named '{values['name']}' already exists.", field="name")
+    instance = model.objects.create(**values)
+    _audit_created(_AUDIT_NAMES[model], instance)
+    return instance
+
+
+@transaction.atomic
+def gpu_type_create(**values) -> GpuType:
+    return _create_named(GpuType, "GPU type", values)
+
+
+@transaction.atomic
+def served_model_create(**values) -> ServedModel:
+    return _create_named(ServedModel, "model", values)
+
+
+@transaction.atomic
+def catalog_update(*, instance, **changes):
+    """GPU types and served models carry no cross-row rules; a plain update suffices."""
+    before = snapshot(instance, all_fields(instance))
+    for name, value in changes.items():
+        setattr(instance, name, value)
+    instance.save()
+    _audit_updated(_AUDIT_NAMES[type(instance)], instance, before)
+    return instance
+
+
+@transaction.atomic
+def catalog_delete(*, instance) -> None:
+    """Delete a catalogue row; one still in use is refused by its protected relations."""
+    before = snapshot(instance, all_fields(instance))
+    label = str(instance)
+    pk = instance.pk
+    instance.delete()
+    audit_record(
+        action=f"{_AUDIT_NAMES[type(instance)]}.delete",
+        object_type=instance._meta.label_lower,
+        object_id=pk,
+        object_repr=label,
+        before=before,
+    )
+
+
+_AUDIT_NAMES = {
+    GpuType: "gpu_type",
+    GpuPool: "gpu_pool",
+    ServedModel: "served_model",
+    Deployment: "deployment",
+}
+
+
+def _audit_created(name: str, obj) -> None:
+    audit_record(action=f"{name}.create", obj=obj, after=snapshot(obj, all_fields(obj)))
+
+
+def _audit_updated(name: str, obj, before: dict) -> None:
+    audit_change(
+        action=f"{name}.update", obj=obj, before=before, after=snapshot(obj, all_fields(obj))
+    )

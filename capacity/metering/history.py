@@ -1,0 +1,86 @@
+"""A model's capacity over time, for the planner's fleet charts (capacity.models.CapacitySample).
+
+The allocation tick calls `record_capacity` once per tick; one row per model per whole minute
+is kept (a second tick in the same minute writes nothing), so the history costs one small row
+per model per minute whatever the tick interval.
+"""
+
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db.models import Avg
+from django.db.models.functions import Trunc
+from django.utils import timezone
+
+from capacity.metering.utilisation import sold_now, used_now
+from capacity.models import CapacitySample, ServedModel
+from capacity.selling.sellable import model_capacity
+
+
+def record_capacity(*, now: datetime | None = None) -> int:
+    """Store this minute's sample for every model that has a deployment; returns rows written."""
+    now = now or timezone.now()
+    minute = now.replace(second=0, microsecond=0)
+    done = set(
+        CapacitySample.objects.filter(minute=minute).values_list("served_model_id", flat=True)
+    )
+    rows = []
+    for served_model in ServedModel.objects.filter(deployments__isnull=False).distinct():
+        if served_model.pk in done:
+            continue
+        capacity = model_capacity(served_model, now=now)
+        rows.append(
+            CapacitySample(
+                served_model=served_model,
+                minute=minute,
+                deployable_mu_per_minute=capacity.deployable_mu_per_minute,
+                hot_mu_per_minute=capacity.hot_mu_per_minute,
+                sellable_mu_per_minute=capacity.sellable_mu_per_minute,
+                sold_mu_per_minute=sold_now(served_model, now=now),
+                used_mu_per_minute=used_now(served_model, now=now),
+            )
+        )
+    # A concurrent tick in the same minute may have written some: the constraint keeps one.
+    CapacitySample.objects.bulk_create(rows, ignore_conflicts=True)
+    CapacitySample.objects.filter(
+        minute__lt=minute - timedelta(days=settings.CAPACITY_HISTORY_DAYS)
+    ).delete()
+    return len(rows)
+
+
+SERIES = ("deployable", "hot", "sellable", "sold", "used")
+
+
+def capacity_history(
+    served_model_ids: list[int], *, start: datetime, end: datetime, step: timedelta
+) -> dict[int, dict[datetime, dict[str, float]]]:
+    """Per model, per bucket start: the mean of each series over the bucket (one query)."""
+    kind = "hour" if step >= timedelta(hours=1) else "minute"
+    rows = (
+        CapacitySample.objects.filter(
+            served_model_id__in=served_model_ids, minute__gte=start, minute__lt=end
+        )
+        .annotate(bucket=Trunc("minute", kind))
+        .values("served_model_id", "bucket")
+        .annotate(**{name: Avg(f"{name}_mu_per_minute") for name in SERIES})
+        .order_by("served_model_id", "bucket")
+    )
+    history: dict[int, dict[datetime, dict[str, float]]] = {i: {} for i in served_model_ids}
+    step_seconds = step.total_seconds()
+    for row in rows:
+        # Minute buckets are folded into the step (e.g. 10 minutes) here: Trunc has no
+        # "10 minutes", and the mean of means over equal minutes is the mean.
+        offset = (row["bucket"] - start).total_seconds() // step_seconds
+        bucket = start + timedelta(seconds=offset * step_seconds)
+        slot = history[row["served_model_id"]].setdefault(
+            bucket, {"n": 0, **dict.fromkeys(SERIES, 0.0)}
+        )
+        slot["n"] += 1
+        for name in SERIES:
+            slot[name] += row[name]
+    for per_model in history.values():
+        for slot in per_model.values():
+            n = slot.pop("n")
+            for name in SERIES:
+                slot[name] /= n
+    return history

@@ -1,0 +1,387 @@
+"""Usage metering: idempotent batch ingestion of usage events (DESIGN §2, "Used").
+
+Each event is priced in MU when it arrives, with the model's active reference cost model,
+whose id is stored with it so a later re-fit never reprices the past. Event ids are unique per
+customer in the database; a batch is inserted with `ON CONFLICT (customer_id, event_id) DO
+NOTHING RETURNING`, so a retried or concurrent duplicate is reported as a duplicate and never
+counted twice. Invalid events are reported by index; the valid events of the same batch are
+stored.
+
+The sender never chooses its own price class. The admission record of the event's id (the
+request id admission was asked with) decides it: admitted as guaranteed or best-effort, or
+refused (with or without a reservation behind it). An event without a record is billed as
+best-effort and flagged `unrecorded`; one whose outcome or class contradicts its record is
+billed by the record and flagged `contradicted`; an event claiming `refused` for a request
+admission admitted is rejected, since it would make used capacity free.
+"""
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import numpy as np
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+from pydantic import ValidationError
+
+from accounts.models import Customer
+from capacity.admission.gate import admission_records, reconcile_usage
+from capacity.admission.redis_buckets import (
+    BEST_EFFORT,
+    GUARANTEED,
+    REFUSED_GUARANTEED,
+    AdmissionRecord,
+)
+from capacity.metering.events import UsageEventIn, context_problems, minute_of, reasons_from
+from capacity.models import CostModel, Deployment, ServedModel, UsageEvent, Verification
+from capacity.pricing.cost_models import active_cost_model
+from capacity.pricing.features import FEATURES, feature_columns, mu_of, uncached_input_tokens
+from capacity.telemetry import metrics
+from controlplane.errors import DomainError
+
+MAX_BATCH_EVENTS = 5_000
+
+COLUMNS = (
+    "event_id",
+    "customer_id",
+    "served_model_id",
+    "deployment_id",
+    "started_at",
+    "finished_at",
+    "minute",
+    "input_tokens",
+    "cached_input_tokens",
+    "output_tokens",
+    "images",
+    "outcome",
+    "admission_class",
+    "verification",
+    "self_reported",
+    "ttft_ms",
+    "mu",
+    "cost_model_id",
+    "ingested_at",
+    "rolled_up",
+)
+_DATETIME_COLUMNS = tuple(
+    COLUMNS.index(name) for name in ("started_at", "finished_at", "minute", "ingested_at")
+)
+
+
+@dataclass
+class IngestResult:
+    accepted: list[str] = field(default_factory=list)
+    duplicates: list[str] = field(default_factory=list)
+    rejected: list[dict] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return {
+            "accepted_count": len(self.accepted),
+            "duplicate_count": len(self.duplicates),
+            "rejected_count": len(self.rejected),
+            "accepted": self.accepted,
+            "duplicates": self.duplicates,
+            "rejected": self.rejected,
+        }
+
+
+def _mu_per_event(cost_model: CostModel, events: list[UsageEventIn]) -> np.ndarray:
+    counts = np.array(
+        [
+            (e.input_tokens, e.cached_input_tokens, e.output_tokens, e.images)
+            for e in events
+        ],
+        dtype=float,
+    ).reshape(-1, 4)  # fmt: skip
+    weights = np.array([cost_model.weights_replica_seconds.get(name, 0.0) for name in FEATURES])
+    matrix = feature_columns(
+        input_tokens=uncached_input_tokens(counts[:, 0], counts[:, 1]),
+        cached_input_tokens=counts[:, 1],
+        output_tokens=counts[:, 2],
+        images=counts[:, 3],
+        features=FEATURES,
+    )
+    return mu_of(matrix @ weights, cost_model.replica_mu_per_minute)
+
+
+def usage_ingest(*, events, customer: Customer | None, may_name_customer: bool) -> IngestResult:
+    """Store a batch of usage events.
+
+    `customer` is the caller's own customer (a customer key): its events may omit the
+    customer and may not name another. A platform key (`may_name_customer`) names it.
+    """
+    if not isinstance(events, list):
+        raise DomainError("events must be a list of usage events.", field="events")
+    if len(events) > MAX_BATCH_EVENTS:
+        raise DomainError(
+            f"A batch holds at most {MAX_BATCH_EVENTS} events; this one has {len(events)}. "
+            "Split it.",
+            field="events",
+            code="batch_too_large",
+            status=413,
+        )
+    if customer is not None and not customer.may_report_own_usage:
+        raise DomainError(
+            f"Customer '{customer.slug}' may not report its own usage: usage is what it is "
+            "billed on, so only the platform's gateways report it unless a planner allows "
+            "the customer to (may_report_own_usage).",
+            code="usage_self_report_not_allowed",
+            status=403,
+        )
+    result = IngestResult()
+    now = timezone.now()
+    oldest = now - timedelta(hours=settings.USAGE_LATENESS_WINDOW_HOURS)
+    newest = now + timedelta(seconds=settings.USAGE_MAX_FUTURE_SECONDS)
+    longest = timedelta(hours=settings.USAGE_MAX_DURATION_HOURS)
+
+    def reject(index: int, raw, reasons: list[str]) -> None:
+        event_id = raw.get("event_id") if isinstance(raw, dict) else None
+        result.rejected.append(
+            {"index": index, "event_id": event_id if isinstance(event_id, str) else None,
+             "reasons": reasons}
+        )  # fmt: skip
+
+    parsed: list[tuple[int, UsageEventIn]] = []
+    for index, raw in enumerate(events):
+        if not isinstance(raw, dict):
+            reject(index, raw, ["an event must be a JSON object"])
+            continue
+        try:
+            parsed.append((index, UsageEventIn.model_validate(raw)))
+        except ValidationError as error:
+            reject(index, raw, reasons_from(error))
+
+    models = {
+        model.name: model
+        for model in ServedModel.objects.filter(name__in={event.model for _, event in parsed})
+    }
+    customer_slugs = {event.customer for _, event in parsed if event.customer}
+    customers = {c.slug: c for c in Customer.objects.filter(slug__in=customer_slugs)}
+    deployments = {
+        d.name: d
+        for d in Deployment.objects.filter(
+            name__in={event.deployment for _, event in parsed if event.deployment}
+        )
+    }
+    cost_models: dict[int, CostModel | None] = {}
+
+    seen_in_batch: set[tuple[int, str]] = set()
+    valid: list[tuple[UsageEventIn, Customer, ServedModel, CostModel]] = []
+    for index, event in parsed:
+        reasons = []
+        owner = customer
+        if event.customer and customer is not None and event.customer != customer.slug:
+            reasons.append("customer: a customer's key reports only that customer's usage")
+        elif event.customer and not may_name_customer and customer is None:
+            reasons.append("customer: this key may not report usage")
+        elif event.customer:
+            owner = customers.get(event.customer)
+            if owner is None:
+                reasons.append(f"customer: no customer with slug '{event.customer}'")
+        elif owner is None:
+            reasons.append("customer: required with a platform key")
+        model = models.get(event.model)
+        cost_model = None
+        if model is None:
+            reasons.append(f"model: unknown model '{event.model}'")
+        else:
+            if model.pk not in cost_models:
+                cost_models[model.pk] = active_cost_model(served_model=model)
+            cost_model = cost_models[model.pk]
+            if cost_model is None:
+                reasons.append(
+                    f"model: '{event.model}' has no active cost model yet, so its usage cannot "
+                    "be priced; retry the event once one is active"
+                )
+            problems = context_problems(
+                model.context_length_tokens, event.input_tokens, event.output_tokens
+            )
+            reasons.extend(f"{name}: {why[0]}" for name, why in problems.items())
+        if event.deployment:
+            deployment = deployments.get(event.deployment)
+            if deployment is None:
+                reasons.append(f"deployment: unknown deployment '{event.deployment}'")
+            elif model is not None and deployment.served_model_id != model.pk:
+                reasons.append(f"deployment: '{event.deployment}' does not serve '{event.model}'")
+        if event.finished_at > newest:
+            reasons.append(
+                f"finished_at: more than {settings.USAGE_MAX_FUTURE_SECONDS} s in the future"
+            )
+        elif event.finished_at < oldest:
+            reasons.append(
+                f"finished_at: older than the lateness window "
+                f"({settings.USAGE_LATENESS_WINDOW_HOURS} h)"
+            )
+        # With finished_at inside the lateness window, this keeps started_at near it too.
+        if event.finished_at - event.started_at > longest:
+            reasons.append(
+                f"started_at: more than {settings.USAGE_MAX_DURATION_HOURS} h before "
+                "finished_at; no request runs that long"
+            )
+        if reasons:
+            reject(index, events[index], reasons)
+            continue
+        if (owner.pk, event.event_id) in seen_in_batch:
+            result.duplicates.append(event.event_id)
+            continue
+        seen_in_batch.add((owner.pk, event.event_id))
+        valid.append((index, event, owner, model, cost_model))
+
+    valid = _classify(valid, reject=lambda index, reasons: reject(index, events[index], reasons))
+    if valid:
+        inserted = _insert(
+            valid, deployments=deployments, ingested_at=now, self_reported=customer is not None
+        )
+        for _, event, owner, *_ in valid:
+            stored_now = (owner.pk, event.event_id) in inserted
+            (result.accepted if stored_now else result.duplicates).append(event.event_id)
+        # Only events stored now settle their admission: a duplicate never settles twice.
+        reconcile_usage(
+            [(customer_id, model_id, event_id, mu) for (customer_id, event_id), (model_id, mu)
+             in inserted.items()]
+        )  # fmt: skip
+    result.rejected.sort(key=lambda item: item["index"])
+    metrics.USAGE_EVENTS.labels("accepted").inc(len(result.accepted))
+    metrics.USAGE_EVENTS.labels("duplicate").inc(len(result.duplicates))
+    metrics.USAGE_EVENTS.labels("rejected").inc(len(result.rejected))
+    return result
+
+
+@dataclass(frozen=True)
+class _Class:
+    admission_class: str
+    verification: str
+
+
+def _class_of(event: UsageEventIn, record: AdmissionRecord | None) -> _Class | str:
+    """The class an event is billed in, from its admission record; or why it is rejected."""
+    if record is None:
+        # Nothing says admission let this request in: it ran (if it ran) on slack.
+        return _Class(BEST_EFFORT, Verification.UNRECORDED)
+    verified = Verification.FALLBACK if record.spooled else Verification.RECORDED
+    if record.admitted:
+        if event.outcome == "refused":
+            return (
+                f"outcome: admission admitted request '{event.event_id}' as "
+                f"{record.admission_class}; report what happened to it (completed, cancelled "
+                "or error), not refused"
+            )
+        claimed = event.admission_class
+        agrees = claimed in (None, record.admission_class)
+        return _Class(record.admission_class, verified if agrees else Verification.CONTRADICTED)
+    # Refused by admission.
+    refused_class = GUARANTEED if record.admission_class == REFUSED_GUARANTEED else BEST_EFFORT
+    if event.outcome != "refused":
+        # It ran although admission refused it: billed as best-effort, flagged.
+        return _Class(BEST_EFFORT, Verification.CONTRADICTED)
+    claimed = event.admission_class
+    agrees = claimed in (None, refused_class)
+    return _Class(refused_class, verified if agrees else Verification.CONTRADICTED)
+
+
+def _classify(valid, *, reject) -> list:
+    """Each valid event with the class its admission record gives it; events that contradict
+    their record in a way that cannot be billed are rejected."""
+    records = admission_records(
+        [(owner.pk, model.pk, event.event_id) for _, event, owner, model, _ in valid]
+    )
+    classified = []
+    for (index, event, owner, model, cost_model), record in zip(valid, records, strict=True):
+        decided = _class_of(event, record)
+        if isinstance(decided, str):
+            reject(index, [decided])
+            continue
+        classified.append((index, event, owner, model, cost_model, decided))
+    return classified
+
+
+def _rows(valid, *, deployments, ingested_at, self_reported: bool):
+    by_cost_model: dict[int, list[int]] = {}
+    for position, (_, _, _, _, cost_model, _) in enumerate(valid):
+        by_cost_model.setdefault(cost_model.pk, []).append(position)
+    mu = np.zeros(len(valid))
+    for positions in by_cost_model.values():
+        cost_model = valid[positions[0]][4]
+        mu[positions] = _mu_per_event(cost_model, [valid[p][1] for p in positions])
+    for position, (_, event, owner, model, cost_model, decided) in enumerate(valid):
+        deployment = deployments.get(event.deployment) if event.deployment else None
+        yield (
+            event.event_id,
+            owner.pk,
+            model.pk,
+            deployment.pk if deployment else None,
+            event.started_at,
+            event.finished_at,
+            minute_of(event.finished_at),
+            event.input_tokens,
+            event.cached_input_tokens,
+            event.output_tokens,
+            event.images,
+            event.outcome,
+            decided.admission_class,
+            decided.verification,
+            self_reported,
+            event.ttft_ms,
+            # A refused request never ran: it used nothing.
+            0.0 if event.outcome == "refused" else float(mu[position]),
+            cost_model.pk,
+            ingested_at,
+            False,
+        )
+
+
+_MU = COLUMNS.index("mu")
+
+
+def _insert(
+    valid, *, deployments, ingested_at, self_reported: bool
+) -> dict[tuple[int, str], tuple[int, float]]:
+    """Store the events; return those stored now (not known before) as (customer id, event
+    id) -> (model id, MU)."""
+    rows = list(
+        _rows(valid, deployments=deployments, ingested_at=ingested_at, self_reported=self_reported)
+    )
+    stored = _insert_rows(rows)
+    return {(row[1], row[0]): (row[2], row[_MU]) for row in rows if (row[1], row[0]) in stored}
+
+
+@transaction.atomic
+def _insert_rows(rows) -> set[tuple[int, str]]:
+    """Insert the rows, skipping (customer, event id)s already stored; return the (customer
+    id, event id)s stored now."""
+    table = UsageEvent._meta.db_table
+    columns = ", ".join(COLUMNS)
+    if connection.vendor == "postgresql":
+        # COPY the batch into a per-connection staging table (emptied at commit), then move
+        # it over in one statement that skips known event ids and returns the ones it stored.
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "CREATE TEMP TABLE IF NOT EXISTS usage_staging ON COMMIT DELETE ROWS AS "  # noqa: S608
+                f"SELECT {columns} FROM {table} WITH NO DATA"
+            )
+            with cursor.cursor.copy(f"COPY usage_staging ({columns}) FROM STDIN") as copy:
+                for row in rows:
+                    copy.write_row(row)
+            cursor.execute(
+                f"INSERT INTO {table} ({columns}) SELECT {columns} FROM usage_staging "  # noqa: S608
+                "ON CONFLICT (customer_id, event_id) DO NOTHING RETURNING customer_id, event_id"
+            )
+            return {(row[0], row[1]) for row in cursor.fetchall()}
+    placeholders = ", ".join(["%s"] * len(COLUMNS))
+    sql = (
+        f"INSERT INTO {table} ({columns}) VALUES ({placeholders}) "  # noqa: S608
+        "ON CONFLICT (customer_id, event_id) DO NOTHING RETURNING customer_id, event_id"
+    )
+    inserted = set()
+    adapt = connection.ops.adapt_datetimefield_value
+    with connection.cursor() as cursor:
+        for row in rows:
+            # Raw SQL skips the ORM's conversion of datetimes to the text SQLite stores (UTC,
+            # no offset): without it the stored text never equals what lookups compare with,
+            # and rollups, utilisation and billing would read nothing.
+            values = list(row)
+            for position in _DATETIME_COLUMNS:
+                values[position] = adapt(values[position])
+            cursor.execute(sql, values)
+            inserted.update((r[0], r[1]) for r in cursor.fetchall())
+    return inserted

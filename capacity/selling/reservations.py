@@ -1,0 +1,292 @@
+"""Selling capacity: reservations that never oversell (DESIGN §2).
+
+Every write that can grow what is sold locks the served model's row first, so concurrent
+sales of one model are checked one after another against the same numbers; a sale that
+does not fit at every moment of its term is refused with the shortfall.
+"""
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from accounts.models import Customer
+from capacity.models import Reservation, ReservationChange, ServedModel
+from capacity.selling.sellable import model_capacity
+from controlplane.audit import audit_record, current_actor, in_request
+from controlplane.errors import ConflictError, DomainError
+
+# Floating-point sums of MU must not refuse a sale that fits exactly.
+EPSILON_MU = 1e-6
+UNSET = object()
+
+
+@dataclass(frozen=True)
+class SoldPeak:
+    sold_mu_per_minute: float
+    at: datetime
+
+
+def sold_peak(
+    *,
+    served_model: ServedModel,
+    starts_at: datetime,
+    ends_at: datetime | None,
+    exclude_id: int | None = None,
+) -> SoldPeak:
+    """The most MU/min already sold at any moment of [starts_at, ends_at)."""
+    overlapping = (
+        Reservation.objects.filter(served_model=served_model)
+        .not_cancelled()
+        .overlapping(starts_at, ends_at)
+    )
+    if exclude_id is not None:
+        overlapping = overlapping.exclude(pk=exclude_id)
+    terms = list(overlapping.values_list("starts_at", "ends_at", "mu_per_minute"))
+    # The total only rises where a reservation starts, so those moments (and the term's own
+    # start) are the only candidates for the peak.
+    moments = {starts_at} | {start for start, _, _ in terms if start > starts_at}
+    best = SoldPeak(0.0, starts_at)
+    for moment in sorted(moments):
+        total = sum(
+            mu for start, end, mu in terms if start <= moment and (end is None or end > moment)
+        )
+        if total > best.sold_mu_per_minute:
+            best = SoldPeak(total, moment)
+    return best
+
+
+def _check_fits(
+    *,
+    served_model: ServedModel,
+    mu_per_minute: float,
+    starts_at: datetime,
+    ends_at: datetime | None,
+    exclude_id: int | None = None,
+) -> None:
+    now = timezone.now()
+    check_from = max(starts_at, now)
+    capacity = model_capacity(served_model)
+    peak = sold_peak(
+        served_model=served_model, starts_at=check_from, ends_at=ends_at, exclude_id=exclude_id
+    )
+    sellable = capacity.sellable_mu_per_minute
+    if peak.sold_mu_per_minute + mu_per_minute > sellable + EPSILON_MU:
+        shortfall = peak.sold_mu_per_minute + mu_per_minute - sellable
+        raise ConflictError(
+            f"The fleet cannot serve {mu_per_minute:g} MU/min of '{served_model.name}': "
+            f"{sellable:.6g} MU/min is sellable and {peak.sold_mu_per_minute:.6g} is already "
+            f"sold at {peak.at.isoformat()}, so {shortfall:.6g} MU/min is missing.",
+            code="insufficient_capacity",
+            field="mu_per_minute",
+            details={
+                "requested_mu_per_minute": mu_per_minute,
+                "sellable_mu_per_minute": sellable,
+                "sold_mu_per_minute": peak.sold_mu_per_minute,
+                "shortfall_mu_per_minute": shortfall,
+                "peak_at": peak.at.isoformat(),
+                "deployable_mu_per_minute": capacity.deployable_mu_per_minute,
+                "headroom": capacity.headroom,
+                "overcommit": capacity.overcommit,
+            },
+        )
+
+
+def _status_for(starts_at: datetime, ends_at: datetime | None, now: datetime) -> str:
+    if ends_at is not None and ends_at <= now:
+        return Reservation.Status.EXPIRED
+    if starts_at > now:
+        return Reservation.Status.PENDING
+    return Reservation.Status.ACTIVE
+
+
+def _validate_start(starts_at: datetime) -> None:
+    """A sale starts within RESERVATION_START_WINDOW_DAYS of now, either way."""
+    window = timedelta(days=settings.RESERVATION_START_WINDOW_DAYS)
+    now = timezone.now()
+    if not now - window <= starts_at <= now + window:
+        raise DomainError(
+            f"starts_at must be within {window.days} days of now "
+            f"({(now - window):%Y-%m-%d} to {(now + window):%Y-%m-%d}).",
+            field="starts_at",
+        )
+
+
+def _validate_term(
+    starts_at: datetime, ends_at: datetime | None, mu_per_minute: float, *, bound_length=True
+) -> None:
+    if not mu_per_minute > 0:
+        raise DomainError("mu_per_minute must be greater than 0.", field="mu_per_minute")
+    if ends_at is not None and ends_at <= starts_at:
+        raise DomainError("ends_at must be after starts_at.", field="ends_at")
+    if ends_at is not None and ends_at <= timezone.now():
+        raise DomainError("ends_at is in the past: nothing would be sold.", field="ends_at")
+    longest = timedelta(days=settings.RESERVATION_MAX_TERM_DAYS)
+    if bound_length and ends_at is not None and ends_at - starts_at > longest:
+        raise DomainError(
+            f"ends_at must be at most {longest.days} days after starts_at "
+            f"({starts_at + longest:%Y-%m-%d}); leave it empty for an open-ended reservation.",
+            field="ends_at",
+        )
+
+
+@transaction.atomic
+def reservation_create(
+    *,
+    customer: Customer,
+    served_model: ServedModel,
+    mu_per_minute: float,
+    starts_at: datetime | None = None,
+    ends_at: datetime | None = None,
+    keep_warm: bool = False,
+    notes: str = "",
+    actor: str = "",
+) -> Reservation:
+    starts_at = starts_at or timezone.now()
+    _validate_start(starts_at)
+    _validate_term(starts_at, ends_at, mu_per_minute)
+    served_model = ServedModel.objects.select_for_update().get(pk=served_model.pk)
+    _check_fits(
+        served_model=served_model, mu_per_minute=mu_per_minute, starts_at=starts_at, ends_at=ends_at
+    )
+    reservation = Reservation.objects.create(
+        customer=customer,
+        served_model=served_model,
+        mu_per_minute=mu_per_minute,
+        starts_at=starts_at,
+        ends_at=ends_at,
+        keep_warm=keep_warm,
+        notes=notes,
+        status=_status_for(starts_at, ends_at, timezone.now()),
+    )
+    ReservationChange.objects.create(
+        reservation=reservation,
+        kind=ReservationChange.Kind.CREATED,
+        changes={
+            "mu_per_minute": [None, mu_per_minute],
+            "starts_at": [None, starts_at.isoformat()],
+            "ends_at": [None, ends_at.isoformat() if ends_at else None],
+        },
+        changed_by=actor,
+    )
+    _audit(
+        reservation,
+        "reservation.create",
+        {
+            "customer": [None, customer.slug],
+            "mu_per_minute": [None, mu_per_minute],
+            "starts_at": [None, starts_at.isoformat()],
+            "ends_at": [None, ends_at.isoformat() if ends_at else None],
+            "keep_warm": [None, keep_warm],
+        },
+        actor,
+    )
+    return reservation
+
+
+@transaction.atomic
+def reservation_amend(
+    *,
+    reservation: Reservation,
+    mu_per_minute: float | None = None,
+    ends_at=UNSET,
+    keep_warm: bool | None = None,
+    notes: str | None = None,
+    actor: str = "",
+) -> Reservation:
+    """Growing (more MU/min, or a later or open end) re-checks capacity; shrinking never fails."""
+    ServedModel.objects.select_for_update().get(pk=reservation.served_model_id)
+    reservation = Reservation.objects.select_for_update().get(pk=reservation.pk)
+    if reservation.status in (Reservation.Status.CANCELLED, Reservation.Status.EXPIRED):
+        raise ConflictError(
+            f"A {reservation.status} reservation cannot be amended.", field="status"
+        )
+    new_mu = reservation.mu_per_minute if mu_per_minute is None else mu_per_minute
+    new_end = reservation.ends_at if ends_at is UNSET else ends_at
+    grows_rate = new_mu > reservation.mu_per_minute
+    grows_term = reservation.ends_at is not None and (
+        new_end is None or new_end > reservation.ends_at
+    )
+    # Shrinking never fails: only a later end is held to the longest term.
+    _validate_term(reservation.starts_at, new_end, new_mu, bound_length=grows_term)
+    if grows_rate or grows_term:
+        _check_fits(
+            served_model=reservation.served_model,
+            mu_per_minute=new_mu,
+            starts_at=reservation.starts_at,
+            ends_at=new_end,
+            exclude_id=reservation.pk,
+        )
+    changes = {}
+    for name, value in (
+        ("mu_per_minute", new_mu),
+        ("ends_at", new_end),
+        ("keep_warm", reservation.keep_warm if keep_warm is None else keep_warm),
+        ("notes", reservation.notes if notes is None else notes),
+    ):
+        old = getattr(reservation, name)
+        if old != value:
+            changes[name] = [
+                old.isoformat() if isinstance(old, datetime) else old,
+                value.isoformat() if isinstance(value, datetime) else value,
+            ]
+            setattr(reservation, name, value)
+    if changes:
+        reservation.status = _status_for(reservation.starts_at, reservation.ends_at, timezone.now())
+        reservation.save()
+        ReservationChange.objects.create(
+            reservation=reservation,
+            kind=ReservationChange.Kind.AMENDED,
+            changes=changes,
+            changed_by=actor,
+        )
+        _audit(reservation, "reservation.amend", changes, actor)
+    return reservation
+
+
+@transaction.atomic
+def reservation_cancel(*, reservation: Reservation, actor: str = "") -> Reservation:
+    reservation = Reservation.objects.select_for_update().get(pk=reservation.pk)
+    if reservation.status == Reservation.Status.CANCELLED:
+        raise ConflictError("The reservation is already cancelled.", field="status")
+    old_status = reservation.status
+    reservation.status = Reservation.Status.CANCELLED
+    reservation.cancelled_at = timezone.now()
+    reservation.save(update_fields=["status", "cancelled_at", "updated_at"])
+    ReservationChange.objects.create(
+        reservation=reservation,
+        kind=ReservationChange.Kind.CANCELLED,
+        changes={"status": [old_status, Reservation.Status.CANCELLED]},
+        changed_by=actor,
+    )
+    _audit(reservation, "reservation.cancel", {"status": [old_status, "cancelled"]}, actor)
+    return reservation
+
+
+def _audit(reservation: Reservation, action: str, changes: dict, actor: str) -> None:
+    """The reservation's own history keeps its changes; the audit log holds them beside every
+    other change in the system, with the caller named the same way everywhere."""
+    audit_record(
+        # Inside a request the caller is known exactly; jobs and commands name themselves.
+        actor=current_actor() if in_request() or not actor else f"system:{actor}",
+        action=action,
+        obj=reservation,
+        before={name: pair[0] for name, pair in changes.items()},
+        after={name: pair[1] for name, pair in changes.items()},
+    )
+
+
+def reservations_refresh_status(*, now: datetime | None = None) -> dict[str, int]:
+    """Move pending → active → expired as time passes (a periodic task)."""
+    now = now or timezone.now()
+    activated = (
+        Reservation.objects.filter(status=Reservation.Status.PENDING)
+        .in_term_at(now)
+        .update(status=Reservation.Status.ACTIVE)
+    )
+    expired = Reservation.objects.filter(
+        status__in=[Reservation.Status.PENDING, Reservation.Status.ACTIVE], ends_at__lte=now
+    ).update(status=Reservation.Status.EXPIRED)
+    return {"activated": activated, "expired": expired}

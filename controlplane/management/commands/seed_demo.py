@@ -1,0 +1,219 @@
+"""A small demo fleet: GPU types, pools, models, deployments, two customers and their keys.
+
+Safe to run again: the catalog is updated in place, and each run revokes the previous demo
+keys and prints fresh ones (a key's secret cannot be shown twice).
+"""
+
+from datetime import timedelta
+from decimal import Decimal
+from pathlib import Path
+
+from django.core.management.base import BaseCommand
+from django.db import transaction
+from django.utils import timezone
+
+from accounts import scopes as S
+from accounts.models import ApiKey, Customer
+from accounts.services import api_key_create
+from benchmarking.models import BenchmarkSuite
+from benchmarking.services import benchmark_import, cost_model_fit, suite_create
+from billing.models import RateCard
+from billing.rates import rate_card_create
+from capacity.actuation.config import actuator_config_problem
+from capacity.models import (
+    ActuatorKind,
+    CostModel,
+    DegradationPolicy,
+    Deployment,
+    GpuPool,
+    GpuType,
+    Reservation,
+    ServedModel,
+)
+from capacity.selling.reservations import reservation_create
+
+DEMO_KEY_NAME = "demo key (seed_demo)"
+# scripts/run.sh puts a fresh secret here and the same one in the emulator's
+# EMULATOR_WEBHOOK_SECRET; MU_ACTUATOR_* is what actuators may read by default.
+DEMO_WEBHOOK_SECRET_ENV = "MU_ACTUATOR_DEMO_WEBHOOK_SECRET"
+
+GPU_TYPES = [
+    ("H100-80GB", 80, Decimal("4.2500")),
+    ("A100-80GB", 80, Decimal("2.1000")),
+    ("L40S-48GB", 48, Decimal("1.1000")),
+]
+POOLS = [
+    ("us-east-h100", "H100-80GB", 16),
+    ("us-east-a100", "A100-80GB", 16),
+    ("eu-west-l40s", "L40S-48GB", 8),
+]
+MODELS = [
+    # Engine ids match the models of the engine emulator's demo config.
+    ("llama-3.1-8b", "llama-3.1-8b", 8.0, "H100-80GB", 8192),
+    ("qwen2.5-72b", "Qwen/Qwen2.5-72B-Instruct", 72.0, "H100-80GB", 32768),
+]
+DEPLOYMENTS = [
+    # name, model, pool, gpus/replica, min, max, cold start s, scale-to-zero s
+    ("llama-8b-h100", "llama-3.1-8b", "us-east-h100", 1, 1, 8, 90, None),
+    ("llama-8b-l40s", "llama-3.1-8b", "eu-west-l40s", 1, 0, 8, 120, 900),
+    ("qwen-72b-h100", "qwen2.5-72b", "us-east-h100", 4, 1, 2, 300, None),
+    ("qwen-72b-a100", "qwen2.5-72b", "us-east-a100", 4, 0, 4, 360, 1800),
+]
+CUSTOMERS = [
+    ("acme", "Acme Corp", Customer.Tier.ENTERPRISE),
+    ("globex", "Globex Inc", Customer.Tier.STANDARD),
+]
+
+
+DEMO_SUITE = {
+    "name": "demo-quick",
+    "description": "A small grid that finishes in a few minutes against the emulator.",
+    "grid": [[128, 64], [512, 64], [2048, 64], [128, 256], [512, 256], [1024, 128], [256, 32]],
+    "slo_ttft_p95_ms": 2000.0,
+    "slo_tpot_p95_ms": 60.0,
+    "duration_per_point_seconds": 5.0,
+    "concurrency_start": 4,
+    "max_concurrency": 64,
+}
+DEMO_TABLE = (
+    Path(__file__).resolve().parents[3]
+    / "benchmarking"
+    / "data"
+    / "trtllm_llama31-8b_fp8_h100_tp1.csv"
+)
+
+
+class Command(BaseCommand):
+    help = "Seed a demo fleet and customers, and print fresh demo API keys."
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--emulator-url",
+            default="",
+            help="Point the demo's llama deployment at this engine emulator.",
+        )
+
+    @transaction.atomic
+    def handle(self, *args, emulator_url="", **options):
+        gpu_types = {}
+        for name, memory_gb, cost in GPU_TYPES:
+            gpu_types[name], _ = GpuType.objects.update_or_create(
+                name=name, defaults={"memory_gb": memory_gb, "hourly_cost_usd": cost}
+            )
+        pools = {}
+        for name, gpu_type, count in POOLS:
+            pools[name], _ = GpuPool.objects.update_or_create(
+                name=name, defaults={"gpu_type": gpu_types[gpu_type], "gpu_count": count}
+            )
+        models = {}
+        for name, engine_id, params, ref_gpu, context in MODELS:
+            models[name], _ = ServedModel.objects.update_or_create(
+                name=name,
+                defaults={
+                    "engine_model_id": engine_id,
+                    "parameters_billions": params,
+                    "reference_gpu_type": gpu_types[ref_gpu],
+                    "context_length_tokens": context,
+                },
+            )
+        # Prices from the start of last month, so that this month's estimate is priced.
+        first = (timezone.now().replace(day=1) - timedelta(days=1)).replace(
+            day=1, hour=0, minute=0, second=0, microsecond=0
+        )
+        for model in models.values():
+            if not RateCard.objects.filter(served_model=model).exists():
+                rate_card_create(
+                    served_model=model,
+                    effective_from=first,
+                    reserved_price_per_mu_minute_hour=Decimal("0.02"),
+                    best_effort_price_per_1000_mu=Decimal("0.50"),
+                )
+        for name, model, pool, gpus, low, high, cold, idle in DEPLOYMENTS:
+            Deployment.objects.update_or_create(
+                name=name,
+                defaults={
+                    "served_model": models[model],
+                    "gpu_pool": pools[pool],
+                    "gpus_per_replica": gpus,
+                    "min_replicas": low,
+                    "max_replicas": high,
+                    "current_replicas": low,
+                    "cold_start_seconds": cold,
+                    "scale_to_zero_after_seconds": idle,
+                    "actuator_kind": ActuatorKind.DRY_RUN,
+                    "actuator_config": {},
+                    "actuator_config_problem": "",
+                },
+            )
+        if emulator_url:
+            # The allocation loop pushes this deployment's targets to the emulator, signed.
+            config = {
+                "url": f"{emulator_url}/admin/webhook/scale",
+                "secret_env": DEMO_WEBHOOK_SECRET_ENV,
+            }
+            # Flagged rather than refused, so the rest of the demo still comes up when the
+            # operator's settings do not allow the emulator's address.
+            problem = actuator_config_problem(ActuatorKind.WEBHOOK, config)
+            if problem:
+                self.stderr.write(f"The demo webhook deployment is refused: {problem}")
+            Deployment.objects.filter(name="llama-8b-h100").update(
+                endpoint_url=emulator_url,
+                actuator_kind=ActuatorKind.WEBHOOK,
+                actuator_config=config,
+                actuator_config_problem=problem,
+            )
+        # While fewer than 3 in 4 of its probed replicas answer, the demo model sheds
+        # best-effort traffic, then caps max_tokens (planners edit this on the Health page).
+        DegradationPolicy.objects.get_or_create(
+            served_model=models["llama-3.1-8b"], defaults={"max_tokens_cap": 512}
+        )
+        suite = BenchmarkSuite.objects.filter(name=DEMO_SUITE["name"]).first()
+        if suite is None:
+            suite = suite_create(**DEMO_SUITE)
+        Deployment.objects.filter(name="llama-8b-h100").update(benchmark_suite=suite)
+        if not CostModel.objects.filter(served_model=models["llama-3.1-8b"]).exists():
+            run, _ = benchmark_import(
+                csv_text=DEMO_TABLE.read_text(),
+                model_name="llama-3.1-8b",
+                gpu_name="H100-80GB",
+                source_detail=DEMO_TABLE.name,
+            )
+            cost_model = cost_model_fit(run=run)
+            self.stdout.write(
+                f"Cost model: llama-3.1-8b on H100-80GB v{cost_model.version} "
+                f"({cost_model.status}, CV MAPE {cost_model.cv_mape:.1%}) from {DEMO_TABLE.name}."
+            )
+        self.stdout.write(
+            f"Catalog: {len(GPU_TYPES)} GPU types, {len(POOLS)} pools, {len(MODELS)} models, "
+            f"{len(DEPLOYMENTS)} deployments."
+        )
+
+        ApiKey.objects.filter(name=DEMO_KEY_NAME, revoked_at__isnull=True).update(
+            revoked_at=timezone.now()
+        )
+        for slug, name, tier in CUSTOMERS:
+            customer, _ = Customer.objects.update_or_create(
+                slug=slug, defaults={"name": name, "tier": tier}
+            )
+            created = api_key_create(name=DEMO_KEY_NAME, customer=customer)
+            self.stdout.write(f"Customer {slug:<8} key: {created.plaintext}")
+        gateway = api_key_create(
+            name=DEMO_KEY_NAME,
+            service_name="demo-gateway",
+            scopes=[S.READ, S.USAGE_WRITE, S.ADMISSION],
+        )
+        self.stdout.write(f"Service  gateway  key: {gateway.plaintext}")
+
+        acme = Customer.objects.filter(slug="acme").first()
+        if acme and not Reservation.objects.filter(customer=acme).exists():
+            reservation = reservation_create(
+                customer=acme,
+                served_model=models["llama-3.1-8b"],
+                mu_per_minute=300,
+                keep_warm=True,
+                notes="demo reservation (seed_demo)",
+                actor="seed_demo",
+            )
+            self.stdout.write(
+                f"Reservation: acme {reservation.mu_per_minute:g} MU/min of llama-3.1-8b."
+            )

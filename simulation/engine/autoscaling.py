@@ -1,0 +1,63 @@
+"""What an autoscaler sees each tick, and two trivial autoscalers for tests and baselines."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class Observation:
+    """Only what a live control plane could know at `timestamp_s`; counts cover the last window.
+
+    `current_replicas` counts starting + ready replicas (what the data plane was asked for);
+    draining replicas finish their work and go, and are reported apart.
+    """
+
+    timestamp_s: float
+    window_s: float
+    arrived_requests: int
+    completed_requests: int
+    refused_requests: int
+    timed_out_requests: int
+    # MU of the requests completed in the window, per client (empty without `request_mu`).
+    mu_used_by_client: dict[str, float]
+    current_replicas: int
+    ready_replicas: int
+    starting_replicas: int
+    draining_replicas: int
+    running_requests: int  # in a batch on some replica
+    waiting_requests: int  # queued on a replica or waiting for one to be ready
+    # The same requests one by one: (client, arrival time, MU), as usage events (which carry
+    # `started_at`) show them.
+    completed_mu: list[tuple[str, float, float]] = field(default_factory=list)
+
+
+class Autoscaler(Protocol):
+    def decide(self, observation: Observation) -> int:
+        """Target number of replicas (starting + ready)."""
+        ...
+
+
+@dataclass(frozen=True)
+class StaticAutoscaler:
+    replicas: int
+
+    def decide(self, observation: Observation) -> int:
+        return self.replicas
+
+
+@dataclass(frozen=True)
+class ScheduledAutoscaler:
+    """A scripted fleet: `schedule` is (from_s, replicas) pairs; before the first, `initial`."""
+
+    schedule: Sequence[tuple[float, int]]
+    initial: int = 0
+
+    def decide(self, observation: Observation) -> int:
+        replicas = self.initial
+        for from_s, count in sorted(self.schedule):
+            if from_s <= observation.timestamp_s:
+                replicas = count
+        return replicas

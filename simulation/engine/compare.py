@@ -1,0 +1,319 @@
+"""Run several autoscaling policies over one trace and compare their cost and latency.
+
+`compare(requests, model=..., policies=[...], slo_ttft_ms=...)` builds one `PolicyContext`
+from the trace summary and the model, runs `simulate` once per policy (static-peak first: it is
+the reference for `savings_vs_static`) and returns
+
+    {"policies": {NAME: {gpu_hours, savings_vs_static, slo_attainment, ttft_p50_ms,
+                         ttft_p95_ms, ttft_p99_ms, tpot_p95_ms, guaranteed_refused,
+                         scale_events}}}
+
+A request's cost in MU is `mu_of` its ground-truth replica-seconds at a full batch (× R / 60),
+so one saturated replica mints R = 100 MU/min. `guaranteed_refused` counts the requests of
+customers with a reservation that were not served (refused or timed out); no admission policy is
+applied, so it is 0 without reservations.
+
+Warm-up (default on): the trace is played backwards, then forwards, and only the forward pass
+is scored (requests, GPU-hours, scale events), so that every policy meets the trace with the
+history a running control plane would have. Policies also start with the replicas they ask for
+before the trace (`initial_replicas()`, 0 if they do not say): static-peak its whole fleet, the
+oracle what it needs within the first cold start, and the reactive policies (kpa, hpa-rps,
+modelunit) that same opening fleet (`PolicyContext.warm_replicas`; hpa-rps at least one).
+
+Fleet cap (`max_replicas`, optional): no policy may hold more replicas than this. It lowers the
+context's `max_replicas` (what the reactive policies and the oracle plan within, like a
+deployment's limit) and clamps every policy's decisions and opening fleet, static-peak's
+included; the what-if page uses it to ask whether a fleet sized for the sold reservations at
+some overcommit still meets the SLO. Without it nothing changes.
+
+Progress (`on_policy`, optional): called as `on_policy(name, done, total)` after each policy's
+simulation; it does not change the results.
+
+Policies: static-peak, kpa, hpa-rps, oracle (`baselines`, `oracle`) and modelunit, the live
+allocation policy (`simulation.engine.modelunit.ModelUnitAutoscaler`), imported by name
+when asked for; if it cannot be imported it is left out with the reason
+(`unavailable_policies`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Protocol, TypedDict, cast
+
+import numpy as np
+
+from capacity.pricing.features import REPLICA_MU_PER_MINUTE, mu_of
+
+from .autoscaling import Autoscaler, Observation
+from .baselines import HPARpsAutoscaler, KPAAutoscaler, StaticPeakAutoscaler, replicas_for
+from .fleet import SERVED, SimulationSettings, simulate
+from .oracle import OracleAutoscaler, required_replicas
+from .policy_context import PolicyContext
+from .profile import ModelConfig, ground_truth_replica_seconds
+from .traces import TraceRequest, summarise
+
+REFERENCE = "static-peak"
+MODELUNIT = "modelunit"
+MODELUNIT_PATH = "simulation.engine.modelunit:ModelUnitAutoscaler"
+METRICS = (
+    "gpu_hours",
+    "savings_vs_static",
+    "slo_attainment",
+    "ttft_p50_ms",
+    "ttft_p95_ms",
+    "ttft_p99_ms",
+    "tpot_p95_ms",
+    "guaranteed_refused",
+    "scale_events",
+)
+
+_BUILT_IN: dict[str, Callable[[PolicyContext], Autoscaler]] = {
+    "static-peak": StaticPeakAutoscaler,
+    "kpa": KPAAutoscaler,
+    "hpa-rps": HPARpsAutoscaler,
+    "oracle": OracleAutoscaler,
+}
+
+
+class _ModelUnitFactory(Protocol):
+    """The modelunit policy's constructor, which also takes the stabilisation window."""
+
+    def __call__(
+        self, context: PolicyContext, /, *, stabilisation_seconds: float
+    ) -> Autoscaler: ...
+
+
+class _SettingsKwargs(TypedDict):
+    """The SimulationSettings every policy shares (`compare` adds the opening fleet)."""
+
+    model: ModelConfig
+    gpus_per_replica: int
+    cold_start_seconds: float
+    tick_seconds: float
+    ttft_slo_seconds: float
+    request_mu: Callable[[TraceRequest], float]
+
+
+class PolicyError(ValueError):
+    """An unknown or unavailable policy name."""
+
+
+def _load_modelunit() -> tuple[Callable[[PolicyContext], Autoscaler] | None, str | None]:
+    module_name, _, class_name = MODELUNIT_PATH.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+        return getattr(module, class_name), None
+    except (ImportError, AttributeError) as exc:
+        return None, f"{MODELUNIT} policy unavailable (cannot import {MODELUNIT_PATH}: {exc})"
+
+
+class _Capped:
+    """A policy whose fleet never exceeds `cap` replicas (its decisions and opening fleet)."""
+
+    def __init__(self, autoscaler: Autoscaler, cap: int):
+        self.autoscaler = autoscaler
+        self.cap = cap
+
+    def initial_replicas(self) -> int:
+        initial = getattr(self.autoscaler, "initial_replicas", None)
+        return min(self.cap, int(initial()) if initial else 0)
+
+    def decide(self, observation: Observation) -> int:
+        return min(self.cap, self.autoscaler.decide(observation))
+
+
+def policy_registry() -> tuple[dict[str, Callable[[PolicyContext], Autoscaler]], dict[str, str]]:
+    """(name -> factory, name -> why it is missing). The modelunit policy is imported here."""
+    registry = dict(_BUILT_IN)
+    missing: dict[str, str] = {}
+    factory, reason = _load_modelunit()
+    if factory is not None:
+        registry[MODELUNIT] = factory
+    else:
+        missing[MODELUNIT] = reason or f"{MODELUNIT} policy unavailable"
+    return registry, missing
+
+
+def known_policies() -> tuple[str, ...]:
+    return (*_BUILT_IN, MODELUNIT)
+
+
+def request_mu_of_model(model: ModelConfig) -> Callable[[TraceRequest], float]:
+    def cost_mu(request: TraceRequest) -> float:
+        return mu_of(
+            ground_truth_replica_seconds(
+                model,
+                request.input_tokens,
+                max(1, request.output_tokens),
+                batch_size=model.max_num_seqs,
+            )
+        )
+
+    return cost_mu
+
+
+def build_context(
+    requests: Sequence[TraceRequest],
+    *,
+    model: ModelConfig,
+    cold_start_seconds: float,
+    target_utilisation: float,
+    tick_seconds: float,
+    reservations: dict[str, float] | None = None,
+    keep_warm: bool = False,
+    future: bool = False,
+    ttft_slo_seconds: float = 2.0,
+    max_replicas: int | None = None,
+) -> PolicyContext:
+    """The context every policy is built from; `future=True` adds the requests (oracle only).
+
+    `max_replicas`, if given, caps the fleet below what the trace and reservations would allow.
+    """
+    request_mu = request_mu_of_model(model)
+    summary = summarise(requests)
+    mean_mu = float(np.mean([request_mu(r) for r in requests])) if requests else 0.0
+    peak_mu_per_minute = summary.peak_rate_req_per_s_1min * 60.0 * mean_mu
+    reservations = dict(reservations or {})
+    base = PolicyContext(
+        replica_mu_per_minute=REPLICA_MU_PER_MINUTE,
+        request_mu=request_mu,
+        max_replicas=1,
+        max_num_seqs=model.max_num_seqs,
+        cold_start_seconds=cold_start_seconds,
+        tick_seconds=tick_seconds,
+        target_utilisation=target_utilisation,
+        reservations_mu_per_minute=reservations,
+        keep_warm=keep_warm,
+        ttft_slo_seconds=ttft_slo_seconds,
+        peak_rate_req_per_s=summary.peak_rate_req_per_s_1min,
+        mean_request_mu=mean_mu,
+        future_requests=tuple(requests) if future else (),
+    )
+    top = max(4 * peak_mu_per_minute, sum(reservations.values()))
+    cap = max_replicas
+    max_replicas = max(1, replicas_for(top, base))
+    if cap is not None:
+        max_replicas = max(1, min(max_replicas, int(cap)))
+    base = replace(base, max_replicas=max_replicas)
+    # The warm fleet: what the demand needs before a replica started at t = 0 could be ready
+    # (the oracle's own opening fleet), and the reservations.
+    opening = required_replicas(replace(base, future_requests=tuple(requests)))
+    warm = max(
+        int(opening[: int(math.ceil(cold_start_seconds)) + 1].max(initial=0)),
+        replicas_for(sum(reservations.values()), base),
+    )
+    return replace(base, warm_replicas=min(warm, max_replicas))
+
+
+def compare(
+    requests: Sequence[TraceRequest],
+    *,
+    model: ModelConfig,
+    policies: list[str],
+    slo_ttft_ms: float,
+    gpus_per_replica: int = 1,
+    cold_start_seconds: float | None = None,
+    target_utilisation: float = 0.8,
+    reservations: dict[str, float] | None = None,
+    keep_warm: bool = False,
+    tick_seconds: float = 15,
+    warm_up: bool = True,
+    max_replicas: int | None = None,
+    on_policy: Callable[[str, int, int], None] | None = None,
+    stabilisation_seconds: float | None = None,
+) -> dict[str, dict[str, dict[str, float]]]:
+    """Simulate each policy over `requests` (see the module docstring for the result).
+
+    `stabilisation_seconds`: the modelunit policy's scale-down stabilisation window, the live
+    tick's setting (ALLOCATION_STABILISATION_SECONDS), which the caller reads; None: the
+    setting's default."""
+    if max_replicas is not None and max_replicas < 1:
+        raise ValueError(f"max_replicas must be at least 1, got {max_replicas}")
+    if not 0 < target_utilisation <= 1:
+        raise ValueError(f"target_utilisation must be in (0, 1], got {target_utilisation}")
+    if slo_ttft_ms <= 0:
+        raise ValueError(f"slo_ttft_ms must be > 0, got {slo_ttft_ms}")
+    registry, missing = policy_registry() if MODELUNIT in policies else (dict(_BUILT_IN), {})
+    unknown = [p for p in policies if p not in registry and p not in missing]
+    if unknown:
+        raise PolicyError(f"unknown policy {unknown[0]!r} (known: {', '.join(known_policies())})")
+    if MODELUNIT in policies and MODELUNIT in missing:
+        raise PolicyError(missing[MODELUNIT])
+    cold_start = model.cold_start_seconds if cold_start_seconds is None else cold_start_seconds
+    order = [REFERENCE] + [p for p in dict.fromkeys(policies) if p != REFERENCE]
+    reservations = dict(reservations or {})
+    guaranteed = np.asarray([r.client in reservations for r in requests], dtype=bool)
+    # Warm-up: the trace is played backwards, then forwards, and only the forward pass is
+    # scored, so that every policy meets the trace with the history a running control plane
+    # would have, not from a cold start no live system pays. Backwards, the warm-up ends in
+    # the very demand the trace starts with (replaying it forwards twice would jump from the
+    # trace's end to its start). The scored pass starts on a whole minute.
+    replayed, scored_from_s = list(requests), 0.0
+    if warm_up and requests:
+        last_s = max(r.arrival_s for r in requests)
+        scored_from_s = math.ceil((last_s + tick_seconds) / 60.0) * 60.0
+        replayed = sorted(
+            (replace(r, arrival_s=last_s - r.arrival_s) for r in requests),
+            key=lambda r: r.arrival_s,
+        ) + [replace(r, arrival_s=r.arrival_s + scored_from_s) for r in requests]
+    settings_kwargs: _SettingsKwargs = {
+        "model": model,
+        "gpus_per_replica": gpus_per_replica,
+        "cold_start_seconds": cold_start,
+        "tick_seconds": tick_seconds,
+        "ttft_slo_seconds": slo_ttft_ms / 1000.0,
+        "request_mu": request_mu_of_model(model),
+    }
+    results: dict[str, dict[str, float]] = {}
+    for name in order:
+        context = build_context(
+            requests,
+            model=model,
+            cold_start_seconds=cold_start,
+            target_utilisation=target_utilisation,
+            tick_seconds=tick_seconds,
+            reservations=reservations,
+            keep_warm=keep_warm,
+            future=name == "oracle",
+            ttft_slo_seconds=slo_ttft_ms / 1000.0,
+            max_replicas=max_replicas,
+        )
+        if name == "oracle":
+            context = replace(context, future_requests=tuple(replayed))
+        if name == MODELUNIT and stabilisation_seconds is not None:
+            # The modelunit factory is ModelUnitAutoscaler, loaded by name (_load_modelunit).
+            factory = cast(_ModelUnitFactory, registry[name])
+            autoscaler = factory(context, stabilisation_seconds=stabilisation_seconds)
+        else:
+            autoscaler = registry[name](context)
+        if max_replicas is not None:
+            autoscaler = _Capped(autoscaler, context.max_replicas)
+        initial = getattr(autoscaler, "initial_replicas", None)
+        settings = SimulationSettings(
+            **settings_kwargs, initial_replicas=int(initial()) if initial else 0
+        )
+        result = simulate(replayed, settings, autoscaler)
+        if scored_from_s:
+            result = result.since(scored_from_s, len(replayed) - len(requests))
+        results[name] = {
+            "gpu_hours": result.gpu_hours,
+            "slo_attainment": result.slo_attainment,
+            "ttft_p50_ms": result.ttft_ms(50),
+            "ttft_p95_ms": result.ttft_ms(95),
+            "ttft_p99_ms": result.ttft_ms(99),
+            "tpot_p95_ms": result.tpot_ms(95),
+            "guaranteed_refused": int(np.count_nonzero(guaranteed & (result.outcome != SERVED))),
+            "scale_events": result.scale_events,
+        }
+        if on_policy is not None:
+            on_policy(name, len(results), len(order))
+    reference_hours = results[REFERENCE]["gpu_hours"]
+    out: dict[str, dict[str, float]] = {}
+    for name in order:
+        row = results[name]
+        savings = 1.0 - row["gpu_hours"] / reference_hours if reference_hours > 0 else math.nan
+        out[name] = {key: (savings if key == "savings_vs_static" else row[key]) for key in METRICS}
+    return {"policies": out}

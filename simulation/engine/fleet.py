@@ -1,0 +1,575 @@
+"""The event loop: arrivals, routing, replicas with continuous batching, cold starts, ticks.
+
+A replica follows the engine emulator exactly (dataplane/emulator/engine.py): each step
+admits waiting requests in order while the batch has room (`max_num_seqs`), the KV budget
+allows (prompt + output tokens reserved on admission) and the step's prompt budget
+(`max_num_batched_tokens`, at least one request) lasts, lasts `step_seconds` (prefill of the
+newly admitted prompts + base + per running sequence + per context token), and gives every
+running sequence one token at its end; a request's first token comes at the end of its prefill
+step.
+
+Stepping event by event would cost one Python iteration per step per replica. Instead a replica
+is advanced in closed form between the events that change its batch (an admission or a finish):
+with n sequences running and context C at the segment start, step j (0-based) lasts
+    D + q·j (+ the prefill P in step 0),  D = base + per_seq·n + per_ctx·C,  q = per_ctx·n,
+so m steps end at t0 + P + m·D + q·m(m-1)/2. The next finish is a known number of steps away
+and the step boundary after an arrival is the root of that quadratic, so each request costs a
+handful of heap operations whatever its length.
+
+Routing sends a request to the READY replica with the least outstanding work, in replica-seconds
+of the ground-truth cost at a full batch (the router is given the true sizes; a live router
+would estimate the output). Requests wait in a fleet queue while no replica is ready; a request
+not admitted into a batch within `queue_timeout_seconds` of its arrival times out.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from .admission import Admission
+from .autoscaling import Autoscaler, Observation
+from .profile import ModelConfig
+from .traces import TraceRequest
+
+SERVED, REFUSED, TIMED_OUT = 0, 1, 2
+_UNRESOLVED = -1
+_STARTING, _READY, _DRAINING, _GONE = range(4)
+_TICK, _REPLICA_READY, _BOUNDARY = range(3)
+
+
+@dataclass(frozen=True)
+class SimulationSettings:
+    model: ModelConfig
+    gpus_per_replica: int = 1
+    cold_start_seconds: float | None = None  # None: the model's own
+    tick_seconds: float = 15.0
+    queue_timeout_seconds: float = 60.0
+    ttft_slo_seconds: float = 2.0
+    initial_replicas: int = 0  # ready at t = 0
+    # Simulate at least until here (default: the last arrival); the run then goes on, tick by
+    # tick, until every request is resolved, and ends on a tick.
+    horizon_s: float | None = None
+    request_mu: Callable[[TraceRequest], float] | None = None
+    admission: Admission | None = None
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    # Per request, in the order given; times in seconds, NaN where it does not apply.
+    arrival_s: np.ndarray
+    start_s: np.ndarray  # admitted into a batch
+    first_token_s: np.ndarray
+    finish_s: np.ndarray  # last token (served) or the timeout (timed out)
+    outcome: np.ndarray  # int8: SERVED, REFUSED, TIMED_OUT
+    ttft_s: np.ndarray
+    tpot_s: np.ndarray  # (finish - first token) / (output - 1); NaN for one-token outputs
+    # The fleet: replicas holding GPUs (starting + ready + draining) from each time on.
+    replica_change_s: np.ndarray
+    replicas_after_change: np.ndarray
+    end_s: float
+    gpu_hours: float
+    ttft_slo_seconds: float
+    scale_events: int  # ticks whose target differed from the previous tick's
+    gpus_per_replica: int = 1
+    scale_event_s: np.ndarray | None = None  # when each scale event happened
+
+    def since(self, from_s: float, first_request: int) -> SimulationResult:
+        """The part of the run from `from_s` on: requests from `first_request` on (in the order
+        given), GPU-hours and scale events from `from_s` to the end."""
+        change_s, alive = self.replica_change_s, self.replicas_after_change
+        # Replicas alive at from_s, then every change after it.
+        before = np.searchsorted(change_s, from_s, side="right") - 1
+        times = np.concatenate(([from_s], change_s[before + 1 :], [self.end_s]))
+        counts = np.concatenate(([alive[before] if before >= 0 else 0], alive[before + 1 :]))
+        replica_seconds = float(np.sum(np.diff(times) * counts))
+        events = self.scale_event_s
+        part = slice(first_request, None)
+        return replace(
+            self,
+            arrival_s=self.arrival_s[part],
+            start_s=self.start_s[part],
+            first_token_s=self.first_token_s[part],
+            finish_s=self.finish_s[part],
+            outcome=self.outcome[part],
+            ttft_s=self.ttft_s[part],
+            tpot_s=self.tpot_s[part],
+            replica_change_s=times[:-1],
+            replicas_after_change=counts.astype(np.int32),
+            gpu_hours=replica_seconds * self.gpus_per_replica / 3600.0,
+            scale_events=(
+                int(np.count_nonzero(events >= from_s)) if events is not None else self.scale_events
+            ),
+            scale_event_s=None if events is None else events[events >= from_s],
+        )
+
+    @property
+    def served(self) -> int:
+        return int(np.count_nonzero(self.outcome == SERVED))
+
+    @property
+    def refused(self) -> int:
+        return int(np.count_nonzero(self.outcome == REFUSED))
+
+    @property
+    def timed_out(self) -> int:
+        return int(np.count_nonzero(self.outcome == TIMED_OUT))
+
+    @property
+    def slo_attainment(self) -> float:
+        """Share of all requests (refused and timed out count as misses) with TTFT ≤ the SLO."""
+        if len(self.outcome) == 0:
+            return 1.0
+        met = (self.outcome == SERVED) & (self.ttft_s <= self.ttft_slo_seconds)
+        return float(np.count_nonzero(met)) / len(self.outcome)
+
+    def ttft_ms(self, percentile: float) -> float:
+        return _percentile_ms(self.ttft_s[self.outcome == SERVED], percentile)
+
+    def tpot_ms(self, percentile: float) -> float:
+        return _percentile_ms(self.tpot_s[self.outcome == SERVED], percentile)
+
+    def summary(self) -> dict[str, float]:
+        return {
+            "requests": len(self.outcome),
+            "served": self.served,
+            "refused": self.refused,
+            "timed_out": self.timed_out,
+            "gpu_hours": self.gpu_hours,
+            "slo_attainment": self.slo_attainment,
+            "ttft_p50_ms": self.ttft_ms(50),
+            "ttft_p95_ms": self.ttft_ms(95),
+            "ttft_p99_ms": self.ttft_ms(99),
+            "tpot_p95_ms": self.tpot_ms(95),
+            "scale_events": self.scale_events,
+        }
+
+
+def _percentile_ms(values_s: np.ndarray, percentile: float) -> float:
+    values_s = values_s[~np.isnan(values_s)]
+    return float(np.percentile(values_s, percentile)) * 1000.0 if len(values_s) else math.nan
+
+
+class _Replica:
+    __slots__ = (
+        "state",
+        "running",  # heap of (finish step number, request index)
+        "waiting",  # deque of request indices, in arrival order
+        "blocked",  # the head of `waiting` did not fit at the last boundary
+        "budget_spent",  # the last boundary's admissions used up the step's prompt budget
+        "context_tokens",
+        "kv_tokens",
+        "steps_done",  # steps completed up to the current segment's start
+        "seg_start_s",
+        "seg_prefill_s",
+        "seg_step_s",  # D above
+        "seg_growth_s",  # q above
+        # Steps into the segment of the scheduled boundary; 0: none; -1: a start, now.
+        "event_steps",
+        "version",  # bumped when the scheduled boundary changes; older heap entries are stale
+        "outstanding_s",
+    )
+
+    def __init__(self, state: int):
+        self.state = state
+        self.running: list[tuple[int, int]] = []
+        self.waiting: deque[int] = deque()
+        self.blocked = self.budget_spent = False
+        self.context_tokens = self.kv_tokens = self.steps_done = 0
+        self.seg_start_s = self.seg_prefill_s = self.seg_step_s = self.seg_growth_s = 0.0
+        self.event_steps = self.version = 0
+        self.outstanding_s = 0.0
+
+    def time_after(self, steps: int) -> float:
+        return (
+            self.seg_start_s
+            + self.seg_prefill_s
+            + steps * self.seg_step_s
+            + self.seg_growth_s * steps * (steps - 1) / 2
+        )
+
+    def steps_until(self, t_s: float) -> int:
+        """The first step boundary of the segment at or after t_s, in steps (≥ 1)."""
+        x = t_s - self.seg_start_s - self.seg_prefill_s
+        if x <= self.seg_step_s:
+            return 1
+        half_q = self.seg_growth_s / 2
+        b = self.seg_step_s - half_q
+        if half_q > 0:
+            steps = math.ceil((-b + math.sqrt(b * b + 4 * half_q * x)) / (2 * half_q))
+        else:
+            steps = math.ceil(x / b)
+        steps = max(1, steps)
+        # The root is rounded; settle on the exact boundary.
+        while self.time_after(steps) < t_s:
+            steps += 1
+        while steps > 1 and self.time_after(steps - 1) >= t_s:
+            steps -= 1
+        return steps
+
+
+def simulate(
+    requests: Sequence[TraceRequest], settings: SimulationSettings, autoscaler: Autoscaler
+) -> SimulationResult:
+    return _Fleet(requests, settings, autoscaler).run()
+
+
+class _Fleet:
+    def __init__(
+        self, requests: Sequence[TraceRequest], settings: SimulationSettings, autoscaler: Autoscaler
+    ):
+        model = settings.model
+        if model.decode_step_base_seconds + model.decode_seconds_per_sequence <= 0:
+            raise ValueError("a decode step must take time (base + per-sequence > 0)")
+        if settings.tick_seconds <= 0:
+            raise ValueError("tick_seconds must be > 0")
+        if settings.admission is not None and settings.request_mu is None:
+            raise ValueError("admission charges MU: give request_mu too")
+        self.requests = requests
+        self.settings = settings
+        self.model = model
+        self.autoscaler = autoscaler
+        self.cold_start_s = (
+            model.cold_start_seconds
+            if settings.cold_start_seconds is None
+            else settings.cold_start_seconds
+        )
+        n = len(requests)
+        self.arrival = [r.arrival_s for r in requests]
+        self.inputs = [r.input_tokens for r in requests]
+        # An engine emits at least one token, whatever max_tokens says.
+        self.outputs = [max(1, r.output_tokens) for r in requests]
+        self.order = sorted(range(n), key=self.arrival.__getitem__)
+        ins, outs = np.asarray(self.inputs, float), np.asarray(self.outputs, float)
+        # Routing weight: the ground-truth cost at a full batch (ground_truth_replica_seconds).
+        self.cost_s = (
+            model.prefill_seconds_per_token * ins
+            + outs * (model.decode_step_base_seconds / model.max_num_seqs)
+            + outs * model.decode_seconds_per_sequence
+            + model.decode_seconds_per_context_token * (ins * outs + outs * outs / 2)
+        ).tolist()
+        nan = math.nan
+        self.start = [nan] * n
+        self.first = [nan] * n
+        self.finish = [nan] * n
+        self.outcome = [_UNRESOLVED] * n
+        self.unresolved = n
+        # (time, sequence, kind, replica or None for a tick, replica version)
+        self.heap: list[tuple[float, int, int, _Replica | None, int]] = []
+        self.sequence = 0  # tie-breaker: equal-time events run in the order scheduled
+        self.replicas: list[_Replica] = []  # every replica not gone
+        self.ready: list[_Replica] = []
+        self.pending: deque[int] = deque()
+        self.alive = 0
+        self.alive_since_s = 0.0
+        self.gpu_seconds = 0.0
+        self.change_s: list[float] = [0.0]
+        self.change_alive: list[int] = [0]
+        self.window = [0, 0, 0, 0]  # arrived, completed, refused, timed out
+        self.mu_by_client: dict[str, float] = {}
+        self.completed_mu: list[tuple[str, float, float]] = []
+        self.last_target: int | None = None
+        self.scale_events = 0
+        self.scale_event_times: list[float] = []
+
+    # --- the loop --------------------------------------------------------------------------
+
+    def run(self) -> SimulationResult:
+        settings = self.settings
+        for _ in range(settings.initial_replicas):
+            self.ready.append(self._add_replica(_READY, 0.0))
+        self._push(0.0, _TICK, None, 0)
+        arrival, order, heap = self.arrival, self.order, self.heap
+        horizon_s = settings.horizon_s
+        if horizon_s is None:
+            horizon_s = arrival[order[-1]] if order else 0.0
+        position, count = 0, len(order)
+        end_s = 0.0
+        while True:
+            next_arrival_s = arrival[order[position]] if position < count else math.inf
+            if heap[0][0] < next_arrival_s:
+                t_s, _, kind, replica, version = heapq.heappop(heap)
+                if kind == _BOUNDARY:
+                    assert replica is not None  # only ticks are pushed without a replica
+                    if version == replica.version and replica.state != _GONE:
+                        self._boundary(replica, t_s)
+                elif kind == _REPLICA_READY:
+                    assert replica is not None  # only ticks are pushed without a replica
+                    if replica.state == _STARTING:
+                        replica.state = _READY
+                        self.ready.append(replica)
+                        self._dispatch_pending(t_s)
+                else:
+                    self._tick(t_s)
+                    if position >= count and self.unresolved == 0 and t_s >= horizon_s:
+                        end_s = t_s
+                        break
+                    self._push(t_s + settings.tick_seconds, _TICK, None, 0)
+            else:
+                self._arrive(order[position], next_arrival_s)
+                position += 1
+        self._count_alive(end_s, 0)
+        return self._result(end_s)
+
+    def _push(self, t_s: float, kind: int, replica: _Replica | None, version: int) -> None:
+        self.sequence += 1
+        heapq.heappush(self.heap, (t_s, self.sequence, kind, replica, version))
+
+    # --- requests --------------------------------------------------------------------------
+
+    def _arrive(self, index: int, t_s: float) -> None:
+        self.window[0] += 1
+        request = self.requests[index]
+        settings = self.settings
+        too_long = self.inputs[index] + self.outputs[index] > self.model.kv_cache_tokens
+        refused = too_long
+        if not refused and settings.admission is not None:
+            assert settings.request_mu is not None  # __init__ refuses admission without it
+            refused = not settings.admission.admit(request, settings.request_mu(request), t_s)
+        if refused:
+            self.outcome[index] = REFUSED
+            self.unresolved -= 1
+            self.window[2] += 1
+        elif self.ready:
+            self._route(index, t_s)
+        else:
+            self.pending.append(index)
+
+    def _route(self, index: int, t_s: float) -> None:
+        replica = min(self.ready, key=_outstanding)
+        replica.outstanding_s += self.cost_s[index]
+        replica.waiting.append(index)
+        if not replica.running:
+            if replica.event_steps == 0:
+                # Idle: a step starts now, with whatever else arrives at this same instant
+                # (arrivals run before events of equal time), as the engine's loop would.
+                replica.version += 1
+                replica.event_steps = -1
+                self._push(t_s, _BOUNDARY, replica, replica.version)
+        elif not replica.blocked:
+            steps = replica.steps_until(t_s)
+            if steps < replica.event_steps:
+                self._schedule(replica, steps)
+
+    def _dispatch_pending(self, t_s: float) -> None:
+        while self.pending:
+            index = self.pending.popleft()
+            if not self._expired(index, t_s):
+                self._route(index, t_s)
+
+    def _expired(self, index: int, t_s: float) -> bool:
+        """Time the request out if it waited past the timeout; True if it did."""
+        deadline_s = self.arrival[index] + self.settings.queue_timeout_seconds
+        if t_s <= deadline_s:
+            return False
+        self.outcome[index] = TIMED_OUT
+        self.finish[index] = deadline_s
+        self.unresolved -= 1
+        self.window[3] += 1
+        return True
+
+    # --- replicas --------------------------------------------------------------------------
+
+    def _boundary(self, replica: _Replica, t_s: float) -> None:
+        """A step boundary: advance the segment, finish, admit, and start the next segment."""
+        model = self.model
+        steps = replica.event_steps
+        if replica.running and steps > 0:
+            replica.steps_done += steps
+            replica.context_tokens += len(replica.running) * steps
+        running, done = replica.running, replica.steps_done
+        while running and running[0][0] <= done:
+            _, index = heapq.heappop(running)
+            self._finish(replica, index, t_s)
+        prefill_tokens, admitted = self._admit(replica, t_s)
+        n = len(running)
+        replica.version += 1
+        replica.event_steps = 0
+        if n:
+            replica.seg_start_s = t_s
+            replica.seg_prefill_s = model.prefill_seconds_per_token * prefill_tokens
+            replica.seg_step_s = (
+                model.decode_step_base_seconds
+                + model.decode_seconds_per_sequence * n
+                + model.decode_seconds_per_context_token * replica.context_tokens
+            )
+            replica.seg_growth_s = model.decode_seconds_per_context_token * n
+            first_s = replica.time_after(1)
+            for index in admitted:
+                self.first[index] = first_s
+            # Held back only by the prompt budget, the queue moves on at the very next step.
+            self._schedule(replica, 1 if replica.budget_spent else running[0][0] - done)
+        elif replica.state == _DRAINING and not replica.waiting:
+            self._remove(replica, t_s)
+
+    def _admit(self, replica: _Replica, t_s: float) -> tuple[int, list[int]]:
+        model, waiting, running = self.model, replica.waiting, replica.running
+        prefill_tokens = 0
+        replica.budget_spent = False
+        admitted: list[int] = []
+        while waiting and len(running) < model.max_num_seqs:
+            index = waiting[0]
+            if self._expired(index, t_s):
+                waiting.popleft()
+                replica.outstanding_s -= self.cost_s[index]
+                continue
+            need = self.inputs[index] + self.outputs[index]
+            if replica.kv_tokens + need > model.kv_cache_tokens:
+                break
+            if admitted and prefill_tokens + self.inputs[index] > model.max_num_batched_tokens:
+                # The step's prompt budget is spent: the rest start at the next step.
+                replica.budget_spent = True
+                break
+            waiting.popleft()
+            replica.kv_tokens += need
+            replica.context_tokens += self.inputs[index]
+            prefill_tokens += self.inputs[index]
+            heapq.heappush(running, (replica.steps_done + self.outputs[index], index))
+            self.start[index] = t_s
+            admitted.append(index)
+        replica.blocked = bool(waiting) and not replica.budget_spent
+        return prefill_tokens, admitted
+
+    def _finish(self, replica: _Replica, index: int, t_s: float) -> None:
+        replica.kv_tokens -= self.inputs[index] + self.outputs[index]
+        replica.context_tokens -= self.inputs[index] + self.outputs[index]
+        replica.outstanding_s -= self.cost_s[index]
+        self.finish[index] = t_s
+        self.outcome[index] = SERVED
+        self.unresolved -= 1
+        self.window[1] += 1
+        if self.settings.request_mu is not None:
+            request = self.requests[index]
+            mu = self.settings.request_mu(request)
+            self.mu_by_client[request.client] = self.mu_by_client.get(request.client, 0.0) + mu
+            self.completed_mu.append((request.client, self.arrival[index], mu))
+
+    def _schedule(self, replica: _Replica, steps: int) -> None:
+        replica.version += 1
+        replica.event_steps = steps
+        self._push(replica.time_after(steps), _BOUNDARY, replica, replica.version)
+
+    def _add_replica(self, state: int, t_s: float) -> _Replica:
+        replica = _Replica(state)
+        self.replicas.append(replica)
+        self._count_alive(t_s, +1)
+        return replica
+
+    def _remove(self, replica: _Replica, t_s: float) -> None:
+        replica.state = _GONE
+        replica.version += 1
+        self.replicas.remove(replica)
+        if replica in self.ready:
+            self.ready.remove(replica)
+        self._count_alive(t_s, -1)
+
+    def _count_alive(self, t_s: float, delta: int) -> None:
+        """Integrate GPU time up to t_s, then change the number of replicas holding GPUs."""
+        self.gpu_seconds += self.alive * self.settings.gpus_per_replica * (t_s - self.alive_since_s)
+        self.alive_since_s = t_s
+        if delta:
+            self.alive += delta
+            if self.change_s[-1] == t_s:
+                self.change_alive[-1] = self.alive
+            else:
+                self.change_s.append(t_s)
+                self.change_alive.append(self.alive)
+
+    def _scale(self, target: int, t_s: float) -> None:
+        """Up: revive draining replicas, then start new ones. Down: cancel starting ones (newest
+        first), then stop idle ready ones, then drain the least loaded."""
+        starting = [r for r in self.replicas if r.state == _STARTING]
+        draining = [r for r in self.replicas if r.state == _DRAINING]
+        excess = len(starting) + len(self.ready) - target
+        while excess < 0 and draining:
+            replica = draining.pop()
+            replica.state = _READY
+            self.ready.append(replica)
+            excess += 1
+        for _ in range(-excess):
+            replica = self._add_replica(_STARTING, t_s)
+            self._push(t_s + self.cold_start_s, _REPLICA_READY, replica, 0)
+        while excess > 0 and starting:
+            self._remove(starting.pop(), t_s)
+            excess -= 1
+        for replica in reversed(list(self.ready)):
+            if excess > 0 and not replica.running and not replica.waiting:
+                self._remove(replica, t_s)
+                excess -= 1
+        if excess > 0:
+            for replica in sorted(self.ready, key=_outstanding)[:excess]:
+                replica.state = _DRAINING
+                self.ready.remove(replica)
+        if self.ready and self.pending:
+            self._dispatch_pending(t_s)
+
+    def _tick(self, t_s: float) -> None:
+        timeout_s = self.settings.queue_timeout_seconds
+        while self.pending and self.arrival[self.pending[0]] + timeout_s < t_s:
+            self._expired(self.pending.popleft(), t_s)
+        running = sum(len(r.running) for r in self.replicas)
+        waiting = len(self.pending) + sum(len(r.waiting) for r in self.replicas)
+        starting = sum(1 for r in self.replicas if r.state == _STARTING)
+        arrived, completed, refused, timed_out = self.window
+        observation = Observation(
+            timestamp_s=t_s,
+            window_s=self.settings.tick_seconds,
+            arrived_requests=arrived,
+            completed_requests=completed,
+            refused_requests=refused,
+            timed_out_requests=timed_out,
+            mu_used_by_client=self.mu_by_client,
+            completed_mu=self.completed_mu,
+            current_replicas=starting + len(self.ready),
+            ready_replicas=len(self.ready),
+            starting_replicas=starting,
+            draining_replicas=len(self.replicas) - starting - len(self.ready),
+            running_requests=running,
+            waiting_requests=waiting,
+        )
+        self.window = [0, 0, 0, 0]
+        self.mu_by_client = {}
+        self.completed_mu = []
+        target = max(0, int(self.autoscaler.decide(observation)))
+        if self.last_target is not None and target != self.last_target:
+            self.scale_events += 1
+            self.scale_event_times.append(t_s)
+        self.last_target = target
+        self._scale(target, t_s)
+
+    def _result(self, end_s: float) -> SimulationResult:
+        arrival = np.asarray(self.arrival, float)
+        first = np.asarray(self.first, float)
+        finish = np.asarray(self.finish, float)
+        outcome = np.asarray(self.outcome, np.int8)
+        served = outcome == SERVED
+        outputs = np.asarray(self.outputs, float)
+        ttft = np.where(served, first - arrival, np.nan)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            tpot = np.where(served & (outputs > 1), (finish - first) / (outputs - 1), np.nan)
+        return SimulationResult(
+            arrival_s=arrival,
+            start_s=np.asarray(self.start, float),
+            first_token_s=first,
+            finish_s=finish,
+            outcome=outcome,
+            ttft_s=ttft,
+            tpot_s=tpot,
+            replica_change_s=np.asarray(self.change_s, float),
+            replicas_after_change=np.asarray(self.change_alive, np.int32),
+            end_s=end_s,
+            gpu_hours=self.gpu_seconds / 3600.0,
+            gpus_per_replica=self.settings.gpus_per_replica,
+            scale_event_s=np.asarray(self.scale_event_times, float),
+            ttft_slo_seconds=self.settings.ttft_slo_seconds,
+            scale_events=self.scale_events,
+        )
+
+
+def _outstanding(replica: _Replica) -> float:
+    return replica.outstanding_s

@@ -1,0 +1,131 @@
+"""Real processes for end-to-end tests: the engine emulator and a Celery worker."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+
+from django.db import connection
+
+from tests.support.subprocesses import stop, wait_until_answering
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def emulator_command(config_path, port: int, *args: str) -> list[str]:
+    """The argv that starts the engine emulator (`python -m dataplane.emulator`)."""
+    return [
+        sys.executable, "-m", "dataplane.emulator", "--port", str(port),
+        "--config", str(config_path), *args,
+    ]  # fmt: skip
+
+
+@contextmanager
+def emulator_process(config: dict, tmp_path: Path, args: tuple[str, ...] = ()):
+    """An emulator subprocess serving `config`; yields its base URL. `args`: extra flags."""
+    with emulator_subprocess(config, tmp_path, args) as (base_url, _process):
+        yield base_url
+
+
+@contextmanager
+def emulator_subprocess(config: dict, tmp_path: Path, args: tuple[str, ...] = ()):
+    """Like `emulator_process`, yielding `(base_url, process)` for tests that watch it exit."""
+    port = free_port()
+    config_path = tmp_path / f"emulator-{port}.json"
+    config_path.write_text(json.dumps(config))
+    log = open(tmp_path / f"emulator-{port}.log", "w")  # noqa: SIM115 - closed below
+    process = subprocess.Popen(
+        emulator_command(config_path, port, *args),
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_answering(
+            base_url + "/health",
+            process,
+            what="the emulator",
+            log_path=tmp_path / f"emulator-{port}.log",
+        )
+        yield base_url, process
+    finally:
+        stop(process, timeout_seconds=10)
+        log.close()
+
+
+def test_database_url() -> str:
+    """The URL of the database the tests run in, so a worker process sees the same rows."""
+    settings_dict = connection.settings_dict
+    user = settings_dict.get("USER") or "postgres"
+    password = settings_dict.get("PASSWORD") or ""
+    auth = f"{user}:{password}@" if password else f"{user}@"
+    host = settings_dict.get("HOST") or "127.0.0.1"
+    port = settings_dict.get("PORT") or 5432
+    return f"postgres://{auth}{host}:{port}/{settings_dict['NAME']}"
+
+
+@contextmanager
+def celery_worker_process(tmp_path: Path, *, queues: str = "benchmarks,default"):
+    from controlplane.celery import app
+
+    app.control.purge()
+    log_path = tmp_path / "worker.log"
+    env = os.environ | {"DATABASE_URL": test_database_url()}
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "controlplane",
+            "worker",
+            "--queues",
+            queues,
+            "--pool",
+            "solo",
+            "--concurrency",
+            "1",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+            "--hostname",
+            f"e2e-{uuid.uuid4().hex[:8]}@%h",
+            "--loglevel",
+            "INFO",
+            "--logfile",
+            str(log_path),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while "ready" not in (log_path.read_text() if log_path.exists() else ""):
+            if process.poll() is not None or time.monotonic() > deadline:
+                text = log_path.read_text() if log_path.exists() else "(no log)"
+                raise RuntimeError("the Celery worker did not start: " + text[-2000:])
+            time.sleep(0.2)
+        yield process
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
