@@ -32,6 +32,7 @@ DEPLOYMENT_FIELDS = (
     "prometheus_selector",
     "benchmark_suite",
     "benchmark_nightly",
+    "priority_scheduling",
 )
 
 

@@ -2,12 +2,14 @@
 
 Every HEALTH_PROBE_INTERVAL_SECONDS (Celery beat → `capacity.health_probes` on the `health`
 queue) each replica endpoint (capacity.actuation.replicas) gets a minimal completion: a fixed
-prompt,
-temperature 0, a fixed seed and max_tokens, at the highest vLLM priority (so a saturated
-engine schedules it first instead of timing it out). The answer must match the deployment's
-fingerprint, recorded from the first good answer; a different answer means corrupted
-weights or a wrong model. A replica whose engine counter shows real requests completing in
-the last HEALTH_PROBE_QUIET_SECONDS is not probed, up to HEALTH_PROBE_MAX_SKIP_SECONDS.
+prompt, temperature 0, a fixed seed and max_tokens, at the highest vLLM priority (so a
+saturated engine schedules it first instead of timing it out) when the deployment's engines
+run priority scheduling (`Deployment.priority_scheduling`); otherwise without `priority`,
+since vLLM answers 400 to a non-zero priority under its default fcfs policy and every probe
+would fail. The answer must match the deployment's fingerprint, recorded from the first good
+answer; a different answer means corrupted weights or a wrong model. A replica whose engine
+counter shows real requests completing in the last HEALTH_PROBE_QUIET_SECONDS is not probed,
+up to HEALTH_PROBE_MAX_SKIP_SECONDS.
 
 After HEALTH_PROBE_FAILURES failures in a row a replica is unhealthy: an Incident opens, the
 replica's capacity leaves the next allocation snapshot (which starts a replacement), and the
@@ -179,7 +181,10 @@ def _check(check: _Check, now: datetime) -> _Check:
         check.answer = ProbeAnswer(ProbeOutcome.SKIPPED, detail="real requests completed")
         return check
     check.answer = probe_endpoint(
-        check.endpoint.url, check.engine_model_id, timeout_seconds=timeout
+        check.endpoint.url,
+        check.engine_model_id,
+        timeout_seconds=timeout,
+        priority=_DEFAULT if check.replica.deployment.priority_scheduling else None,
     )
     check.answered_at = timezone.now()
     return check

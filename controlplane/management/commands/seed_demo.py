@@ -158,6 +158,8 @@ class Command(BaseCommand):
                 self.stderr.write(f"The demo webhook deployment is refused: {problem}")
             Deployment.objects.filter(name="llama-8b-h100").update(
                 endpoint_url=emulator_url,
+                # scripts/run.sh starts the emulator with --scheduling-policy priority.
+                priority_scheduling=True,
                 actuator_kind=ActuatorKind.WEBHOOK,
                 actuator_config=config,
                 actuator_config_problem=problem,
