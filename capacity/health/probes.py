@@ -42,6 +42,7 @@ from capacity.models import (
     ProbeResult,
     Replica,
 )
+from capacity.publication import publish_after_commit
 from capacity.telemetry import metrics
 from controlplane import outbound
 from controlplane.db import Lock, exclusive
@@ -198,6 +199,7 @@ def probe_round(*, now: datetime | None = None) -> RoundResult:
             result.skipped_round = True
             return result
         now = now or timezone.now()
+        ready_before = _ready_replicas()
         checks = []
         deployments = list(Deployment.objects.select_related("served_model").order_by("pk"))
         for deployment in deployments:
@@ -216,7 +218,19 @@ def probe_round(*, now: datetime | None = None) -> RoundResult:
         ProbeResult.objects.filter(
             at__lt=now - timedelta(hours=settings.HEALTH_PROBE_HISTORY_HOURS)
         ).delete()
+        if _ready_replicas() != ready_before:
+            # Gateways route only to ready replicas: tell them now, not at the next tick.
+            publish_after_commit("ready replicas changed")
     return result
+
+
+def _ready_replicas() -> set[tuple[int, str]]:
+    """What gateways route to (capacity.publication): healthy replicas that answered."""
+    return set(
+        Replica.objects.filter(state=Replica.State.HEALTHY, last_ok_at__isnull=False).values_list(
+            "deployment_id", "url"
+        )
+    )
 
 
 def _sync_replicas(
