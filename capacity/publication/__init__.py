@@ -21,21 +21,9 @@ from django.db import transaction
 
 def publish_after_commit(reason: str) -> None:
     """Publish every document once the current transaction commits (at once outside one).
-    Several calls in one transaction publish once."""
-    connection = transaction.get_connection()
-    # Django keeps the pending callbacks as (savepoint ids, callback, robust); a rolled-back
-    # savepoint drops its own, so looking here never suppresses a publication that is needed.
-    pending = getattr(connection, "run_on_commit", [])
-    if connection.in_atomic_block and any(
-        getattr(entry[1], "gateway_publication", False) for entry in pending
-    ):
-        return
-
-    def run() -> None:
-        _publish(reason)
-
-    run.gateway_publication = True  # type: ignore[attr-defined]
-    transaction.on_commit(run)
+    Each call publishes: a publication reads everything, so one more costs a few queries,
+    and skipping one could lose the change that asked for it."""
+    transaction.on_commit(lambda: _publish(reason))
 
 
 def _publish(reason: str) -> None:
