@@ -47,9 +47,12 @@ echo "== demo data"
 $BIN/python manage.py seed_demo --emulator-url "http://$HOST:$EMULATOR_PORT"
 $BIN/python manage.py setup_periodic_tasks
 
-# The engine emulator stands in for the data plane (a vLLM fleet) in the demo.
+# The engine emulator stands in for the data plane (a vLLM fleet) in the demo. With priority
+# scheduling, as seed_demo's priority_scheduling=True on the deployment it serves says:
+# admission's classes and the health probes send vLLM `priority`, refused under fcfs.
 $BIN/python -m dataplane.emulator --host "$HOST" --port "$EMULATOR_PORT" \
-  --config dataplane/emulator/demo.json > var/log/emulator.log 2>&1 &
+  --config dataplane/emulator/demo.json --scheduling-policy priority \
+  > var/log/emulator.log 2>&1 &
 pids+=($!)
 
 $BIN/gunicorn controlplane.wsgi:application --bind "$HOST:$PORT" --workers 2 \
