@@ -348,3 +348,27 @@ def test_metrics_count_requests_by_outcome_and_class(served, http):
     assert 'gateway_requests_total{admission_class="guaranteed",outcome="completed"} 1.0' in text
     assert "gateway_overhead_seconds_bucket" in text
     assert "gateway_time_to_first_token_seconds_bucket" in text
+
+
+def test_two_workers_share_the_port_and_metrics_sum_them(
+    world, start_emulator, start_gateway, http, usage_server
+):
+    url, _ = start_emulator()
+    world.publication.models["tiny"] = C.model(7, [C.replica(url)])
+    world.publish()
+    gateway = start_gateway(GATEWAY_WORKERS="2")
+    assert "(2 workers)" in gateway.log()
+
+    for _ in range(6):
+        with httpx.Client(trust_env=False) as fresh:  # new connections, spread by the kernel
+            response = fresh.post(
+                gateway.url + "/v1/chat/completions", json=CHAT, headers=bearer(world.acme)
+            )
+            assert response.status_code == 200
+
+    text = http.get(gateway.url + "/metrics").text
+    assert 'gateway_requests_total{admission_class="guaranteed",outcome="completed"} 6.0' in text
+    assert (
+        len(wait_for(lambda: len(usage_events(usage_server)) == 6 and usage_events(usage_server)))
+        == 6
+    )
