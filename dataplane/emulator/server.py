@@ -451,4 +451,7 @@ def run(
         backlog=4096,
         shutdown_timeout=2.0,
         print=None,
+        # As vLLM's server does (`with_cancellation`): a client that leaves aborts its request,
+        # non-streamed ones too (a stream notices on its next write).
+        handler_cancellation=True,
     )
