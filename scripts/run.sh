@@ -49,6 +49,7 @@ $BIN/python manage.py seed_demo --emulator-url "http://$HOST:$EMULATOR_PORT" | t
 # The gateway posts usage with the demo's service key (printed by seed_demo, read from its log).
 GATEWAY_SERVICE_KEY="$(sed -n 's/^Service  *gateway  *key: *//p' var/log/seed_demo.log | tail -1)"
 export GATEWAY_SERVICE_KEY
+DEMO_CUSTOMER_KEY="$(sed -n 's/^Customer acme  *key: *//p' var/log/seed_demo.log | tail -1)"
 $BIN/python manage.py setup_periodic_tasks
 
 # The engine emulator stands in for the data plane (a vLLM fleet) in the demo. With priority
@@ -91,8 +92,9 @@ Model-Unit Control Plane is running (logs in var/log/):
   Emulator     http://$HOST:$EMULATOR_PORT/v1/models   (metrics: /metrics)
   Gateway      http://$HOST:$GATEWAY_PORT/v1   (OpenAI-compatible, with a customer key above; metrics: /metrics)
 
-Try a request through the gateway with a demo customer key (printed above):
-  curl -N http://$HOST:$GATEWAY_PORT/v1/chat/completions -H "Authorization: Bearer CUSTOMER_KEY" \
+Try a request through the gateway with acme's demo key (once the health probes found the
+replica ready, within a minute of starting):
+  curl -N http://$HOST:$GATEWAY_PORT/v1/chat/completions -H "Authorization: Bearer $DEMO_CUSTOMER_KEY" \
     -H 'Content-Type: application/json' \
     -d '{"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "hello"}], "stream": true}'
 

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db.models import Q
 
-from accounts.models import ApiKey
+from accounts.models import ApiKey, Customer
 from capacity.admission.gate import output_cap_tokens
 from capacity.health.degradation import current as current_degradation
 from capacity.health.degradation import forget as forget_degradation
@@ -122,6 +122,11 @@ def model_documents() -> dict[str, dict]:
             "replicas": replicas.get(served_model.pk, []),
         }
     return documents
+
+
+def customer_documents() -> dict[str, int]:
+    """Customer slug → id, for a service key that names the customer it acts for."""
+    return dict(Customer.objects.order_by("pk").values_list("slug", "pk"))
 
 
 def entitlement_documents() -> dict[str, list[str]]:

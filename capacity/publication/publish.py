@@ -14,10 +14,16 @@ import logging
 import time
 
 import redis
+from django.conf import settings
 from django.utils import timezone
 
 from capacity.admission.gate import buckets
-from capacity.publication.documents import entitlement_documents, key_documents, model_documents
+from capacity.publication.documents import (
+    customer_documents,
+    entitlement_documents,
+    key_documents,
+    model_documents,
+)
 from capacity.telemetry import metrics
 
 logger = logging.getLogger(__name__)
@@ -26,6 +32,7 @@ KEYS = "gw:v1:keys"
 MODELS = "gw:v1:models"
 ENTITLEMENTS = "gw:v1:entitlements"
 META = "gw:v1:meta"
+CUSTOMERS = "gw:v1:customers"
 LOCK = "controlplane:gateway-publication"
 LOCK_TIMEOUT_SECONDS = 30  # a crashed publisher's lock frees itself after this
 LOCK_WAIT_SECONDS = 5.0
@@ -41,6 +48,7 @@ def publish_gateway_state(*, reason: str) -> int | None:
                 KEYS: key_documents(now=now),
                 MODELS: model_documents(),
                 ENTITLEMENTS: entitlement_documents(),
+                CUSTOMERS: customer_documents(),
             }
             pipe = client.pipeline(transaction=True)
             for key, fields in documents.items():
@@ -53,6 +61,18 @@ def publish_gateway_state(*, reason: str) -> int | None:
                             for name, value in fields.items()
                         },
                     )
+            # The admission parameters the buckets' Lua scripts take: a gateway uses the control
+            # plane's, so its decisions and the API's are the same rule with the same burst.
+            pipe.hset(
+                META,
+                mapping={
+                    "admission_burst_seconds": repr(float(settings.ADMISSION_BURST_SECONDS)),
+                    "admission_limits_ttl_seconds": repr(
+                        float(settings.ADMISSION_LIMITS_TTL_SECONDS)
+                    ),
+                    "admission_record_ttl_seconds": str(int(settings.ADMISSION_RECORD_TTL_SECONDS)),
+                },
+            )
             pipe.hincrby(META, "version", 1)
             pipe.hset(META, "published_at", repr(time.time()))
             version = int(pipe.execute()[-2])

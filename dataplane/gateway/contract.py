@@ -25,9 +25,15 @@ log = logging.getLogger("dataplane.gateway")
 KEYS = "gw:v1:keys"
 MODELS = "gw:v1:models"
 ENTITLEMENTS = "gw:v1:entitlements"
+CUSTOMERS = "gw:v1:customers"
 META = "gw:v1:meta"
 WAITING = "gw:v1:waiting"
 SPOOL = "gw:v1:spool"
+ADMISSION_PARAMETERS = (
+    "admission_burst_seconds",
+    "admission_limits_ttl_seconds",
+    "admission_record_ttl_seconds",
+)
 
 
 @dataclass(frozen=True)
@@ -84,8 +90,11 @@ class Contract:
     keys: Mapping[str, ApiKey] = field(default_factory=dict)
     models: Mapping[str, Model] = field(default_factory=dict)
     entitlements: Mapping[int, frozenset[str]] = field(default_factory=dict)
-    # slug -> customer id, from the customer keys (a service key names a customer by slug)
+    # slug -> customer id: gw:v1:customers, and the customer keys' own (a service key names the
+    # customer it acts for by slug)
     customers: Mapping[str, int] = field(default_factory=dict)
+    # The control plane's admission parameters (gw:v1:meta): burst, limits TTL, record TTL.
+    admission: Mapping[str, float] = field(default_factory=dict)
     read_at: float = 0.0
 
     @property
@@ -165,10 +174,11 @@ def build_contract(
     keys: Mapping[bytes | str, bytes | str],
     models: Mapping[bytes | str, bytes | str],
     entitlements: Mapping[bytes | str, bytes | str],
+    customers: Mapping[bytes | str, bytes | str] | None = None,
 ) -> Contract:
-    """A contract from the four hashes as Redis returns them; bad entries are skipped."""
+    """A contract from the hashes as Redis returns them; bad entries are skipped."""
     parsed_keys: dict[str, ApiKey] = {}
-    customers: dict[str, int] = {}
+    customer_ids: dict[str, int] = {}
     for raw_prefix, raw in keys.items():
         prefix = _text(raw_prefix)
         try:
@@ -178,7 +188,7 @@ def build_contract(
             continue
         parsed_keys[prefix] = key
         if key.customer and key.customer_id is not None:
-            customers[key.customer] = key.customer_id
+            customer_ids[key.customer] = key.customer_id
     parsed_models: dict[str, Model] = {}
     for raw_name, raw in models.items():
         name = _text(raw_name)
@@ -193,14 +203,24 @@ def build_contract(
             parsed_entitlements[int(_text(raw_customer))] = frozenset(str(n) for n in names)
         except (ValueError, TypeError) as error:
             log.warning("gw:v1:entitlements %r: unreadable (%s); skipped", raw_customer, error)
+    for raw_slug, raw_id in (customers or {}).items():
+        try:
+            customer_ids.setdefault(_text(raw_slug), int(_text(raw_id)))
+        except ValueError:
+            log.warning("gw:v1:customers %r: unreadable; skipped", raw_slug)
     meta_text = {_text(k): _text(v) for k, v in meta.items()}
+    admission: dict[str, float] = {}
+    for name in ADMISSION_PARAMETERS:
+        with contextlib.suppress(KeyError, ValueError):
+            admission[name] = float(meta_text[name])
     return Contract(
         version=int(meta_text.get("version", "0")),
         published_at=_optional_float(meta_text.get("published_at")),
         keys=parsed_keys,
         models=parsed_models,
         entitlements=parsed_entitlements,
-        customers=customers,
+        customers=customer_ids,
+        admission=admission,
         read_at=time.time(),
     )
 
@@ -227,12 +247,13 @@ class ContractReader:
             pipe.hgetall(KEYS)
             pipe.hgetall(MODELS)
             pipe.hgetall(ENTITLEMENTS)
-            meta, keys, models, entitlements = await pipe.execute()
+            pipe.hgetall(CUSTOMERS)
+            meta, keys, models, entitlements, customers = await pipe.execute()
         except (RedisError, OSError, ValueError) as error:
             log.warning("the contract could not be read (%s); serving on the last copy", error)
             return False
         self.contract = build_contract(
-            meta=meta, keys=keys, models=models, entitlements=entitlements
+            meta=meta, keys=keys, models=models, entitlements=entitlements, customers=customers
         )
         log.info("contract version %s read", self.contract.version)
         # Wake whoever waits for a change (requests held for a model at zero).

@@ -386,11 +386,31 @@ class Gateway:
             return None
         return contract.models.get(name)
 
+    def _follow_admission_parameters(self) -> None:
+        """The control plane's burst and TTLs when it published them (gw:v1:meta), else the
+        GATEWAY_ADMISSION_* settings: the same rule with the same burst as the API's admission."""
+        published = self.reader.contract.admission
+        self.buckets.burst_seconds = published.get(
+            "admission_burst_seconds", self.settings.admission_burst_seconds
+        )
+        self.buckets.idle_ttl_ms = int(
+            1000
+            * published.get(
+                "admission_limits_ttl_seconds", self.settings.admission_limits_ttl_seconds
+            )
+        )
+        self.buckets.record_ttl_s = int(
+            published.get(
+                "admission_record_ttl_seconds", self.settings.admission_record_ttl_seconds
+            )
+        )
+
     def _decide(
         self, caller: Caller, model: Model, mu: float, request_id: str
     ) -> tuple[str, float]:
         """(admission class, retry after ms) from the Redis buckets, one round trip."""
         if time.monotonic() >= self._redis_down_until:
+            self._follow_admission_parameters()
             try:
                 decision = self.buckets.admit(
                     customer_id=caller.customer_id,

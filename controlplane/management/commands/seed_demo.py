@@ -198,7 +198,10 @@ class Command(BaseCommand):
             customer, _ = Customer.objects.update_or_create(
                 slug=slug, defaults={"name": name, "tier": tier}
             )
-            created = api_key_create(name=DEMO_KEY_NAME, customer=customer)
+            # With `admission`, so the key works at the gateway (which asks admission for it).
+            created = api_key_create(
+                name=DEMO_KEY_NAME, customer=customer, scopes=[S.READ, S.WRITE, S.ADMISSION]
+            )
             self.stdout.write(f"Customer {slug:<8} key: {created.plaintext}")
             # The demo customers may use every demo model through the gateway.
             entitlements_set(
