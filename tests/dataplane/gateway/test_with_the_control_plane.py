@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from contextlib import contextmanager
 
@@ -187,3 +188,42 @@ def test_every_request_leaves_one_usage_event_with_its_outcome_even_with_the_api
             assert event.mu == 0 and event.estimated_mu > 0
         if outcome == "cancelled":
             assert 1 <= event.output_tokens < CANCELLED_MAX_TOKENS
+
+
+def test_a_guaranteed_customer_within_its_reservation_is_never_refused_while_best_effort_floods(
+    fleet, acme, globex, served_model, tmp_path
+):
+    # globex lives off the fleet's slack (best-effort only); acme holds 300 MU/min.
+    buckets().publish_limits(
+        {(acme.pk, served_model.pk): (300.0, 0.0), (globex.pk, served_model.pk): (0.0, 30.0)},
+        settings.ADMISSION_LIMITS_TTL_SECONDS,
+    )
+    port = free_port()
+    outcomes: dict[str, list[int]] = {"acme": [], "globex": []}
+
+    def flood(who: str, count: int) -> None:
+        with httpx.Client(timeout=30, trust_env=False) as client:
+            for _ in range(count):
+                _, status, _ = _complete(
+                    client, gateway.url, fleet[who], fleet["model"], stream=False, max_tokens=20
+                )
+                outcomes[who].append(status)
+
+    with control_plane(tmp_path, port) as api_url, gateway_process(
+        tmp_path,
+        GATEWAY_CONTROL_PLANE_URL=api_url,
+        GATEWAY_SERVICE_KEY=fleet["service"],
+        GATEWAY_REDIS_URL=settings.ADMISSION_REDIS_URL,
+        GATEWAY_WORKERS="2",
+    ) as gateway:  # fmt: skip
+        # Best-effort floods from four clients at once while acme sends well within its rate
+        # (20 requests of about 0.6 MU against 300 MU/min and a 50 MU burst).
+        floods = [threading.Thread(target=flood, args=("globex", 25)) for _ in range(4)]
+        for thread in floods:
+            thread.start()
+        flood("acme", 20)
+        for thread in floods:
+            thread.join()
+
+    assert outcomes["acme"] == [200] * 20
+    assert 429 in outcomes["globex"] and 200 in outcomes["globex"]
