@@ -7,6 +7,7 @@ import json
 
 import pytest
 import redis
+from django.conf import settings as django_settings
 from django.utils import timezone
 
 from accounts import scopes as S
@@ -93,6 +94,11 @@ def test_a_tick_publishes_keys_models_entitlements_and_a_growing_version(
         }
     ]
     assert read(gateway_redis, "gw:v1:entitlements") == {str(acme.pk): ["llama-8b"]}
+    assert read(gateway_redis, "gw:v1:customers") == {"acme": acme.pk}
+    # The admission rule's parameters, so a gateway admits with the control plane's burst.
+    assert float(gateway_redis.hget("gw:v1:meta", "admission_burst_seconds")) == float(
+        django_settings.ADMISSION_BURST_SECONDS
+    )
 
 
 def test_a_revoked_key_is_published_revoked_as_soon_as_the_revocation_commits(
