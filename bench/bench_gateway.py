@@ -163,10 +163,12 @@ BODY = json.dumps(
 
 async def _one(session: aiohttp.ClientSession, url: str, headers: dict, body: bytes):
     """(started, first content, finished, content chunks) of one streamed request, or the
-    reason it failed."""
+    reason it failed. The response is read to its end, as the official openai client does
+    (so the connection is kept alive for the next request)."""
     began = time.perf_counter()
     first = None
     chunks = 0
+    done = False
     async with session.post(url, data=body, headers=headers) as response:
         if response.status != 200:
             text = (await response.read())[:200]
@@ -175,14 +177,16 @@ async def _one(session: aiohttp.ClientSession, url: str, headers: dict, body: by
             if not line.startswith(b"data:"):
                 continue
             if line.startswith(b"data: [DONE]"):
-                return began, first or time.perf_counter(), time.perf_counter(), chunks
-            if first is None:
+                done = True
+            elif first is None:
                 if _has_content(line):
                     first = time.perf_counter()
                     chunks += 1
             elif b'"content"' in line:
                 chunks += 1
-    return "the stream ended without [DONE]"
+    if not done:
+        return "the stream ended without [DONE]"
+    return began, first or time.perf_counter(), time.perf_counter(), chunks
 
 
 async def _drive(
