@@ -665,6 +665,7 @@ class Gateway:
         response: web.StreamResponse | None = None
         buffer = b""
         done = False
+        delivered = False  # [DONE] written to the client: a disconnect now is not a cancel
         usage.output_tokens = 0
         try:
             try:
@@ -682,6 +683,7 @@ class Gateway:
                         usage.ttft_ms = (time.time() - usage.started_at) * 1000.0
                         TTFT.observe(time.perf_counter() - arrived)
                     await response.write(out)
+                    delivered = done
             except (aiohttp.ClientError, TimeoutError) as error:
                 # A per-token timeout (sock_read) or the replica gone.
                 if response is None:
@@ -703,6 +705,7 @@ class Gateway:
                 done = done or finished
                 if out:
                     await response.write(out)
+                    delivered = done
             if not done:
                 usage.outcome = "error"
                 await self._stream_error(response, "the replica ended the stream early")
@@ -711,10 +714,12 @@ class Gateway:
             await response.write_eof()
             return response
         except ConnectionResetError:
-            usage.outcome = "cancelled"  # the client left: the upstream is closed on the way out
+            # The client left: the upstream is closed on the way out. A client that closes as
+            # soon as it reads [DONE] (before the stream's last bytes) got the whole answer.
+            usage.outcome = "completed" if delivered else "cancelled"
             return response if response is not None else web.Response(status=499)
         except asyncio.CancelledError:
-            usage.outcome = "cancelled"
+            usage.outcome = "completed" if delivered else "cancelled"
             raise
 
     async def _prepare(self, request: web.Request, usage: Usage) -> web.StreamResponse:

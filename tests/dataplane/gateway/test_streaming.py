@@ -203,3 +203,27 @@ def test_a_replica_that_dies_after_the_first_byte_ends_the_stream_with_an_error_
     assert event["outcome"] == "error"
     time.sleep(0.3)
     assert gauge(http, other[0], "vllm:prompt_tokens_total") == 0  # never retried there
+
+
+def test_a_client_that_closes_as_soon_as_it_reads_done_leaves_completed_events(
+    world, start_emulator, start_gateway, http, usage_server
+):
+    """Many SSE clients stop reading at `data: [DONE]` and close the connection before the
+    stream's last bytes (the chunked terminator): they got the whole answer, so the event is
+    `completed`, never `cancelled`."""
+    url, _ = start_emulator()
+    publish_replicas(world, [url])
+    gateway = start_gateway()
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    requests = 30
+    for _ in range(requests):
+        with http.stream(
+            "POST", gateway.url + "/v1/chat/completions", json=body, headers=bearer(world.acme)
+        ) as response:
+            for line in response.iter_lines():
+                if line == "data: [DONE]":
+                    break  # leaving the block closes the connection, unread bytes and all
+
+    events = wait_for(lambda: len(usage_events(usage_server)) == requests)
+    events = usage_events(usage_server)
+    assert {event["outcome"] for event in events} == {"completed"}
