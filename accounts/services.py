@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from accounts import keys
 from accounts import scopes as S
+from accounts.hooks import keys_changed
 from accounts.models import ApiKey, Customer, Membership
 from accounts.principals import PLANNERS_GROUP
 from controlplane.audit import actor_of as audit_actor_of
@@ -55,6 +56,7 @@ def customer_update(*, customer: Customer, **changes) -> Customer:
         before=before,
         after=snapshot(customer, _CUSTOMER_AUDIT_FIELDS),
     )
+    keys_changed()  # gateways' copy of the keys names the customer's slug
     return customer
 
 
@@ -71,6 +73,7 @@ def customer_delete(*, customer: Customer) -> None:
         object_repr=label,
         before=before,
     )
+    keys_changed()  # its keys went with it
 
 
 @transaction.atomic
@@ -189,6 +192,7 @@ def api_key_create(
         obj=api_key,
         after=snapshot(api_key, _KEY_AUDIT_FIELDS),
     )
+    keys_changed()
     return CreatedKey(api_key=api_key, plaintext=minted.plaintext)
 
 
@@ -207,6 +211,7 @@ def api_key_revoke(*, api_key: ApiKey, actor: str = "system:unknown") -> ApiKey:
             before={"revoked_at": None},
             after=snapshot(api_key, ["revoked_at"]),
         )
+        keys_changed()
     return api_key
 
 

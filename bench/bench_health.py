@@ -96,6 +96,7 @@ class Fleet:
             current_replicas=2,
             actuator_kind=ActuatorKind.PROCESS,
             actuator_config=config,
+            priority_scheduling=True,  # its engines run --scheduling-policy priority
         )
 
     def close(self) -> None:

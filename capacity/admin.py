@@ -14,6 +14,7 @@ from capacity.models import (
     DegradationState,
     Deployment,
     DeploymentFingerprint,
+    Entitlement,
     FallbackAdmission,
     GpuPool,
     GpuType,
@@ -27,9 +28,10 @@ from capacity.models import (
     UsageEvent,
     UsageMinute,
 )
+from capacity.selling.entitlements import entitlement_grant, entitlement_withdraw
 from capacity.telemetry.prometheus import validate_selector
 from controlplane import outbound
-from controlplane.audit import AuditedAdminMixin, ReadOnlyAdminMixin
+from controlplane.audit import AuditedAdminMixin, ReadOnlyAdminMixin, actor_of
 from controlplane.errors import DomainError
 
 
@@ -193,6 +195,40 @@ class ReservationAdmin(AuditedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     list_select_related = ["customer", "served_model"]
     # Never deleted either: a sold reservation is billed; cancel it through the API.
     inlines = [ReservationChangeInline]
+
+
+@admin.register(Entitlement)
+class EntitlementAdmin(admin.ModelAdmin):
+    """Grants and withdrawals go through the services (audited, published to gateways)."""
+
+    list_display = ["customer", "served_model", "granted_by", "granted_at"]
+    list_filter = ["served_model"]
+    search_fields = ["customer__slug", "served_model__name"]
+    fields = ["customer", "served_model"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["customer", "served_model"] if obj is not None else []
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return obj is None and super().has_change_permission(request, obj)
+
+    def save_model(self, request, obj, form, change):
+        entitlement_grant(
+            customer=obj.customer,
+            served_model=obj.served_model,
+            actor=actor_of(user=request.user),
+        )
+        stored = Entitlement.objects.get(customer=obj.customer, served_model=obj.served_model)
+        obj.pk, obj.granted_at, obj.granted_by = stored.pk, stored.granted_at, stored.granted_by
+
+    def delete_model(self, request, obj):
+        entitlement_withdraw(
+            customer=obj.customer, served_model=obj.served_model, actor=actor_of(user=request.user)
+        )
+
+    def delete_queryset(self, request, queryset):
+        for entitlement in queryset.select_related("customer", "served_model"):
+            self.delete_model(request, entitlement)
 
 
 @admin.register(ReservationChange)

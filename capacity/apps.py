@@ -4,3 +4,11 @@ from django.apps import AppConfig
 class CapacityConfig(AppConfig):
     name = "capacity"
     verbose_name = "Capacity: fleet catalog"
+
+    def ready(self) -> None:
+        # accounts cannot import capacity (the dependency order), so capacity subscribes to
+        # its key writes: a created or revoked key reaches gateways right after the commit.
+        from accounts.hooks import on_keys_changed
+        from capacity.publication import publish_keys_changed
+
+        on_keys_changed(publish_keys_changed)

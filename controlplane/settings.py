@@ -349,6 +349,13 @@ HEALTH_PROBE_PRIORITY = env_optional_int("HEALTH_PROBE_PRIORITY", -1)
 HEALTH_PROBE_HISTORY_HOURS = env_int("HEALTH_PROBE_HISTORY_HOURS", 24, minimum=1)
 HEALTH_RESTART_RETRY_SECONDS = env_int("HEALTH_RESTART_RETRY_SECONDS", 120, minimum=1)
 HEALTH_UNLISTED_GONE_SECONDS = env_int("HEALTH_UNLISTED_GONE_SECONDS", 600, minimum=1)
+# --- Publication to gateways (capacity/publication/, docs/gateway-contract.md) ----------------
+# Bytes of request text per input token a gateway assumes before the engine counts them, until
+# a per-model calibration exists (published per model as bytes_per_token).
+PUBLICATION_BYTES_PER_TOKEN = env_float("PUBLICATION_BYTES_PER_TOKEN", 4.0, minimum=0.5)
+# Revoked (and expired) keys stay published this long with revoked: true (or their
+# expires_at), so a gateway refuses them even if it missed the publication that revoked them.
+PUBLICATION_REVOKED_KEYS_SECONDS = env_int("PUBLICATION_REVOKED_KEYS_SECONDS", 86400, minimum=60)
 # --- Admission (capacity/admission/gate.py) -------------------------------------------------------
 ADMISSION_REDIS_URL = env_redis_url("ADMISSION_REDIS_URL", REDIS_URL)
 # Burst tolerance of every bucket, in seconds of its rate.

@@ -9,6 +9,7 @@ export DEBUG="${DEBUG:-1}"
 export REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6379/0}"
 PORT="${PORT:-8000}"
 EMULATOR_PORT="${EMULATOR_PORT:-8101}"
+GATEWAY_PORT="${GATEWAY_PORT:-8080}"
 HOST="${HOST:-127.0.0.1}"
 DEMO_PLANNER="${DEMO_PLANNER:-planner}"
 export PLANNER_PASSWORD="${DEMO_PLANNER_PASSWORD:-demo-planner-password}"
@@ -44,12 +45,26 @@ $BIN/python manage.py migrate --noinput
 $BIN/python manage.py collectstatic --noinput --verbosity 0
 $BIN/python manage.py create_planner "$DEMO_PLANNER" --skip-password-validation
 echo "== demo data"
-$BIN/python manage.py seed_demo --emulator-url "http://$HOST:$EMULATOR_PORT"
+$BIN/python manage.py seed_demo --emulator-url "http://$HOST:$EMULATOR_PORT" | tee var/log/seed_demo.log
+# The gateway posts usage with the demo's service key (printed by seed_demo, read from its log).
+GATEWAY_SERVICE_KEY="$(sed -n 's/^Service  *gateway  *key: *//p' var/log/seed_demo.log | tail -1)"
+export GATEWAY_SERVICE_KEY
+DEMO_CUSTOMER_KEY="$(sed -n 's/^Customer acme  *key: *//p' var/log/seed_demo.log | tail -1)"
 $BIN/python manage.py setup_periodic_tasks
 
-# The engine emulator stands in for the data plane (a vLLM fleet) in the demo.
+# The engine emulator stands in for the data plane (a vLLM fleet) in the demo. With priority
+# scheduling, as seed_demo's priority_scheduling=True on the deployment it serves says:
+# admission's classes and the health probes send vLLM `priority`, refused under fcfs.
 $BIN/python -m dataplane.emulator --host "$HOST" --port "$EMULATOR_PORT" \
-  --config dataplane/emulator/demo.json > var/log/emulator.log 2>&1 &
+  --config dataplane/emulator/demo.json --scheduling-policy priority \
+  > var/log/emulator.log 2>&1 &
+pids+=($!)
+
+# The gateway in front of the emulator: reads the contract the control plane publishes to Redis
+# (docs/gateway-contract.md), admits, routes, posts usage to the API.
+GATEWAY_HOST="$HOST" GATEWAY_PORT="$GATEWAY_PORT" GATEWAY_REDIS_URL="$REDIS_URL" \
+  GATEWAY_CONTROL_PLANE_URL="http://$HOST:$PORT" \
+  $BIN/python -m dataplane.gateway > var/log/gateway.log 2>&1 &
 pids+=($!)
 
 $BIN/gunicorn controlplane.wsgi:application --bind "$HOST:$PORT" --workers 2 \
@@ -75,6 +90,13 @@ Model-Unit Control Plane is running (logs in var/log/):
   Admin        http://$HOST:$PORT/admin/   user: $DEMO_PLANNER  password: $PLANNER_PASSWORD
   Health       http://$HOST:$PORT/healthz   http://$HOST:$PORT/readyz
   Emulator     http://$HOST:$EMULATOR_PORT/v1/models   (metrics: /metrics)
+  Gateway      http://$HOST:$GATEWAY_PORT/v1   (OpenAI-compatible, with a customer key above; metrics: /metrics)
+
+Try a request through the gateway with acme's demo key (once the health probes found the
+replica ready, within a minute of starting):
+  curl -N http://$HOST:$GATEWAY_PORT/v1/chat/completions -H "Authorization: Bearer $DEMO_CUSTOMER_KEY" \
+    -H 'Content-Type: application/json' \
+    -d '{"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "hello"}], "stream": true}'
 
 Try a benchmark of the demo deployment against the emulator (a few minutes):
   .venv/bin/python manage.py run_benchmark --suite demo-quick --deployment llama-8b-h100 --wait

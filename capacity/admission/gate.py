@@ -125,7 +125,10 @@ def reset() -> None:
     forget_degradation()
 
 
-def _output_cap(model_id: int) -> int | None:
+def output_cap_tokens(model_id: int) -> int | None:
+    """The output length admission estimates with when max_tokens is larger: a high percentile
+    (ADMISSION_OUTPUT_PERCENTILE) of the model's recent completed outputs; None without any.
+    Also published to gateways (capacity.publication)."""
     outputs = list(
         UsageEvent.objects.filter(served_model_id=model_id, outcome="completed")
         .order_by("-finished_at")
@@ -147,7 +150,7 @@ def _model(name: str) -> _ModelInfo:
         cost_model = pricing_cost_model(served_model=served)
     except DomainError:
         cost_model = None
-    info = _ModelInfo(served.pk, cost_model, _output_cap(served.pk), time.monotonic())
+    info = _ModelInfo(served.pk, cost_model, output_cap_tokens(served.pk), time.monotonic())
     _models[name] = info
     return info
 

@@ -33,6 +33,7 @@ from capacity.models import (
     AllocationDecision,
     Deployment,
 )
+from capacity.publication.publish import publish_gateway_state
 from capacity.telemetry import metrics
 from controlplane.db import Lock, copy_upsert, exclusive
 
@@ -89,6 +90,9 @@ def allocation_tick(*, dry_run: bool = False, now: datetime | None = None) -> Ti
         _apply(rows, decisions, deployments, result, now)
         result.decisions = [_row_dict(row) for row in rows]
         record_capacity(now=now)
+        # Every tick republishes the gateways' documents whole, so a gateway that starts cold
+        # (or missed a change) is serving on the current state within one tick.
+        publish_gateway_state(reason="allocation tick")
     result.seconds = time.perf_counter() - started
     metrics.TICK_SECONDS.observe(result.seconds)
     return result

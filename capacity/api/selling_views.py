@@ -4,19 +4,23 @@ from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound, PermissionDenied
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from accounts import scopes as S
 from accounts.models import Customer
 from accounts.permissions import scoped_permission
 from accounts.principals import principal_of
+from accounts.selectors import customers_visible_to
 from capacity.models import Reservation, ReservationChange, ServedModel
-from capacity.selling import reservations
+from capacity.selling import entitlements, reservations
 from controlplane.api.serializers import (
     FreeTextField,
     InstantField,
     StrictModelSerializer,
     StrictSerializer,
+    no_control_characters,
 )
+from controlplane.audit import actor_of
 
 ReservationPermission = scoped_permission(
     "ReservationPermission",
@@ -163,3 +167,71 @@ class ReservationViewSet(
             return super().get_object()
         except NotFound:
             raise NotFound("No such reservation.") from None
+
+
+# --- Entitlements: the models a customer's keys may use ----------------------------------------
+
+EntitlementPermission = scoped_permission(
+    "EntitlementPermission",
+    message="Only planners or a service key with the customers:write scope set entitlements.",
+    write_scope=S.CUSTOMERS_WRITE,
+)
+MAX_ENTITLED_MODELS = 1000
+
+
+class EntitlementsSerializer(StrictSerializer):
+    customer = serializers.CharField(read_only=True, help_text="The customer's slug.")
+    models = serializers.ListField(
+        child=serializers.CharField(max_length=100, validators=[no_control_characters]),
+        max_length=MAX_ENTITLED_MODELS,
+        help_text="Names of the served models the customer's keys may use; [] for none. "
+        "Service keys are not limited by it.",
+    )
+
+    def validate_models(self, names: list[str]) -> list[ServedModel]:
+        found = {model.name: model for model in ServedModel.objects.filter(name__in=set(names))}
+        unknown = sorted(set(names) - set(found))
+        if unknown:
+            raise serializers.ValidationError(
+                f"No model named {', '.join(repr(name) for name in unknown)}."
+            )
+        return list(found.values())
+
+
+class CustomerEntitlementsView(APIView):
+    """The served models a customer's keys may use through a gateway (an allow-list: a model
+    not listed is refused). Customers read their own; planners and provisioning services
+    (customers:write) replace the list with PUT. Published to gateways after every change."""
+
+    permission_classes = [EntitlementPermission]
+
+    def _customer(self, request, slug: str) -> Customer:
+        principal = principal_of(request)
+        if request.method in ("GET", "HEAD", "OPTIONS"):
+            customers = customers_visible_to(principal)
+        else:
+            # Writers provision every customer, whether or not their key may read them.
+            customers = Customer.objects.all()
+        customer = customers.filter(slug=slug).first()
+        if customer is None:
+            raise NotFound("No such customer.")
+        return customer
+
+    @extend_schema(responses=EntitlementsSerializer)
+    def get(self, request, slug):
+        customer = self._customer(request, slug)
+        return Response(
+            {"customer": customer.slug, "models": entitlements.entitled_model_names(customer)}
+        )
+
+    @extend_schema(request=EntitlementsSerializer, responses=EntitlementsSerializer)
+    def put(self, request, slug):
+        customer = self._customer(request, slug)
+        serializer = EntitlementsSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        names = entitlements.entitlements_set(
+            customer=customer,
+            served_models=serializer.validated_data["models"],
+            actor=actor_of(principal_of(request)),
+        )
+        return Response({"customer": customer.slug, "models": names})

@@ -22,7 +22,7 @@ from capacity.api.health_views import (
 )
 from capacity.api.metering_views import CustomerUtilisationView, ModelCapacityView, UsageEventsView
 from capacity.api.pricing_views import CostEstimateView, CostModelViewSet
-from capacity.api.selling_views import ReservationViewSet
+from capacity.api.selling_views import CustomerEntitlementsView, ReservationViewSet
 
 router = SimpleRouter()
 router.register("gpu-types", GpuTypeViewSet, basename="gpu-type")
@@ -42,6 +42,11 @@ urlpatterns = [
         "customers/<slug:slug>/utilisation",
         CustomerUtilisationView.as_view(),
         name="customer-utilisation",
+    ),
+    path(
+        "customers/<slug:slug>/entitlements",
+        CustomerEntitlementsView.as_view(),
+        name="customer-entitlements",
     ),
     path("models/<str:name>/capacity", ModelCapacityView.as_view(), name="model-capacity"),
     path("models/<str:name>/why", ModelWhyView.as_view(), name="model-why"),

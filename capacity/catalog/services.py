@@ -8,6 +8,7 @@ from django.db import transaction
 
 from capacity.actuation.config import validate_actuator_config
 from capacity.models import Deployment, GpuPool, GpuType, ServedModel
+from capacity.publication import publish_after_commit
 from capacity.telemetry.prometheus import validate_selector
 from controlplane import outbound
 from controlplane.audit import all_fields, audit_change, audit_record, snapshot
@@ -32,6 +33,7 @@ DEPLOYMENT_FIELDS = (
     "prometheus_selector",
     "benchmark_suite",
     "benchmark_nightly",
+    "priority_scheduling",
 )
 
 
@@ -107,6 +109,7 @@ def deployment_create(**values) -> Deployment:
     _check_endpoint(values.get("endpoint_url"))
     deployment = Deployment.objects.create(**values)
     _audit_created("deployment", deployment)
+    publish_after_commit("deployment created")
     return deployment
 
 
@@ -144,6 +147,7 @@ def deployment_update(*, deployment: Deployment, **changes) -> Deployment:
         setattr(deployment, name, value)
     deployment.save()
     _audit_updated("deployment", deployment, before)
+    publish_after_commit("deployment changed")  # e.g. priority_scheduling, a new pool's GPU
     return deployment
 
 
@@ -200,7 +204,9 @@ def gpu_type_create(**values) -> GpuType:
 
 @transaction.atomic
 def served_model_create(**values) -> ServedModel:
-    return _create_named(ServedModel, "model", values)
+    served_model = _create_named(ServedModel, "model", values)
+    publish_after_commit("model created")
+    return served_model
 
 
 @transaction.atomic
@@ -211,6 +217,7 @@ def catalog_update(*, instance, **changes):
         setattr(instance, name, value)
     instance.save()
     _audit_updated(_AUDIT_NAMES[type(instance)], instance, before)
+    publish_after_commit("catalog changed")  # model names, engine ids, GPU type names
     return instance
 
 
@@ -228,6 +235,7 @@ def catalog_delete(*, instance) -> None:
         object_repr=label,
         before=before,
     )
+    publish_after_commit("catalog changed")
 
 
 _AUDIT_NAMES = {

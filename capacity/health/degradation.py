@@ -30,6 +30,7 @@ from capacity.models import (
     DegradationState,
     Replica,
 )
+from capacity.publication import publish_after_commit
 from capacity.telemetry import metrics
 
 REFUSE_BEST_EFFORT = "refuse_best_effort"
@@ -166,6 +167,8 @@ def evaluate_all(*, now: datetime | None = None, shares: dict[int, float] | None
         state = states.get(model_id) or DegradationState(served_model_id=model_id)
         if step(state, policies.get(model_id), shares.get(model_id), now):
             changed += 1
+    if changed:
+        publish_after_commit("degradation level changed")
     return changed
 
 

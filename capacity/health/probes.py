@@ -2,12 +2,14 @@
 
 Every HEALTH_PROBE_INTERVAL_SECONDS (Celery beat → `capacity.health_probes` on the `health`
 queue) each replica endpoint (capacity.actuation.replicas) gets a minimal completion: a fixed
-prompt,
-temperature 0, a fixed seed and max_tokens, at the highest vLLM priority (so a saturated
-engine schedules it first instead of timing it out). The answer must match the deployment's
-fingerprint, recorded from the first good answer; a different answer means corrupted
-weights or a wrong model. A replica whose engine counter shows real requests completing in
-the last HEALTH_PROBE_QUIET_SECONDS is not probed, up to HEALTH_PROBE_MAX_SKIP_SECONDS.
+prompt, temperature 0, a fixed seed and max_tokens, at the highest vLLM priority (so a
+saturated engine schedules it first instead of timing it out) when the deployment's engines
+run priority scheduling (`Deployment.priority_scheduling`); otherwise without `priority`,
+since vLLM answers 400 to a non-zero priority under its default fcfs policy and every probe
+would fail. The answer must match the deployment's fingerprint, recorded from the first good
+answer; a different answer means corrupted weights or a wrong model. A replica whose engine
+counter shows real requests completing in the last HEALTH_PROBE_QUIET_SECONDS is not probed,
+up to HEALTH_PROBE_MAX_SKIP_SECONDS.
 
 After HEALTH_PROBE_FAILURES failures in a row a replica is unhealthy: an Incident opens, the
 replica's capacity leaves the next allocation snapshot (which starts a replacement), and the
@@ -40,6 +42,7 @@ from capacity.models import (
     ProbeResult,
     Replica,
 )
+from capacity.publication import publish_after_commit
 from capacity.telemetry import metrics
 from controlplane import outbound
 from controlplane.db import Lock, exclusive
@@ -179,7 +182,10 @@ def _check(check: _Check, now: datetime) -> _Check:
         check.answer = ProbeAnswer(ProbeOutcome.SKIPPED, detail="real requests completed")
         return check
     check.answer = probe_endpoint(
-        check.endpoint.url, check.engine_model_id, timeout_seconds=timeout
+        check.endpoint.url,
+        check.engine_model_id,
+        timeout_seconds=timeout,
+        priority=_DEFAULT if check.replica.deployment.priority_scheduling else None,
     )
     check.answered_at = timezone.now()
     return check
@@ -193,6 +199,7 @@ def probe_round(*, now: datetime | None = None) -> RoundResult:
             result.skipped_round = True
             return result
         now = now or timezone.now()
+        ready_before = _ready_replicas()
         checks = []
         deployments = list(Deployment.objects.select_related("served_model").order_by("pk"))
         for deployment in deployments:
@@ -211,7 +218,19 @@ def probe_round(*, now: datetime | None = None) -> RoundResult:
         ProbeResult.objects.filter(
             at__lt=now - timedelta(hours=settings.HEALTH_PROBE_HISTORY_HOURS)
         ).delete()
+        if _ready_replicas() != ready_before:
+            # Gateways route only to ready replicas: tell them now, not at the next tick.
+            publish_after_commit("ready replicas changed")
     return result
+
+
+def _ready_replicas() -> set[tuple[int, str]]:
+    """What gateways route to (capacity.publication): healthy replicas that answered."""
+    return set(
+        Replica.objects.filter(state=Replica.State.HEALTHY, last_ok_at__isnull=False).values_list(
+            "deployment_id", "url"
+        )
+    )
 
 
 def _sync_replicas(

@@ -22,6 +22,7 @@ from capacity.models import (
     Incident,
     ServedModel,
 )
+from capacity.publication import publish_after_commit
 from controlplane.audit import all_fields, audit_change, audit_record, snapshot
 from controlplane.errors import DomainError
 
@@ -158,6 +159,7 @@ def degradation_policy_save(
             after=snapshot(policy, POLICY_FIELDS),
         )
     degradation.forget()  # this process's admission cache; others expire in seconds
+    publish_after_commit("degradation policy saved")  # the level's actions may have changed
     return policy, created
 
 

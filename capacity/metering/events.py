@@ -14,6 +14,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictFloat,
     StrictInt,
     model_validator,
 )
@@ -27,6 +28,10 @@ MAX_TTFT_MS = 3_600_000
 TTFT_CLOCK_SLACK_MS = 1_000
 
 TokenCount = Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS)]
+# More than any one request can cost (a whole context on the slowest GPU is far below it):
+# a sender's estimate above it is a bug, refused rather than stored as demand.
+MAX_ESTIMATED_MU = 1_000_000.0
+EstimatedMu = Annotated[StrictFloat, Field(ge=0, le=MAX_ESTIMATED_MU, allow_inf_nan=False)]
 
 
 def _identifier(max_length: int):
@@ -62,6 +67,9 @@ class UsageEventIn(BaseModel):
     # (capacity.metering.ingestion).
     admission_class: Literal["guaranteed", "best_effort", "none"] | None = None
     ttft_ms: Annotated[float, Field(ge=0, le=MAX_TTFT_MS, allow_inf_nan=False)] | None = None
+    # A refused request's estimated MU, as the sender's admission computed it. Stored only for
+    # refused events, and only when the control plane has no admission record of its own.
+    estimated_mu: EstimatedMu | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> "UsageEventIn":

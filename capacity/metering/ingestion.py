@@ -59,6 +59,7 @@ COLUMNS = (
     "self_reported",
     "ttft_ms",
     "mu",
+    "estimated_mu",
     "cost_model_id",
     "ingested_at",
     "rolled_up",
@@ -291,19 +292,19 @@ def _classify(valid, *, reject) -> list:
         if isinstance(decided, str):
             reject(index, [decided])
             continue
-        classified.append((index, event, owner, model, cost_model, decided))
+        classified.append((index, event, owner, model, cost_model, decided, record))
     return classified
 
 
 def _rows(valid, *, deployments, ingested_at, self_reported: bool):
     by_cost_model: dict[int, list[int]] = {}
-    for position, (_, _, _, _, cost_model, _) in enumerate(valid):
+    for position, (_, _, _, _, cost_model, _, _) in enumerate(valid):
         by_cost_model.setdefault(cost_model.pk, []).append(position)
     mu = np.zeros(len(valid))
     for positions in by_cost_model.values():
         cost_model = valid[positions[0]][4]
         mu[positions] = _mu_per_event(cost_model, [valid[p][1] for p in positions])
-    for position, (_, event, owner, model, cost_model, decided) in enumerate(valid):
+    for position, (_, event, owner, model, cost_model, decided, record) in enumerate(valid):
         deployment = deployments.get(event.deployment) if event.deployment else None
         yield (
             event.event_id,
@@ -324,10 +325,21 @@ def _rows(valid, *, deployments, ingested_at, self_reported: bool):
             event.ttft_ms,
             # A refused request never ran: it used nothing.
             0.0 if event.outcome == "refused" else float(mu[position]),
+            _refused_estimate(event, record),
             cost_model.pk,
             ingested_at,
             False,
         )
+
+
+def _refused_estimate(event: UsageEventIn, record: AdmissionRecord | None) -> float | None:
+    """What a refused request would have cost: the control plane's own estimate in its
+    admission record, else the sender's `estimated_mu`; None for a request that ran."""
+    if event.outcome != "refused":
+        return None
+    if record is not None:
+        return float(record.estimated_mu)
+    return event.estimated_mu
 
 
 _MU = COLUMNS.index("mu")

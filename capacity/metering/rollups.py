@@ -42,7 +42,8 @@ WITH picked AS (
                AS best_effort_mu,
            coalesce(sum(e.mu) FILTER (WHERE e.self_reported), 0) AS self_reported_mu,
            coalesce(sum(e.mu) FILTER (WHERE e.verification IN ('unrecorded', 'contradicted')),
-                    0) AS unverified_mu
+                    0) AS unverified_mu,
+           coalesce(sum(e.estimated_mu) FILTER (WHERE e.outcome = 'refused'), 0) AS refused_mu
     FROM capacity_usageevent e
     JOIN touched t USING (customer_id, served_model_id, minute)
     GROUP BY e.customer_id, e.served_model_id, e.minute
@@ -50,10 +51,10 @@ WITH picked AS (
     INSERT INTO capacity_usageminute (
         customer_id, served_model_id, minute, requests, refused_requests,
         guaranteed_refused_requests, input_tokens, cached_input_tokens, output_tokens, mu,
-        guaranteed_mu, best_effort_mu, self_reported_mu, unverified_mu)
+        guaranteed_mu, best_effort_mu, self_reported_mu, unverified_mu, refused_mu)
     SELECT customer_id, served_model_id, minute, requests, refused_requests,
            guaranteed_refused_requests, input_tokens, cached_input_tokens, output_tokens, mu,
-           guaranteed_mu, best_effort_mu, self_reported_mu, unverified_mu
+           guaranteed_mu, best_effort_mu, self_reported_mu, unverified_mu, refused_mu
     FROM totals
     ON CONFLICT (customer_id, served_model_id, minute) DO UPDATE SET
         requests = EXCLUDED.requests,
@@ -66,7 +67,8 @@ WITH picked AS (
         guaranteed_mu = EXCLUDED.guaranteed_mu,
         best_effort_mu = EXCLUDED.best_effort_mu,
         self_reported_mu = EXCLUDED.self_reported_mu,
-        unverified_mu = EXCLUDED.unverified_mu
+        unverified_mu = EXCLUDED.unverified_mu,
+        refused_mu = EXCLUDED.refused_mu
     RETURNING 1
 )
 -- PostgreSQL runs a data-modifying CTE even when nothing reads it.
@@ -89,6 +91,8 @@ _AGGREGATES = {
     "best_effort_mu": Sum("mu", filter=Q(admission_class="best_effort")),
     "self_reported_mu": Sum("mu", filter=Q(self_reported=True)),
     "unverified_mu": Sum("mu", filter=Q(verification__in=("unrecorded", "contradicted"))),
+    # Demand turned away: what the refused requests would have cost (mu is 0 for them).
+    "refused_mu": Sum("estimated_mu", filter=Q(outcome="refused")),
 }
 
 

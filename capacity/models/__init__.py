@@ -3,6 +3,7 @@
 from capacity.models.allocation import ActuatorCircuit, AdmissionAllowance, AllocationDecision
 from capacity.models.catalog import ActuatorKind, Deployment, GpuPool, GpuType, ServedModel
 from capacity.models.cost_models import CostModel
+from capacity.models.entitlements import Entitlement
 from capacity.models.health import (
     DegradationChange,
     DegradationPolicy,
@@ -37,6 +38,7 @@ __all__ = [
     "DegradationPolicy",
     "DegradationState",
     "DeploymentFingerprint",
+    "Entitlement",
     "FallbackAdmission",
     "Incident",
     "IncidentStep",

@@ -151,6 +151,15 @@ class Deployment(models.Model):
     benchmark_nightly = models.BooleanField(
         default=False, help_text="Benchmark this deployment every night (setup_periodic_tasks)."
     )
+    # vLLM answers 400 to any non-zero `priority` unless started with `--scheduling-policy
+    # priority`, and its default is fcfs: so probes and gateways send `priority` only when set.
+    priority_scheduling = models.BooleanField(
+        default=False,
+        help_text=(
+            "The engines run vLLM's --scheduling-policy priority: probes and gateways send "
+            "`priority` to them (vLLM refuses it otherwise)."
+        ),
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

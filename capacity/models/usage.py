@@ -68,6 +68,10 @@ class UsageEvent(models.Model):
     self_reported = models.BooleanField(default=False, db_default=False)
     ttft_ms = models.FloatField(null=True, blank=True)
     mu = models.FloatField()
+    # A refused request used nothing (mu is 0) but was demand: what it would have cost, from
+    # its admission record (the control plane's own estimate), else from the sender's
+    # `estimated_mu`. Null for requests that ran.
+    estimated_mu = models.FloatField(null=True, blank=True)
     cost_model = models.ForeignKey(CostModel, on_delete=models.PROTECT, related_name="+")
     ingested_at = models.DateTimeField()
     rolled_up = models.BooleanField(default=False)
@@ -119,6 +123,8 @@ class UsageMinute(models.Model):
     # the invoice shows both beside the best-effort charge.
     self_reported_mu = models.FloatField(default=0.0, db_default=0.0)
     unverified_mu = models.FloatField(default=0.0, db_default=0.0)
+    # The estimated MU of the minute's refused requests: demand that was turned away.
+    refused_mu = models.FloatField(default=0.0, db_default=0.0)
 
     class Meta:
         constraints = [

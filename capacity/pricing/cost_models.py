@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from capacity.models import CostModel, GpuType, ServedModel
 from capacity.pricing.features import REPLICA_MU_PER_MINUTE
+from capacity.publication import publish_after_commit
 from controlplane.audit import audit_record
 from controlplane.errors import ConflictError, DomainError
 
@@ -110,6 +111,7 @@ def cost_model_activate(
         after={"status": cost_model.status, "cv_mape": cost_model.cv_mape},
         reason=reason,
     )
+    publish_after_commit("cost model activated")  # gateways estimate MU with its weights
     return cost_model
 
 
@@ -129,6 +131,7 @@ def cost_model_retire(*, cost_model: CostModel, actor: str | None = None) -> Cos
         before=before,
         after={"status": cost_model.status},
     )
+    publish_after_commit("cost model retired")
     return cost_model
 
 

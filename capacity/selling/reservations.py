@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from accounts.models import Customer
 from capacity.models import Reservation, ReservationChange, ServedModel
+from capacity.selling.entitlements import entitlement_grant
 from capacity.selling.sellable import model_capacity
 from controlplane.audit import audit_record, current_actor, in_request
 from controlplane.errors import ConflictError, DomainError
@@ -183,6 +184,9 @@ def reservation_create(
         },
         actor,
     )
+    # Capacity sold for a model the customer's keys could not use would be refused at every
+    # gateway: a sale entitles the customer to the model (withdrawn only by hand).
+    entitlement_grant(customer=customer, served_model=served_model, actor=actor)
     return reservation
 
 

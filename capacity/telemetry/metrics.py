@@ -51,3 +51,8 @@ DEGRADATION_LEVEL_CHANGES = Counter(
     "Degradation level changes, by direction.",
     ["direction"],
 )
+GATEWAY_PUBLICATIONS = Counter(
+    "controlplane_gateway_publications",
+    "Publications of the gateway documents to Redis (capacity.publication), by result.",
+    ["result"],
+)

@@ -106,7 +106,9 @@ class BackgroundEmulator:
 
     async def _setup(self) -> None:
         self._app = create_app(self.config, crash=self._crash)
-        self._runner = web.AppRunner(self._app, access_log=None, shutdown_timeout=1.0)
+        self._runner = web.AppRunner(
+            self._app, access_log=None, shutdown_timeout=1.0, handler_cancellation=True
+        )
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port, backlog=4096)
         await site.start()

@@ -14,7 +14,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--scheduling-policy",
         choices=SCHEDULING_POLICIES,
         default=None,
-        help="vLLM's --scheduling-policy for every model (default: the config's, else fcfs).",
+        help="vLLM's --scheduling-policy for every model (default: the config's, else fcfs, "
+        "vLLM's default). Under fcfs a request with a non-zero priority gets vLLM's 400.",
     )
     parser.add_argument(
         "--priority-preemption",

@@ -292,7 +292,8 @@ class Replica:
 
     def _enqueue(self, seq: Sequence) -> None:
         seq.state = WAITING
-        # fcfs ignores `priority`, as vLLM does; a preempted sequence keeps its arrival order.
+        # fcfs ignores `priority` (a non-zero one is refused at the door, as by vLLM); a
+        # preempted sequence keeps its arrival order.
         key = seq.priority if self._priority_policy else 0
         heapq.heappush(self._waiting, (key, seq.order, seq))
         self._waiting_count += 1

@@ -17,7 +17,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
-from .config import MAX_REPLICAS, EmulatorConfig
+from .config import MAX_REPLICAS, PRIORITY, EmulatorConfig
 from .engine import Listener, Sequence
 from .faults import CRASH, FaultError, exit_process, parse_fault
 from .fleet import Fleet, ModelFleet, ModelStatus
@@ -141,6 +141,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def _generate(request: web.Request, gen: GenerationRequest) -> web.StreamResponse:
     model_fleet = _model_fleet(request, gen.model)
+    if gen.priority != 0 and model_fleet.model.scheduling_policy != PRIORITY:
+        # vLLM's engine raises ValueError with this text (InputProcessor / AsyncLLM), which its
+        # OpenAI server answers as a 400 BadRequestError without a param.
+        raise RequestError(
+            f"Got priority {gen.priority} but Priority scheduling is not enabled.", status=400
+        )
     prompts, max_tokens = prepare_prompts(gen, model_fleet.model)
     listener = Listener(streaming=gen.stream)
     request_id = ("chatcmpl-" if gen.kind == CHAT else "cmpl-") + uuid.uuid4().hex
@@ -445,4 +451,7 @@ def run(
         backlog=4096,
         shutdown_timeout=2.0,
         print=None,
+        # As vLLM's server does (`with_cancellation`): a client that leaves aborts its request,
+        # non-streamed ones too (a stream notices on its next write).
+        handler_cancellation=True,
     )

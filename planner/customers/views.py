@@ -28,6 +28,7 @@ from capacity.metering.selectors import (
 )
 from capacity.metering.utilisation import customer_utilisation
 from capacity.models import Reservation
+from capacity.selling.entitlements import entitled_model_names
 from capacity.selling.reservations import reservation_amend, reservation_cancel, reservation_create
 from capacity.selling.selectors import (
     reservation_ids_of_customer,
@@ -158,6 +159,7 @@ def detail_context(request, customer, **extra):
     )
     context = {
         "customer": customer,
+        "entitled_models": entitled_model_names(customer),
         "models": models_used,
         "model": chosen,
         "range": range_name,

@@ -27,11 +27,19 @@ def submodules(package) -> list[str]:
     [
         ["dataplane.emulator"],
         ["dataplane.supervisor"],
+        ["dataplane.gateway", "dataplane.gateway.server", "dataplane.gateway.runner"],
         ["simulation.engine"],
         submodules(dataplane),
         submodules(simulation.engine),
     ],
-    ids=["emulator", "supervisor", "simulation.engine", "dataplane.*", "simulation.engine.*"],
+    ids=[
+        "emulator",
+        "supervisor",
+        "gateway",
+        "simulation.engine",
+        "dataplane.*",
+        "simulation.engine.*",
+    ],
 )
 def test_importing_it_leaves_django_out(modules):
     code = "\n".join(
@@ -55,5 +63,6 @@ def test_importing_it_leaves_django_out(modules):
 def test_the_walk_finds_every_module():
     assert "dataplane.supervisor.server" in submodules(dataplane)
     assert "dataplane.emulator.server" in submodules(dataplane)
+    assert "dataplane.gateway.server" in submodules(dataplane)
     assert "simulation.engine.modelunit" in submodules(simulation.engine)
     assert "simulation.engine.profile" in submodules(simulation.engine)

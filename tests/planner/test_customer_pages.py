@@ -240,3 +240,15 @@ def test_a_new_key_is_shown_once_and_kept_hashed(planner_client, acme):
     assert b"revoked" in response.content
     key.refresh_from_db()
     assert key.revoked_at is not None
+
+
+def test_the_customer_page_says_which_models_its_keys_may_use(planner_client, acme, served_model):
+    from capacity.selling.entitlements import entitlements_set
+
+    page = planner_client.get("/planner/customers/acme/")
+    assert b"Models its keys may use:\n  <strong>none</strong>" in page.content
+
+    entitlements_set(customer=acme, served_models=[served_model], actor="test")
+
+    page = planner_client.get("/planner/customers/acme/")
+    assert b"<strong>llama-8b</strong>" in page.content

@@ -30,6 +30,7 @@ from capacity.models import (
     Reservation,
     ServedModel,
 )
+from capacity.selling.entitlements import entitlements_set
 from capacity.selling.reservations import reservation_create
 
 DEMO_KEY_NAME = "demo key (seed_demo)"
@@ -158,6 +159,8 @@ class Command(BaseCommand):
                 self.stderr.write(f"The demo webhook deployment is refused: {problem}")
             Deployment.objects.filter(name="llama-8b-h100").update(
                 endpoint_url=emulator_url,
+                # scripts/run.sh starts the emulator with --scheduling-policy priority.
+                priority_scheduling=True,
                 actuator_kind=ActuatorKind.WEBHOOK,
                 actuator_config=config,
                 actuator_config_problem=problem,
@@ -195,8 +198,17 @@ class Command(BaseCommand):
             customer, _ = Customer.objects.update_or_create(
                 slug=slug, defaults={"name": name, "tier": tier}
             )
-            created = api_key_create(name=DEMO_KEY_NAME, customer=customer)
+            # With `admission`, so the key works at the gateway (which asks admission for it).
+            created = api_key_create(
+                name=DEMO_KEY_NAME, customer=customer, scopes=[S.READ, S.WRITE, S.ADMISSION]
+            )
             self.stdout.write(f"Customer {slug:<8} key: {created.plaintext}")
+            # The demo customers may use every demo model through the gateway.
+            entitlements_set(
+                customer=customer,
+                served_models=[models[name] for name, *_ in MODELS],
+                actor="system:seed_demo",
+            )
         gateway = api_key_create(
             name=DEMO_KEY_NAME,
             service_name="demo-gateway",

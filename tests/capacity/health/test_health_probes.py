@@ -66,6 +66,7 @@ def process_deployment(
     )
     deployment.min_replicas = 2
     deployment.max_replicas = 3
+    deployment.priority_scheduling = True  # the engines run `--scheduling-policy priority`
     deployment.save()
     # The tick starts two replicas through the supervisor.
     tick = allocation_tick()
@@ -279,3 +280,30 @@ def test_wrong_output_is_unhealthy_even_though_it_answers_fast(process_deploymen
 
 def http_port_of(deployment, index: int) -> int:
     return deployment.actuator_config["base_port"] + index
+
+
+@pytest.mark.parametrize("priority_scheduling", [False, True])
+def test_probes_send_priority_only_to_deployments_with_priority_scheduling(
+    sellable, served_model, tmp_path, fast_probes, priority_scheduling
+):
+    from tests.dataplane.supervisor.support import TINY_MODEL
+    from tests.support.processes import emulator_process
+
+    served_model.engine_model_id = "tiny"
+    served_model.save()
+    deployment = served_model.deployments.get()
+    deployment.priority_scheduling = priority_scheduling
+    deployment.current_replicas = 1
+    # An engine started as vLLM starts by default: fcfs, which refuses a non-zero priority.
+    with emulator_process({"models": [TINY_MODEL]}, tmp_path) as url:
+        deployment.endpoint_url = url
+        deployment.save()
+        result = probe_round()
+
+    (probe,) = ProbeResult.objects.filter(replica__deployment=deployment)
+    if priority_scheduling:
+        # The deployment says its engine has priority scheduling, and it has not: vLLM's 400.
+        assert (result.failed, probe.outcome) == (1, "error")
+        assert "Priority scheduling is not enabled" in probe.detail
+    else:
+        assert (result.probed, result.failed, probe.outcome) == (1, 0, "ok")

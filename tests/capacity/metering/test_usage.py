@@ -249,6 +249,37 @@ def test_a_refused_request_costs_nothing(usage_client, sellable):
     assert UsageEvent.objects.get(event_id="r").mu == 0
 
 
+def test_without_an_admission_record_a_refused_event_keeps_the_senders_estimate(
+    gateway, acme, sellable
+):
+    batch = [
+        event(event_id="refused", customer="acme", outcome="refused", estimated_mu=2.5),
+        # A request that ran is priced by what it used; an estimate sent with it is ignored.
+        event(event_id="ran", customer="acme", estimated_mu=2.5),
+        event(event_id="silent", customer="acme", outcome="refused"),
+    ]
+    response = gateway.post(URL, {"events": batch}, format="json")
+
+    assert response.status_code == 200, response.json()
+    stored = {e.event_id: e for e in UsageEvent.objects.all()}
+    assert (stored["refused"].mu, stored["refused"].estimated_mu) == (0, 2.5)
+    assert stored["ran"].estimated_mu is None and stored["ran"].mu > 0
+    assert stored["silent"].estimated_mu is None
+    usage_rollup()
+    (minute,) = UsageMinute.objects.all()
+    assert (minute.refused_requests, minute.refused_mu) == (2, 2.5)
+
+
+@pytest.mark.parametrize("estimate", [-1, 1e7, "NaN", "3"])
+def test_an_out_of_bounds_estimate_is_refused_naming_the_field(gateway, acme, sellable, estimate):
+    bad = event(customer="acme", outcome="refused", estimated_mu=estimate)
+    response = gateway.post(URL, {"events": [bad]}, format="json")
+
+    assert response.status_code == 400
+    assert "estimated_mu" in json.dumps(response.json())
+    assert not UsageEvent.objects.exists()
+
+
 def test_rollups_equal_a_direct_aggregation_after_late_events(usage_client, sellable):
     base = timezone.now().replace(second=0, microsecond=0) - timedelta(minutes=30)
     batch = []
@@ -262,6 +293,7 @@ def test_rollups_equal_a_direct_aggregation_after_late_events(usage_client, sell
                 output_tokens=index % 50,
                 admission_class=["guaranteed", "best_effort", "none"][index % 3],
                 outcome="refused" if index % 17 == 0 else "completed",
+                estimated_mu=index / 10,
             )
         )
     usage_client.post(URL, {"events": batch[:200]}, format="json")
@@ -283,6 +315,7 @@ def test_rollups_equal_a_direct_aggregation_after_late_events(usage_client, sell
         assert row.output_tokens == expected["output_tokens"]
         assert row.mu == pytest.approx(expected["mu"])
         assert row.best_effort_mu == pytest.approx(expected["best_effort_mu"] or 0)
+        assert row.refused_mu == pytest.approx(expected["refused_mu"] or 0)
     assert not UsageEvent.objects.filter(rolled_up=False).exists()
 
 

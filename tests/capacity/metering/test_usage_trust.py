@@ -261,3 +261,22 @@ def test_a_customer_reports_its_own_usage_only_when_a_planner_allows_it(
     refused = post(own, event("mine-2", customer=None))
     assert refused.status_code == 403
     assert refused.json()["error"]["code"] == "usage_self_report_not_allowed"
+
+
+def test_a_refused_event_keeps_the_control_planes_estimate_not_the_senders(
+    sellable, served_model, acme, gateway
+):
+    limits(acme, served_model, 0.0, 0.0)  # nothing may run: admission refuses
+    refusal = ask(acme, served_model, request_id="turned-away", **SMALL)
+    assert refusal.admission_class == "refused"
+
+    # The sender claims a huge estimate; the admission record's own one is kept.
+    answer = post(gateway, event("turned-away", outcome="refused", estimated_mu=999.0))
+    assert answer.status_code == 200, answer.json()
+    stored = UsageEvent.objects.get(event_id="turned-away")
+    assert stored.mu == 0  # it used nothing, and is billed nothing
+    assert stored.estimated_mu == pytest.approx(refusal.estimated_mu)
+    usage_rollup()
+    minute = UsageMinute.objects.get(customer=acme)
+    assert (minute.refused_requests, minute.mu) == (1, 0)
+    assert minute.refused_mu == pytest.approx(refusal.estimated_mu)

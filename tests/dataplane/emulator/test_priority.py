@@ -28,8 +28,8 @@ CONFIG = {"models": [model(max_num_seqs=4, decode_step_base_seconds=0.005)]}
 SLACK_SECONDS = 0.2
 
 
-def _saturate_then_probe(http, url):
-    low = start_streams(url, [LOW] * 8)
+def _saturate_then_probe(http, url, low_request=LOW):
+    low = start_streams(url, [low_request] * 8)
     wait_for_samples(
         http,
         url,
@@ -55,10 +55,12 @@ def _preemptions(samples) -> float:
 
 
 def test_under_fcfs_the_probe_waits_behind_everything(tmp_path, http):
+    # As vLLM under fcfs, the emulator refuses a non-zero priority, so the traffic sends none.
+    unprioritised = {key: value for key, value in LOW.items() if key != "priority"}
     with emulator_process(CONFIG, tmp_path) as url:
-        probe, _first, waited, samples = _saturate_then_probe(http, url)
+        probe, _first, waited, samples = _saturate_then_probe(http, url, unprioritised)
 
-    # priority is ignored: the probe came last, so it waits for a slot after the four
+    # Arrival order only: the probe came last, so it waits for a slot after the four
     # waiting requests took theirs, i.e. for one of them to finish (~2 s in).
     # (Clients read their streams on different threads: allow for a late read, not a second.)
     assert probe.token_seconds[0] > min(r.token_seconds[-1] for r in waited) - SLACK_SECONDS

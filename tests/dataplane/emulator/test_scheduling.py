@@ -191,3 +191,27 @@ def test_a_burst_of_prompts_is_prefilled_a_token_budget_at_a_time(start_emulator
     ttfts = sorted(r.ttft_seconds for r in results)
     assert ttfts[1] < 0.7  # the first wave: one 0.4 s step
     assert ttfts[-1] > 1.0  # the last wave waits for the two before it
+
+
+@pytest.mark.parametrize("priority", [-1, 5])
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_without_the_priority_policy_a_non_zero_priority_gets_vllms_400(
+    start_emulator, http, path, priority
+):
+    emulator = start_emulator(config(model()))
+    body = {"model": "tiny", "max_tokens": 2, "priority": priority, "stream": True}
+    body |= {"messages": [{"role": "user", "content": "x"}]} if "chat" in path else {"prompt": "x"}
+
+    response = http.post(f"{emulator.url}{path}", json=body)
+
+    assert response.status_code == 400
+    assert response.json() == {
+        "error": {
+            "message": f"Got priority {priority} but Priority scheduling is not enabled.",
+            "type": "BadRequestError",
+            "param": None,
+            "code": 400,
+        }
+    }
+    # Priority 0 is everyone's default, so it is accepted under fcfs, as by vLLM.
+    assert http.post(f"{emulator.url}{path}", json=body | {"priority": 0}).status_code == 200

@@ -1,0 +1,140 @@
+"""The gateway documents, built from the database (docs/gateway-contract.md).
+
+Each function returns one Redis hash as {field: JSON-ready value}. Reads only; `publish.py`
+writes them.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db.models import Q
+
+from accounts.models import ApiKey, Customer
+from capacity.admission.gate import output_cap_tokens
+from capacity.health.degradation import current as current_degradation
+from capacity.health.degradation import forget as forget_degradation
+from capacity.models import CostModel, Entitlement, Replica, ServedModel
+
+
+def _seconds(moment: datetime | None) -> float | None:
+    return moment.timestamp() if moment is not None else None
+
+
+def key_documents(*, now: datetime) -> dict[str, dict]:
+    """Every usable key, and those revoked or expired within PUBLICATION_REVOKED_KEYS_SECONDS
+    (kept with `revoked: true` / their `expires_at`, so that a gateway that missed the
+    publication which revoked a key still refuses it)."""
+    horizon = now - timedelta(seconds=settings.PUBLICATION_REVOKED_KEYS_SECONDS)
+    keys = (
+        ApiKey.objects.filter(Q(revoked_at__isnull=True) | Q(revoked_at__gte=horizon))
+        .filter(Q(expires_at__isnull=True) | Q(expires_at__gte=horizon))
+        .select_related("customer")
+        .order_by("prefix")
+    )
+    return {
+        key.prefix: {
+            "secret_sha256": key.secret_sha256,
+            "kind": "customer" if key.customer_id is not None else "service",
+            "customer_id": key.customer_id,
+            "customer": key.customer.slug if key.customer is not None else None,
+            "scopes": list(key.scopes),
+            "expires_at": _seconds(key.expires_at),
+            "revoked": key.revoked_at is not None,
+        }
+        for key in keys
+    }
+
+
+def _published_cost_model(served_model: ServedModel, by_model: dict) -> dict | None:
+    # The model's currency is its reference GPU's cost model (DESIGN §1): active, else the
+    # newest candidate, as admission and ingestion price with (pricing_cost_model).
+    cost_model = by_model.get(served_model.pk)
+    if cost_model is None:
+        return None
+    return {
+        "version": cost_model.version,
+        "weights_replica_seconds": dict(cost_model.weights_replica_seconds),
+        "replica_mu_per_minute": cost_model.replica_mu_per_minute,
+    }
+
+
+def _pricing_cost_models(served_models: list[ServedModel]) -> dict[int, CostModel]:
+    """Per model: the active reference cost model, else the newest candidate; one query."""
+    chosen: dict[int, CostModel] = {}
+    rank = {CostModel.Status.ACTIVE: 0, CostModel.Status.CANDIDATE: 1}
+    reference = {m.pk: m.reference_gpu_type_id for m in served_models}
+    rows = CostModel.objects.filter(
+        served_model_id__in=list(reference),
+        status__in=list(rank),
+    ).order_by("served_model_id", "gpus_per_replica", "-version")
+    for row in rows:
+        if row.gpu_type_id != reference[row.served_model_id]:
+            continue
+        held = chosen.get(row.served_model_id)
+        if held is None or rank[row.status] < rank[held.status]:
+            chosen[row.served_model_id] = row
+    return chosen
+
+
+def model_documents() -> dict[str, dict]:
+    """Every served model: its currency, admission's output cap, its degradation, and its
+    ready replicas (healthy and answering their last probe, capacity.health.probes)."""
+    served_models = list(ServedModel.objects.order_by("name"))
+    cost_models = _pricing_cost_models(served_models)
+    replicas: dict[int, list[dict]] = defaultdict(list)
+    ready = (
+        Replica.objects.filter(state=Replica.State.HEALTHY, last_ok_at__isnull=False)
+        .select_related("deployment__gpu_pool__gpu_type")
+        .order_by("deployment__name", "key")
+    )
+    for replica in ready:
+        deployment = replica.deployment
+        replicas[deployment.served_model_id].append(
+            {
+                "endpoint": replica.url,
+                "deployment": deployment.name,
+                "gpu_type": deployment.gpu_pool.gpu_type.name,
+                "priority_scheduling": deployment.priority_scheduling,
+            }
+        )
+    # Degradation is cached for admission (a 2 s window); a publication must say what is
+    # stored now, since it is made right after a level changes.
+    forget_degradation()
+    documents = {}
+    for served_model in served_models:
+        degradation = current_degradation(served_model.pk)
+        documents[served_model.name] = {
+            "model_id": served_model.pk,
+            "engine_model_id": served_model.engine_model_id,
+            "context_length_tokens": served_model.context_length_tokens,
+            "cost_model": _published_cost_model(served_model, cost_models),
+            "output_cap_tokens": output_cap_tokens(served_model.pk),
+            "bytes_per_token": settings.PUBLICATION_BYTES_PER_TOKEN,
+            "degradation": {
+                "level": degradation.level,
+                "refuse_best_effort": degradation.refuse_best_effort,
+                "max_tokens_cap": degradation.max_tokens_cap,
+                "fallback_model": degradation.fallback_model,
+            },
+            "replicas": replicas.get(served_model.pk, []),
+        }
+    return documents
+
+
+def customer_documents() -> dict[str, int]:
+    """Customer slug → id, for a service key that names the customer it acts for."""
+    return dict(Customer.objects.order_by("pk").values_list("slug", "pk"))
+
+
+def entitlement_documents() -> dict[str, list[str]]:
+    """Customer id (decimal text) → the names of the models its keys may use."""
+    documents: dict[str, list[str]] = defaultdict(list)
+    rows = Entitlement.objects.order_by("customer_id", "served_model__name").values_list(
+        "customer_id", "served_model__name"
+    )
+    for customer_id, model_name in rows:
+        documents[str(customer_id)].append(model_name)
+    return dict(documents)

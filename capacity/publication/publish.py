@@ -1,0 +1,89 @@
+"""Write the gateway documents to Redis, whole, in one transaction (docs/gateway-contract.md).
+
+Publishers are the allocation tick and after-commit hooks in web and worker processes, so two
+may run at once. Each holds a short Redis lock from reading the database to writing Redis:
+a publisher that read before a key was revoked can then never overwrite the publication made
+after the revocation. Any failure is logged and counted, never raised: the callers are ticks
+and writes that already committed, and the next tick publishes again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import redis
+from django.conf import settings
+from django.utils import timezone
+
+from capacity.admission.gate import buckets
+from capacity.publication.documents import (
+    customer_documents,
+    entitlement_documents,
+    key_documents,
+    model_documents,
+)
+from capacity.telemetry import metrics
+
+logger = logging.getLogger(__name__)
+
+KEYS = "gw:v1:keys"
+MODELS = "gw:v1:models"
+ENTITLEMENTS = "gw:v1:entitlements"
+META = "gw:v1:meta"
+CUSTOMERS = "gw:v1:customers"
+LOCK = "controlplane:gateway-publication"
+LOCK_TIMEOUT_SECONDS = 30  # a crashed publisher's lock frees itself after this
+LOCK_WAIT_SECONDS = 5.0
+
+
+def publish_gateway_state(*, reason: str) -> int | None:
+    """Publish all four documents; the new `gw:v1:meta` version, or None if it failed."""
+    try:
+        client = buckets().client
+        with client.lock(LOCK, timeout=LOCK_TIMEOUT_SECONDS, blocking_timeout=LOCK_WAIT_SECONDS):
+            now = timezone.now()
+            documents = {
+                KEYS: key_documents(now=now),
+                MODELS: model_documents(),
+                ENTITLEMENTS: entitlement_documents(),
+                CUSTOMERS: customer_documents(),
+            }
+            pipe = client.pipeline(transaction=True)
+            for key, fields in documents.items():
+                pipe.delete(key)
+                if fields:
+                    pipe.hset(
+                        key,
+                        mapping={
+                            name: json.dumps(value, separators=(",", ":"))
+                            for name, value in fields.items()
+                        },
+                    )
+            # The admission parameters the buckets' Lua scripts take: a gateway uses the control
+            # plane's, so its decisions and the API's are the same rule with the same burst.
+            pipe.hset(
+                META,
+                mapping={
+                    "admission_burst_seconds": repr(float(settings.ADMISSION_BURST_SECONDS)),
+                    "admission_limits_ttl_seconds": repr(
+                        float(settings.ADMISSION_LIMITS_TTL_SECONDS)
+                    ),
+                    "admission_record_ttl_seconds": str(int(settings.ADMISSION_RECORD_TTL_SECONDS)),
+                },
+            )
+            pipe.hincrby(META, "version", 1)
+            pipe.hset(META, "published_at", repr(time.time()))
+            version = int(pipe.execute()[-2])
+    except redis.RedisError as error:
+        metrics.GATEWAY_PUBLICATIONS.labels(result="failed").inc()
+        logger.warning("publication (%s): Redis error, gateways keep their copy: %s", reason, error)
+        return None
+    except Exception:  # noqa: BLE001 - a committed write or a tick must never fail here
+        metrics.GATEWAY_PUBLICATIONS.labels(result="failed").inc()
+        logger.exception("publication (%s) failed", reason)
+        return None
+    metrics.GATEWAY_PUBLICATIONS.labels(result="ok").inc()
+    logger.debug("publication (%s): version %s", reason, version)
+    return version

@@ -1,0 +1,68 @@
+"""The gateway's Prometheus metrics (`/metrics`).
+
+With several worker processes, prometheus_client's multiprocess mode sums them
+(`PROMETHEUS_MULTIPROC_DIR`, set by `python -m dataplane.gateway` before a worker starts).
+"""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client import multiprocess as _multiprocess
+
+REQUESTS = Counter(
+    "gateway_requests_total",
+    "Requests by outcome (completed, cancelled, error, refused, rejected: a 4xx before "
+    "admission) and admission class.",
+    ["outcome", "admission_class"],
+)
+TTFT = Histogram(
+    "gateway_time_to_first_token_seconds",
+    "From the request's arrival to the first byte of the engine's answer reaching the client.",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+OVERHEAD = Histogram(
+    "gateway_overhead_seconds",
+    "Time the gateway adds before the engine sees the request: parsing, authentication, "
+    "admission (one Redis round trip), routing.",
+    buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1),
+)
+INFLIGHT_MU = Gauge(
+    "gateway_inflight_mu",
+    "Estimated MU of the requests in flight, per replica (endpoint).",
+    ["replica"],
+    multiprocess_mode="livesum",
+)
+RETRIES = Counter("gateway_retries_total", "Requests retried on another replica.")
+USAGE_POSTED = Counter(
+    "gateway_usage_events_total",
+    "Usage events by where they went: accepted, duplicate, rejected, spooled.",
+    ["result"],
+)
+CONTRACT_VERSION = Gauge(
+    "gateway_contract_version",
+    "The version of the contract this worker serves from.",
+    multiprocess_mode="max",
+)
+WAITING = Gauge(
+    "gateway_waiting_requests",
+    "Requests held for a model without a ready replica.",
+    multiprocess_mode="livesum",
+)
+
+
+def exposition() -> tuple[bytes, str]:
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if directory:
+        registry = CollectorRegistry()
+        _multiprocess.MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
+        return generate_latest(registry), CONTENT_TYPE_LATEST
+    return generate_latest(), CONTENT_TYPE_LATEST

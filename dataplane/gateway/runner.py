@@ -1,0 +1,111 @@
+"""Starting the gateway: GATEWAY_WORKERS processes, each with one asyncio event loop, all
+listening on the same port with SO_REUSEPORT (the kernel spreads connections over them).
+uvloop is used when it is installed.
+
+With more than one worker, prometheus_client's multiprocess mode (PROMETHEUS_MULTIPROC_DIR,
+a private temporary directory unless set) makes `/metrics` report the sum of the workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from types import FrameType
+
+from .settings import Settings, SettingsError
+
+log = logging.getLogger("dataplane.gateway")
+
+
+def serve(settings: Settings) -> None:
+    """One worker: one event loop serving the app until SIGTERM/SIGINT."""
+    from aiohttp import web
+
+    from .server import create_app
+
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        import uvloop  # type: ignore[import-not-found]
+    except ImportError:
+        pass
+    else:
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    web.run_app(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        reuse_port=True,
+        handler_cancellation=True,  # a client that leaves cancels its request upstream
+        access_log=None,
+        print=None,
+        shutdown_timeout=5.0,
+    )
+
+
+def _worker(settings: Settings) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop
+    serve(settings)
+
+
+def main() -> int:
+    try:
+        settings = Settings.from_env()
+    except SettingsError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    base_url = f"http://{settings.host}:{settings.port}"
+    if settings.workers == 1:
+        print(f"Gateway serving on {base_url} (1 worker)", flush=True)
+        serve(settings)
+        return 0
+    own_dir = None
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        own_dir = tempfile.mkdtemp(prefix="gateway-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = own_dir
+    context = multiprocessing.get_context("spawn")
+    workers = [
+        context.Process(target=_worker, args=(settings,), name=f"gateway-{i}", daemon=False)
+        for i in range(settings.workers)
+    ]
+    for worker in workers:
+        worker.start()
+    print(f"Gateway serving on {base_url} ({settings.workers} workers)", flush=True)
+    stopping = False
+
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+        for worker in workers:
+            if worker.is_alive() and worker.pid is not None:
+                os.kill(worker.pid, signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    status = 0
+    try:
+        # If one worker dies, stop them all: a supervisor restarts the gateway whole.
+        while not stopping:
+            for worker in workers:
+                worker.join(timeout=0.5)
+                if worker.exitcode is not None and not stopping:
+                    log.error("gateway worker %s exited (%s)", worker.name, worker.exitcode)
+                    status = 1
+                    stop(signal.SIGTERM, None)
+                    break
+        for worker in workers:
+            worker.join(timeout=10)
+            if worker.is_alive():
+                worker.kill()
+    finally:
+        if own_dir:
+            shutil.rmtree(own_dir, ignore_errors=True)
+    return status

@@ -1,0 +1,806 @@
+"""The gateway's HTTP side: an aiohttp application (one event loop per worker process).
+
+Per request: authenticate locally, check the body, estimate MU, admit in one Redis round
+trip (`capacity.admission.redis_buckets.Buckets.admit`), route to the ready replica with the
+least outstanding MU, forward (SSE passed through), and leave exactly one usage event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import random
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+import redis
+import redis.asyncio as aioredis
+from aiohttp import web
+from redis.exceptions import RedisError
+
+from capacity.admission.redis_buckets import BEST_EFFORT, GUARANTEED, REFUSED, Buckets
+
+from .auth import Caller, authenticate, may_use
+from .contract import WAITING, Contract, ContractReader, Model, Replica
+from .errors import GatewayError
+from .estimate import (
+    CHAT,
+    COMPLETION,
+    Body,
+    estimate_mu,
+    input_tokens_of,
+    output_tokens_of,
+    parse_body,
+)
+from .metrics import (
+    CONTRACT_VERSION,
+    INFLIGHT_MU,
+    OVERHEAD,
+    REQUESTS,
+    RETRIES,
+    TTFT,
+    exposition,
+)
+from .metrics import (
+    WAITING as WAITING_GAUGE,
+)
+from .routing import Router
+from .settings import Settings
+from .usage import UsageSink
+
+log = logging.getLogger("dataplane.gateway")
+
+# vLLM's priority: lower is served first. Forwarded only to engines with priority scheduling.
+PRIORITY = {GUARANTEED: 0, BEST_EFFORT: 1}
+
+GATEWAY_KEY: web.AppKey[Gateway] = web.AppKey("gateway")
+
+# Waiting demand for a model at zero, kept consistent across workers and gateways by one script.
+# KEYS[1] gw:v1:waiting; ARGV: model, requests delta, MU delta, now
+_WAITING_LUA = """
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+local now = tonumber(ARGV[4])
+local w
+if raw then w = cjson.decode(raw) else w = {requests = 0, mu = 0, since = now} end
+w.requests = w.requests + tonumber(ARGV[2])
+w.mu = w.mu + tonumber(ARGV[3])
+if w.requests <= 0 then
+  redis.call('HDEL', KEYS[1], ARGV[1])
+  return 0
+end
+if w.mu < 0 then w.mu = 0 end
+w.updated_at = now
+redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(w))
+return w.requests
+"""
+
+
+class Retry(Exception):  # noqa: N818 - a signal, not a failure the client sees
+    """An attempt failed before the client got a byte: another replica may take it."""
+
+    def __init__(self, reason: str, status: int = 502, body: bytes = b""):
+        super().__init__(reason)
+        self.status = status
+        self.body = body
+
+
+@dataclass
+class Usage:
+    """What becomes the request's one usage event."""
+
+    request_id: str
+    customer: str
+    model: str
+    started_at: float
+    input_tokens: int
+    estimated_mu: float
+    admission_class: str | None = None
+    outcome: str = "error"
+    deployment: str | None = None
+    cached_input_tokens: int = 0
+    output_tokens: int = 0
+    ttft_ms: float | None = None
+    engine_usage: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def take_engine_usage(self, usage: Any) -> None:
+        if not isinstance(usage, dict):
+            return
+        prompt = usage.get("prompt_tokens")
+        completion = usage.get("completion_tokens")
+        if isinstance(prompt, int) and isinstance(completion, int):
+            self.input_tokens = prompt
+            self.output_tokens = completion
+            details = usage.get("prompt_tokens_details") or {}
+            cached = details.get("cached_tokens") if isinstance(details, dict) else None
+            self.cached_input_tokens = cached if isinstance(cached, int) else 0
+            self.engine_usage = True
+
+    def event(self, finished_at: float) -> dict[str, Any]:
+        event: dict[str, Any] = {
+            "event_id": self.request_id,
+            "customer": self.customer,
+            "model": self.model,
+            "started_at": _iso(self.started_at),
+            "finished_at": _iso(max(finished_at, self.started_at)),
+            "input_tokens": max(0, self.input_tokens),
+            "cached_input_tokens": min(max(0, self.cached_input_tokens), self.input_tokens),
+            "output_tokens": max(0, self.output_tokens),
+            "outcome": self.outcome,
+        }
+        if self.deployment:
+            event["deployment"] = self.deployment
+        if self.admission_class in (GUARANTEED, BEST_EFFORT):
+            event["admission_class"] = self.admission_class
+        if self.ttft_ms is not None:
+            event["ttft_ms"] = round(self.ttft_ms, 3)
+        if self.outcome == "refused":
+            event["estimated_mu"] = self.estimated_mu
+        return event
+
+
+def _iso(moment: float) -> str:
+    return datetime.fromtimestamp(moment, tz=UTC).isoformat()
+
+
+class Gateway:
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.redis = aioredis.Redis.from_url(
+            settings.redis_url,
+            socket_timeout=settings.redis_timeout_seconds * 4,
+            socket_connect_timeout=settings.redis_timeout_seconds * 4,
+        )
+        self.reader = ContractReader(self.redis, refresh_seconds=settings.refresh_seconds)
+        # Admission: the control plane's own Lua scripts, on a synchronous client (one round
+        # trip of a fraction of a millisecond, cheaper inline than a thread hop).
+        self.buckets = Buckets(
+            redis.Redis.from_url(
+                settings.redis_url,
+                socket_timeout=settings.redis_timeout_seconds,
+                socket_connect_timeout=settings.redis_timeout_seconds,
+            ),
+            burst_seconds=settings.admission_burst_seconds,
+            idle_ttl_seconds=settings.admission_limits_ttl_seconds,
+            record_ttl_s=settings.admission_record_ttl_seconds,
+        )
+        self._redis_down_until = 0.0
+        self.router = Router(load_factor=settings.affinity_load_factor)
+        self.usage = UsageSink(
+            redis_client=self.redis,
+            control_plane_url=settings.control_plane_url,
+            service_key=settings.service_key,
+            batch_max=settings.usage_batch_max,
+            flush_seconds=settings.usage_flush_seconds,
+            spool_retry_seconds=settings.spool_retry_seconds,
+            timeout_seconds=settings.usage_timeout_seconds,
+        )
+        self._waiting_script = self.redis.register_script(_WAITING_LUA)
+        self.session: aiohttp.ClientSession | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def start(self, _app: web.Application) -> None:
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=60),
+            trust_env=False,
+            auto_decompress=False,
+        )
+        await self.usage.start()
+        await self.reader.refresh()
+        self._tasks = [
+            asyncio.create_task(self._refresh_loop()),
+            asyncio.create_task(self.usage.run()),
+        ]
+
+    async def stop(self, _app: web.Application) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.usage.close()
+        if self.session is not None:
+            await self.session.close()
+        await self.redis.aclose()
+        self.buckets.client.close()
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.refresh_seconds)
+            try:
+                if await self.reader.refresh() and self.reader.contract.version is not None:
+                    CONTRACT_VERSION.set(self.reader.contract.version)
+            except Exception:
+                log.exception("contract refresh failed")
+
+    # -- endpoints ------------------------------------------------------------------------
+
+    async def healthz(self, _request: web.Request) -> web.Response:
+        contract = self.reader.contract
+        return web.json_response(
+            {
+                "status": "ok",
+                "contract_version": contract.version,
+                "contract_read_at": contract.read_at or None,
+                "models": len(contract.models),
+            }
+        )
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        if not self.reader.contract.loaded:
+            return GatewayError(503, "No contract read from Redis yet.").response()
+        return await self.healthz(request)
+
+    async def metrics(self, _request: web.Request) -> web.Response:
+        body, content_type = exposition()
+        return web.Response(body=body, headers={"Content-Type": content_type})
+
+    async def models(self, request: web.Request) -> web.Response:
+        contract = self._contract()
+        caller = authenticate(
+            contract,
+            request.headers.get("Authorization"),
+            request.headers.get(self.settings.customer_header),
+            require_customer=False,
+        )
+        names = sorted(
+            name
+            for name in contract.models
+            if caller.is_service and not caller.customer or may_use(contract, caller, name)
+        )
+        created = int(contract.published_at or 0)
+        data = [
+            {
+                "id": name,
+                "object": "model",
+                "created": created,
+                "owned_by": "model-unit-control-plane",
+                "max_model_len": contract.models[name].context_length_tokens,
+            }
+            for name in names
+        ]
+        return web.json_response({"object": "list", "data": data})
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self.generate(request, CHAT)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self.generate(request, COMPLETION)
+
+    def _contract(self) -> Contract:
+        contract = self.reader.contract
+        if not contract.loaded:
+            raise GatewayError(
+                503, "The gateway has not read its contract from Redis yet.", code="not_ready"
+            )
+        return contract
+
+    # -- one request ----------------------------------------------------------------------
+
+    async def generate(self, request: web.Request, kind: str) -> web.StreamResponse:
+        arrived = time.perf_counter()
+        started_at = time.time()
+        request_id = "gw-" + uuid.uuid4().hex
+        try:
+            contract = self._contract()
+            caller = authenticate(
+                contract,
+                request.headers.get("Authorization"),
+                request.headers.get(self.settings.customer_header),
+            )
+            body = parse_body(kind, await self._json(request))
+            model = contract.models.get(body.model)
+            if model is None or not may_use(contract, caller, body.model):
+                raise GatewayError(
+                    404,
+                    f"The model '{body.model[:100]}' does not exist or you do not have access "
+                    "to it.",
+                    code="model_not_found",
+                    param="model",
+                )
+            model, usage, priority_class = self._admit(contract, caller, body, model, request_id)
+        except GatewayError as error:
+            REQUESTS.labels("rejected", "none").inc()
+            return error.response(request_id)
+        usage.started_at = started_at
+        if usage.outcome == "refused":
+            return self._refused(usage, model, request_id)
+        try:
+            return await self._serve(request, body, model, usage, priority_class, arrived)
+        except asyncio.CancelledError:
+            if usage.outcome != "completed":
+                usage.outcome = "cancelled"
+            raise
+        finally:
+            self.usage.add(usage.event(time.time()))
+            REQUESTS.labels(usage.outcome, usage.admission_class or "none").inc()
+
+    async def _json(self, request: web.Request) -> Any:
+        limit = self.settings.max_body_bytes
+        too_large = GatewayError(
+            413, f"The request body is larger than {limit} bytes.", code="request_too_large"
+        )
+        if request.content_length is not None and request.content_length > limit:
+            raise too_large
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise too_large from None
+        if len(raw) > limit:
+            raise too_large
+        try:
+            return json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            raise GatewayError(
+                400,
+                "The request body is not valid JSON.",
+                code="invalid_json",
+            ) from None
+
+    def _admit(
+        self, contract: Contract, caller: Caller, body: Body, model: Model, request_id: str
+    ) -> tuple[Model, Usage, str]:
+        """(the model that will serve, the usage so far, the admission class)."""
+        chosen = model
+        usage: Usage | None = None
+        for candidate in (model, self._fallback(contract, caller, model)):
+            if candidate is None:
+                continue
+            cap = candidate.degradation.max_tokens_cap
+            if cap is not None and (body.max_tokens is None or body.max_tokens > cap):
+                body.max_tokens = cap
+            input_tokens = input_tokens_of(body, candidate)
+            mu = estimate_mu(
+                candidate,
+                input_tokens=input_tokens,
+                output_tokens=output_tokens_of(body, candidate, input_tokens),
+            )
+            admission_class, retry_after_ms = self._decide(caller, candidate, mu, request_id)
+            usage = Usage(
+                request_id=request_id,
+                customer=caller.customer,
+                model=candidate.name,
+                started_at=time.time(),
+                input_tokens=input_tokens,
+                estimated_mu=mu,
+                admission_class=admission_class,
+            )
+            chosen = candidate
+            if admission_class != REFUSED:
+                return chosen, usage, admission_class
+            usage.outcome = "refused"
+            usage.extra["retry_after_ms"] = retry_after_ms
+            usage.admission_class = None
+        assert usage is not None
+        return chosen, usage, REFUSED
+
+    def _fallback(self, contract: Contract, caller: Caller, model: Model) -> Model | None:
+        name = model.degradation.fallback_model
+        if not name or name == model.name or not may_use(contract, caller, name):
+            return None
+        return contract.models.get(name)
+
+    def _follow_admission_parameters(self) -> None:
+        """The control plane's burst and TTLs when it published them (gw:v1:meta), else the
+        GATEWAY_ADMISSION_* settings: the same rule with the same burst as the API's admission."""
+        published = self.reader.contract.admission
+        self.buckets.burst_seconds = published.get(
+            "admission_burst_seconds", self.settings.admission_burst_seconds
+        )
+        self.buckets.idle_ttl_ms = int(
+            1000
+            * published.get(
+                "admission_limits_ttl_seconds", self.settings.admission_limits_ttl_seconds
+            )
+        )
+        self.buckets.record_ttl_s = int(
+            published.get(
+                "admission_record_ttl_seconds", self.settings.admission_record_ttl_seconds
+            )
+        )
+
+    def _decide(
+        self, caller: Caller, model: Model, mu: float, request_id: str
+    ) -> tuple[str, float]:
+        """(admission class, retry after ms) from the Redis buckets, one round trip."""
+        if time.monotonic() >= self._redis_down_until:
+            self._follow_admission_parameters()
+            try:
+                decision = self.buckets.admit(
+                    customer_id=caller.customer_id,
+                    model_id=model.model_id,
+                    cost_mu=mu,
+                    request_id=request_id,
+                )
+            except RedisError as error:
+                log.warning("admission: Redis unreachable (%s)", error)
+                self._redis_down_until = time.monotonic() + 1.0
+            else:
+                admission_class = decision.admission_class
+                if admission_class == BEST_EFFORT and model.degradation.refuse_best_effort:
+                    return REFUSED, 1000.0
+                return admission_class, decision.retry_after_ms
+        if self.settings.on_redis_down == "admit":
+            return BEST_EFFORT, 0.0
+        return REFUSED, 1000.0
+
+    def _refused(self, usage: Usage, model: Model, request_id: str) -> web.Response:
+        wait_ms = float(usage.extra.get("retry_after_ms", -1))
+        seconds = (
+            max(1, math.ceil(wait_ms / 1000.0))
+            if wait_ms >= 0
+            else self.settings.retry_after_seconds
+        )
+        self.usage.add(usage.event(time.time()))
+        REQUESTS.labels("refused", "none").inc()
+        return GatewayError(
+            429,
+            f"Rate limit reached for the model '{model.name}': over the reservation and the "
+            f"best-effort allowance. Retry after {seconds} s.",
+            code="rate_limit_exceeded",
+            headers={"Retry-After": str(seconds)},
+        ).response(request_id)
+
+    # -- forwarding -----------------------------------------------------------------------
+
+    async def _serve(
+        self,
+        request: web.Request,
+        body: Body,
+        model: Model,
+        usage: Usage,
+        admission_class: str,
+        arrived: float,
+    ) -> web.StreamResponse:
+        settings = self.settings
+        affinity = self._affinity(request, body)
+        payloads: dict[bool, bytes] = {}
+        tried: list[str] = []
+        last: Retry | None = None
+        attempt = 0
+        deadline = time.monotonic() + settings.cold_start_wait_seconds
+        while True:
+            current = self.reader.contract.models.get(model.name) or model
+            if not current.replicas and not tried:
+                current = await self._wait_for_replica(current, usage.estimated_mu, deadline)
+            replica = self.router.pick(current.replicas, affinity=affinity, exclude=tried)
+            if replica is None:
+                usage.outcome = "error"
+                if last is not None:
+                    return self._upstream_failed(last, usage.request_id)
+                return GatewayError(
+                    503,
+                    f"The model '{model.name}' has no ready replica; it is being started. "
+                    "Retry shortly.",
+                    code="model_not_ready",
+                    headers={"Retry-After": str(max(1, int(settings.cold_start_wait_seconds)))},
+                ).response(usage.request_id)
+            tried.append(replica.endpoint)
+            if replica.priority_scheduling not in payloads:
+                payloads[replica.priority_scheduling] = self._payload(
+                    body, current, admission_class if replica.priority_scheduling else None
+                )
+            usage.deployment = replica.deployment or None
+            if attempt == 0:
+                OVERHEAD.observe(time.perf_counter() - arrived)
+            self.router.add(replica.endpoint, usage.estimated_mu)
+            gauge = INFLIGHT_MU.labels(replica.endpoint)
+            gauge.inc(usage.estimated_mu)
+            try:
+                return await self._attempt(
+                    request, body, replica, payloads[replica.priority_scheduling], usage, arrived
+                )
+            except Retry as retry:
+                last = retry
+                log.info("attempt on %s failed before the first byte: %s", replica.endpoint, retry)
+            finally:
+                self.router.done(replica.endpoint, usage.estimated_mu)
+                gauge.dec(usage.estimated_mu)
+            if attempt >= settings.retries:
+                usage.outcome = "error"
+                return self._upstream_failed(last, usage.request_id)
+            attempt += 1
+            RETRIES.inc()
+            backoff = settings.retry_backoff_seconds * 2 ** (attempt - 1)
+            await asyncio.sleep(backoff * random.uniform(0.5, 1.5))  # noqa: S311 - jitter
+
+    def _affinity(self, request: web.Request, body: Body) -> str | None:
+        header = self.settings.session_header
+        if header:
+            session = request.headers.get(header)
+            if session:
+                return "s:" + session
+        size = self.settings.prefix_affinity_bytes
+        if size > 0 and body.prefix:
+            return "p:" + body.prefix[:size]
+        return None
+
+    def _payload(self, body: Body, model: Model, admission_class: str | None) -> bytes:
+        doc = dict(body.doc)
+        doc["model"] = model.engine_model_id
+        doc.pop("priority", None)
+        if admission_class is not None and admission_class in PRIORITY:
+            doc["priority"] = PRIORITY[admission_class]
+        if body.max_tokens is not None:
+            if "max_completion_tokens" in doc:
+                doc["max_completion_tokens"] = body.max_tokens
+            doc["max_tokens"] = body.max_tokens
+        if body.stream:
+            options = dict(doc.get("stream_options") or {})
+            options["include_usage"] = True
+            doc["stream_options"] = options
+        return json.dumps(doc).encode()
+
+    def _upstream_failed(self, last: Retry | None, request_id: str) -> web.Response:
+        if last is not None and 500 <= last.status < 600 and last.body:
+            try:
+                json.loads(last.body)
+            except ValueError:
+                pass
+            else:
+                return web.Response(
+                    status=last.status,
+                    body=last.body,
+                    content_type="application/json",
+                    headers={"X-Request-Id": request_id},
+                )
+        reason = str(last) if last is not None else "no replica answered"
+        return GatewayError(
+            502, f"The model's replicas could not serve the request ({reason}).", code="upstream"
+        ).response(request_id)
+
+    async def _wait_for_replica(self, model: Model, mu: float, deadline: float) -> Model:
+        """Hold a request for a model without a ready replica until one is published (or the
+        deadline), recording the waiting demand in `gw:v1:waiting`."""
+        await self._waiting(model.name, 1, mu)
+        WAITING_GAUGE.inc()
+        try:
+            touched = time.monotonic()
+            while (left := deadline - time.monotonic()) > 0:
+                await self.reader.changed(min(left, 1.0))
+                current = self.reader.contract.models.get(model.name)
+                if current is not None and current.replicas:
+                    return current
+                if time.monotonic() - touched >= 1.0:
+                    touched = time.monotonic()
+                    await self._waiting(model.name, 0, 0.0)
+            return self.reader.contract.models.get(model.name) or model
+        finally:
+            WAITING_GAUGE.dec()
+            await asyncio.shield(self._waiting(model.name, -1, -mu))
+
+    async def _waiting(self, model: str, requests: int, mu: float) -> None:
+        try:
+            await self._waiting_script(
+                keys=[WAITING], args=[model, requests, repr(float(mu)), repr(time.time())]
+            )
+        except (RedisError, OSError) as error:
+            log.warning("gw:v1:waiting not updated (%s)", error)
+
+    async def _attempt(
+        self,
+        request: web.Request,
+        body: Body,
+        replica: Replica,
+        payload: bytes,
+        usage: Usage,
+        arrived: float,
+    ) -> web.StreamResponse:
+        assert self.session is not None
+        settings = self.settings
+        read_timeout = (
+            settings.token_timeout_seconds if body.stream else settings.request_timeout_seconds
+        )
+        timeout = aiohttp.ClientTimeout(
+            total=None, connect=settings.connect_timeout_seconds, sock_read=read_timeout
+        )
+        path = "/v1/chat/completions" if body.kind == CHAT else "/v1/completions"
+        try:
+            upstream = await self.session.post(
+                replica.endpoint + path,
+                data=payload,
+                headers={"Content-Type": "application/json"},
+                timeout=timeout,
+            )
+        except (aiohttp.ClientError, TimeoutError, OSError) as error:
+            raise Retry(f"{type(error).__name__}: {error}") from None
+        try:
+            if upstream.status >= 500:
+                try:
+                    data = await upstream.read()
+                except (aiohttp.ClientError, TimeoutError):
+                    data = b""
+                raise Retry(f"the replica answered {upstream.status}", upstream.status, data)
+            if not body.stream or upstream.status != 200:
+                return await self._unary(upstream, usage, arrived)
+            return await self._stream(request, body, upstream, usage, arrived)
+        finally:
+            # Closing (never reusing) an unfinished upstream connection is what makes the
+            # engine abort the request: a client that left, a timeout, a failure.
+            if not upstream.closed and not upstream.content.at_eof():
+                upstream.close()
+            else:
+                upstream.release()
+
+    async def _unary(
+        self, upstream: aiohttp.ClientResponse, usage: Usage, arrived: float
+    ) -> web.Response:
+        try:
+            data = await upstream.read()
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise Retry(f"{type(error).__name__}: {error}") from None
+        TTFT.observe(time.perf_counter() - arrived)
+        content_type = upstream.headers.get("Content-Type", "application/json")
+        if upstream.status == 200:
+            try:
+                doc = json.loads(data)
+            except ValueError:
+                doc = None
+            if isinstance(doc, dict):
+                usage.take_engine_usage(doc.get("usage"))
+            usage.outcome = "completed"
+        else:
+            usage.outcome = "error"
+            usage.output_tokens = 0
+        return web.Response(
+            status=upstream.status,
+            body=data,
+            headers={"Content-Type": content_type, "X-Request-Id": usage.request_id},
+        )
+
+    async def _stream(
+        self,
+        request: web.Request,
+        body: Body,
+        upstream: aiohttp.ClientResponse,
+        usage: Usage,
+        arrived: float,
+    ) -> web.StreamResponse:
+        response: web.StreamResponse | None = None
+        buffer = b""
+        done = False
+        delivered = False  # [DONE] written to the client: a disconnect now is not a cancel
+        usage.output_tokens = 0
+        try:
+            try:
+                async for chunk in upstream.content.iter_any():
+                    buffer += chunk
+                    if b"\n\n" not in buffer:
+                        continue
+                    complete, _, buffer = buffer.rpartition(b"\n\n")
+                    out, finished = self._events(complete + b"\n\n", body, usage)
+                    done = done or finished
+                    if not out:
+                        continue
+                    if response is None:
+                        response = await self._prepare(request, usage)
+                        usage.ttft_ms = (time.time() - usage.started_at) * 1000.0
+                        TTFT.observe(time.perf_counter() - arrived)
+                    await response.write(out)
+                    delivered = done
+            except (aiohttp.ClientError, TimeoutError) as error:
+                # A per-token timeout (sock_read) or the replica gone.
+                if response is None:
+                    raise Retry(f"{type(error).__name__}: {error}") from None
+                usage.outcome = "error"
+                reason = (
+                    f"no token within {self.settings.token_timeout_seconds:g} s"
+                    if isinstance(error, TimeoutError)
+                    else "the replica failed mid-stream"
+                )
+                await self._stream_error(response, reason)
+                return response
+            if response is None:
+                if not done:
+                    raise Retry("the replica closed the stream without an answer")
+                response = await self._prepare(request, usage)
+            if buffer.strip():
+                out, finished = self._events(buffer, body, usage)
+                done = done or finished
+                if out:
+                    await response.write(out)
+                    delivered = done
+            if not done:
+                usage.outcome = "error"
+                await self._stream_error(response, "the replica ended the stream early")
+                return response
+            usage.outcome = "completed"
+            await response.write_eof()
+            return response
+        except ConnectionResetError:
+            # The client left: the upstream is closed on the way out. A client that closes as
+            # soon as it reads [DONE] (before the stream's last bytes) got the whole answer.
+            usage.outcome = "completed" if delivered else "cancelled"
+            return response if response is not None else web.Response(status=499)
+        except asyncio.CancelledError:
+            usage.outcome = "completed" if delivered else "cancelled"
+            raise
+
+    async def _prepare(self, request: web.Request, usage: Usage) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                "X-Request-Id": usage.request_id,
+            }
+        )
+        await response.prepare(request)
+        return response
+
+    async def _stream_error(self, response: web.StreamResponse, reason: str) -> None:
+        error = {"error": {"message": reason, "type": "api_error", "param": None, "code": 504}}
+        try:
+            await response.write(f"data: {json.dumps(error)}\n\ndata: [DONE]\n\n".encode())
+            await response.write_eof()
+        except ConnectionResetError:
+            pass
+
+    def _events(self, data: bytes, body: Body, usage: Usage) -> tuple[bytes, bool]:
+        """(what to pass to the client, whether [DONE] came). Counts the tokens seen, takes
+        the engine's usage, and drops the usage-only chunk when the client did not ask."""
+        parts: list[bytes] = []
+        done = False
+        for event in data.split(b"\n\n"):
+            if not event.strip():
+                continue
+            payload = event.strip()
+            if payload.startswith(b"data:"):
+                text = payload[5:].strip()
+                if text == b"[DONE]":
+                    done = True
+                else:
+                    try:
+                        doc = json.loads(text)
+                    except ValueError:
+                        doc = None
+                    if isinstance(doc, dict):
+                        choices = doc.get("choices")
+                        if doc.get("usage"):
+                            usage.take_engine_usage(doc["usage"])
+                            if not choices and not body.include_usage:
+                                continue
+                        if choices and not usage.engine_usage:
+                            usage.output_tokens += sum(
+                                1
+                                for c in choices
+                                if isinstance(c, dict)
+                                and (c.get("text") or (c.get("delta") or {}).get("content"))
+                            )
+            parts.append(event + b"\n\n")
+        return b"".join(parts), done
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    try:
+        response: web.StreamResponse = await handler(request)
+        return response
+    except GatewayError as error:
+        return error.response()
+    except web.HTTPException as error:
+        if error.status < 400:
+            raise
+        return GatewayError(error.status, error.reason or "Error").response()
+
+
+def create_app(settings: Settings) -> web.Application:
+    # The body limit is enforced by the handler (an OpenAI-shaped 413); aiohttp's own limit
+    # sits just above it.
+    app = web.Application(client_max_size=settings.max_body_bytes + 1, middlewares=[_errors])
+    gateway = Gateway(settings)
+    app[GATEWAY_KEY] = gateway
+    app.on_startup.append(gateway.start)
+    app.on_cleanup.append(gateway.stop)
+    app.router.add_post("/v1/chat/completions", gateway.chat_completions)
+    app.router.add_post("/v1/completions", gateway.completions)
+    app.router.add_get("/v1/models", gateway.models)
+    app.router.add_get("/metrics", gateway.metrics)
+    app.router.add_get("/healthz", gateway.healthz)
+    app.router.add_get("/readyz", gateway.readyz)
+    return app

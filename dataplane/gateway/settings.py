@@ -1,0 +1,99 @@
+"""The gateway's settings: every one a `GATEWAY_*` environment variable (dataplane/README.md).
+
+A malformed value fails loudly at start, naming the variable.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+
+
+class SettingsError(ValueError):
+    """A `GATEWAY_*` variable is malformed; the message names it."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    workers: int = 2
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_timeout_seconds: float = 0.25
+    refresh_seconds: float = 1.0
+    control_plane_url: str = ""
+    service_key: str = ""
+    usage_batch_max: int = 5000
+    usage_flush_seconds: float = 1.0
+    usage_timeout_seconds: float = 10.0
+    spool_retry_seconds: float = 5.0
+    max_body_bytes: int = 10 * 1024 * 1024
+    token_timeout_seconds: float = 30.0
+    request_timeout_seconds: float = 600.0
+    connect_timeout_seconds: float = 2.0
+    retries: int = 2
+    retry_backoff_seconds: float = 0.05
+    cold_start_wait_seconds: float = 90.0
+    session_header: str = "X-Session-Id"
+    prefix_affinity_bytes: int = 0
+    affinity_load_factor: float = 1.5
+    customer_header: str = "X-MU-Customer"
+    admission_burst_seconds: float = 10.0
+    admission_limits_ttl_seconds: float = 600.0
+    admission_record_ttl_seconds: int = 72 * 3600 + 3600
+    on_redis_down: str = "admit"
+    retry_after_seconds: int = 60
+    log_level: str = "INFO"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if environ is None else environ
+        values: dict[str, object] = {}
+        for field in fields(cls):
+            name = "GATEWAY_" + field.name.upper()
+            raw = env.get(name)
+            if raw is None or raw == "":
+                continue
+            values[field.name] = _parse(name, raw, type(getattr(cls, field.name)))
+        settings = cls(**values)  # type: ignore[arg-type]
+        settings.check()
+        return settings
+
+    def check(self) -> None:
+        positive = (
+            "workers",
+            "refresh_seconds",
+            "usage_batch_max",
+            "usage_flush_seconds",
+            "max_body_bytes",
+            "token_timeout_seconds",
+            "request_timeout_seconds",
+            "redis_timeout_seconds",
+            "connect_timeout_seconds",
+            "affinity_load_factor",
+            "admission_burst_seconds",
+        )
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise SettingsError(f"GATEWAY_{name.upper()} must be > 0")
+        for name in ("retries", "retry_backoff_seconds", "cold_start_wait_seconds"):
+            if getattr(self, name) < 0:
+                raise SettingsError(f"GATEWAY_{name.upper()} must be >= 0")
+        if self.usage_batch_max > 5000:
+            raise SettingsError("GATEWAY_USAGE_BATCH_MAX must be at most 5000 (the API's limit)")
+        if self.on_redis_down not in ("admit", "refuse"):
+            raise SettingsError("GATEWAY_ON_REDIS_DOWN must be admit or refuse")
+
+
+def _parse(name: str, raw: str, kind: type) -> object:
+    try:
+        if kind is bool:
+            return raw.strip().lower() in ("1", "true", "yes", "on")
+        if kind is int:
+            return int(raw)
+        if kind is float:
+            return float(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not a {kind.__name__}") from None
+    return raw.strip()

@@ -1,0 +1,184 @@
+"""Usage events: one per request, posted in batches (at most GATEWAY_USAGE_BATCH_MAX, or every
+GATEWAY_USAGE_FLUSH_SECONDS) to the control plane's `POST /api/v1/usage/events` with the
+service key GATEWAY_SERVICE_KEY. A batch that cannot be delivered (the control plane down, a
+5xx, a 429) is appended to the Redis stream `gw:v1:spool` and redelivered later, oldest
+first; ingestion is idempotent on (customer, event_id), so redelivery never double-counts.
+While Redis is down too, undelivered events wait in memory (bounded).
+
+`estimated_mu` (refused events) is sent while the control plane accepts it: a control plane
+whose event schema does not know the field rejects it by name, and the gateway then sends
+those events again without it, and stops sending it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections import deque
+from typing import Any
+
+import aiohttp
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from .contract import SPOOL
+from .metrics import USAGE_POSTED
+
+log = logging.getLogger("dataplane.gateway")
+
+ESTIMATED_MU = "estimated_mu"
+MEMORY_LIMIT_EVENTS = 200_000
+USAGE_PATH = "/api/v1/usage/events"
+
+
+class UsageSink:
+    def __init__(
+        self,
+        *,
+        redis_client: aioredis.Redis,
+        control_plane_url: str,
+        service_key: str,
+        batch_max: int,
+        flush_seconds: float,
+        spool_retry_seconds: float,
+        timeout_seconds: float,
+    ):
+        self.redis = redis_client
+        self.url = control_plane_url.rstrip("/") + USAGE_PATH if control_plane_url else ""
+        self.service_key = service_key
+        self.batch_max = batch_max
+        self.flush_seconds = flush_seconds
+        self.spool_retry_seconds = spool_retry_seconds
+        self.timeout = aiohttp.ClientTimeout(total=timeout_seconds)
+        self.send_estimated_mu = True
+        self._buffer: list[dict[str, Any]] = []
+        self._unspooled: deque[list[dict[str, Any]]] = deque()  # Redis down as well
+        self._full = asyncio.Event()
+        self._session: aiohttp.ClientSession | None = None
+        self._lock = asyncio.Lock()
+
+    def add(self, event: dict[str, Any]) -> None:
+        self._buffer.append(event)
+        if len(self._buffer) >= self.batch_max:
+            self._full.set()
+
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession(trust_env=False)
+
+    async def close(self) -> None:
+        await self.flush()
+        if self._session is not None:
+            await self._session.close()
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_redelivery = loop.time() + self.spool_retry_seconds
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._full.wait(), self.flush_seconds)
+            self._full.clear()
+            try:
+                await self.flush()
+                if loop.time() >= next_redelivery:
+                    next_redelivery = loop.time() + self.spool_retry_seconds
+                    await self.redeliver()
+            except Exception:  # the loop must outlive any one failure
+                log.exception("usage delivery failed; retrying")
+
+    async def flush(self) -> None:
+        async with self._lock:
+            while self._buffer:
+                batch = self._buffer[: self.batch_max]
+                del self._buffer[: self.batch_max]
+                if not await self._post(batch):
+                    await self._spool(batch)
+
+    async def _spool(self, batch: list[dict[str, Any]]) -> None:
+        try:
+            await self.redis.xadd(SPOOL, {"events": json.dumps(batch)})
+            USAGE_POSTED.labels("spooled").inc(len(batch))
+            log.warning("usage: %d events spooled to %s", len(batch), SPOOL)
+        except (RedisError, OSError):
+            self._unspooled.append(batch)
+            while sum(len(b) for b in self._unspooled) > MEMORY_LIMIT_EVENTS:
+                lost = self._unspooled.popleft()
+                log.error("usage: %d events lost (Redis and the control plane down)", len(lost))
+
+    async def redeliver(self) -> None:
+        """Spooled batches, oldest first, until one fails again."""
+        async with self._lock:
+            while self._unspooled:
+                if not await self._post(self._unspooled[0]):
+                    await self._spool(self._unspooled.popleft())
+                    return
+                self._unspooled.popleft()
+            try:
+                entries = await self.redis.xrange(SPOOL, count=20)
+            except (RedisError, OSError):
+                return
+            for entry_id, fields in entries:
+                raw = fields.get(b"events") or fields.get("events")
+                try:
+                    batch = json.loads(raw) if raw else []
+                except ValueError:
+                    batch = []
+                if batch and not await self._post(batch):
+                    return
+                try:
+                    await self.redis.xdel(SPOOL, entry_id)
+                except (RedisError, OSError):
+                    return
+
+    async def _post(self, batch: list[dict[str, Any]]) -> bool:
+        """True when the control plane took the batch (accepted, duplicate or rejected for
+        good); False when it should be tried again later."""
+        if not self.url or self._session is None:
+            return False
+        if not self.send_estimated_mu:
+            batch = [_without_estimate(e) for e in batch]
+        try:
+            async with self._session.post(
+                self.url,
+                json={"events": batch},
+                headers={"Authorization": f"Bearer {self.service_key}"},
+                timeout=self.timeout,
+            ) as response:
+                status = response.status
+                body = await response.json(content_type=None) if status < 500 else None
+        except (aiohttp.ClientError, TimeoutError, ValueError) as error:
+            log.warning("usage: the control plane could not be reached (%s)", error)
+            return False
+        if status not in (200, 207, 400) or not isinstance(body, dict):
+            log.warning("usage: the control plane answered %s", status)
+            return False
+        USAGE_POSTED.labels("accepted").inc(len(body.get("accepted") or ()))
+        USAGE_POSTED.labels("duplicate").inc(len(body.get("duplicates") or ()))
+        rejected = body.get("rejected") or []
+        again = []
+        for item in rejected:
+            reasons = " ".join(str(r) for r in item.get("reasons") or ())
+            index = item.get("index")
+            if (
+                self.send_estimated_mu
+                and ESTIMATED_MU in reasons
+                and isinstance(index, int)
+                and 0 <= index < len(batch)
+            ):
+                again.append(_without_estimate(batch[index]))
+            else:
+                USAGE_POSTED.labels("rejected").inc()
+                log.error("usage: event %s rejected: %s", item.get("event_id", index), reasons)
+        if again:
+            log.warning("usage: the control plane does not take estimated_mu; sent without it")
+            self.send_estimated_mu = False
+            if not await self._post(again):
+                await self._spool(again)
+        return True
+
+
+def _without_estimate(event: dict[str, Any]) -> dict[str, Any]:
+    if ESTIMATED_MU not in event:
+        return event
+    return {k: v for k, v in event.items() if k != ESTIMATED_MU}

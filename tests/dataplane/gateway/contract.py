@@ -1,0 +1,129 @@
+"""The control plane's side of docs/gateway-contract.md, as the tests write it.
+
+ONE helper (`publish`) writes every document exactly as the contract specifies, so that it
+can be swapped for the real publisher (capacity/publication/) once that exists.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+
+import redis
+
+from accounts.keys import mint
+
+KEYS = "gw:v1:keys"
+MODELS = "gw:v1:models"
+ENTITLEMENTS = "gw:v1:entitlements"
+META = "gw:v1:meta"
+WAITING = "gw:v1:waiting"
+SPOOL = "gw:v1:spool"
+
+# The emulator's test model, priced so that one short request is well under 1 MU.
+WEIGHTS = {"input_tokens": 1e-4, "output_tokens": 2e-3, "request": 1e-3}
+
+
+@dataclass
+class Key:
+    plaintext: str
+    prefix: str
+    doc: dict
+
+
+def key(
+    *,
+    customer_id: int | None = 1,
+    customer: str | None = "acme",
+    kind: str = "customer",
+    scopes: tuple[str, ...] = ("read", "admission"),
+    expires_at: float | None = None,
+    revoked: bool = False,
+) -> Key:
+    minted = mint()
+    doc = {
+        "secret_sha256": minted.secret_sha256,
+        "kind": kind,
+        "customer_id": customer_id if kind == "customer" else None,
+        "customer": customer if kind == "customer" else None,
+        "scopes": list(scopes),
+        "expires_at": expires_at,
+        "revoked": revoked,
+    }
+    return Key(plaintext=minted.plaintext, prefix=minted.prefix, doc=doc)
+
+
+def replica(endpoint: str, *, deployment: str = "dep", priority_scheduling: bool = False) -> dict:
+    return {
+        "endpoint": endpoint,
+        "deployment": deployment,
+        "gpu_type": "h100",
+        "priority_scheduling": priority_scheduling,
+    }
+
+
+def model(
+    model_id: int,
+    replicas: list[dict],
+    *,
+    engine_model_id: str = "tiny",
+    context_length_tokens: int = 2048,
+    weights: dict | None = None,
+    output_cap_tokens: int | None = None,
+    bytes_per_token: float = 4.0,
+    refuse_best_effort: bool = False,
+    max_tokens_cap: int | None = None,
+    fallback_model: str | None = None,
+    level: int = 0,
+) -> dict:
+    return {
+        "model_id": model_id,
+        "engine_model_id": engine_model_id,
+        "context_length_tokens": context_length_tokens,
+        "cost_model": {
+            "weights_replica_seconds": weights or WEIGHTS,
+            "replica_mu_per_minute": 100.0,
+        },
+        "output_cap_tokens": output_cap_tokens,
+        "bytes_per_token": bytes_per_token,
+        "degradation": {
+            "level": level,
+            "refuse_best_effort": refuse_best_effort,
+            "max_tokens_cap": max_tokens_cap,
+            "fallback_model": fallback_model,
+        },
+        "replicas": replicas,
+    }
+
+
+@dataclass
+class Publication:
+    keys: dict[str, dict] = field(default_factory=dict)  # prefix -> doc
+    models: dict[str, dict] = field(default_factory=dict)  # name -> doc
+    entitlements: dict[int, list[str]] = field(default_factory=dict)
+
+
+def publish(client: redis.Redis, publication: Publication) -> int:
+    """Write the four documents whole, then bump `gw:v1:meta.version`; returns the version."""
+    pipe = client.pipeline(transaction=True)
+    pipe.delete(KEYS, MODELS, ENTITLEMENTS)
+    if publication.keys:
+        pipe.hset(KEYS, mapping={p: json.dumps(d) for p, d in publication.keys.items()})
+    if publication.models:
+        pipe.hset(MODELS, mapping={n: json.dumps(d) for n, d in publication.models.items()})
+    if publication.entitlements:
+        pipe.hset(
+            ENTITLEMENTS,
+            mapping={str(c): json.dumps(names) for c, names in publication.entitlements.items()},
+        )
+    pipe.hincrby(META, "version", 1)
+    pipe.hset(META, "published_at", repr(time.time()))
+    return int(pipe.execute()[-2])
+
+
+def clear(client: redis.Redis) -> None:
+    stale = [*client.scan_iter(match="gw:v1:*", count=1000)]
+    stale += [*client.scan_iter(match="adm:*", count=1000)]
+    if stale:
+        client.delete(*stale)

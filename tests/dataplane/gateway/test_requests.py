@@ -1,0 +1,374 @@
+"""One request through the real gateway: authentication, entitlement, admission, the engine's
+answer and the request's one usage event."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+
+from . import contract as C
+from .conftest import bearer, set_limits, usage_events, wait_for
+
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hello there"}]}
+
+
+@pytest.fixture
+def served(world, start_emulator, start_gateway):
+    """acme may use `tiny`, served by one emulator replica, behind a running gateway."""
+    url, _process = start_emulator()
+    world.publication.models["tiny"] = C.model(7, [C.replica(url, deployment="tiny-a")])
+    world.publish()
+    gateway = start_gateway()
+    return world, gateway, url
+
+
+def emulator_counter(http: httpx.Client, url: str, name: str) -> float:
+    total = 0.0
+    for line in http.get(url + "/metrics").text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_a_chat_completion_answers_with_the_engines_tokens_and_leaves_one_completed_event(
+    served, http, usage_server
+):
+    world, gateway, url = served
+    response = http.post(
+        gateway.url + "/v1/chat/completions",
+        json={**CHAT, "max_tokens": 8},
+        headers=bearer(world.acme),
+    )
+
+    assert response.status_code == 200, response.text
+    body = response.json()
+    request_id = response.headers["X-Request-Id"]
+    events = wait_for(lambda: usage_events(usage_server))
+    assert len(events) == 1
+    event = events[0]
+    assert event["event_id"] == request_id
+    assert event["outcome"] == "completed"
+    assert event["customer"] == "acme"
+    assert event["model"] == "tiny"
+    assert event["deployment"] == "tiny-a"
+    assert event["admission_class"] == "guaranteed"
+    assert event["input_tokens"] == body["usage"]["prompt_tokens"] == 2
+    assert event["output_tokens"] == body["usage"]["completion_tokens"]
+    assert event["output_tokens"] == emulator_counter(http, url, "vllm:generation_tokens_total")
+    assert usage_server.requests[0].headers["authorization"].endswith("test-service-key-for-usage")
+
+
+def test_a_completion_is_served_too(served, http, usage_server):
+    world, gateway, _url = served
+    response = http.post(
+        gateway.url + "/v1/completions",
+        json={"model": "tiny", "prompt": "one two three", "max_tokens": 4},
+        headers=bearer(world.acme),
+    )
+
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["prompt_tokens"] == 3
+    event = wait_for(lambda: usage_events(usage_server))[0]
+    assert (event["input_tokens"], event["outcome"]) == (3, "completed")
+
+
+def test_models_lists_only_what_the_key_may_use(served, http):
+    world, gateway, url = served
+    world.publication.models["other"] = C.model(8, [C.replica(url)])
+    version = world.publish()
+    wait_for(lambda: http.get(gateway.url + "/healthz").json()["contract_version"] == version)
+
+    listed = http.get(gateway.url + "/v1/models", headers=bearer(world.acme))
+
+    assert listed.status_code == 200
+    assert [m["id"] for m in listed.json()["data"]] == ["tiny"]
+
+
+@pytest.mark.parametrize(
+    "headers, status, code",
+    [
+        ({}, 401, "missing_api_key"),
+        ({"Authorization": "Bearer mu123.nope"}, 401, "invalid_api_key"),
+        ({"Authorization": "Basic abc"}, 401, "invalid_api_key"),
+    ],
+    ids=["missing", "unknown", "not-bearer"],
+)
+def test_a_request_without_a_good_key_is_refused(served, http, headers, status, code):
+    _world, gateway, _url = served
+    response = http.post(gateway.url + "/v1/chat/completions", json=CHAT, headers=headers)
+
+    assert response.status_code == status
+    assert response.json()["error"]["code"] == code
+    assert response.json()["error"]["type"] == "authentication_error"
+
+
+def test_a_wrong_secret_for_a_known_prefix_is_refused(served, http):
+    world, gateway, _url = served
+    forged = world.acme.prefix + ".not-the-secret"
+    response = http.post(gateway.url + "/v1/chat/completions", json=CHAT, headers=bearer(forged))
+    assert response.status_code == 401
+
+
+def test_a_revoked_key_stops_working_within_5_seconds(served, http):
+    world, gateway, _url = served
+    assert (
+        http.post(
+            gateway.url + "/v1/chat/completions", json=CHAT, headers=bearer(world.acme)
+        ).status_code
+        == 200
+    )
+    world.publication.keys[world.acme.prefix] = {**world.acme.doc, "revoked": True}
+    world.publish()
+    revoked_at = time.monotonic()
+
+    def refused() -> bool:
+        r = http.post(gateway.url + "/v1/chat/completions", json=CHAT, headers=bearer(world.acme))
+        return r.status_code == 401 and r.json()["error"]["code"] == "revoked_api_key"
+
+    wait_for(refused, timeout_seconds=5)
+    assert time.monotonic() - revoked_at < 5
+
+
+def test_an_expired_key_is_refused(world, start_emulator, start_gateway, http):
+    url, _ = start_emulator()
+    old = C.key(customer_id=1, customer="acme", expires_at=time.time() - 1)
+    world.publication.keys[old.prefix] = old.doc
+    world.publication.models["tiny"] = C.model(7, [C.replica(url)])
+    world.publish()
+    gateway = start_gateway()
+
+    response = http.post(gateway.url + "/v1/chat/completions", json=CHAT, headers=bearer(old))
+
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == "expired_api_key"
+
+
+def test_a_key_without_the_admission_scope_is_refused(world, start_emulator, start_gateway, http):
+    url, _ = start_emulator()
+    reader = C.key(customer_id=1, customer="acme", scopes=("read",))
+    world.publication.keys[reader.prefix] = reader.doc
+    world.publication.models["tiny"] = C.model(7, [C.replica(url)])
+    world.publish()
+    gateway = start_gateway()
+
+    response = http.post(gateway.url + "/v1/chat/completions", json=CHAT, headers=bearer(reader))
+
+    assert response.status_code == 403
+    assert response.json()["error"]["code"] == "insufficient_scope"
+
+
+def test_a_customer_key_cannot_use_a_model_outside_its_entitlements(served, http, usage_server):
+    world, gateway, url = served
+    world.publication.models["other"] = C.model(8, [C.replica(url)])
+    version = world.publish()
+    wait_for(lambda: http.get(gateway.url + "/healthz").json()["contract_version"] == version)
+
+    response = http.post(
+        gateway.url + "/v1/chat/completions",
+        json={**CHAT, "model": "other"},
+        headers=bearer(world.acme),
+    )
+
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "model_not_found"
+
+
+def test_a_customer_key_cannot_name_another_customer(served, http):
+    world, gateway, _url = served
+    response = http.post(
+        gateway.url + "/v1/chat/completions",
+        json=CHAT,
+        headers={**bearer(world.acme), "X-MU-Customer": "globex"},
+    )
+    assert response.status_code == 403
+    assert response.json()["error"]["code"] == "not_permitted"
+
+
+def test_a_service_key_names_the_customer_it_sends_for(served, http, usage_server):
+    world, gateway, _url = served
+    service = C.key(kind="service", scopes=("admission", "usage:write"))
+    world.publication.keys[service.prefix] = service.doc
+    version = world.publish()
+    wait_for(lambda: http.get(gateway.url + "/healthz").json()["contract_version"] == version)
+
+    unnamed = http.post(gateway.url + "/v1/chat/completions", json=CHAT, headers=bearer(service))
+    named = http.post(
+        gateway.url + "/v1/chat/completions",
+        json=CHAT,
+        headers={**bearer(service), "X-MU-Customer": "acme"},
+    )
+
+    assert unnamed.status_code == 400
+    assert unnamed.json()["error"]["code"] == "customer_required"
+    assert named.status_code == 200
+    event = wait_for(lambda: usage_events(usage_server))[0]
+    assert event["customer"] == "acme"
+
+
+def test_admission_refusal_is_a_429_with_retry_after_and_a_refused_event(
+    served, http, usage_server
+):
+    world, gateway, _url = served
+    # 0.5 MU/min and no best-effort: the first request takes the burst, the next waits.
+    set_limits(world.rds, {(1, 7): (0.5, 0.0)})
+    statuses = []
+    for _ in range(4):
+        response = http.post(
+            gateway.url + "/v1/chat/completions",
+            json={**CHAT, "max_tokens": 64},
+            headers=bearer(world.acme),
+        )
+        statuses.append(response.status_code)
+    refused = response
+
+    assert statuses[0] == 200 and statuses[-1] == 429, statuses
+    assert int(refused.headers["Retry-After"]) >= 1
+    error = refused.json()["error"]
+    assert error["type"] == "rate_limit_error" and error["code"] == "rate_limit_exceeded"
+    events = wait_for(lambda: len(usage_events(usage_server)) == 4 and usage_events(usage_server))
+    refused_events = [e for e in events if e["outcome"] == "refused"]
+    assert len(refused_events) == statuses.count(429)
+    assert all(e["estimated_mu"] > 0 and e["output_tokens"] == 0 for e in refused_events)
+    assert refused.headers["X-Request-Id"] in {e["event_id"] for e in refused_events}
+
+
+def test_best_effort_is_refused_while_the_model_is_degraded(served, http, usage_server):
+    world, gateway, url = served
+    set_limits(world.rds, {(1, 7): (0.0, 1000.0)})  # no reservation: best-effort only
+    world.publication.models["tiny"] = C.model(7, [C.replica(url)], refuse_best_effort=True)
+    version = world.publish()
+    wait_for(lambda: http.get(gateway.url + "/healthz").json()["contract_version"] == version)
+
+    response = http.post(
+        gateway.url + "/v1/chat/completions", json=CHAT, headers=bearer(world.acme)
+    )
+
+    assert response.status_code == 429
+
+
+def test_the_degradation_caps_max_tokens(served, http):
+    world, gateway, url = served
+    world.publication.models["tiny"] = C.model(7, [C.replica(url)], max_tokens_cap=3)
+    version = world.publish()
+    wait_for(lambda: http.get(gateway.url + "/healthz").json()["contract_version"] == version)
+
+    response = http.post(
+        gateway.url + "/v1/completions",
+        json={"model": "tiny", "prompt": "a b", "max_tokens": 50, "ignore_eos": True},
+        headers=bearer(world.acme),
+    )
+
+    assert response.status_code == 200
+    assert response.json()["usage"]["completion_tokens"] == 3
+
+
+def test_a_refused_request_falls_back_to_the_degraded_models_fallback(served, http, usage_server):
+    world, gateway, url = served
+    set_limits(world.rds, {(1, 7): (0.0, 0.0), (1, 8): (1000.0, 0.0)})
+    world.publication.models["tiny"] = C.model(7, [C.replica(url)], fallback_model="small")
+    world.publication.models["small"] = C.model(8, [C.replica(url, deployment="small-a")])
+    world.publication.entitlements[1] = ["tiny", "small"]
+    version = world.publish()
+    wait_for(lambda: http.get(gateway.url + "/healthz").json()["contract_version"] == version)
+
+    response = http.post(
+        gateway.url + "/v1/chat/completions", json=CHAT, headers=bearer(world.acme)
+    )
+
+    assert response.status_code == 200
+    event = wait_for(lambda: usage_events(usage_server))[0]
+    assert (event["model"], event["outcome"]) == ("small", "completed")
+
+
+@pytest.mark.parametrize(
+    "body, status, param",
+    [
+        (b"{not json", 400, None),
+        (
+            json.dumps({"model": "nope", "messages": [{"role": "user", "content": "x"}]}),
+            404,
+            "model",
+        ),
+        (json.dumps({**CHAT, "max_tokens": -1}), 400, "max_tokens"),
+        (json.dumps({**CHAT, "max_tokens": "12"}), 400, "max_tokens"),
+        (json.dumps({"model": "tiny"}), 400, "messages"),
+        (json.dumps([1, 2]), 400, None),
+    ],
+    ids=[
+        "malformed",
+        "unknown-model",
+        "negative-max-tokens",
+        "string-max-tokens",
+        "no-messages",
+        "not-an-object",
+    ],
+)
+def test_bad_input_gets_an_openai_shaped_4xx(served, http, body, status, param):
+    world, gateway, _url = served
+    response = http.post(
+        gateway.url + "/v1/chat/completions",
+        content=body,
+        headers={**bearer(world.acme), "Content-Type": "application/json"},
+    )
+
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["param"] == param
+
+
+def test_a_20_mb_body_gets_a_413(served, http):
+    world, gateway, _url = served
+    big = json.dumps({**CHAT, "messages": [{"role": "user", "content": "x" * (20 * 1024 * 1024)}]})
+    response = http.post(
+        gateway.url + "/v1/chat/completions",
+        content=big,
+        headers={**bearer(world.acme), "Content-Type": "application/json"},
+    )
+
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "request_too_large"
+
+
+def test_unknown_paths_and_methods_answer_in_openais_shape(served, http):
+    _world, gateway, _url = served
+    missing = http.get(gateway.url + "/v1/nothing")
+    wrong_method = http.get(gateway.url + "/v1/chat/completions")
+    assert missing.status_code == 404 and "error" in missing.json()
+    assert wrong_method.status_code == 405 and "error" in wrong_method.json()
+
+
+def test_metrics_count_requests_by_outcome_and_class(served, http):
+    world, gateway, _url = served
+    http.post(gateway.url + "/v1/chat/completions", json=CHAT, headers=bearer(world.acme))
+    text = http.get(gateway.url + "/metrics").text
+    assert 'gateway_requests_total{admission_class="guaranteed",outcome="completed"} 1.0' in text
+    assert "gateway_overhead_seconds_bucket" in text
+    assert "gateway_time_to_first_token_seconds_bucket" in text
+
+
+def test_two_workers_share_the_port_and_metrics_sum_them(
+    world, start_emulator, start_gateway, http, usage_server
+):
+    url, _ = start_emulator()
+    world.publication.models["tiny"] = C.model(7, [C.replica(url)])
+    world.publish()
+    gateway = start_gateway(GATEWAY_WORKERS="2")
+    assert "(2 workers)" in gateway.log()
+
+    for _ in range(6):
+        with httpx.Client(trust_env=False) as fresh:  # new connections, spread by the kernel
+            response = fresh.post(
+                gateway.url + "/v1/chat/completions", json=CHAT, headers=bearer(world.acme)
+            )
+            assert response.status_code == 200
+
+    text = http.get(gateway.url + "/metrics").text
+    assert 'gateway_requests_total{admission_class="guaranteed",outcome="completed"} 6.0' in text
+    assert (
+        len(wait_for(lambda: len(usage_events(usage_server)) == 6 and usage_events(usage_server)))
+        == 6
+    )
