@@ -6,7 +6,9 @@ prompt, temperature 0, a fixed seed and max_tokens, at the highest vLLM priority
 saturated engine schedules it first instead of timing it out) when the deployment's engines
 run priority scheduling (`Deployment.priority_scheduling`); otherwise without `priority`,
 since vLLM answers 400 to a non-zero priority under its default fcfs policy and every probe
-would fail. The answer must match the deployment's fingerprint, recorded from the first good
+would fail. An engine that answers vLLM's 400 to the priority anyway (the setting is on, the
+engine runs fcfs) is probed again without it and kept healthy, the probe naming the wrong
+setting: restarting it would never help. The answer must match the deployment's fingerprint, recorded from the first good
 answer; a different answer means corrupted weights or a wrong model. A replica whose engine
 counter shows real requests completing in the last HEALTH_PROBE_QUIET_SECONDS is not probed,
 up to HEALTH_PROBE_MAX_SKIP_SECONDS.
@@ -181,14 +183,45 @@ def _check(check: _Check, now: datetime) -> _Check:
     ):
         check.answer = ProbeAnswer(ProbeOutcome.SKIPPED, detail="real requests completed")
         return check
-    check.answer = probe_endpoint(
+    with_priority = check.replica.deployment.priority_scheduling
+    answer = probe_endpoint(
         check.endpoint.url,
         check.engine_model_id,
         timeout_seconds=timeout,
-        priority=_DEFAULT if check.replica.deployment.priority_scheduling else None,
+        priority=_DEFAULT if with_priority else None,
     )
+    if with_priority and _refuses_priority(answer):
+        # The deployment says priority scheduling and its engine runs fcfs: vLLM's 400, on
+        # every probe and every prioritised request. That is a wrong setting, not a sick
+        # engine; restarting it would loop forever. Probe as fcfs and say what to fix.
+        answer = probe_endpoint(
+            check.endpoint.url, check.engine_model_id, timeout_seconds=timeout, priority=None
+        )
+        answer.detail = (
+            f"{MISCONFIGURED_PRIORITY} {answer.detail}".strip()
+            if answer.outcome == ProbeOutcome.OK
+            else answer.detail
+        )
+        logger.warning(
+            "health: %s answered 400 to a priority: %s", check.replica, MISCONFIGURED_PRIORITY
+        )
+    check.answer = answer
     check.answered_at = timezone.now()
     return check
+
+
+MISCONFIGURED_PRIORITY = (
+    "The engine refuses priorities (vLLM started without --scheduling-policy priority) while "
+    "the deployment's priority_scheduling is on: turn it off, or restart the engine with "
+    "priority scheduling."
+)
+
+
+def _refuses_priority(answer: ProbeAnswer) -> bool:
+    return answer.outcome == ProbeOutcome.ERROR and (
+        answer.detail.startswith("HTTP 400")
+        and "Priority scheduling is not enabled" in answer.detail
+    )
 
 
 def probe_round(*, now: datetime | None = None) -> RoundResult:

@@ -302,8 +302,12 @@ def test_probes_send_priority_only_to_deployments_with_priority_scheduling(
 
     (probe,) = ProbeResult.objects.filter(replica__deployment=deployment)
     if priority_scheduling:
-        # The deployment says its engine has priority scheduling, and it has not: vLLM's 400.
-        assert (result.failed, probe.outcome) == (1, "error")
-        assert "Priority scheduling is not enabled" in probe.detail
+        # The deployment says its engine has priority scheduling, and it has not: vLLM's 400
+        # to the priority. A wrong setting, not a sick engine: it is probed again as fcfs,
+        # stays healthy (no restart loop) and the probe says what to fix.
+        assert (result.probed, result.failed, probe.outcome) == (1, 0, "ok")
+        assert "--scheduling-policy priority" in probe.detail
+        assert "priority_scheduling is on" in probe.detail
+        assert Replica.objects.get(deployment=deployment).state == Replica.State.HEALTHY
     else:
         assert (result.probed, result.failed, probe.outcome) == (1, 0, "ok")
