@@ -8,10 +8,10 @@ run priority scheduling (`Deployment.priority_scheduling`); otherwise without `p
 since vLLM answers 400 to a non-zero priority under its default fcfs policy and every probe
 would fail. An engine that answers vLLM's 400 to the priority anyway (the setting is on, the
 engine runs fcfs) is probed again without it and kept healthy, the probe naming the wrong
-setting: restarting it would never help. The answer must match the deployment's fingerprint, recorded from the first good
-answer; a different answer means corrupted weights or a wrong model. A replica whose engine
-counter shows real requests completing in the last HEALTH_PROBE_QUIET_SECONDS is not probed,
-up to HEALTH_PROBE_MAX_SKIP_SECONDS.
+setting: restarting it would never help. The answer must match the deployment's
+fingerprint, recorded from the first good answer; a different answer means corrupted
+weights or a wrong model. A replica whose engine counter shows real requests completing in
+the last HEALTH_PROBE_QUIET_SECONDS is not probed, up to HEALTH_PROBE_MAX_SKIP_SECONDS.
 
 After HEALTH_PROBE_FAILURES failures in a row a replica is unhealthy: an Incident opens, the
 replica's capacity leaves the next allocation snapshot (which starts a replacement), and the
