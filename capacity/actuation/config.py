@@ -351,11 +351,17 @@ def validate_actuator_config(kind: str, config, *, check_hosts: bool = True) -> 
 
 
 def actuator_config_problem(kind: str, config) -> str:
-    """Why a stored config breaks the current rules (hosts resolved and checked), or ""."""
+    """Why a stored config breaks the current rules (hosts resolved and checked), or "".
+
+    Every field at fault is named, not only the first: whoever fixes the row should not have
+    to save it again to learn of the next problem."""
     try:
         validate_actuator_config(kind, config)
     except DomainError as error:
-        return error.message
+        if len(error.fields) <= 1:
+            return error.message
+        reasons = "; ".join(f"{name}: {' '.join(why)}" for name, why in error.fields.items())
+        return f"{reasons} (actuator kind '{kind}')"
     return ""
 
 

@@ -116,6 +116,9 @@ def test_a_kubernetes_config_forced_into_the_database_never_sends_the_secret(fle
     assert before_flagging.actuator_ok is False
     assert "api_server: is an operator setting now" in before_flagging.actuator_error
     assert "KUBERNETES_CLUSTERS" in fleet.actuator_config_problem
+    # Both fields at fault are named, so one fix clears the flag.
+    assert "actuator_config.api_server:" in fleet.actuator_config_problem
+    assert "actuator_config.token_env:" in fleet.actuator_config_problem
     assert flagged.actuator_ok is False and flagged.actuator_attempts == 0
     assert flagged.actuator_error.startswith("refused: the stored actuator config breaks")
     assert "actuator_config_refused" in [reason["code"] for reason in flagged.reasons]
