@@ -81,6 +81,19 @@ return w.requests
 """
 
 
+class ClientGone(Exception):  # noqa: N818 - a signal: the client closed its connection
+    """Writing to the client failed. aiohttp raises ClientConnectionResetError there, which is
+    also an aiohttp.ClientError: left as it is, a client that leaves would read as a replica
+    that failed (outcome error instead of cancelled)."""
+
+
+async def _to_client(response: web.StreamResponse, data: bytes) -> None:
+    try:
+        await response.write(data)
+    except ConnectionResetError as error:
+        raise ClientGone(str(error)) from error
+
+
 class Retry(Exception):  # noqa: N818 - a signal, not a failure the client sees
     """An attempt failed before the client got a byte: another replica may take it."""
 
@@ -682,7 +695,7 @@ class Gateway:
                         response = await self._prepare(request, usage)
                         usage.ttft_ms = (time.time() - usage.started_at) * 1000.0
                         TTFT.observe(time.perf_counter() - arrived)
-                    await response.write(out)
+                    await _to_client(response, out)
                     delivered = done
             except (aiohttp.ClientError, TimeoutError) as error:
                 # A per-token timeout (sock_read) or the replica gone.
@@ -704,7 +717,7 @@ class Gateway:
                 out, finished = self._events(buffer, body, usage)
                 done = done or finished
                 if out:
-                    await response.write(out)
+                    await _to_client(response, out)
                     delivered = done
             if not done:
                 usage.outcome = "error"
@@ -713,7 +726,7 @@ class Gateway:
             usage.outcome = "completed"
             await response.write_eof()
             return response
-        except ConnectionResetError:
+        except (ClientGone, ConnectionResetError):
             # The client left: the upstream is closed on the way out. A client that closes as
             # soon as it reads [DONE] (before the stream's last bytes) got the whole answer.
             usage.outcome = "completed" if delivered else "cancelled"
@@ -723,6 +736,7 @@ class Gateway:
             raise
 
     async def _prepare(self, request: web.Request, usage: Usage) -> web.StreamResponse:
+        """The client's stream, opened; ClientGone when the client has already left."""
         response = web.StreamResponse(
             headers={
                 "Content-Type": "text/event-stream",
@@ -730,7 +744,10 @@ class Gateway:
                 "X-Request-Id": usage.request_id,
             }
         )
-        await response.prepare(request)
+        try:
+            await response.prepare(request)
+        except ConnectionResetError as error:
+            raise ClientGone(str(error)) from error
         return response
 
     async def _stream_error(self, response: web.StreamResponse, reason: str) -> None:

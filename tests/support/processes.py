@@ -129,3 +129,31 @@ def celery_worker_process(tmp_path: Path, *, queues: str = "benchmarks,default")
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+@contextmanager
+def celery_beat_process(tmp_path: Path, *, max_interval_seconds: int = 1):
+    """Celery beat on the test database's django-celery-beat tables (the DatabaseScheduler,
+    as `make run` and production run it): the periodic tasks the test wrote are what fires."""
+    log_path = tmp_path / f"beat-{uuid.uuid4().hex[:8]}.log"
+    env = os.environ | {"DATABASE_URL": test_database_url()}
+    process = subprocess.Popen(
+        [
+            sys.executable, "-m", "celery", "-A", "controlplane", "beat",
+            "--scheduler", "django_celery_beat.schedulers:DatabaseScheduler",
+            "--max-interval", str(max_interval_seconds),
+            "--pidfile", str(tmp_path / f"beat-{uuid.uuid4().hex[:8]}.pid"),
+            "--loglevel", "INFO", "--logfile", str(log_path),
+        ],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while "beat: Starting" not in (log_path.read_text() if log_path.exists() else ""):
+            if process.poll() is not None or time.monotonic() > deadline:
+                text = log_path.read_text() if log_path.exists() else "(no log)"
+                raise RuntimeError(f"Celery beat did not start (exit {process.poll()}): {text}")
+            time.sleep(0.2)
+        yield process
+    finally:
+        stop(process, timeout_seconds=10)
