@@ -1,7 +1,21 @@
 from django.contrib import admin
 
+from accounts.hooks import keys_changed
 from accounts.models import ApiKey, Customer, Membership
 from controlplane.audit import AuditedAdminMixin
+
+
+class KeysChangedAdminMixin:
+    """Gateways hold a copy of the keys and the customers' slugs (accounts.hooks): a change
+    saved in the admin reaches them as soon as it commits, as the services' writes do."""
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)  # type: ignore[misc]
+        keys_changed()
+
+    def delete_model(self, request, obj):
+        super().delete_model(request, obj)  # type: ignore[misc]
+        keys_changed()
 
 
 class MembershipInline(admin.TabularInline):
@@ -11,7 +25,7 @@ class MembershipInline(admin.TabularInline):
 
 
 @admin.register(Customer)
-class CustomerAdmin(AuditedAdminMixin, admin.ModelAdmin):
+class CustomerAdmin(KeysChangedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
     list_display = ["slug", "name", "tier", "created_at"]
     list_filter = ["tier"]
     search_fields = ["slug", "name"]
@@ -29,7 +43,7 @@ class MembershipAdmin(AuditedAdminMixin, admin.ModelAdmin):
 
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(AuditedAdminMixin, admin.ModelAdmin):
+class ApiKeyAdmin(KeysChangedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
     """Keys are created with `create_api_key` or the API, which show the secret once;
     the admin only reads and revokes them."""
 

@@ -28,11 +28,27 @@ from capacity.models import (
     UsageEvent,
     UsageMinute,
 )
+from capacity.publication import publish_after_commit
 from capacity.selling.entitlements import entitlement_grant, entitlement_withdraw
 from capacity.telemetry.prometheus import validate_selector
 from controlplane import outbound
 from controlplane.audit import AuditedAdminMixin, ReadOnlyAdminMixin, actor_of
 from controlplane.errors import DomainError
+
+
+class PublishedAdminMixin:
+    """For ModelAdmins of what gateways read (docs/gateway-contract.md): a change saved in the
+    admin is published to Redis as soon as it commits, as the services' writes are, not at the
+    next tick."""
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)  # type: ignore[misc]
+        publish_after_commit(f"{obj._meta.model_name} changed in the admin")
+
+    def delete_model(self, request, obj):
+        name = obj._meta.model_name
+        super().delete_model(request, obj)  # type: ignore[misc]
+        publish_after_commit(f"{name} deleted in the admin")
 
 
 class DeploymentAdminForm(forms.ModelForm):
@@ -71,13 +87,13 @@ class DeploymentAdminForm(forms.ModelForm):
 
 
 @admin.register(GpuType)
-class GpuTypeAdmin(AuditedAdminMixin, admin.ModelAdmin):
+class GpuTypeAdmin(PublishedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
     list_display = ["name", "memory_gb", "hourly_cost_usd"]
     search_fields = ["name"]
 
 
 @admin.register(GpuPool)
-class GpuPoolAdmin(AuditedAdminMixin, admin.ModelAdmin):
+class GpuPoolAdmin(PublishedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
     list_display = ["name", "gpu_type", "gpu_count"]
     list_filter = ["gpu_type"]
     search_fields = ["name", "gpu_type__name"]
@@ -85,7 +101,7 @@ class GpuPoolAdmin(AuditedAdminMixin, admin.ModelAdmin):
 
 
 @admin.register(ServedModel)
-class ServedModelAdmin(AuditedAdminMixin, admin.ModelAdmin):
+class ServedModelAdmin(PublishedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
     list_display = [
         "name",
         "engine_model_id",
@@ -99,7 +115,7 @@ class ServedModelAdmin(AuditedAdminMixin, admin.ModelAdmin):
 
 
 @admin.register(Deployment)
-class DeploymentAdmin(AuditedAdminMixin, admin.ModelAdmin):
+class DeploymentAdmin(PublishedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
     form = DeploymentAdminForm
     list_display = [
         "name",
@@ -488,7 +504,7 @@ class DegradationPolicyAdminForm(forms.ModelForm):
 
 
 @admin.register(DegradationPolicy)
-class DegradationPolicyAdmin(AuditedAdminMixin, admin.ModelAdmin):
+class DegradationPolicyAdmin(PublishedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
     form = DegradationPolicyAdminForm
     list_display = [
         "served_model",

@@ -178,3 +178,33 @@ def test_redis_down_never_breaks_the_write_and_is_counted(
         assert failed._value.get() >= before + 2
     finally:
         admission.reset()
+
+
+def test_changes_saved_in_the_admin_are_published_when_they_commit(
+    gateway_redis, sellable, served_model, acme, client, django_user_model,
+    django_capture_on_commit_callbacks,
+):  # fmt: skip
+    from django.urls import reverse
+
+    deployment = Deployment.objects.get()
+    ready_replica(deployment)
+    publish_gateway_state(reason="test")
+    gpu_type = deployment.gpu_pool.gpu_type
+    root = django_user_model.objects.create_superuser("root", "root@example.com", "pw")
+    client.force_login(root)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        renamed = client.post(
+            reverse("admin:capacity_gputype_change", args=[gpu_type.pk]),
+            {"name": "H100-SXM", "memory_gb": 80, "hourly_cost_usd": "4.25"},
+        )
+        slug = client.post(
+            reverse("admin:accounts_customer_change", args=[acme.pk]),
+            {"slug": "acme-corp", "name": acme.name, "tier": acme.tier,
+             "memberships-TOTAL_FORMS": 0, "memberships-INITIAL_FORMS": 0},
+        )  # fmt: skip
+
+    assert (renamed.status_code, slug.status_code) == (302, 302)
+    (replica,) = read(gateway_redis, "gw:v1:models")["llama-8b"]["replicas"]
+    assert replica["gpu_type"] == "H100-SXM"  # no tick ran
+    assert read(gateway_redis, "gw:v1:customers") == {"acme-corp": acme.pk}
