@@ -353,6 +353,14 @@ HEALTH_UNLISTED_GONE_SECONDS = env_int("HEALTH_UNLISTED_GONE_SECONDS", 600, mini
 # Bytes of request text per input token a gateway assumes before the engine counts them, until
 # a per-model calibration exists (published per model as bytes_per_token).
 PUBLICATION_BYTES_PER_TOKEN = env_float("PUBLICATION_BYTES_PER_TOKEN", 4.0, minimum=0.5)
+# The calibration (capacity/metering/calibration.py): a model's own ratio over the usage of the
+# last WINDOW hours, once its engines counted at least MIN_TOKENS input tokens in that window.
+PUBLICATION_BYTES_PER_TOKEN_WINDOW_HOURS = env_int(
+    "PUBLICATION_BYTES_PER_TOKEN_WINDOW_HOURS", 6, minimum=1
+)
+PUBLICATION_BYTES_PER_TOKEN_MIN_TOKENS = env_int(
+    "PUBLICATION_BYTES_PER_TOKEN_MIN_TOKENS", 10_000, minimum=1
+)
 # Revoked (and expired) keys stay published this long with revoked: true (or their
 # expires_at), so a gateway refuses them even if it missed the publication that revoked them.
 PUBLICATION_REVOKED_KEYS_SECONDS = env_int("PUBLICATION_REVOKED_KEYS_SECONDS", 86400, minimum=60)

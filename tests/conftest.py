@@ -19,6 +19,15 @@ from tests.support.factories import (
 
 
 @pytest.fixture(autouse=True)
+def _fresh_calibration():
+    """A model's bytes per token is cached per process for a minute: no test sees the
+    calibration of another's usage."""
+    from capacity.metering import calibration
+
+    calibration.forget()
+
+
+@pytest.fixture(autouse=True)
 def _fresh_api_throttles():
     """API throttles count in Redis across requests (accounts.throttling); every test
     starts with none counted, whatever ran before it (ids repeat after --create-db)."""

@@ -32,6 +32,8 @@ TokenCount = Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS)]
 # a sender's estimate above it is a bug, refused rather than stored as demand.
 MAX_ESTIMATED_MU = 1_000_000.0
 EstimatedMu = Annotated[StrictFloat, Field(ge=0, le=MAX_ESTIMATED_MU, allow_inf_nan=False)]
+# A prompt's text in bytes: within a 32-bit column, far above any request body a gateway takes.
+MAX_PROMPT_BYTES = 2_000_000_000
 
 
 def _identifier(max_length: int):
@@ -70,6 +72,9 @@ class UsageEventIn(BaseModel):
     # A refused request's estimated MU, as the sender's admission computed it. Stored only for
     # refused events, and only when the control plane has no admission record of its own.
     estimated_mu: EstimatedMu | None = None
+    # The bytes of prompt text the sender measured, for a request whose input_tokens are the
+    # engine's own count: the calibration of the model's bytes per token. Ignored otherwise.
+    prompt_bytes: Annotated[StrictInt, Field(ge=0, le=MAX_PROMPT_BYTES)] | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> "UsageEventIn":

@@ -60,6 +60,7 @@ COLUMNS = (
     "ttft_ms",
     "mu",
     "estimated_mu",
+    "prompt_bytes",
     "cost_model_id",
     "ingested_at",
     "rolled_up",
@@ -326,6 +327,8 @@ def _rows(valid, *, deployments, ingested_at, self_reported: bool):
             # A refused request never ran: it used nothing.
             0.0 if event.outcome == "refused" else float(mu[position]),
             _refused_estimate(event, record),
+            # A refused request never reached an engine: its tokens are estimates, not counts.
+            None if event.outcome == "refused" else event.prompt_bytes,
             cost_model.pk,
             ingested_at,
             False,

@@ -43,7 +43,10 @@ WITH picked AS (
            coalesce(sum(e.mu) FILTER (WHERE e.self_reported), 0) AS self_reported_mu,
            coalesce(sum(e.mu) FILTER (WHERE e.verification IN ('unrecorded', 'contradicted')),
                     0) AS unverified_mu,
-           coalesce(sum(e.estimated_mu) FILTER (WHERE e.outcome = 'refused'), 0) AS refused_mu
+           coalesce(sum(e.estimated_mu) FILTER (WHERE e.outcome = 'refused'), 0) AS refused_mu,
+           coalesce(sum(e.prompt_bytes), 0) AS prompt_bytes,
+           coalesce(sum(e.input_tokens) FILTER (WHERE e.prompt_bytes IS NOT NULL), 0)
+               AS prompt_bytes_input_tokens
     FROM capacity_usageevent e
     JOIN touched t USING (customer_id, served_model_id, minute)
     GROUP BY e.customer_id, e.served_model_id, e.minute
@@ -51,10 +54,12 @@ WITH picked AS (
     INSERT INTO capacity_usageminute (
         customer_id, served_model_id, minute, requests, refused_requests,
         guaranteed_refused_requests, input_tokens, cached_input_tokens, output_tokens, mu,
-        guaranteed_mu, best_effort_mu, self_reported_mu, unverified_mu, refused_mu)
+        guaranteed_mu, best_effort_mu, self_reported_mu, unverified_mu, refused_mu,
+        prompt_bytes, prompt_bytes_input_tokens)
     SELECT customer_id, served_model_id, minute, requests, refused_requests,
            guaranteed_refused_requests, input_tokens, cached_input_tokens, output_tokens, mu,
-           guaranteed_mu, best_effort_mu, self_reported_mu, unverified_mu, refused_mu
+           guaranteed_mu, best_effort_mu, self_reported_mu, unverified_mu, refused_mu,
+           prompt_bytes, prompt_bytes_input_tokens
     FROM totals
     ON CONFLICT (customer_id, served_model_id, minute) DO UPDATE SET
         requests = EXCLUDED.requests,
@@ -68,7 +73,9 @@ WITH picked AS (
         best_effort_mu = EXCLUDED.best_effort_mu,
         self_reported_mu = EXCLUDED.self_reported_mu,
         unverified_mu = EXCLUDED.unverified_mu,
-        refused_mu = EXCLUDED.refused_mu
+        refused_mu = EXCLUDED.refused_mu,
+        prompt_bytes = EXCLUDED.prompt_bytes,
+        prompt_bytes_input_tokens = EXCLUDED.prompt_bytes_input_tokens
     RETURNING 1
 )
 -- PostgreSQL runs a data-modifying CTE even when nothing reads it.
@@ -93,6 +100,9 @@ _AGGREGATES = {
     "unverified_mu": Sum("mu", filter=Q(verification__in=("unrecorded", "contradicted"))),
     # Demand turned away: what the refused requests would have cost (mu is 0 for them).
     "refused_mu": Sum("estimated_mu", filter=Q(outcome="refused")),
+    # The bytes-per-token calibration: prompt bytes beside the engine's own input tokens.
+    "prompt_bytes": Sum("prompt_bytes"),
+    "prompt_bytes_input_tokens": Sum("input_tokens", filter=Q(prompt_bytes__isnull=False)),
 }
 
 

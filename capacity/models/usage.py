@@ -72,6 +72,9 @@ class UsageEvent(models.Model):
     # its admission record (the control plane's own estimate), else from the sender's
     # `estimated_mu`. Null for requests that ran.
     estimated_mu = models.FloatField(null=True, blank=True)
+    # The bytes of prompt text the gateway saw, sent with the engine's own input_tokens: what
+    # calibrates a model's bytes per token (capacity.metering.calibration). Null when unknown.
+    prompt_bytes = models.PositiveIntegerField(null=True, blank=True)
     cost_model = models.ForeignKey(CostModel, on_delete=models.PROTECT, related_name="+")
     ingested_at = models.DateTimeField()
     rolled_up = models.BooleanField(default=False)
@@ -125,6 +128,10 @@ class UsageMinute(models.Model):
     unverified_mu = models.FloatField(default=0.0, db_default=0.0)
     # The estimated MU of the minute's refused requests: demand that was turned away.
     refused_mu = models.FloatField(default=0.0, db_default=0.0)
+    # Of the minute's events that ran and carried prompt_bytes: their bytes and their input
+    # tokens as the engine counted them (the bytes-per-token calibration).
+    prompt_bytes = models.BigIntegerField(default=0, db_default=0)
+    prompt_bytes_input_tokens = models.BigIntegerField(default=0, db_default=0)
 
     class Meta:
         constraints = [

@@ -16,6 +16,7 @@ from accounts.models import ApiKey, Customer
 from capacity.admission.gate import output_cap_tokens
 from capacity.health.degradation import current as current_degradation
 from capacity.health.degradation import forget as forget_degradation
+from capacity.metering.calibration import bytes_per_token_by_model
 from capacity.models import CostModel, Entitlement, Replica, ServedModel
 
 
@@ -79,10 +80,12 @@ def _pricing_cost_models(served_models: list[ServedModel]) -> dict[int, CostMode
     return chosen
 
 
-def model_documents() -> dict[str, dict]:
-    """Every served model: its currency, admission's output cap, its degradation, and its
-    ready replicas (healthy and answering their last probe, capacity.health.probes)."""
+def model_documents(*, now: datetime) -> dict[str, dict]:
+    """Every served model: its currency, admission's output cap, its bytes per token (its own
+    calibration when it has one), its degradation, and its ready replicas (healthy and
+    answering their last probe, capacity.health.probes)."""
     served_models = list(ServedModel.objects.order_by("name"))
+    calibrated = bytes_per_token_by_model(now=now)
     cost_models = _pricing_cost_models(served_models)
     replicas: dict[int, list[dict]] = defaultdict(list)
     ready = (
@@ -112,7 +115,9 @@ def model_documents() -> dict[str, dict]:
             "context_length_tokens": served_model.context_length_tokens,
             "cost_model": _published_cost_model(served_model, cost_models),
             "output_cap_tokens": output_cap_tokens(served_model.pk),
-            "bytes_per_token": settings.PUBLICATION_BYTES_PER_TOKEN,
+            "bytes_per_token": calibrated.get(
+                served_model.pk, settings.PUBLICATION_BYTES_PER_TOKEN
+            ),
             "degradation": {
                 "level": degradation.level,
                 "refuse_best_effort": degradation.refuse_best_effort,

@@ -46,7 +46,7 @@ def publish_gateway_state(*, reason: str) -> int | None:
             now = timezone.now()
             documents = {
                 KEYS: key_documents(now=now),
-                MODELS: model_documents(),
+                MODELS: model_documents(now=now),
                 ENTITLEMENTS: entitlement_documents(),
                 CUSTOMERS: customer_documents(),
             }

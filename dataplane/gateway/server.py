@@ -120,6 +120,9 @@ class Usage:
     output_tokens: int = 0
     ttft_ms: float | None = None
     engine_usage: bool = False
+    # The prompt's text in bytes (None for prompts given as token ids): sent beside the
+    # engine's own input token count, it calibrates the model's bytes per token.
+    prompt_bytes: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def take_engine_usage(self, usage: Any) -> None:
@@ -155,6 +158,8 @@ class Usage:
             event["ttft_ms"] = round(self.ttft_ms, 3)
         if self.outcome == "refused":
             event["estimated_mu"] = self.estimated_mu
+        elif self.engine_usage and self.prompt_bytes is not None:
+            event["prompt_bytes"] = self.prompt_bytes
         return event
 
 
@@ -383,6 +388,7 @@ class Gateway:
                 input_tokens=input_tokens,
                 estimated_mu=mu,
                 admission_class=admission_class,
+                prompt_bytes=body.content_bytes if body.token_ids == 0 else None,
             )
             chosen = candidate
             if admission_class != REFUSED:

@@ -58,6 +58,8 @@ def test_a_chat_completion_answers_with_the_engines_tokens_and_leaves_one_comple
     assert event["input_tokens"] == body["usage"]["prompt_tokens"] == 2
     assert event["output_tokens"] == body["usage"]["completion_tokens"]
     assert event["output_tokens"] == emulator_counter(http, url, "vllm:generation_tokens_total")
+    # The prompt's bytes beside the engine's count: the model's bytes-per-token calibration.
+    assert event["prompt_bytes"] == len(b"hello there")
     assert usage_server.requests[0].headers["authorization"].endswith("test-service-key-for-usage")
 
 
@@ -232,6 +234,8 @@ def test_admission_refusal_is_a_429_with_retry_after_and_a_refused_event(
     refused_events = [e for e in events if e["outcome"] == "refused"]
     assert len(refused_events) == statuses.count(429)
     assert all(e["estimated_mu"] > 0 and e["output_tokens"] == 0 for e in refused_events)
+    # Its tokens are estimates, not an engine's count: nothing to calibrate with.
+    assert not any("prompt_bytes" in e for e in refused_events)
     assert refused.headers["X-Request-Id"] in {e["event_id"] for e in refused_events}
 
 
