@@ -9,6 +9,8 @@ export DEBUG="${DEBUG:-1}"
 export REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6379/0}"
 PORT="${PORT:-8000}"
 EMULATOR_PORT="${EMULATOR_PORT:-8101}"
+SUPERVISOR_PORT="${SUPERVISOR_PORT:-8190}"
+REPLICA_BASE_PORT="${REPLICA_BASE_PORT:-8111}"
 GATEWAY_PORT="${GATEWAY_PORT:-8080}"
 HOST="${HOST:-127.0.0.1}"
 DEMO_PLANNER="${DEMO_PLANNER:-planner}"
@@ -21,6 +23,9 @@ mkdir -p var/log
 MU_ACTUATOR_DEMO_WEBHOOK_SECRET="$($BIN/python -c 'import secrets; print(secrets.token_hex(32))')"
 export MU_ACTUATOR_DEMO_WEBHOOK_SECRET
 export EMULATOR_WEBHOOK_SECRET="$MU_ACTUATOR_DEMO_WEBHOOK_SECRET"
+# Likewise the process supervisor's bearer token (PROCESS_SUPERVISOR_TOKEN on its side).
+MU_ACTUATOR_DEMO_SUPERVISOR_TOKEN="$($BIN/python -c 'import secrets; print(secrets.token_hex(32))')"
+export MU_ACTUATOR_DEMO_SUPERVISOR_TOKEN
 # Everything runs on $HOST; the default allow-list covers loopback only.
 case "$HOST" in
   127.*|localhost|::1) ;;
@@ -45,16 +50,27 @@ $BIN/python manage.py migrate --noinput
 $BIN/python manage.py collectstatic --noinput --verbosity 0
 $BIN/python manage.py create_planner "$DEMO_PLANNER" --skip-password-validation
 echo "== demo data"
-$BIN/python manage.py seed_demo --emulator-url "http://$HOST:$EMULATOR_PORT" | tee var/log/seed_demo.log
+$BIN/python manage.py seed_demo --emulator-url "http://$HOST:$EMULATOR_PORT" \
+  --supervisor-url "http://$HOST:$SUPERVISOR_PORT" --replica-base-port "$REPLICA_BASE_PORT" \
+  | tee var/log/seed_demo.log
 # The gateway posts usage with the demo's service key (printed by seed_demo, read from its log).
 GATEWAY_SERVICE_KEY="$(sed -n 's/^Service  *gateway  *key: *//p' var/log/seed_demo.log | tail -1)"
 export GATEWAY_SERVICE_KEY
 DEMO_CUSTOMER_KEY="$(sed -n 's/^Customer acme  *key: *//p' var/log/seed_demo.log | tail -1)"
 $BIN/python manage.py setup_periodic_tasks
 
-# The engine emulator stands in for the data plane (a vLLM fleet) in the demo. With priority
-# scheduling, as seed_demo's priority_scheduling=True on the deployment it serves says:
-# admission's classes and the health probes send vLLM `priority`, refused under fcfs.
+# The engine emulator stands in for the data plane (a vLLM fleet) in the demo, with priority
+# scheduling, as seed_demo's priority_scheduling=True on its deployments says (admission's
+# classes and the health probes send vLLM `priority`, refused under fcfs):
+# - llama-8b-h100: the process actuator; the supervisor runs one emulator process per replica
+#   on consecutive ports from REPLICA_BASE_PORT, the way a GPU host runs vLLM processes;
+# - llama-8b-l40s: the webhook actuator; one emulator scales its in-process replicas.
+PROCESS_SUPERVISOR_TOKEN="$MU_ACTUATOR_DEMO_SUPERVISOR_TOKEN" \
+  $BIN/python -m dataplane.supervisor --host "$HOST" --port "$SUPERVISOR_PORT" \
+  --log-dir var/log/replicas \
+  --engine "llama-3.1-8b=$PWD/$BIN/python -m dataplane.emulator --host $HOST --port {port} --config dataplane/emulator/demo-replica.json --scheduling-policy priority" \
+  > var/log/supervisor.log 2>&1 &
+pids+=($!)
 $BIN/python -m dataplane.emulator --host "$HOST" --port "$EMULATOR_PORT" \
   --config dataplane/emulator/demo.json --scheduling-policy priority \
   > var/log/emulator.log 2>&1 &
@@ -89,7 +105,8 @@ Model-Unit Control Plane is running (logs in var/log/):
   API          http://$HOST:$PORT/api/v1/
   Admin        http://$HOST:$PORT/admin/   user: $DEMO_PLANNER  password: $PLANNER_PASSWORD
   Health       http://$HOST:$PORT/healthz   http://$HOST:$PORT/readyz
-  Emulator     http://$HOST:$EMULATOR_PORT/v1/models   (metrics: /metrics)
+  Replicas     http://$HOST:$SUPERVISOR_PORT/status   (the process supervisor: llama-8b-h100's emulator replicas from port $REPLICA_BASE_PORT)
+  Emulator     http://$HOST:$EMULATOR_PORT/v1/models   (llama-8b-l40s, scaled by webhook; metrics: /metrics)
   Gateway      http://$HOST:$GATEWAY_PORT/v1   (OpenAI-compatible, with a customer key above; metrics: /metrics)
 
 Try a request through the gateway with acme's demo key (once the health probes found the

@@ -4,10 +4,10 @@
   http://host:port; restart: `POST /restart` (the supervisor kills and starts it again).
 - `kubernetes` with `pod_selector`: the running pods (by IP and `pod_port`); restart: delete
   the pod, so its ReplicaSet (or the like) starts another.
-- `webhook`: the deployment's `endpoint_url` as one endpoint; restart: a signed POST to the
-  webhook with `"action": "restart"`.
-- `dry_run` (and kubernetes without a selector): `endpoint_url` as one endpoint; a restart
-  is only recorded.
+- `webhook`: the deployment's `endpoint_url` as one endpoint (none while it runs no replica);
+  restart: a signed POST to the webhook with `"action": "restart"`.
+- `dry_run` (and kubernetes without a selector): `endpoint_url` as one endpoint (none at zero
+  replicas); a restart is only recorded.
 
 Every HTTP call goes through the guarded client (OUTBOUND_ALLOWED_HOSTS, controlplane/outbound.py);
 a deployment whose stored actuator config is flagged (`actuator_config_problem`) is neither
@@ -47,7 +47,9 @@ class Endpoint:
 
 
 def _endpoint_only(deployment: Deployment) -> list[Endpoint]:
-    if not deployment.endpoint_url:
+    # At zero replicas nothing runs behind the endpoint: probing it would only find it "down"
+    # and restart what was scaled away on purpose.
+    if not deployment.endpoint_url or deployment.current_replicas == 0:
         return []
     return [Endpoint(ENDPOINT_KEY, deployment.endpoint_url.rstrip("/"))]
 

@@ -410,13 +410,24 @@ def deployment_pair(served_model, pool):
     )
 
 
-def test_the_demos_webhook_deployment_is_signed_and_allowed_by_the_defaults(db):
-    call_command("seed_demo", "--emulator-url", "http://127.0.0.1:8101")
+def test_the_demos_supervisor_and_webhook_are_allowed_by_the_defaults(db):
+    call_command(
+        "seed_demo", "--emulator-url", "http://127.0.0.1:8101",
+        "--supervisor-url", "http://127.0.0.1:8190",
+    )  # fmt: skip
 
-    demo = Deployment.objects.get(name="llama-8b-h100")
-    assert demo.actuator_kind == "webhook"
-    assert demo.actuator_config == {
+    webhook = Deployment.objects.get(name="llama-8b-l40s")
+    assert webhook.actuator_kind == "webhook"
+    assert webhook.actuator_config == {
         "url": "http://127.0.0.1:8101/admin/webhook/scale",
         "secret_env": "MU_ACTUATOR_DEMO_WEBHOOK_SECRET",
     }
-    assert demo.actuator_config_problem == ""
+    assert webhook.actuator_config_problem == ""
+    process = Deployment.objects.get(name="llama-8b-h100")
+    assert process.actuator_kind == "process"
+    assert process.actuator_config == {
+        "engine": "llama-3.1-8b", "host": "127.0.0.1", "base_port": 8111,
+        "supervisor_url": "http://127.0.0.1:8190", "drain_seconds": 10,
+        "token_env": "MU_ACTUATOR_DEMO_SUPERVISOR_TOKEN",
+    }  # fmt: skip
+    assert process.actuator_config_problem == ""

@@ -7,6 +7,7 @@ keys and prints fresh ones (a key's secret cannot be shown twice).
 from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from django.core.management.base import BaseCommand
 from django.db import transaction
@@ -37,6 +38,10 @@ DEMO_KEY_NAME = "demo key (seed_demo)"
 # scripts/run.sh puts a fresh secret here and the same one in the emulator's
 # EMULATOR_WEBHOOK_SECRET; MU_ACTUATOR_* is what actuators may read by default.
 DEMO_WEBHOOK_SECRET_ENV = "MU_ACTUATOR_DEMO_WEBHOOK_SECRET"
+DEMO_SUPERVISOR_TOKEN_ENV = "MU_ACTUATOR_DEMO_SUPERVISOR_TOKEN"
+# The supervisor's engine (scripts/run.sh: --engine llama-3.1-8b=...) and its replicas' ports.
+DEMO_ENGINE = "llama-3.1-8b"
+DEMO_REPLICA_BASE_PORT = 8111
 
 GPU_TYPES = [
     ("H100-80GB", 80, Decimal("4.2500")),
@@ -89,13 +94,28 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument(
+            "--supervisor-url",
+            default="",
+            help="Run the demo's llama H100 replicas with the process actuator through this "
+            "process supervisor (python -m dataplane.supervisor), one emulator each.",
+        )
+        parser.add_argument(
+            "--replica-base-port",
+            type=int,
+            default=DEMO_REPLICA_BASE_PORT,
+            help="Port of the first supervisor replica (the next ones follow).",
+        )
+        parser.add_argument(
             "--emulator-url",
             default="",
-            help="Point the demo's llama deployment at this engine emulator.",
+            help="Scale the demo's llama L40S deployment in this engine emulator by webhook.",
         )
 
     @transaction.atomic
-    def handle(self, *args, emulator_url="", **options):
+    def handle(
+        self, *args, emulator_url="", supervisor_url="", replica_base_port=DEMO_REPLICA_BASE_PORT,
+        **options,
+    ):  # fmt: skip
         gpu_types = {}
         for name, memory_gb, cost in GPU_TYPES:
             gpu_types[name], _ = GpuType.objects.update_or_create(
@@ -146,25 +166,32 @@ class Command(BaseCommand):
                     "actuator_config_problem": "",
                 },
             )
+        if supervisor_url:
+            # The allocation loop asks the supervisor for this deployment's replica count; it
+            # runs one emulator process per replica on consecutive ports (scripts/run.sh).
+            parts = urlsplit(supervisor_url)
+            config = {
+                "engine": DEMO_ENGINE,
+                "host": parts.hostname or "127.0.0.1",
+                "base_port": replica_base_port,
+                "supervisor_url": supervisor_url,
+                "drain_seconds": 10,
+                "token_env": DEMO_SUPERVISOR_TOKEN_ENV,
+            }
+            self._actuate(
+                "llama-8b-h100",
+                ActuatorKind.PROCESS,
+                config,
+                # Benchmarks measure this URL: the first replica, which always runs (min 1).
+                endpoint_url=f"http://{config['host']}:{replica_base_port}",
+            )
         if emulator_url:
             # The allocation loop pushes this deployment's targets to the emulator, signed.
             config = {
                 "url": f"{emulator_url}/admin/webhook/scale",
                 "secret_env": DEMO_WEBHOOK_SECRET_ENV,
             }
-            # Flagged rather than refused, so the rest of the demo still comes up when the
-            # operator's settings do not allow the emulator's address.
-            problem = actuator_config_problem(ActuatorKind.WEBHOOK, config)
-            if problem:
-                self.stderr.write(f"The demo webhook deployment is refused: {problem}")
-            Deployment.objects.filter(name="llama-8b-h100").update(
-                endpoint_url=emulator_url,
-                # scripts/run.sh starts the emulator with --scheduling-policy priority.
-                priority_scheduling=True,
-                actuator_kind=ActuatorKind.WEBHOOK,
-                actuator_config=config,
-                actuator_config_problem=problem,
-            )
+            self._actuate("llama-8b-l40s", ActuatorKind.WEBHOOK, config, endpoint_url=emulator_url)
         # While fewer than 3 in 4 of its probed replicas answer, the demo model sheds
         # best-effort traffic, then caps max_tokens (planners edit this on the Health page).
         DegradationPolicy.objects.get_or_create(
@@ -229,3 +256,18 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"Reservation: acme {reservation.mu_per_minute:g} MU/min of llama-3.1-8b."
             )
+
+    def _actuate(self, name: str, kind: str, config: dict, *, endpoint_url: str) -> None:
+        """Point a demo deployment at the demo's data plane. A config the operator's settings
+        refuse is flagged rather than refused, so the rest of the demo still comes up."""
+        problem = actuator_config_problem(kind, config)
+        if problem:
+            self.stderr.write(f"The demo's {kind} deployment {name} is refused: {problem}")
+        Deployment.objects.filter(name=name).update(
+            endpoint_url=endpoint_url,
+            # scripts/run.sh starts the demo's engines with --scheduling-policy priority.
+            priority_scheduling=True,
+            actuator_kind=kind,
+            actuator_config=config,
+            actuator_config_problem=problem,
+        )

@@ -27,10 +27,11 @@ def k8s(monkeypatch, settings):
     server.stop()
 
 
-def configure(deployment, kind, config, endpoint_url=""):
+def configure(deployment, kind, config, endpoint_url="", current_replicas=1):
     deployment.actuator_kind = kind
     deployment.actuator_config = validate_actuator_config(kind, config)
     deployment.endpoint_url = endpoint_url
+    deployment.current_replicas = current_replicas
     deployment.save()
     return deployment
 
@@ -125,4 +126,10 @@ def test_a_dry_run_deployment_records_the_restart_only(deployment):
     assert list_endpoints(deployment) == [Endpoint("endpoint", "http://127.0.0.1:9")]
     assert restart(deployment, "endpoint").startswith("recorded only")
     deployment.endpoint_url = ""
+    assert list_endpoints(deployment) == []
+
+
+def test_an_endpoint_at_zero_replicas_is_not_probed(deployment):
+    # Scaled to zero on purpose: nothing runs behind the URL, and nothing should restart it.
+    configure(deployment, ActuatorKind.DRY_RUN, {}, "http://127.0.0.1:9/", current_replicas=0)
     assert list_endpoints(deployment) == []

@@ -28,6 +28,7 @@ def test_a_worker_on_the_health_queue_probes_a_deployment(sellable, served_model
         deployment = served_model.deployments.get()
         deployment.actuator_kind = ActuatorKind.DRY_RUN
         deployment.endpoint_url = url
+        deployment.current_replicas = 1
         deployment.save()
         # Only the health queue: the probes need no other worker.
         with celery_worker_process(tmp_path, queues="health"):
