@@ -105,8 +105,8 @@ Model-Unit Control Plane is running (logs in var/log/):
   API          http://$HOST:$PORT/api/v1/
   Admin        http://$HOST:$PORT/admin/   user: $DEMO_PLANNER  password: $PLANNER_PASSWORD
   Health       http://$HOST:$PORT/healthz   http://$HOST:$PORT/readyz
-  Replicas     llama-8b-h100's emulators on ports $REPLICA_BASE_PORT+, run by the process supervisor at http://$HOST:$SUPERVISOR_PORT
-               (its API needs the run's token: curl -H "Authorization: Bearer \$MU_ACTUATOR_DEMO_SUPERVISOR_TOKEN" .../status)
+  Replicas     llama-8b-h100's emulators on ports $REPLICA_BASE_PORT+ (/v1/models, /metrics), run by the
+               process supervisor at http://$HOST:$SUPERVISOR_PORT (its API takes only this run's token)
   Emulator     http://$HOST:$EMULATOR_PORT/v1/models   (llama-8b-l40s, scaled by webhook; metrics: /metrics)
   Gateway      http://$HOST:$GATEWAY_PORT/v1   (OpenAI-compatible, with a customer key above; metrics: /metrics)
 
