@@ -4,14 +4,25 @@ Plain data in, plain data out — no database, no clock, no network — so the l
 fleet simulator run the very same code. Rules, in order:
 
 1. Every deployment keeps its `min_replicas` (GPU inventory permitting).
-2. Guaranteed first: for every model, enough hot capacity for the sum of its active
-   reservations (a reserved customer may ramp to its reservation faster than a replica can
-   cold-start, so that capacity must already run), spread over its deployments cheapest $/MU
-   first, within the GPUs its pools have left.
-3. Then best-effort demand (recent use above reservations, at its recent peak, plus the
-   requests queued in the engines), the same way; for bursty traffic, never less in all than
-   the rate that starts its sub-minute bursts within the TTFT SLO (`capacity.allocation.bursts`).
-   A short pool therefore reclaims best-effort before guaranteed, and shortfalls are reported.
+2. Guaranteed first: for every model, enough hot capacity for the reservations that are warm
+   (a reserved customer may ramp to its reservation faster than a replica can cold-start, so
+   that capacity must already run), spread over its deployments cheapest $/MU first, within
+   the GPUs its pools have left. A reservation with keep-warm is warm at all times; one
+   without it while its customer used the model (or the reservation started) within the
+   model's idle window (its deployments' `scale_to_zero_after_seconds`): after that its
+   capacity may go cold, and its next request waits a cold start at the gateway.
+3. Then best-effort demand, the same way: recent use above the warm reservations at its recent
+   peak, plus what admission refused (the refused requests' estimated MU: demand the fleet
+   turned away, so best-effort traffic behind an obeying gateway can still grow the fleet),
+   plus the requests waiting at the gateways for a model at zero and those queued in the
+   engines; the engines' own MU/min (Prometheus) is a floor when metering lags. For bursty
+   traffic, never less in all than the rate that starts its sub-minute bursts within the TTFT
+   SLO (`capacity.allocation.bursts`). Best-effort is bounded by the model's best-effort
+   ceiling (MU/min and replicas, set by planners). A short pool therefore reclaims
+   best-effort before guaranteed, and shortfalls are reported.
+3b. Cold start: when the demand's trend over the last minutes would pass the ready capacity
+   within one cold start of the model's quickest deployment, the capacity for the trend is
+   added now (reason `cold_start_lead`), since a replica asked for later would be late.
 4. Capacity per replica counts at the deployment's target utilisation.
 5. Scale up at once; scale down only to the highest recommendation inside the stabilisation
    window (default 120 s), and not at all while no tick has recommended inside it. Unknown
@@ -21,7 +32,9 @@ fleet simulator run the very same code. Rules, in order:
 7. Never below min, never above max or the pool's inventory.
 
 Admission allowances: each customer's guaranteed bucket is its reservation; best-effort gets
-the hot capacity left over, split 80 % by recent best-effort demand and 20 % evenly.
+the hot capacity left over (ready replicas only: capacity still loading is never lent out),
+within the best-effort ceiling, split 80 % by recent best-effort demand (refused demand
+included) and 20 % evenly over every customer allowed on the model, history or not.
 """
 
 import math
@@ -52,6 +65,17 @@ class CustomerDemand:
     recent_mu_per_minute: float  # mean over the last few minutes
     peak_mu_per_minute: float  # busiest recent minute
     keep_warm: bool = False
+    # Demand admission turned away over the recent window, as MU/min (the refused requests'
+    # estimated MU), by the class the request was refused in.
+    refused_guaranteed_mu_per_minute: float = 0.0
+    refused_best_effort_mu_per_minute: float = 0.0
+    # Seconds since the customer last used the model or its reservation started, whichever is
+    # later; None: neither (a reservation without keep-warm is then cold).
+    idle_seconds: float | None = None
+
+    @property
+    def refused_mu_per_minute(self) -> float:
+        return self.refused_guaranteed_mu_per_minute + self.refused_best_effort_mu_per_minute
 
 
 @dataclass(frozen=True)
@@ -71,6 +95,10 @@ class DeploymentState:
     cost_per_hour_usd: float  # per replica
     # (seconds before now, recommended replicas) of earlier ticks inside the window
     recent_recommendations: tuple[tuple[float, int], ...] = ()
+    # Of current_replicas, as observed (never as requested): ready serve now (hot capacity),
+    # starting are still loading; draining are leaving, finishing their requests.
+    starting_replicas: int = 0
+    draining_replicas: int = 0
 
     @property
     def effective_mu_per_minute_per_replica(self) -> float:
@@ -101,6 +129,17 @@ class ModelSnapshot:
     # TTFT SLO; where they bind, the model's capacity never plans below them.
     burst_mu_per_minute: float = 0.0
     burst_window_busiest_minute_mu: float = 0.0
+    # MU of the requests held at the gateways for a model without a ready replica
+    # (gw:v1:waiting), planned for as a rate that serves them within a minute.
+    gateway_waiting_mu: float = 0.0
+    # What the engines themselves served, MU/min (Prometheus); None: not measured. A floor on
+    # the metered demand, so a fleet whose usage events lag is not scaled down on a gap.
+    engine_mu_per_minute: float | None = None
+    # The demand's trend over the last minutes, MU/min gained per second (0: flat or falling).
+    demand_trend_mu_per_minute_per_second: float = 0.0
+    # Planners' bound on best-effort capacity (None: unbounded): MU/min and replicas.
+    best_effort_ceiling_mu_per_minute: float | None = None
+    best_effort_ceiling_replicas: int | None = None
 
 
 @dataclass(frozen=True)
@@ -135,6 +174,10 @@ class DeploymentDecision:
     recommended_replicas: int
     target_replicas: int
     reasons: tuple[Reason, ...]
+    # As the snapshot observed them (DeploymentState).
+    ready_replicas: int = 0
+    starting_replicas: int = 0
+    draining_replicas: int = 0
 
 
 @dataclass(frozen=True)
@@ -153,6 +196,14 @@ class ModelOutcome:
     planned_mu_per_minute: float
     guaranteed_shortfall_mu_per_minute: float
     best_effort_shortfall_mu_per_minute: float
+    # Of the demand: warm reservations, what admission refused by class, what waited at the
+    # gateways, and what the cold-start lead added for the trend.
+    warm_guaranteed_mu_per_minute: float = 0.0
+    refused_guaranteed_mu_per_minute: float = 0.0
+    refused_best_effort_mu_per_minute: float = 0.0
+    gateway_waiting_mu: float = 0.0
+    cold_start_lead_mu_per_minute: float = 0.0
+    ready_mu_per_minute: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -166,8 +217,43 @@ class Decisions:
 
 
 def _demand(customer: CustomerDemand) -> float:
-    """MU/min to plan for: the recent mean or the busiest recent minute, the higher."""
-    return max(customer.recent_mu_per_minute, customer.peak_mu_per_minute)
+    """MU/min to plan for: the recent mean or the busiest recent minute, the higher, plus what
+    admission refused (it would have run had there been capacity)."""
+    return (
+        max(customer.recent_mu_per_minute, customer.peak_mu_per_minute)
+        + customer.refused_mu_per_minute
+    )
+
+
+def idle_window_seconds(model: ModelSnapshot) -> float | None:
+    """How long a reservation without keep-warm stays warm after its last use: the longest
+    `scale_to_zero_after_seconds` of the model's deployments; None when one never scales to
+    zero (then every reservation stays warm)."""
+    windows = [d.scale_to_zero_after_seconds for d in model.deployments]
+    if not windows or any(w is None for w in windows):
+        return None
+    return max(w for w in windows if w is not None)
+
+
+def warm_reserved(customer: CustomerDemand, idle_window: float | None) -> float:
+    """The part of a customer's reservation the fleet keeps hot now (rule 2)."""
+    if customer.reserved_mu_per_minute <= 0:
+        return 0.0
+    if customer.keep_warm or idle_window is None:
+        return customer.reserved_mu_per_minute
+    if customer.idle_seconds is not None and customer.idle_seconds < idle_window:
+        return customer.reserved_mu_per_minute
+    return 0.0
+
+
+def cold_start_lead_seconds(model: ModelSnapshot) -> float:
+    """The cold start of the quickest deployment that can add capacity."""
+    leads = [
+        d.cold_start_seconds
+        for d in model.deployments
+        if d.effective_mu_per_minute_per_replica > 0 and d.max_replicas > 0
+    ]
+    return min(leads, default=0.0)
 
 
 def _binding_burst(model: ModelSnapshot) -> float:
@@ -187,6 +273,13 @@ def _binding_burst(model: ModelSnapshot) -> float:
     return burst if bursty else 0.0
 
 
+_LABELS = {
+    "guaranteed": "guaranteed",
+    "best_effort": "best-effort",
+    "cold_start_lead": "the demand's trend within one cold start",
+}
+
+
 def _fill(
     need_mu: float,
     deployments: Sequence[DeploymentState],
@@ -194,8 +287,11 @@ def _fill(
     pool_free: dict[int, int],
     reasons: dict[int, list[Reason]],
     label: str,
-) -> float:
-    """Add replicas cheapest $/MU first until `need_mu` is covered; return what is missing."""
+    max_added: int | None = None,
+) -> tuple[float, int]:
+    """Add replicas cheapest $/MU first until `need_mu` is covered, at most `max_added` in all;
+    return (what is missing, replicas added)."""
+    total_added = 0
     for deployment in sorted(deployments, key=lambda d: (d.usd_per_mu, d.deployment_id)):
         if need_mu <= EPSILON:
             break
@@ -205,7 +301,9 @@ def _fill(
         wanted = math.ceil(need_mu / per_replica - EPSILON)
         room = deployment.max_replicas - replicas[deployment.deployment_id]
         fits = pool_free[deployment.pool_id] // deployment.gpus_per_replica
-        added = max(0, min(wanted, room, fits))
+        ceiling = max_added - total_added if max_added is not None else wanted
+        added = max(0, min(wanted, room, fits, ceiling))
+        total_added += added
         if added:
             replicas[deployment.deployment_id] += added
             pool_free[deployment.pool_id] -= added * deployment.gpus_per_replica
@@ -213,22 +311,26 @@ def _fill(
             reasons[deployment.deployment_id].append(
                 Reason(
                     label,
-                    f"+{added} replica(s) for {label.replace('_', '-')} demand "
+                    f"+{added} replica(s) for {_LABELS[label]} demand "
                     f"(${deployment.usd_per_mu * 1000:.4f} per 1,000 MU)",
                     {"added": added, "mu_per_minute_per_replica": per_replica},
                 )
             )
-        limited_by = "max_replicas" if room <= fits else "pool"
         if wanted > added:
+            if max_added is not None and ceiling <= min(room, fits):
+                limited_by, by_what = "best_effort_ceiling", "the model's best-effort ceiling"
+            elif room <= fits:
+                limited_by, by_what = "max_replicas", "its max replicas"
+            else:
+                limited_by, by_what = "pool", "free GPUs in its pool"
             reasons[deployment.deployment_id].append(
                 Reason(
                     f"{label}_limited",
-                    f"wanted {wanted} more for {label.replace('_', '-')} demand, "
-                    f"limited by {'its max replicas' if limited_by == 'max_replicas' else 'free GPUs in its pool'}",  # noqa: E501
+                    f"wanted {wanted} more for {_LABELS[label]} demand, limited by {by_what}",
                     {"wanted": wanted, "added": added, "limited_by": limited_by},
                 )
             )
-    return max(0.0, need_mu)
+    return max(0.0, need_mu), total_added
 
 
 def decide(snapshot: Snapshot) -> Decisions:
@@ -264,39 +366,66 @@ def decide(snapshot: Snapshot) -> Decisions:
             for d in model.deployments
         )
 
-    # 2. Guaranteed, across all models, before any best-effort.
+    # 2. Guaranteed (the warm reservations), across all models, before any best-effort.
+    warm: dict[int, float] = {}
     guaranteed_short: dict[int, float] = {}
     for model in snapshot.models:
-        guaranteed = sum(c.reserved_mu_per_minute for c in model.customers)
-        need = guaranteed - planned(model)
-        guaranteed_short[model.model_id] = _fill(
+        idle_window = idle_window_seconds(model)
+        warm[model.model_id] = sum(warm_reserved(c, idle_window) for c in model.customers)
+        need = warm[model.model_id] - planned(model)
+        guaranteed_short[model.model_id], _ = _fill(
             need, model.deployments, replicas, pool_free, reasons, "guaranteed"
         )
 
-    # 3. Best-effort.
+    # 3. Best-effort, within the model's ceiling; 3b. the cold-start lead.
     best_effort_short: dict[int, float] = {}
     best_effort_demand: dict[int, float] = {}
+    lead_demand: dict[int, float] = {}
     for model in snapshot.models:
-        guaranteed = sum(c.reserved_mu_per_minute for c in model.customers)
-        demand = model.waiting_mu + sum(
-            max(0.0, _demand(c) - c.reserved_mu_per_minute) for c in model.customers
-        )
+        guaranteed = warm[model.model_id]
+        demand = _best_effort_demand(model, idle_window_seconds(model))
         demand = max(demand, _binding_burst(model) - guaranteed)
+        if model.best_effort_ceiling_mu_per_minute is not None:
+            demand = min(demand, model.best_effort_ceiling_mu_per_minute)
         best_effort_demand[model.model_id] = demand
         need = guaranteed + demand - planned(model)
-        best_effort_short[model.model_id] = _fill(
-            need, model.deployments, replicas, pool_free, reasons, "best_effort"
+        best_effort_short[model.model_id], added = _fill(
+            need,
+            model.deployments,
+            replicas,
+            pool_free,
+            reasons,
+            "best_effort",
+            max_added=model.best_effort_ceiling_replicas,
         )
+        lead = _cold_start_lead(model, guaranteed + demand)
+        if model.best_effort_ceiling_mu_per_minute is not None:
+            lead = min(lead, max(0.0, model.best_effort_ceiling_mu_per_minute - demand))
+        lead_demand[model.model_id] = lead
+        if lead > EPSILON:
+            room = model.best_effort_ceiling_replicas
+            _fill(
+                guaranteed + demand + lead - planned(model),
+                model.deployments,
+                replicas,
+                pool_free,
+                reasons,
+                "cold_start_lead",
+                max_added=None if room is None else max(0, room - added),
+            )
 
     decisions: list[DeploymentDecision] = []
     outcomes: list[ModelOutcome] = []
     allowances: list[Allowance] = []
     for model in snapshot.models:
         keep_warm = any(c.keep_warm and c.reserved_mu_per_minute > 0 for c in model.customers)
+        idle_window = idle_window_seconds(model)
         demand_total = (
             model.waiting_mu
+            + model.gateway_waiting_mu
             + _binding_burst(model)
-            + sum(max(_demand(c), c.reserved_mu_per_minute) for c in model.customers)
+            + sum(max(_demand(c), warm_reserved(c, idle_window)) for c in model.customers)
+            + _unmetered(model)
         )
         for d in model.deployments:
             recommended = replicas[d.deployment_id]
@@ -379,6 +508,9 @@ def decide(snapshot: Snapshot) -> Decisions:
                     recommended_replicas=recommended,
                     target_replicas=target,
                     reasons=tuple(why),
+                    ready_replicas=d.ready_replicas,
+                    starting_replicas=d.starting_replicas,
+                    draining_replicas=d.draining_replicas,
                 )
             )
 
@@ -392,12 +524,57 @@ def decide(snapshot: Snapshot) -> Decisions:
                 planned_mu_per_minute=planned(model),
                 guaranteed_shortfall_mu_per_minute=guaranteed_short[model.model_id],
                 best_effort_shortfall_mu_per_minute=best_effort_short[model.model_id],
+                warm_guaranteed_mu_per_minute=warm[model.model_id],
+                refused_guaranteed_mu_per_minute=sum(
+                    c.refused_guaranteed_mu_per_minute for c in model.customers
+                ),
+                refused_best_effort_mu_per_minute=sum(
+                    c.refused_best_effort_mu_per_minute for c in model.customers
+                ),
+                gateway_waiting_mu=model.gateway_waiting_mu,
+                cold_start_lead_mu_per_minute=lead_demand[model.model_id],
+                ready_mu_per_minute=_ready_mu(model),
             )
         )
         allowances.extend(_allowances(model, guaranteed))
 
     decisions = _fit_pools(decisions, snapshot)
     return Decisions(tuple(decisions), tuple(allowances), tuple(outcomes))
+
+
+def _unmetered(model: ModelSnapshot) -> float:
+    """What the engines served beyond what was metered (usage events lag, or a gateway posts
+    none): counted as demand, never as a reason to scale down."""
+    if model.engine_mu_per_minute is None:
+        return 0.0
+    metered = sum(c.recent_mu_per_minute for c in model.customers)
+    return max(0.0, model.engine_mu_per_minute - metered)
+
+
+def _best_effort_demand(model: ModelSnapshot, idle_window: float | None) -> float:
+    """MU/min beyond the warm reservations: customers' use and refusals above them, the
+    gateways' waiting requests, the engines' queues and what metering missed."""
+    return (
+        model.waiting_mu
+        + model.gateway_waiting_mu
+        + _unmetered(model)
+        + sum(max(0.0, _demand(c) - warm_reserved(c, idle_window)) for c in model.customers)
+    )
+
+
+def _ready_mu(model: ModelSnapshot) -> float:
+    return sum(d.ready_replicas * d.effective_mu_per_minute_per_replica for d in model.deployments)
+
+
+def _cold_start_lead(model: ModelSnapshot, demand: float) -> float:
+    """MU/min to add now for the trend: what demand gains within one cold start, when that
+    would pass the ready capacity (a replica asked for once it has would come a cold start
+    too late); else 0."""
+    slope = max(0.0, model.demand_trend_mu_per_minute_per_second)
+    gain = slope * cold_start_lead_seconds(model)
+    if gain <= EPSILON or demand + gain <= _ready_mu(model) + EPSILON:
+        return 0.0
+    return gain
 
 
 def _fit_pools(decisions: list[DeploymentDecision], snapshot: Snapshot) -> list[DeploymentDecision]:
@@ -424,6 +601,9 @@ def _fit_pools(decisions: list[DeploymentDecision], snapshot: Snapshot) -> list[
                 current_replicas=decision.current_replicas,
                 recommended_replicas=decision.recommended_replicas,
                 target_replicas=decision.target_replicas - trim,
+                ready_replicas=decision.ready_replicas,
+                starting_replicas=decision.starting_replicas,
+                draining_replicas=decision.draining_replicas,
                 reasons=(
                     *decision.reasons,
                     Reason(
@@ -438,8 +618,10 @@ def _fit_pools(decisions: list[DeploymentDecision], snapshot: Snapshot) -> list[
 
 
 def _allowances(model: ModelSnapshot, guaranteed: float) -> list[Allowance]:
-    hot = sum(d.ready_replicas * d.effective_mu_per_minute_per_replica for d in model.deployments)
-    slack = max(0.0, hot - guaranteed)
+    # Ready capacity only: a replica still loading its weights serves nothing yet.
+    slack = max(0.0, _ready_mu(model) - guaranteed)
+    if model.best_effort_ceiling_mu_per_minute is not None:
+        slack = min(slack, model.best_effort_ceiling_mu_per_minute)
     extra = {
         c.customer_id: max(0.0, _demand(c) - c.reserved_mu_per_minute) for c in model.customers
     }

@@ -58,6 +58,9 @@ class ModelUnitAutoscaler:
         self._recommendations: deque[tuple[float, int]] = deque()
         self._started = False
         self._last_use_s: float | None = None
+        # client -> when it last used the model; the reservations start with the simulation.
+        self._client_last_use_s: dict[str, float] = {}
+        self._start_s: float | None = None
 
     def initial_replicas(self) -> int:
         return self.context.warm_replicas
@@ -68,6 +71,7 @@ class ModelUnitAutoscaler:
         minute = int((now - 1e-6) // 60)
         for client, mu in observation.mu_used_by_client.items():
             self._minutes[minute][client] += mu
+            self._client_last_use_s[client] = now
         for _client, started_s, mu in observation.completed_mu:
             self._starts[int(started_s)] += mu
         if observation.mu_used_by_client:
@@ -82,6 +86,7 @@ class ModelUnitAutoscaler:
             self._recommendations.popleft()
 
     def _customers(self, now: float) -> tuple[CustomerDemand, ...]:
+        start = self._start_s if self._start_s is not None else now
         whole = int(now // 60)  # the minute in progress; only earlier minutes are complete
         peak_minutes = [self._minutes.get(m, {}) for m in range(whole - PEAK_MINUTES, whole)]
         recent_minutes = peak_minutes[-RECENT_MINUTES:]
@@ -96,6 +101,8 @@ class ModelUnitAutoscaler:
                 / RECENT_MINUTES,
                 peak_mu_per_minute=max(m.get(client, 0.0) for m in peak_minutes),
                 keep_warm=self.context.keep_warm,
+                # As the live snapshot: since the last use or the reservation's start.
+                idle_seconds=now - max(self._client_last_use_s.get(client, start), start),
             )
             for index, client in enumerate(sorted(clients))
         )
@@ -113,6 +120,7 @@ class ModelUnitAutoscaler:
         if not self._started:
             # A running control plane has recommended the fleet it runs until now.
             self._started = True
+            self._start_s = now
             self._recommendations.append((now, observation.current_replicas))
         self._record(observation)
         deployment = DeploymentState(

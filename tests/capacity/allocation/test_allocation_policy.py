@@ -33,10 +33,15 @@ def deployment(**overrides) -> DeploymentState:
     return DeploymentState(**(values | overrides))
 
 
-def customer(customer_id=1, reserved=0.0, recent=0.0, peak=None, keep_warm=False):
+def customer(
+    customer_id=1, reserved=0.0, recent=0.0, peak=None, keep_warm=False, idle_seconds=0.0,
+    **fields,
+):  # fmt: skip
+    """A customer that used the model (or started its reservation) `idle_seconds` ago."""
     return CustomerDemand(
-        customer_id, reserved, recent, recent if peak is None else peak, keep_warm
-    )
+        customer_id, reserved, recent, recent if peak is None else peak, keep_warm,
+        idle_seconds=idle_seconds, **fields,
+    )  # fmt: skip
 
 
 def snapshot(customers=(), deployments=None, pools=None, idle_seconds=0.0, load_known=True):
@@ -310,3 +315,112 @@ def test_requests_queued_in_the_engines_count_as_demand():
     model = ModelSnapshot(1, "llama", (customer(recent=100),), (deployment(),), 0.0, True, 300.0)
     decisions = decide(Snapshot(models=(model,), pools=(PoolState(1, "pool", 8),)))
     assert target(decisions) == 4
+
+
+# -- The closed loop: refused and waiting demand, readiness, cold starts, keep-warm ------------
+
+
+def model_snapshot(customers=(), deployments=None, idle_seconds=0.0, **fields) -> Snapshot:
+    model = ModelSnapshot(
+        1, "llama", tuple(customers), tuple(deployments or (deployment(),)), idle_seconds,
+        **fields,
+    )  # fmt: skip
+    return Snapshot(models=(model,), pools=(PoolState(1, "pool", 8),))
+
+
+def test_refused_best_effort_demand_grows_the_fleet():
+    # Behind a gateway that obeys admission, a best-effort customer's traffic beyond the slack
+    # is refused: what it would have cost is the demand that grows the fleet.
+    served = customer(recent=90)
+    refused = customer(recent=90, refused_best_effort_mu_per_minute=300)
+
+    assert target(decide(snapshot([served]))) == 1
+    grown = decide(snapshot([refused]))
+    assert target(grown) == 4  # 90 served + 300 turned away on 100 MU/min replicas
+    (outcome,) = grown.models
+    assert outcome.refused_best_effort_mu_per_minute == 300
+
+
+def test_a_request_waiting_at_the_gateway_wakes_a_model_at_zero():
+    at_zero = deployment(current_replicas=0, ready_replicas=0)
+    asleep = decide(model_snapshot([], [at_zero]))
+    waking = decide(model_snapshot([], [at_zero], gateway_waiting_mu=2.0))
+
+    assert target(asleep) == 0
+    assert target(waking) == 1
+    assert "scale_up" in codes(waking)
+
+
+def test_the_engines_own_mu_is_a_floor_when_metering_lags():
+    # The gateway posts no usage (or it lags): the engines served 300 MU/min all the same.
+    fleet = deployment(current_replicas=3, ready_replicas=3)
+    unmetered = decide(model_snapshot([customer(recent=0)], [fleet], engine_mu_per_minute=300.0))
+    assert target(unmetered) == 3
+
+
+def test_best_effort_stays_within_the_models_ceiling():
+    hungry = [customer(recent=0, refused_best_effort_mu_per_minute=700)]
+    by_mu = decide(model_snapshot(hungry, best_effort_ceiling_mu_per_minute=250.0))
+    by_replicas = decide(model_snapshot(hungry, best_effort_ceiling_replicas=2))
+
+    assert target(by_mu) == 3  # 250 MU/min of best-effort on 100 MU/min replicas
+    assert target(by_replicas) == 2
+    limited = next(
+        r for r in by_replicas.for_deployment(1).reasons if r.code == "best_effort_limited"
+    )
+    assert limited.data["limited_by"] == "best_effort_ceiling"
+    ready = deployment(current_replicas=8, ready_replicas=8)
+    (allowance,) = decide(
+        model_snapshot(hungry, [ready], best_effort_ceiling_mu_per_minute=250.0)
+    ).allowances
+    assert allowance.best_effort_mu_per_minute == pytest.approx(250)
+
+
+def test_every_customer_allowed_on_the_model_shares_the_slack_history_or_not():
+    fleet = deployment(current_replicas=4, ready_replicas=4)
+    newcomer = customer(customer_id=2, idle_seconds=None)  # no reservation, never used it
+    decisions = decide(model_snapshot([customer(customer_id=1, recent=100), newcomer], [fleet]))
+    allowances = {a.customer_id: a.best_effort_mu_per_minute for a in decisions.allowances}
+    # 400 ready, nothing reserved: 80 % by demand (all customer 1's), 20 % evenly.
+    assert allowances == {1: pytest.approx(320 + 40), 2: pytest.approx(40)}
+
+
+def test_replicas_still_starting_are_never_lent_out():
+    starting = deployment(current_replicas=4, ready_replicas=1, starting_replicas=3)
+    decisions = decide(model_snapshot([customer(recent=50)], [starting]))
+    (allowance,) = decisions.allowances
+    assert allowance.best_effort_mu_per_minute == pytest.approx(100)  # one ready replica
+    decision = decisions.for_deployment(1)
+    assert (decision.ready_replicas, decision.starting_replicas) == (1, 3)
+
+
+def test_a_rising_trend_scales_up_a_cold_start_ahead():
+    # 250 MU/min now on 3 ready replicas (300), rising 1 MU/min a second: within a 60 s cold
+    # start demand reaches 310, past the ready capacity, so the 4th replica starts now.
+    fleet = deployment(current_replicas=3, ready_replicas=3, cold_start_seconds=60)
+    rising = decide(
+        model_snapshot([customer(recent=250)], [fleet], demand_trend_mu_per_minute_per_second=1.0)
+    )
+    flat = decide(model_snapshot([customer(recent=250)], [fleet]))
+
+    assert target(flat) == 3
+    assert target(rising) == 4
+    lead = next(r for r in rising.for_deployment(1).reasons if r.code == "cold_start_lead")
+    assert "trend" in lead.message
+    assert rising.models[0].cold_start_lead_mu_per_minute == pytest.approx(60)
+
+
+def test_a_reservation_without_keep_warm_goes_cold_after_its_idle_window():
+    fleet = deployment(current_replicas=3, ready_replicas=3, scale_to_zero_after_seconds=600)
+    used_lately = customer(reserved=250, idle_seconds=300)
+    idle_long = customer(reserved=250, idle_seconds=3600)
+    kept_warm = customer(reserved=250, idle_seconds=3600, keep_warm=True)
+
+    assert target(decide(model_snapshot([used_lately], [fleet]))) == 3
+    assert target(decide(model_snapshot([kept_warm], [fleet]))) == 3
+    cold = decide(model_snapshot([idle_long], [fleet], idle_seconds=3600))
+    assert cold.for_deployment(1).recommended_replicas == 0
+    assert "scale_to_zero" in codes(cold)
+    # Its guaranteed bucket stays: an admitted request waits a cold start at the gateway.
+    (allowance,) = cold.allowances
+    assert allowance.guaranteed_mu_per_minute == 250
