@@ -46,6 +46,15 @@ class Endpoint:
     url: str
 
 
+@dataclass(frozen=True)
+class Observed:
+    """A deployment's replicas as the data plane reports them: serving, loading, leaving."""
+
+    ready: int
+    starting: int
+    draining: int
+
+
 def _endpoint_only(deployment: Deployment) -> list[Endpoint]:
     # At zero replicas nothing runs behind the endpoint: probing it would only find it "down"
     # and restart what was scaled away on purpose.
@@ -81,9 +90,15 @@ def _config(deployment: Deployment) -> dict:
 
 def list_endpoints(deployment: Deployment) -> list[Endpoint]:
     """The endpoints to probe now (replicas still starting are left out)."""
+    return list_replicas(deployment)[0]
+
+
+def list_replicas(deployment: Deployment) -> tuple[list[Endpoint], Observed | None]:
+    """The endpoints to probe now, and what the data plane reports of all its replicas when
+    it can tell them apart (the process supervisor, pods by selector); else None."""
     kind = deployment.actuator_kind
     if kind == ActuatorKind.DRY_RUN:
-        return _endpoint_only(deployment)
+        return _endpoint_only(deployment), None
     config = _config(deployment)
     if kind == ActuatorKind.PROCESS:
         base, headers = _supervisor(config)
@@ -96,14 +111,23 @@ def list_endpoints(deployment: Deployment) -> list[Endpoint]:
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as error:
             raise ReplicaError(f"process supervisor at {base}: {error}") from error
         if status is None:
-            return []
+            return [], Observed(0, 0, 0)
         host = config["host"]
         host = f"[{host}]" if ":" in host else host
+        target = status["target"]
+        active = [r for r in status["replicas"] if r["replica"] < target]
+        ready = [r for r in active if r["state"] == "ready"]
+        observed = Observed(
+            ready=len(ready),
+            # Crashed replicas are being started again.
+            starting=sum(r["state"] in ("starting", "crashed") for r in active),
+            draining=sum(
+                r["replica"] >= target or r["state"] == "draining" for r in status["replicas"]
+            ),
+        )
         return [
-            Endpoint(f"process:{r['replica']}", f"http://{host}:{r['port']}")
-            for r in status["replicas"]
-            if r["state"] == "ready" and r["replica"] < status["target"]
-        ]
+            Endpoint(f"process:{r['replica']}", f"http://{host}:{r['port']}") for r in ready
+        ], observed
     if kind == ActuatorKind.KUBERNETES and config.get("pod_selector"):
         with _core_api(config) as core:
             try:
@@ -117,21 +141,22 @@ def list_endpoints(deployment: Deployment) -> list[Endpoint]:
             except (ApiException, OSError) as error:
                 raise ReplicaError(f"listing pods {config['pod_selector']}: {error}") from error
         endpoints = []
+        starting = draining = 0
         for pod in pods.items:
             status = pod.status
             ready = any(c.type == "Ready" and c.status == "True" for c in (status.conditions or []))
-            if (
-                status.phase == "Running"
-                and ready
-                and status.pod_ip
-                and not pod.metadata.deletion_timestamp
-            ):
+            if pod.metadata.deletion_timestamp:
+                draining += 1
+            elif status.phase == "Running" and ready and status.pod_ip:
                 port = _pod_port(pod, config)
                 endpoints.append(
                     Endpoint(f"pod:{pod.metadata.name}", f"http://{status.pod_ip}:{port}")
                 )
-        return sorted(endpoints, key=lambda e: e.key)
-    return _endpoint_only(deployment)
+            elif status.phase in ("Pending", "Running"):
+                starting += 1
+        observed = Observed(ready=len(endpoints), starting=starting, draining=draining)
+        return sorted(endpoints, key=lambda e: e.key), observed
+    return _endpoint_only(deployment), None
 
 
 def _pod_port(pod, config: dict) -> int:

@@ -31,10 +31,14 @@ fleet simulator run the very same code. Rules, in order:
    been idle for its deployment's `scale_to_zero_after_seconds`, then none.
 7. Never below min, never above max or the pool's inventory.
 
-Admission allowances: each customer's guaranteed bucket is its reservation; best-effort gets
-the hot capacity left over (ready replicas only: capacity still loading is never lent out),
-within the best-effort ceiling, split 80 % by recent best-effort demand (refused demand
-included) and 20 % evenly over every customer allowed on the model, history or not.
+Admission allowances: each customer's guaranteed bucket is its reservation, always (a request
+within it is never refused). Best-effort gets the ready capacity (replicas still loading are
+never lent out) that reservations do not use right now, within the best-effort ceiling, split
+80 % by recent best-effort demand (refused demand included) and 20 % evenly over every
+customer allowed on the model, history or not. Lending reserved capacity while it sits idle
+is what gives best-effort the slack within a tick of guaranteed traffic stopping; when the
+reserved customer comes back its requests are admitted at once and run first in the engines
+(vLLM priority 0 against best-effort's 1), and the next tick takes the loan back.
 """
 
 import math
@@ -72,6 +76,15 @@ class CustomerDemand:
     # Seconds since the customer last used the model or its reservation started, whichever is
     # later; None: neither (a reservation without keep-warm is then cold).
     idle_seconds: float | None = None
+    # MU/min used over the last minute (raw events; None: not measured): how much of its
+    # reservation the customer uses right now, so the rest can be lent to best-effort.
+    current_mu_per_minute: float | None = None
+
+    @property
+    def reserved_in_use_mu_per_minute(self) -> float:
+        now = self.current_mu_per_minute
+        used = max(self.recent_mu_per_minute, self.peak_mu_per_minute) if now is None else now
+        return min(self.reserved_mu_per_minute, used)
 
     @property
     def refused_mu_per_minute(self) -> float:
@@ -536,7 +549,7 @@ def decide(snapshot: Snapshot) -> Decisions:
                 ready_mu_per_minute=_ready_mu(model),
             )
         )
-        allowances.extend(_allowances(model, guaranteed))
+        allowances.extend(_allowances(model))
 
     decisions = _fit_pools(decisions, snapshot)
     return Decisions(tuple(decisions), tuple(allowances), tuple(outcomes))
@@ -617,9 +630,11 @@ def _fit_pools(decisions: list[DeploymentDecision], snapshot: Snapshot) -> list[
     return result
 
 
-def _allowances(model: ModelSnapshot, guaranteed: float) -> list[Allowance]:
-    # Ready capacity only: a replica still loading its weights serves nothing yet.
-    slack = max(0.0, _ready_mu(model) - guaranteed)
+def _allowances(model: ModelSnapshot) -> list[Allowance]:
+    # Ready capacity only: a replica still loading its weights serves nothing yet; and what
+    # reservations use now stays theirs.
+    in_use = sum(c.reserved_in_use_mu_per_minute for c in model.customers)
+    slack = max(0.0, _ready_mu(model) - in_use)
     if model.best_effort_ceiling_mu_per_minute is not None:
         slack = min(slack, model.best_effort_ceiling_mu_per_minute)
     extra = {

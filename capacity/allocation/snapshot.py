@@ -1,32 +1,48 @@
 """The allocation policy's input, read from the database in a fixed number of queries whatever
-the fleet size: demand (usage rollups and raw events), reservations, GPU inventory, replica
-health, the workload mix and the engines' own load from Prometheus (DESIGN §2)."""
+the fleet size: demand (usage rollups and raw events, refusals included), reservations and
+the customers allowed on each model, GPU inventory, replica health and readiness as
+observed, the workload mix, the requests gateways hold for a model at zero (Redis), and the
+engines' own load from Prometheus (DESIGN §2).
+
+Readiness is observed, never assumed from what was requested: a replica is ready once the
+health probes found it serving (`Replica` rows, what gateways route to) for the kinds whose
+replicas can be told apart (the process supervisor; Kubernetes pods by selector); starting
+and draining counts come from what the data plane reported to the probes. An endpoint-only
+deployment (a webhook, a Kubernetes Service) reports no per-replica readiness: it is ready
+while its endpoint answers its probes, less the replicas added within its cold start, which
+count as starting. A dry run has nothing to observe: what it asked for is what it has.
+"""
 
 import hashlib
 import logging
+import time
 from collections import defaultdict
 from dataclasses import replace
 from datetime import datetime, timedelta
 
 import numpy as np
 from django.conf import settings
-from django.db.models import Max, Q, Sum
+from django.db.models import Count, Max, Q, Sum
 from django.db.models.functions import Trunc
 
 from capacity.allocation import policy as allocation
 from capacity.allocation.bursts import Bursts, bursts
 from capacity.health.probes import unhealthy_replicas_by_deployment
 from capacity.models import (
+    ActuatorKind,
     AllocationDecision,
     CostModel,
     Deployment,
+    Entitlement,
     GpuPool,
+    Replica,
     Reservation,
     UsageEvent,
     UsageMinute,
 )
 from capacity.pricing.exchange import DEFAULT_MIX, MeanShape
 from capacity.pricing.exchange import replica_mu_per_minute as exchange_rate
+from capacity.publication.demand import gateway_waiting_mu
 from capacity.selling.sellable import MIX_LOOKBACK
 
 logger = logging.getLogger(__name__)
@@ -36,6 +52,12 @@ PEAK_WINDOW = timedelta(seconds=allocation.PEAK_WINDOW_SECONDS)
 BURST_WINDOW = timedelta(seconds=allocation.BURST_WINDOW_SECONDS)
 NO_BURSTS = Bursts(0.0, 0.0)
 IDLE_LOOKBACK = timedelta(days=1)
+# What a reserved customer uses right now, from raw events (rollups lag by a minute or more):
+# idle reserved capacity is lent to best-effort within a tick of its traffic stopping.
+CURRENT_USE_WINDOW = timedelta(seconds=60)
+# The demand's trend: a line through the last complete minutes (served and refused MU).
+TREND_MINUTES = 5
+TREND_MIN_BUSY_MINUTES = 3
 
 
 def _replica_mu(reference: CostModel | None, own: CostModel | None, mix: MeanShape) -> float | None:
@@ -98,28 +120,41 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
             )
 
     reserved: dict[tuple[int, int], list] = defaultdict(lambda: [0.0, False])
-    for model_id, customer_id, mu, keep_warm in Reservation.objects.active_at(now).values_list(
-        "served_model_id", "customer_id", "mu_per_minute", "keep_warm"
-    ):
+    reserved_since: dict[tuple[int, int], datetime] = {}
+    for model_id, customer_id, mu, keep_warm, starts_at in Reservation.objects.active_at(
+        now
+    ).values_list("served_model_id", "customer_id", "mu_per_minute", "keep_warm", "starts_at"):
         entry = reserved[(model_id, customer_id)]
         entry[0] += mu
         entry[1] = entry[1] or keep_warm
+        key = (model_id, customer_id)
+        reserved_since[key] = max(reserved_since.get(key, starts_at), starts_at)
 
     whole_minute = now.replace(second=0, microsecond=0)
     recent_minutes = RECENT_WINDOW.total_seconds() / 60
     demand: dict[tuple[int, int], tuple[float, float]] = {}
+    refused: dict[tuple[int, int], tuple[float, float]] = {}  # (guaranteed, best-effort)
+    in_recent = Q(minute__gte=whole_minute - RECENT_WINDOW)
     for row in (
         UsageMinute.objects.filter(minute__gte=whole_minute - PEAK_WINDOW, minute__lt=whole_minute)
         .values("served_model_id", "customer_id")
         .annotate(
-            recent=Sum("mu", filter=Q(minute__gte=whole_minute - RECENT_WINDOW)),
+            recent=Sum("mu", filter=in_recent),
             peak=Max("mu"),
+            refused=Sum("refused_mu", filter=in_recent),
+            refused_guaranteed=Sum("guaranteed_refused_mu", filter=in_recent),
         )
     ):
-        demand[(row["served_model_id"], row["customer_id"])] = (
-            (row["recent"] or 0.0) / recent_minutes,
-            row["peak"] or 0.0,
-        )
+        key = (row["served_model_id"], row["customer_id"])
+        demand[key] = ((row["recent"] or 0.0) / recent_minutes, row["peak"] or 0.0)
+        guaranteed_refused = (row["refused_guaranteed"] or 0.0) / recent_minutes
+        all_refused = (row["refused"] or 0.0) / recent_minutes
+        if all_refused > 0:
+            refused[key] = (guaranteed_refused, max(0.0, all_refused - guaranteed_refused))
+    current = _current_use(now)
+    last_use = _last_use(now)
+    trends = _trends(whole_minute)
+    waiting_at_gateways = gateway_waiting_mu(now_s=time.time())
 
     model_bursts = _bursts(now)
 
@@ -138,12 +173,15 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
 
     loads = _loads(deployments)
     load_known = {deployment_id: load.known for deployment_id, load in loads.items()}
+    readiness = _readiness(deployments, unhealthy, now)
 
     by_model: dict[int, list[Deployment]] = defaultdict(list)
     for deployment in deployments:
         by_model[deployment.served_model_id].append(deployment)
     customers_of: dict[int, set[int]] = defaultdict(set)
-    for model_id, customer_id in [*reserved, *demand]:
+    # Every customer allowed on a model gets a best-effort share, history or not.
+    entitled = Entitlement.objects.values_list("served_model_id", "customer_id")
+    for model_id, customer_id in [*reserved, *demand, *refused, *entitled]:
         customers_of[model_id].add(customer_id)
     models = []
     for model_id, model_deployments in by_model.items():
@@ -152,6 +190,7 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
         for d in model_deployments:
             own = active.get((model_id, d.gpu_pool.gpu_type_id, d.gpus_per_replica))
             broken = min(unhealthy.get(d.pk, 0), d.current_replicas)
+            ready, starting, draining = readiness[d.pk]
             states.append(
                 allocation.DeploymentState(
                     deployment_id=d.pk,
@@ -160,7 +199,9 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
                     gpus_per_replica=d.gpus_per_replica,
                     mu_per_minute_per_replica=_replica_mu(references.get(model_id), own, mix),
                     current_replicas=d.current_replicas - broken,
-                    ready_replicas=d.current_replicas - broken,
+                    ready_replicas=ready,
+                    starting_replicas=starting,
+                    draining_replicas=draining,
                     min_replicas=min(d.min_replicas, max(0, d.max_replicas - broken)),
                     max_replicas=max(0, d.max_replicas - broken),
                     cold_start_seconds=d.cold_start_seconds,
@@ -179,9 +220,24 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
                 recent_mu_per_minute=demand.get((model_id, customer_id), (0.0, 0.0))[0],
                 peak_mu_per_minute=demand.get((model_id, customer_id), (0.0, 0.0))[1],
                 keep_warm=reserved.get((model_id, customer_id), [0.0, False])[1],
+                refused_guaranteed_mu_per_minute=refused.get((model_id, customer_id), (0, 0))[0],
+                refused_best_effort_mu_per_minute=refused.get((model_id, customer_id), (0, 0))[1],
+                idle_seconds=_idle_seconds(
+                    now,
+                    current.get((model_id, customer_id), 0.0) > 0,
+                    last_use.get((model_id, customer_id)),
+                    reserved_since.get((model_id, customer_id)),
+                ),
+                current_mu_per_minute=current.get((model_id, customer_id), 0.0),
             )
             for customer_id in sorted(customer_ids)
         )
+        served_model = model_deployments[0].served_model
+        engine_loads = [
+            loads[d.pk].mu_per_minute
+            for d in model_deployments
+            if d.pk in loads and loads[d.pk].known and loads[d.pk].mu_per_minute is not None
+        ]
         last = last_used.get(model_id)
         burst = model_bursts.get(model_id, NO_BURSTS)
         models.append(
@@ -195,6 +251,11 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
                 waiting_mu=_waiting_mu(model_deployments, loads, mu_per_request.get(model_id)),
                 burst_mu_per_minute=burst.burst_mu_per_minute,
                 burst_window_busiest_minute_mu=burst.busiest_minute_mu,
+                gateway_waiting_mu=waiting_at_gateways.get(served_model.name, 0.0),
+                engine_mu_per_minute=sum(engine_loads) if engine_loads else None,
+                demand_trend_mu_per_minute_per_second=trends.get(model_id, 0.0),
+                best_effort_ceiling_mu_per_minute=served_model.best_effort_ceiling_mu_per_minute,
+                best_effort_ceiling_replicas=served_model.best_effort_ceiling_replicas,
             )
         )
     snapshot = allocation.Snapshot(
@@ -237,6 +298,127 @@ def with_replacements(
             )
         result.append(decision)
     return replace(decisions, deployments=tuple(result))
+
+
+def _current_use(now: datetime) -> dict[tuple[int, int], float]:
+    """(model, customer) → MU/min used over the last CURRENT_USE_WINDOW, from raw events."""
+    minutes = CURRENT_USE_WINDOW.total_seconds() / 60
+    return {
+        (model_id, customer_id): (mu or 0.0) / minutes
+        for model_id, customer_id, mu in UsageEvent.objects.filter(
+            started_at__gte=now - CURRENT_USE_WINDOW, started_at__lt=now
+        )
+        .exclude(outcome="refused")
+        .values("served_model_id", "customer_id")
+        .annotate(mu=Sum("mu"))
+        .values_list("served_model_id", "customer_id", "mu")
+    }
+
+
+def _last_use(now: datetime) -> dict[tuple[int, int], datetime]:
+    """(model, customer) → the last minute with a request that ran, within IDLE_LOOKBACK."""
+    return {
+        (model_id, customer_id): last
+        for model_id, customer_id, last in UsageMinute.objects.filter(
+            minute__gte=now - IDLE_LOOKBACK, requests__gt=0
+        )
+        .values("served_model_id", "customer_id")
+        .annotate(last=Max("minute"))
+        .values_list("served_model_id", "customer_id", "last")
+    }
+
+
+def _idle_seconds(
+    now: datetime, using_now: bool, last_use: datetime | None, reserved_since: datetime | None
+) -> float | None:
+    """Since the customer last used the model or its reservation started, the later."""
+    if using_now:
+        return 0.0
+    moments = [reserved_since] if reserved_since is not None else []
+    if last_use is not None:
+        # A rollup's minute is its start: the use it counts lasted until the minute's end.
+        moments.append(last_use + timedelta(minutes=1))
+    if not moments:
+        return None
+    return max(0.0, (now - max(moments)).total_seconds())
+
+
+def _trends(whole_minute: datetime) -> dict[int, float]:
+    """Model → the slope of its demand (served + refused MU per minute) over the last
+    TREND_MINUTES complete minutes, as MU/min gained per second; minutes without use are 0."""
+    since = whole_minute - timedelta(minutes=TREND_MINUTES)
+    series: dict[int, np.ndarray] = {}
+    for model_id, minute, mu, refused_mu in (
+        UsageMinute.objects.filter(minute__gte=since, minute__lt=whole_minute)
+        .values("served_model_id", "minute")
+        .annotate(mu=Sum("mu"), refused_mu=Sum("refused_mu"))
+        .values_list("served_model_id", "minute", "mu", "refused_mu")
+    ):
+        index = int((minute - since).total_seconds() // 60)
+        if 0 <= index < TREND_MINUTES:
+            values = series.setdefault(model_id, np.zeros(TREND_MINUTES))
+            values[index] += (mu or 0.0) + (refused_mu or 0.0)
+    minutes = np.arange(TREND_MINUTES, dtype=float)
+    # A trend needs traffic in most of the window: one busy minute after quiet ones is a
+    # step (the minute plan covers it), not a line to extend a cold start ahead.
+    return {
+        model_id: float(np.polyfit(minutes, values, 1)[0]) / 60.0
+        for model_id, values in series.items()
+        if np.count_nonzero(values) >= TREND_MIN_BUSY_MINUTES
+    }
+
+
+def _per_replica_kind(deployment: Deployment) -> bool:
+    """Whether the data plane tells this deployment's replicas apart (so the probes see
+    each one): the process supervisor, and Kubernetes when pods are listed by selector."""
+    if deployment.actuator_kind == ActuatorKind.PROCESS:
+        return True
+    config = deployment.actuator_config if isinstance(deployment.actuator_config, dict) else {}
+    return deployment.actuator_kind == ActuatorKind.KUBERNETES and bool(config.get("pod_selector"))
+
+
+def _readiness(
+    deployments: list[Deployment], unhealthy: dict[int, int], now: datetime
+) -> dict[int, tuple[int, int, int]]:
+    """Deployment → (ready, starting, draining) replicas as observed (the module docstring)."""
+    serving = dict(
+        Replica.objects.filter(state=Replica.State.HEALTHY, last_ok_at__isnull=False)
+        .values("deployment_id")
+        .annotate(n=Count("id"))
+        .values_list("deployment_id", "n")
+    )
+    endpoint_only = [
+        d
+        for d in deployments
+        if d.actuator_kind != ActuatorKind.DRY_RUN and not _per_replica_kind(d)
+    ]
+    added_lately: dict[int, int] = defaultdict(int)
+    if endpoint_only:
+        longest = max(d.cold_start_seconds for d in endpoint_only)
+        cold_start = {d.pk: d.cold_start_seconds for d in endpoint_only}
+        for deployment_id, applied_at, current, target in AllocationDecision.objects.filter(
+            deployment_id__in=list(cold_start),
+            actuator_ok=True,
+            applied_at__gte=now - timedelta(seconds=longest),
+        ).values_list("deployment_id", "applied_at", "current_replicas", "target_replicas"):
+            if (now - applied_at).total_seconds() < cold_start[deployment_id]:
+                added_lately[deployment_id] += max(0, target - current)
+    fresh = timedelta(
+        seconds=3 * settings.HEALTH_PROBE_INTERVAL_SECONDS + settings.HEALTH_PROBE_TIMEOUT_SECONDS
+    )
+    readiness = {}
+    for d in deployments:
+        running = d.current_replicas - min(unhealthy.get(d.pk, 0), d.current_replicas)
+        if d.actuator_kind == ActuatorKind.DRY_RUN:
+            ready = running
+        elif _per_replica_kind(d):
+            ready = min(running, serving.get(d.pk, 0))
+        else:
+            ready = max(0, running - added_lately[d.pk]) if serving.get(d.pk) else 0
+        observed = d.replicas_observed_at is not None and now - d.replicas_observed_at <= fresh
+        draining = (d.observed_draining_replicas or 0) if observed else 0
+        readiness[d.pk] = (ready, max(0, running - ready), draining)
+    return readiness
 
 
 def _bursts(now: datetime) -> dict[int, Bursts]:

@@ -34,7 +34,7 @@ from django.db import transaction
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from capacity.actuation.replicas import Endpoint, ReplicaError, list_endpoints, restart
+from capacity.actuation.replicas import Endpoint, Observed, ReplicaError, list_replicas, restart
 from capacity.models import (
     Deployment,
     DeploymentFingerprint,
@@ -237,11 +237,12 @@ def probe_round(*, now: datetime | None = None) -> RoundResult:
         deployments = list(Deployment.objects.select_related("served_model").order_by("pk"))
         for deployment in deployments:
             try:
-                endpoints = list_endpoints(deployment)
+                endpoints, observed = list_replicas(deployment)
             except (ReplicaError, Exception) as error:  # noqa: BLE001 - one bad deployment
                 result.errors.append(f"{deployment.name}: {error}")
                 logger.warning("health: cannot list replicas of %s: %s", deployment.name, error)
                 continue
+            _store_observed(deployment, observed, now)
             checks.extend(_sync_replicas(deployment, endpoints, now))
         if checks:
             with ThreadPoolExecutor(max_workers=min(MAX_PROBE_THREADS, len(checks))) as pool:
@@ -255,6 +256,19 @@ def probe_round(*, now: datetime | None = None) -> RoundResult:
             # Gateways route only to ready replicas: tell them now, not at the next tick.
             publish_after_commit("ready replicas changed")
     return result
+
+
+def _store_observed(deployment: Deployment, observed: Observed | None, now: datetime) -> None:
+    """What the data plane reports running, for the allocation snapshot's readiness (a
+    replica the actuator was asked for counts as ready only once it is observed ready)."""
+    if observed is None:
+        return
+    Deployment.objects.filter(pk=deployment.pk).update(
+        observed_ready_replicas=observed.ready,
+        observed_starting_replicas=observed.starting,
+        observed_draining_replicas=observed.draining,
+        replicas_observed_at=now,
+    )
 
 
 def _ready_replicas() -> set[tuple[int, str]]:

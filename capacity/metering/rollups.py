@@ -44,6 +44,9 @@ WITH picked AS (
            coalesce(sum(e.mu) FILTER (WHERE e.verification IN ('unrecorded', 'contradicted')),
                     0) AS unverified_mu,
            coalesce(sum(e.estimated_mu) FILTER (WHERE e.outcome = 'refused'), 0) AS refused_mu,
+           coalesce(sum(e.estimated_mu) FILTER (WHERE e.outcome = 'refused'
+                                                AND e.admission_class = 'guaranteed'), 0)
+               AS guaranteed_refused_mu,
            coalesce(sum(e.prompt_bytes), 0) AS prompt_bytes,
            coalesce(sum(e.input_tokens) FILTER (WHERE e.prompt_bytes IS NOT NULL), 0)
                AS prompt_bytes_input_tokens
@@ -55,11 +58,11 @@ WITH picked AS (
         customer_id, served_model_id, minute, requests, refused_requests,
         guaranteed_refused_requests, input_tokens, cached_input_tokens, output_tokens, mu,
         guaranteed_mu, best_effort_mu, self_reported_mu, unverified_mu, refused_mu,
-        prompt_bytes, prompt_bytes_input_tokens)
+        guaranteed_refused_mu, prompt_bytes, prompt_bytes_input_tokens)
     SELECT customer_id, served_model_id, minute, requests, refused_requests,
            guaranteed_refused_requests, input_tokens, cached_input_tokens, output_tokens, mu,
            guaranteed_mu, best_effort_mu, self_reported_mu, unverified_mu, refused_mu,
-           prompt_bytes, prompt_bytes_input_tokens
+           guaranteed_refused_mu, prompt_bytes, prompt_bytes_input_tokens
     FROM totals
     ON CONFLICT (customer_id, served_model_id, minute) DO UPDATE SET
         requests = EXCLUDED.requests,
@@ -74,6 +77,7 @@ WITH picked AS (
         self_reported_mu = EXCLUDED.self_reported_mu,
         unverified_mu = EXCLUDED.unverified_mu,
         refused_mu = EXCLUDED.refused_mu,
+        guaranteed_refused_mu = EXCLUDED.guaranteed_refused_mu,
         prompt_bytes = EXCLUDED.prompt_bytes,
         prompt_bytes_input_tokens = EXCLUDED.prompt_bytes_input_tokens
     RETURNING 1
@@ -100,6 +104,9 @@ _AGGREGATES = {
     "unverified_mu": Sum("mu", filter=Q(verification__in=("unrecorded", "contradicted"))),
     # Demand turned away: what the refused requests would have cost (mu is 0 for them).
     "refused_mu": Sum("estimated_mu", filter=Q(outcome="refused")),
+    "guaranteed_refused_mu": Sum(
+        "estimated_mu", filter=Q(outcome="refused", admission_class="guaranteed")
+    ),
     # The bytes-per-token calibration: prompt bytes beside the engine's own input tokens.
     "prompt_bytes": Sum("prompt_bytes"),
     "prompt_bytes_input_tokens": Sum("input_tokens", filter=Q(prompt_bytes__isnull=False)),

@@ -27,6 +27,10 @@ class AllocationDecision(models.Model):
     actuator_error = models.TextField(blank=True, default="")
     observed_replicas = models.PositiveIntegerField(null=True, blank=True)
     applied_at = models.DateTimeField(null=True, blank=True)
+    # Of current_replicas when the tick decided, as observed: serving, loading, leaving.
+    ready_replicas = models.PositiveIntegerField(null=True, blank=True)
+    starting_replicas = models.PositiveIntegerField(null=True, blank=True)
+    draining_replicas = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]

@@ -66,6 +66,19 @@ class ServedModel(models.Model):
     overcommit = models.FloatField(
         default=1.0, help_text="How many MU are sold per deployable MU (> 0; 1.5 = 50 % over)."
     )
+    # Best-effort demand (refused, waiting, beyond reservations) grows the fleet up to these
+    # bounds, cheapest $/MU first (capacity.allocation.policy); null: only GPU inventory.
+    best_effort_ceiling_mu_per_minute = models.FloatField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0.0)],
+        help_text="Most MU/min of best-effort capacity the fleet plans and lends; empty: no bound.",
+    )
+    best_effort_ceiling_replicas = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Most replicas best-effort demand may add over all deployments; empty: no bound.",
+    )
 
     class Meta:
         ordering = ["name"]
@@ -160,6 +173,13 @@ class Deployment(models.Model):
             "`priority` to them (vLLM refuses it otherwise)."
         ),
     )
+    # What runs, as observed (never as requested): the health probes' round reads it from the
+    # data plane (the supervisor's replica states, the pods' readiness). Null: not observable
+    # for this actuator kind, or never read.
+    observed_ready_replicas = models.PositiveIntegerField(null=True, blank=True)
+    observed_starting_replicas = models.PositiveIntegerField(null=True, blank=True)
+    observed_draining_replicas = models.PositiveIntegerField(null=True, blank=True)
+    replicas_observed_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -128,6 +128,8 @@ class UsageMinute(models.Model):
     unverified_mu = models.FloatField(default=0.0, db_default=0.0)
     # The estimated MU of the minute's refused requests: demand that was turned away.
     refused_mu = models.FloatField(default=0.0, db_default=0.0)
+    # Of refused_mu: the requests refused in the guaranteed class (over the reservation).
+    guaranteed_refused_mu = models.FloatField(default=0.0, db_default=0.0)
     # Of the minute's events that ran and carried prompt_bytes: their bytes and their input
     # tokens as the engine counted them (the bytes-per-token calibration).
     prompt_bytes = models.BigIntegerField(default=0, db_default=0)

@@ -424,3 +424,24 @@ def test_a_reservation_without_keep_warm_goes_cold_after_its_idle_window():
     # Its guaranteed bucket stays: an admitted request waits a cold start at the gateway.
     (allowance,) = cold.allowances
     assert allowance.guaranteed_mu_per_minute == 250
+
+
+def test_reserved_capacity_sitting_idle_is_lent_to_best_effort():
+    fleet = deployment(current_replicas=4, ready_replicas=4)
+    reserved = {"customer_id": 1, "reserved": 300, "recent": 300}
+    hungry = customer(2, refused_best_effort_mu_per_minute=500)
+    busy = decide(
+        model_snapshot([customer(**reserved, current_mu_per_minute=300), hungry], [fleet])
+    )
+    stopped = decide(
+        model_snapshot([customer(**reserved, current_mu_per_minute=0), hungry], [fleet])
+    )
+
+    def lent(decisions):
+        return {a.customer_id: a for a in decisions.allowances}
+
+    # Using its 300: 100 of the 400 ready is slack. Stopped: all 400 is.
+    assert sum(a.best_effort_mu_per_minute for a in lent(busy).values()) == pytest.approx(100)
+    assert sum(a.best_effort_mu_per_minute for a in lent(stopped).values()) == pytest.approx(400)
+    # Its guaranteed bucket is its reservation either way: it is admitted the moment it is back.
+    assert lent(stopped)[1].guaranteed_mu_per_minute == 300

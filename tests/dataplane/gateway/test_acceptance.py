@@ -68,9 +68,13 @@ def fleet(
     monkeypatch,
 ):
     """llama-8b on two emulator replicas of the process supervisor, found healthy by a probe
-    round; acme holds 150 MU/min, globex nothing; both may use the model."""
+    round; acme holds 150 MU/min, globex nothing; both may use the model, which lends no
+    best-effort capacity."""
     monkeypatch.setenv("MU_ACTUATOR_SUPERVISOR_TOKEN", "s3cret-token")  # http_supervisor's
     served_model.engine_model_id = "tiny"  # what the supervisor's emulator serves
+    # No best-effort capacity at all (the planners' ceiling): globex, allowed on the model
+    # but without a reservation, is refused every time.
+    served_model.best_effort_ceiling_mu_per_minute = 0.0
     served_model.save()
     deployment = served_model.deployments.get()
     deployment.actuator_kind = ActuatorKind.PROCESS

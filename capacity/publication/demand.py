@@ -1,0 +1,42 @@
+"""What gateways write back for the control plane: the requests they hold for a model that has
+no ready replica (`gw:v1:waiting`, docs/gateway-contract.md). The allocation snapshot reads it
+as demand, so a model at zero wakes on the requests waiting for it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import redis
+
+from capacity.admission.gate import buckets
+
+logger = logging.getLogger(__name__)
+
+WAITING = "gw:v1:waiting"
+# A gateway refreshes its entry every second while requests wait; one not refreshed for this
+# long belongs to a gateway that died with requests held, which wait no more.
+WAITING_STALE_SECONDS = 10.0
+
+
+def gateway_waiting_mu(*, now_s: float) -> dict[str, float]:
+    """Model name → MU of the requests the gateways hold for it now; {} when Redis is down."""
+    try:
+        raw = buckets().client.hgetall(WAITING)
+    except redis.RedisError as error:
+        logger.warning("reading %s failed: %s", WAITING, error)
+        return {}
+    waiting: dict[str, float] = {}
+    for name, value in raw.items():
+        try:
+            entry = json.loads(value)
+            requests = int(entry.get("requests", 0))
+            mu = float(entry.get("mu", 0.0))
+            updated_at = float(entry.get("updated_at", entry.get("since", 0.0)))
+        except (ValueError, TypeError, AttributeError):
+            continue
+        if requests > 0 and mu >= 0 and now_s - updated_at <= WAITING_STALE_SECONDS:
+            key = name.decode() if isinstance(name, bytes) else str(name)
+            waiting[key] = mu
+    return waiting
