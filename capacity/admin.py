@@ -131,7 +131,13 @@ class DeploymentAdmin(PublishedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
     list_filter = ["actuator_kind", "served_model", "gpu_pool"]
     search_fields = ["name", "served_model__name", "gpu_pool__name", "endpoint_url"]
     list_select_related = ["served_model", "gpu_pool"]
-    readonly_fields = ["actuator_config_problem"]
+    readonly_fields = [
+        "actuator_config_problem",
+        "observed_ready_replicas",
+        "observed_starting_replicas",
+        "observed_draining_replicas",
+        "replicas_observed_at",
+    ]
 
     @admin.display(boolean=True, description="config refused")
     def actuator_config_refused(self, deployment: Deployment) -> bool:

@@ -30,6 +30,14 @@ def allocation_tick() -> dict:
             "failed": result.failed, "seconds": result.seconds}  # fmt: skip
 
 
+@shared_task(name="capacity.allocation_wake", queue="allocation", expires=10)
+def allocation_wake(reason: str = "") -> dict:
+    """A tick asked for now (capacity.allocation.wake): demand waiting at a model at zero."""
+    from capacity.allocation.wake import run_woken_tick
+
+    return run_woken_tick(reason=reason)
+
+
 @shared_task(name="capacity.health_probes", queue="health", expires=10)
 def health_probes() -> dict:
     from capacity.health.degradation import evaluate_all

@@ -113,6 +113,9 @@ def _store(tick_id, now, decisions, deployments, digests) -> list[AllocationDeci
             + _config_problem_reasons(deployments[d.deployment_id]),
             actuator_kind=deployments[d.deployment_id].actuator_kind,
             created_at=now,
+            ready_replicas=d.ready_replicas,
+            starting_replicas=d.starting_replicas,
+            draining_replicas=d.draining_replicas,
         )
         for d in decisions.deployments
     ]
@@ -131,6 +134,9 @@ def _store(tick_id, now, decisions, deployments, digests) -> list[AllocationDeci
             "actuator_kind",
             "actuator_attempts",
             "actuator_error",
+            "ready_replicas",
+            "starting_replicas",
+            "draining_replicas",
         )
         ids = dict(
             (deployment_id, pk)
@@ -152,6 +158,9 @@ def _store(tick_id, now, decisions, deployments, digests) -> list[AllocationDeci
                         r.actuator_kind,
                         0,
                         "",
+                        r.ready_replicas,
+                        r.starting_replicas,
+                        r.draining_replicas,
                     )
                     for r in rows
                 ],
@@ -355,6 +364,9 @@ def _decision_dict(decision: allocation.DeploymentDecision, deployments) -> dict
     return {
         "deployment": deployments[decision.deployment_id].name,
         "current_replicas": decision.current_replicas,
+        "ready_replicas": decision.ready_replicas,
+        "starting_replicas": decision.starting_replicas,
+        "draining_replicas": decision.draining_replicas,
         "recommended_replicas": decision.recommended_replicas,
         "target_replicas": decision.target_replicas,
         "reasons": [reason.as_dict() for reason in decision.reasons]
@@ -382,6 +394,9 @@ def _row_dict(row: AllocationDecision) -> dict:
         "id": row.pk,
         "deployment_id": row.deployment_id,
         "current_replicas": row.current_replicas,
+        "ready_replicas": row.ready_replicas,
+        "starting_replicas": row.starting_replicas,
+        "draining_replicas": row.draining_replicas,
         "recommended_replicas": row.recommended_replicas,
         "target_replicas": row.target_replicas,
         "reasons": row.reasons,

@@ -1,7 +1,7 @@
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import mixins, serializers, viewsets
-from rest_framework.exceptions import PermissionDenied
+from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -9,6 +9,7 @@ from rest_framework.views import APIView
 from accounts import scopes as S
 from accounts.permissions import ReadScope
 from accounts.principals import principal_of
+from capacity.allocation.wake import request_tick
 from capacity.models import (
     ActuatorCircuit,
     AdmissionAllowance,
@@ -16,6 +17,46 @@ from capacity.models import (
     Deployment,
     ServedModel,
 )
+
+
+class GatewayOrPlanner(BasePermission):
+    """Waking the loop is for the platform's gateways (service keys that post usage) and
+    planners: a tick a second is cheap, but no customer key should be able to drive it."""
+
+    message = "Only planners and gateway service keys (usage:write) may wake the loop."
+
+    def has_permission(self, request, view) -> bool:
+        principal = principal_of(request)
+        return principal.is_planner or (principal.is_service and principal.has_scope(S.USAGE_WRITE))
+
+
+class WakeSerializer(serializers.Serializer):
+    model = serializers.CharField(max_length=100, help_text="The model requests wait for.")
+
+
+class AllocationWakeView(APIView):
+    """A gateway holds requests for a model without a ready replica: run a tick now (at most
+    one a second) so the model wakes without waiting for the next 15 s tick."""
+
+    permission_classes = [GatewayOrPlanner]
+
+    @extend_schema(
+        request=WakeSerializer,
+        responses={
+            202: inline_serializer(
+                "AllocationWake",
+                {"model": serializers.CharField(), "queued": serializers.BooleanField()},
+            )
+        },
+    )
+    def post(self, request):
+        body = WakeSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        name = body.validated_data["model"]
+        if not ServedModel.objects.filter(name=name).exists():
+            raise ValidationError({"model": [f"no model named '{name}'"]})
+        queued = request_tick(reason=f"requests waiting for {name}")
+        return Response({"model": name, "queued": queued}, status=202)
 
 
 class FleetReader(BasePermission):
@@ -42,6 +83,9 @@ class AllocationDecisionSerializer(serializers.ModelSerializer):
             "created_at",
             "inputs_digest",
             "current_replicas",
+            "ready_replicas",
+            "starting_replicas",
+            "draining_replicas",
             "recommended_replicas",
             "target_replicas",
             "reasons",

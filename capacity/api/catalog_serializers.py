@@ -59,9 +59,14 @@ class ServedModelSerializer(StrictModelSerializer):
             "context_length_tokens",
             "headroom",
             "overcommit",
+            "best_effort_ceiling_mu_per_minute",
+            "best_effort_ceiling_replicas",
         ]
         read_only_fields = ["id"]
         extra_kwargs = {
+            # Bounds of best-effort growth (capacity.allocation.policy); null: unbounded.
+            "best_effort_ceiling_mu_per_minute": {"min_value": 0.0, "max_value": 1e9},
+            "best_effort_ceiling_replicas": {"min_value": 0, "max_value": 100_000},
             "parameters_billions": {"min_value": 0, "max_value": MAX_PARAMETERS_BILLIONS},
             # Selling: sellable = deployable × (1 − headroom) × overcommit (set by catalog
             # writers; the database's constraints hold the same bounds).

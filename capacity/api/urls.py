@@ -4,6 +4,7 @@ from rest_framework.routers import SimpleRouter
 from capacity.api.admission_views import AdmissionView
 from capacity.api.allocation_views import (
     AllocationDecisionViewSet,
+    AllocationWakeView,
     AllowanceViewSet,
     ModelWhyView,
 )
@@ -38,6 +39,7 @@ urlpatterns = [
     path("cost-models/estimate", CostEstimateView.as_view(), name="cost-estimate"),
     path("usage/events", UsageEventsView.as_view(), name="usage-events"),
     path("admission", AdmissionView.as_view(), name="admission"),
+    path("allocation/wake", AllocationWakeView.as_view(), name="allocation-wake"),
     path(
         "customers/<slug:slug>/utilisation",
         CustomerUtilisationView.as_view(),

@@ -35,6 +35,7 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from capacity.actuation.replicas import Endpoint, Observed, ReplicaError, list_replicas, restart
+from capacity.allocation.wake import request_tick
 from capacity.models import (
     Deployment,
     DeploymentFingerprint,
@@ -253,8 +254,11 @@ def probe_round(*, now: datetime | None = None) -> RoundResult:
             at__lt=now - timedelta(hours=settings.HEALTH_PROBE_HISTORY_HOURS)
         ).delete()
         if _ready_replicas() != ready_before:
-            # Gateways route only to ready replicas: tell them now, not at the next tick.
+            # Gateways route only to ready replicas: tell them now, not at the next tick; and
+            # tick now, so admission lends the capacity that became ready (or stops lending
+            # what went away) without waiting for the beat.
             publish_after_commit("ready replicas changed")
+            transaction.on_commit(lambda: request_tick(reason="ready replicas changed"))
     return result
 
 

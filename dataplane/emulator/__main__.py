@@ -18,6 +18,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--config", required=True, help="JSON config file (see README.md)")
     parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument(
+        "--startup-seconds",
+        type=float,
+        default=0.0,
+        help="Load for this long before serving, as vLLM loads its weights: the port is bound "
+        "at once but connections are refused until then (vLLM binds before building its "
+        "engine and listens only once it serves).",
+    )
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:
@@ -30,7 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    run(args.host, args.port, config)
+    if args.startup_seconds < 0:
+        print("error: --startup-seconds must not be negative", file=sys.stderr)
+        return 2
+    run(args.host, args.port, config, startup_seconds=args.startup_seconds)
     return 0
 
 

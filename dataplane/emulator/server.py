@@ -7,6 +7,7 @@ import hashlib
 import hmac
 import json
 import os
+import socket
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -436,15 +437,23 @@ def run(
     config: EmulatorConfig,
     *,
     print_fn: Callable[..., None] | None = None,
+    startup_seconds: float = 0.0,
 ) -> None:
-    """Serve until SIGINT/SIGTERM."""
+    """Serve until SIGINT/SIGTERM, after `startup_seconds` of loading with the port bound but
+    not listening (connections refused), as vLLM's server does while it loads a model."""
     out = print_fn or (lambda *args: print(*args, flush=True))
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    if startup_seconds > 0:
+        out(f"Engine emulator loading for {startup_seconds:g} s on {host}:{port}")
+        time.sleep(startup_seconds)
     models = ", ".join(m.name for m in config.models)
     out(f"Engine emulator serving {models} on http://{host}:{port} (Ctrl-C to stop)")
     web.run_app(
         create_app(config),
-        host=host,
-        port=port,
+        sock=sock,
         # An access-log line per request would cost more than emulating the request.
         access_log=None,
         # Benchmarks open hundreds of connections at once.

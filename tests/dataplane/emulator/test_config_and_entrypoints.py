@@ -131,6 +131,39 @@ def test_python_dash_m_serves_the_demo_config_without_django(tmp_path):
     assert b"serving llama-3.1-8b, tiny-test" in process.stdout.read()
 
 
+def test_while_it_loads_its_port_refuses_connections_then_it_serves(tmp_path):
+    # As vLLM: the port is bound at once (no one else takes it), listened on once loaded.
+    port = _free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dataplane.emulator", "--port", str(port), "--config",
+         str(DEMO_CONFIG), "--startup-seconds", "2"],
+        cwd=DEMO_CONFIG.parents[2], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        with httpx.Client(trust_env=False, timeout=1) as http:
+            deadline = time.monotonic() + 10
+            while b"loading" not in (process.stdout.peek() if process.stdout else b""):
+                assert time.monotonic() < deadline, "the emulator printed nothing"
+                time.sleep(0.05)
+            loading_since = time.monotonic()
+            with pytest.raises(httpx.ConnectError):
+                http.get(f"http://127.0.0.1:{port}/health")
+            with socket.socket() as taken, pytest.raises(OSError):
+                taken.bind(("127.0.0.1", port))
+            while True:
+                try:
+                    answer = http.get(f"http://127.0.0.1:{port}/health")
+                    break
+                except httpx.TransportError:
+                    assert time.monotonic() < deadline, "the emulator never served"
+                    time.sleep(0.05)
+        assert answer.status_code == 200
+        assert time.monotonic() - loading_since >= 1.5
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
 def test_python_dash_m_refuses_a_bad_config_naming_the_field(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"models": [{"name": "m", "max_num_seqs": 0}]}))
@@ -151,11 +184,11 @@ def test_the_entry_point_loads_the_config_and_runs_the_server(monkeypatch):
     calls = []
     monkeypatch.setattr(
         "dataplane.emulator.__main__.run",
-        lambda host, port, config: calls.append((host, port, config)),
+        lambda host, port, config, **options: calls.append((host, port, config, options)),
     )
 
     assert emulator_main(["--port", "9100", "--config", str(DEMO_CONFIG)]) == 0
 
-    ((host, port, config),) = calls
-    assert (host, port) == ("127.0.0.1", 9100)
+    ((host, port, config, options),) = calls
+    assert (host, port, options) == ("127.0.0.1", 9100, {"startup_seconds": 0.0})
     assert [m.name for m in config.models] == ["llama-3.1-8b", "tiny-test"]

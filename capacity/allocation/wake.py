@@ -1,0 +1,58 @@
+"""A tick now, not at the next 15 s beat: a gateway holding requests for a model without a
+ready replica asks for one (`POST /api/v1/allocation/wake`), and so does a probe round that
+finds replicas newly ready (allowances follow the capacity that can serve).
+
+Asked at most once a second (a Redis key set with NX and a one-second life), so a storm of
+waiting requests or gateways costs one tick a second. The tick runs on the `allocation`
+queue; one that finds another tick running waits for it and runs after it, since that one
+may have read the fleet before the demand that asked arrived.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import redis
+
+from capacity.admission.gate import buckets
+
+logger = logging.getLogger(__name__)
+
+DEBOUNCE_KEY = "controlplane:allocation-wake"
+DEBOUNCE_MS = 1000
+# A woken tick that finds the lock taken tries again this often, for at most this long.
+RETRY_SECONDS = 0.25
+RETRY_FOR_SECONDS = 10.0
+
+
+def request_tick(*, reason: str) -> bool:
+    """Queue a tick unless one was queued within the last second; True when queued."""
+    from capacity.tasks import allocation_wake
+
+    try:
+        first = buckets().client.set(DEBOUNCE_KEY, reason[:200], nx=True, px=DEBOUNCE_MS)
+    except redis.RedisError as error:
+        logger.warning("allocation wake not debounced (%s); queueing a tick anyway", error)
+        first = True
+    if not first:
+        return False
+    try:
+        allocation_wake.apply_async(kwargs={"reason": reason[:200]})
+    except Exception:  # the broker down: the beat's next tick comes anyway
+        logger.exception("allocation wake: could not queue a tick")
+        return False
+    return True
+
+
+def run_woken_tick(*, reason: str) -> dict:
+    """The woken tick: run it, after the one that holds the lock if one does."""
+    from capacity.allocation.tick import allocation_tick
+
+    deadline = time.monotonic() + RETRY_FOR_SECONDS
+    while True:
+        result = allocation_tick()
+        if not result.skipped or time.monotonic() >= deadline:
+            return {"reason": reason, "tick_id": result.tick_id, "skipped": result.skipped,
+                    "seconds": result.seconds}  # fmt: skip
+        time.sleep(RETRY_SECONDS)
