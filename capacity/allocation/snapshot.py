@@ -52,9 +52,10 @@ PEAK_WINDOW = timedelta(seconds=allocation.PEAK_WINDOW_SECONDS)
 BURST_WINDOW = timedelta(seconds=allocation.BURST_WINDOW_SECONDS)
 NO_BURSTS = Bursts(0.0, 0.0)
 IDLE_LOOKBACK = timedelta(days=1)
-# What a reserved customer uses right now, from raw events (rollups lag by a minute or more):
-# idle reserved capacity is lent to best-effort within a tick of its traffic stopping.
-CURRENT_USE_WINDOW = timedelta(seconds=60)
+# What each customer uses and is refused right now, from raw events (rollups lag by a minute
+# or more): demand that rises is planned for within a tick, and idle reserved capacity is lent
+# to best-effort within two ticks of its traffic stopping.
+CURRENT_USE_WINDOW = timedelta(seconds=20)
 # The demand's trend: a line through the last complete minutes (served and refused MU).
 TREND_MINUTES = 5
 TREND_MIN_BUSY_MINUTES = 3
@@ -152,6 +153,10 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
         if all_refused > 0:
             refused[key] = (guaranteed_refused, max(0.0, all_refused - guaranteed_refused))
     current = _current_use(now)
+    for key, (_used, guaranteed_now, best_effort_now) in current.items():
+        # Refusals of the last seconds count before their minute is rolled up.
+        rolled = refused.get(key, (0.0, 0.0))
+        refused[key] = (max(rolled[0], guaranteed_now), max(rolled[1], best_effort_now))
     last_use = _last_use(now)
     trends = _trends(whole_minute)
     waiting_at_gateways = gateway_waiting_mu(now_s=time.time())
@@ -217,18 +222,22 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
             allocation.CustomerDemand(
                 customer_id=customer_id,
                 reserved_mu_per_minute=reserved.get((model_id, customer_id), [0.0, False])[0],
-                recent_mu_per_minute=demand.get((model_id, customer_id), (0.0, 0.0))[0],
+                # The last seconds' use is a floor: rising demand counts before it is rolled up.
+                recent_mu_per_minute=max(
+                    demand.get((model_id, customer_id), (0.0, 0.0))[0],
+                    current.get((model_id, customer_id), (0.0, 0.0, 0.0))[0],
+                ),
                 peak_mu_per_minute=demand.get((model_id, customer_id), (0.0, 0.0))[1],
                 keep_warm=reserved.get((model_id, customer_id), [0.0, False])[1],
                 refused_guaranteed_mu_per_minute=refused.get((model_id, customer_id), (0, 0))[0],
                 refused_best_effort_mu_per_minute=refused.get((model_id, customer_id), (0, 0))[1],
                 idle_seconds=_idle_seconds(
                     now,
-                    current.get((model_id, customer_id), 0.0) > 0,
+                    current.get((model_id, customer_id), (0.0, 0.0, 0.0))[0] > 0,
                     last_use.get((model_id, customer_id)),
                     reserved_since.get((model_id, customer_id)),
                 ),
-                current_mu_per_minute=current.get((model_id, customer_id), 0.0),
+                current_mu_per_minute=current.get((model_id, customer_id), (0.0, 0.0, 0.0))[0],
             )
             for customer_id in sorted(customer_ids)
         )
@@ -300,18 +309,24 @@ def with_replacements(
     return replace(decisions, deployments=tuple(result))
 
 
-def _current_use(now: datetime) -> dict[tuple[int, int], float]:
-    """(model, customer) → MU/min used over the last CURRENT_USE_WINDOW, from raw events."""
+def _current_use(now: datetime) -> dict[tuple[int, int], tuple[float, float, float]]:
+    """(model, customer) → MU/min over the last CURRENT_USE_WINDOW, from raw events: (used,
+    refused in the guaranteed class, refused best-effort)."""
     minutes = CURRENT_USE_WINDOW.total_seconds() / 60
-    return {
-        (model_id, customer_id): (mu or 0.0) / minutes
-        for model_id, customer_id, mu in UsageEvent.objects.filter(
-            started_at__gte=now - CURRENT_USE_WINDOW, started_at__lt=now
-        )
-        .exclude(outcome="refused")
+    refused = Q(outcome="refused")
+    rows = (
+        UsageEvent.objects.filter(started_at__gte=now - CURRENT_USE_WINDOW, started_at__lt=now)
         .values("served_model_id", "customer_id")
-        .annotate(mu=Sum("mu"))
-        .values_list("served_model_id", "customer_id", "mu")
+        .annotate(
+            used=Sum("mu", filter=~refused),
+            guaranteed=Sum("estimated_mu", filter=refused & Q(admission_class="guaranteed")),
+            best_effort=Sum("estimated_mu", filter=refused & ~Q(admission_class="guaranteed")),
+        )
+        .values_list("served_model_id", "customer_id", "used", "guaranteed", "best_effort")
+    )
+    return {
+        (model_id, customer_id): ((u or 0.0) / minutes, (g or 0.0) / minutes, (b or 0.0) / minutes)
+        for model_id, customer_id, u, g, b in rows
     }
 
 
