@@ -538,6 +538,7 @@ def whatif_execute(run_id: int) -> WhatIfRun | None:
             max_replicas=settings["max_replicas"],
             on_policy=on_policy,
             stabilisation_seconds=float(django_settings.ALLOCATION_STABILISATION_SECONDS),
+            burst_seconds=float(django_settings.ADMISSION_BURST_SECONDS),
         )
     except Exception as error:  # noqa: BLE001 - whatever broke, the row says why
         logger.info("what-if %s failed: %s", run_id, error, exc_info=True)
