@@ -58,14 +58,14 @@ from __future__ import annotations
 
 import importlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Protocol, TypedDict, cast
 
 import numpy as np
 
 from capacity.admission.bucket import DEFAULT_BURST_SECONDS
-from capacity.pricing.features import REPLICA_MU_PER_MINUTE, mu_of
+from capacity.pricing.features import REPLICA_MU_PER_MINUTE, mu_of, replica_seconds_of
 
 from .admission import refusal_figures, within_reservation
 from .autoscaling import Autoscaler, Observation
@@ -86,6 +86,8 @@ from .profile import ModelConfig, ground_truth_replica_seconds
 from .traces import TraceRequest, summarise
 
 REFERENCE = "static-peak"
+# A deployment's idle window before scale to zero, unless the caller gives its own.
+DEFAULT_SCALE_TO_ZERO_AFTER_SECONDS = 600.0
 MODELUNIT = "modelunit"
 MODELUNIT_PATH = "simulation.engine.modelunit:ModelUnitAutoscaler"
 METRICS = (
@@ -199,6 +201,28 @@ def request_mu_of_model(model: ModelConfig) -> Callable[[TraceRequest], float]:
     return cost_mu
 
 
+def request_mu_of_weights(
+    weights_replica_seconds: Mapping[str, float],
+    replica_mu_per_minute: float = REPLICA_MU_PER_MINUTE,
+) -> Callable[[TraceRequest], float]:
+    """A request's MU as a cost model prices it (capacity.pricing.features), as usage is
+    metered live; a trace's input tokens are all uncached."""
+    weights = dict(weights_replica_seconds)
+    priced: dict[tuple[int, int], float] = {}
+
+    def cost_mu(request: TraceRequest) -> float:
+        size = (request.input_tokens, request.output_tokens)
+        mu = priced.get(size)
+        if mu is None:
+            replica_seconds = replica_seconds_of(
+                weights, input_tokens=request.input_tokens, output_tokens=request.output_tokens
+            )
+            mu = priced[size] = mu_of(replica_seconds, replica_mu_per_minute)
+        return mu
+
+    return cost_mu
+
+
 def build_context(
     requests: Sequence[TraceRequest],
     *,
@@ -211,18 +235,24 @@ def build_context(
     future: bool = False,
     ttft_slo_seconds: float = 2.0,
     max_replicas: int | None = None,
+    request_mu: Callable[[TraceRequest], float] | None = None,
+    replica_mu_per_minute: float = REPLICA_MU_PER_MINUTE,
+    scale_to_zero_after_seconds: float | None = DEFAULT_SCALE_TO_ZERO_AFTER_SECONDS,
 ) -> PolicyContext:
     """The context every policy is built from; `future=True` adds the requests (oracle only).
 
     `max_replicas`, if given, caps the fleet below what the trace and reservations would allow.
+    `request_mu` prices a request (default: the model's ground truth at a full batch) and a
+    replica serves `replica_mu_per_minute` of such MU (default R).
     """
-    request_mu = request_mu_of_model(model)
+    request_mu = request_mu or request_mu_of_model(model)
     summary = summarise(requests)
     mean_mu = float(np.mean([request_mu(r) for r in requests])) if requests else 0.0
     peak_mu_per_minute = summary.peak_rate_req_per_s_1min * 60.0 * mean_mu
     reservations = dict(reservations or {})
     base = PolicyContext(
-        replica_mu_per_minute=REPLICA_MU_PER_MINUTE,
+        replica_mu_per_minute=replica_mu_per_minute,
+        scale_to_zero_after_seconds=scale_to_zero_after_seconds,
         request_mu=request_mu,
         max_replicas=1,
         max_num_seqs=model.max_num_seqs,
@@ -271,6 +301,9 @@ def compare(
     stabilisation_seconds: float | None = None,
     admission: bool = True,
     burst_seconds: float = DEFAULT_BURST_SECONDS,
+    request_mu: Callable[[TraceRequest], float] | None = None,
+    replica_mu_per_minute: float = REPLICA_MU_PER_MINUTE,
+    scale_to_zero_after_seconds: float | None = DEFAULT_SCALE_TO_ZERO_AFTER_SECONDS,
 ) -> dict[str, dict[str, dict[str, float]]]:
     """Simulate each policy over `requests` (see the module docstring for the result).
 
@@ -278,7 +311,13 @@ def compare(
     tick's setting (ALLOCATION_STABILISATION_SECONDS), which the caller reads; None: the
     setting's default. `admission`: run every policy behind the live admission (default);
     False lets every request in, as a fleet without a gateway. `burst_seconds`: the buckets'
-    burst, the live setting ADMISSION_BURST_SECONDS, which the caller reads."""
+    burst, the live setting ADMISSION_BURST_SECONDS, which the caller reads.
+
+    A fleet of a real deployment (the what-if): `request_mu` prices requests as its cost model
+    does (`request_mu_of_weights`), `replica_mu_per_minute` is what one of its replicas serves
+    of such MU (R on the reference GPU type, the exchange rate on another), and
+    `scale_to_zero_after_seconds` is its idle window (None: never to zero). By default requests
+    are priced at the model's ground truth, R per replica, 600 s."""
     if max_replicas is not None and max_replicas < 1:
         raise ValueError(f"max_replicas must be at least 1, got {max_replicas}")
     if not 0 < target_utilisation <= 1:
@@ -316,7 +355,7 @@ def compare(
         "cold_start_seconds": cold_start,
         "tick_seconds": tick_seconds,
         "ttft_slo_seconds": slo_ttft_ms / 1000.0,
-        "request_mu": request_mu_of_model(model),
+        "request_mu": request_mu or request_mu_of_model(model),
     }
     # One context for every policy (building it prices the whole trace twice); the oracle's
     # adds the requests it will meet.
@@ -330,6 +369,9 @@ def compare(
         keep_warm=keep_warm,
         ttft_slo_seconds=slo_ttft_ms / 1000.0,
         max_replicas=max_replicas,
+        request_mu=settings_kwargs["request_mu"],
+        replica_mu_per_minute=replica_mu_per_minute,
+        scale_to_zero_after_seconds=scale_to_zero_after_seconds,
     )
     results: dict[str, dict[str, float]] = {}
     for name in order:
