@@ -85,7 +85,7 @@ def test_a_bad_what_if_is_refused_naming_the_field_and_the_reason(overrides, fie
 
 
 def test_a_what_if_is_queued_once_the_transaction_commits(
-    planner, served_model, django_capture_on_commit_callbacks
+    planner, served_model, sellable, django_capture_on_commit_callbacks
 ):
     with django_capture_on_commit_callbacks() as callbacks:
         run = create(
