@@ -2,6 +2,7 @@ from django import forms
 from django.contrib import admin
 
 from capacity.actuation.config import validate_actuator_config
+from capacity.catalog.engine_profile import validate_engine_profile
 from capacity.catalog.services import DEPLOYMENT_FIELDS, check_fits_pool
 from capacity.models import (
     ActuatorCircuit,
@@ -52,7 +53,8 @@ class PublishedAdminMixin:
 
 
 class DeploymentAdminForm(forms.ModelForm):
-    """The admin applies the same rules as the API: the pool fit and the actuator config."""
+    """The admin applies the same rules as the API: the pool fit, the actuator config and the
+    engine profile."""
 
     endpoint_url = forms.URLField(required=False, max_length=500, assume_scheme="https")
 
@@ -72,6 +74,8 @@ class DeploymentAdminForm(forms.ModelForm):
                 )
             if cleaned.get("prometheus_selector"):
                 cleaned["prometheus_selector"] = validate_selector(cleaned["prometheus_selector"])
+            if "engine_profile" in cleaned:
+                cleaned["engine_profile"] = validate_engine_profile(cleaned["engine_profile"])
             if cleaned.get("actuator_kind"):
                 cleaned["actuator_config"] = validate_actuator_config(
                     cleaned["actuator_kind"], cleaned.get("actuator_config")

@@ -8,9 +8,12 @@ class WhatIfRun(models.Model):
     """A what-if: the fleet simulator over one trace with a planner's settings (long work is
     this row; the Celery task fills in progress and the result, see simulation/whatif.py).
 
-    `served_model` is the model the planner filed it under; the simulated replica is the
-    built-in 8B-on-H100 emulator profile unless `settings["model_config"]` holds one.
-    The trace is a bundled one (`trace_name`) or an uploaded CSV kept in `trace_csv`.
+    `served_model` is the model whose fleet it simulates: `settings["fleet"]` holds what was
+    read of it (deployment, cost models, engine profile, caps) and `settings["model_config"]`
+    the replica derived from them; with a pasted replica profile, or no model, that profile or
+    the built-in 8B-on-H100 emulator profile instead (`settings["fleet"]` empty).
+    The trace is a bundled one (`trace_name`) or a CSV kept in `trace_csv`: uploaded, or the
+    model's own usage (`settings["trace_source"] == "usage"`).
     `result` is `compare()`'s output plus the trace and fleet cap that were simulated.
     """
 

@@ -8,22 +8,31 @@ the form field at fault; otherwise it stores a queued `WhatIfRun` and queues
 run, simulates (progress: one step per policy, static-peak first) and stores `compare()`'s
 output, or ends the run as failed with the message.
 
-The model: the simulated replica is the built-in profile of `manage.py simulate` (the engine
-emulator's defaults: an 8B dense model on one H100, 60 s cold start) unless a model config
-JSON is given (`ModelConfig`'s fields, as for `simulate --model-config`). The served model a
-planner picks only files the what-if under that model; its benchmarks and cost model are not
-read.
+The model: with a served model picked (and no replica profile pasted), the what-if starts from
+that model's fleet (simulation.from_fleet): a replica of one of its deployments (the one on its
+reference GPU type unless one is picked) from its active cost model and the deployment's
+engine profile, requests priced by its reference cost model, the fleet within the deployment's
+max replicas and its pool, the deployment's cold start, target utilisation and idle window;
+the form starts from its reservations in term. A pasted model config JSON (`ModelConfig`'s
+fields, as for `simulate --model-config`) simulates that replica instead, priced at its own
+ground truth; with neither, the built-in profile of `manage.py simulate` (the engine
+emulator's defaults: an 8B dense model on one H100, 60 s cold start).
 
-The trace: a bundled one (`BUNDLED_TRACES`) or an uploaded CSV (≤ 5 MB, kept in the row), in
-either format `simulation.engine.traces` reads; rate windows draw request sizes from the Azure
-conversation trace. Only the first `duration_minutes` are simulated (from the first request),
-after scaling the demand by `rate_scale`.
+The trace: a bundled one (`BUNDLED_TRACES`), an uploaded CSV (≤ 5 MB, kept in the row), in
+either format `simulation.engine.traces` reads (rate windows draw request sizes from the Azure
+conversation trace), or the picked model's own usage of the last `usage_days` days (`usage`,
+replayed from its usage events; kept in the row as a CSV, so a later run of the same what-if
+replays the same requests). Only the first `duration_minutes` are simulated (from the first
+request), after scaling the demand by `rate_scale`.
+
+Admission: every policy runs behind the live admission (simulation.engine.compare), and the
+result reports per policy the refused share of guaranteed and of best-effort traffic.
 
 Overcommit, a what-if on selling: with reservations, the fleet may hold at most what the sold
 MU/min would deploy at that overcommit, `ceil(Σ reserved MU/min ÷ overcommit ÷ 100)` replicas
-(a replica serves 100 MU/min saturated). Overcommit 1.5 is a fleet a third smaller than what
-was sold: does the SLO, and the guaranteed traffic, survive? Without reservations it caps
-nothing.
+(a replica serves 100 MU/min saturated; a fleet's deployment on another GPU type, its exchange
+rate). Overcommit 1.5 is a fleet a third smaller than what was sold: does the SLO, and the
+guaranteed traffic, survive? Without reservations it caps nothing.
 """
 
 from __future__ import annotations
@@ -43,15 +52,17 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from capacity.models import ServedModel
+from capacity.models import Deployment, ServedModel
 from capacity.pricing.features import REPLICA_MU_PER_MINUTE
 from controlplane.errors import DomainError
+from simulation import from_fleet
 from simulation.engine.compare import (
     MODELUNIT,
     REFERENCE,
     compare,
     known_policies,
     policy_registry,
+    request_mu_of_weights,
 )
 from simulation.engine.profile import ConfigError, ModelConfig, parse_config
 from simulation.engine.traces import TraceError, TraceRequest, load_trace, summarise
@@ -92,6 +103,9 @@ BUNDLED_TRACES = {
     ),
 }
 DEFAULT_TRACE = "azure-conv"
+# The picked model's own usage, replayed (simulation.from_fleet.usage_trace_csv).
+USAGE_TRACE = "usage"
+USAGE_LABEL = "This model's own usage, replayed from its usage events (the last days below)"
 DEFAULT_POLICIES = ("static-peak", "kpa", "hpa-rps", "oracle", "modelunit")
 
 MAX_UPLOAD_BYTES = 5 * 1024 * 1024
@@ -101,7 +115,9 @@ TASK_TIME_LIMIT_SECONDS = 600
 
 # field -> (default, low, high, low is exclusive)
 LIMITS = {
-    "duration_minutes": (30, 1, 24 * 60, False),
+    # A week: the fleet's own usage may be replayed whole (MAX_REQUESTS still bounds a run).
+    "duration_minutes": (30, 1, 7 * 24 * 60, False),
+    "usage_days": (from_fleet.DEFAULT_USAGE_DAYS, *from_fleet.USAGE_DAYS, False),
     "rate_scale": (1.0, 0.0, 20.0, True),
     "slo_ttft_ms": (2000.0, 0.0, 600_000.0, True),
     "slo_goal": (0.99, 0.0, 1.0, True),
@@ -240,12 +256,16 @@ def parse_policies(policies) -> list[str]:
     return [REFERENCE] + [p for p in policies if p != REFERENCE]
 
 
-def fleet_cap(reservations: dict[str, float], overcommit: float) -> int | None:
+def fleet_cap(
+    reservations: dict[str, float],
+    overcommit: float,
+    replica_mu_per_minute: float = REPLICA_MU_PER_MINUTE,
+) -> int | None:
     """Replicas the sold MU/min would deploy at `overcommit` (None: nothing sold, no cap)."""
     reserved = sum(reservations.values())
     if reserved <= 0:
         return None
-    return max(1, math.ceil(reserved / overcommit / REPLICA_MU_PER_MINUTE - 1e-9))
+    return max(1, math.ceil(reserved / overcommit / replica_mu_per_minute - 1e-9))
 
 
 # --- Traces ----------------------------------------------------------------------------------
@@ -340,9 +360,11 @@ def whatif_create(
     *,
     requested_by=None,
     served_model: ServedModel | None = None,
+    deployment: Deployment | None = None,
     trace_name: str = "",
     trace_csv: str | bytes = "",
     trace_filename: str = "",
+    usage_days=None,
     model_config=None,
     policies=None,
     reservations="",
@@ -370,7 +392,16 @@ def whatif_create(
     chosen = parse_policies(policies)
     parsed_reservations = parse_reservations(reservations)
     model_fields = parse_model_config(model_config)
+    if served_model is None and deployment is not None:
+        served_model = deployment.served_model
+    # The fleet's replica, unless a replica profile was pasted to simulate instead.
+    fleet = (
+        from_fleet.fleet_of(served_model, deployment)
+        if served_model is not None and model_fields is None
+        else None
+    )
 
+    extra: dict = {}
     if isinstance(trace_csv, bytes):
         if len(trace_csv) > MAX_UPLOAD_BYTES:
             raise _too_big(len(trace_csv))
@@ -386,6 +417,24 @@ def whatif_create(
             raise _too_big(len(trace_csv.encode("utf-8")))
         trace_name = ""
         trace_field = "trace_file"
+    elif trace_name == USAGE_TRACE:
+        if served_model is None:
+            raise DomainError(
+                "pick a model: the usage replayed is that model's own.", field="trace"
+            )
+        days = _number("usage_days", usage_days, integer=True)
+        thinning = numbers["rate_scale"]
+        trace_csv, events = from_fleet.usage_trace_csv(
+            served_model,
+            days=days,
+            duration_minutes=numbers["duration_minutes"],
+            # Enough for the scale to thin out, not so many that a row holds megabytes.
+            max_rows=min(4 * MAX_REQUESTS, math.ceil(MAX_REQUESTS / min(1.0, thinning))),
+            now=timezone.now(),
+        )
+        trace_name, trace_field = "", "trace"
+        trace_filename = f"usage-{served_model.name}-{days}d.csv"
+        extra = {"trace_source": USAGE_TRACE, "usage_days": days, "usage_events": events}
     else:
         trace_name = trace_name or ""
         trace_field = "trace"
@@ -415,13 +464,26 @@ def whatif_create(
             field="duration_minutes",
         )
 
+    replica_mu_per_minute = REPLICA_MU_PER_MINUTE
+    fleet_settings = None
+    caps = []
+    if fleet is not None:
+        model_fields, fleet_settings = from_fleet.fleet_settings(fleet, requests)
+        replica_mu_per_minute = fleet_settings["replica_mu_per_minute"]
+        caps.append(fleet_settings["max_replicas"])
+    overcommit_cap = fleet_cap(parsed_reservations, numbers["overcommit"], replica_mu_per_minute)
+    if overcommit_cap is not None:
+        caps.append(overcommit_cap)
     settings = {
         **numbers,
         "policies": chosen,
         "reservations": parsed_reservations,
         "keep_warm": bool(keep_warm),
         "model_config": model_fields,
-        "max_replicas": fleet_cap(parsed_reservations, numbers["overcommit"]),
+        "overcommit_max_replicas": overcommit_cap,
+        "max_replicas": min(caps) if caps else None,
+        "fleet": fleet_settings,
+        **extra,
     }
     with transaction.atomic():
         run = WhatIfRun.objects.create(
@@ -491,6 +553,21 @@ def _finite(value):
     return value
 
 
+def _fleet_arguments(fleet: dict | None) -> dict:
+    """compare()'s arguments for a fleet's what-if: its currency, GPUs and idle window."""
+    if not fleet:
+        return {}
+    reference = fleet["reference_cost_model"]
+    return {
+        "request_mu": request_mu_of_weights(
+            reference["weights_replica_seconds"], reference["replica_mu_per_minute"]
+        ),
+        "replica_mu_per_minute": fleet["replica_mu_per_minute"],
+        "gpus_per_replica": fleet["gpus_per_replica"],
+        "scale_to_zero_after_seconds": fleet["scale_to_zero_after_seconds"],
+    }
+
+
 def whatif_execute(run_id: int) -> WhatIfRun | None:
     """Claim a queued run and simulate it; None when it was not queued (already taken)."""
     if not whatif_claim(run_id):
@@ -538,6 +615,8 @@ def whatif_execute(run_id: int) -> WhatIfRun | None:
             max_replicas=settings["max_replicas"],
             on_policy=on_policy,
             stabilisation_seconds=float(django_settings.ALLOCATION_STABILISATION_SECONDS),
+            burst_seconds=float(django_settings.ADMISSION_BURST_SECONDS),
+            **_fleet_arguments(settings.get("fleet")),
         )
     except Exception as error:  # noqa: BLE001 - whatever broke, the row says why
         logger.info("what-if %s failed: %s", run_id, error, exc_info=True)
@@ -575,8 +654,9 @@ def whatif_execute(run_id: int) -> WhatIfRun | None:
 
 def best_policy(run: WhatIfRun) -> str | None:
     """The cheapest policy a live system could run (not the oracle, which reads the future)
-    that met the SLO goal with no guaranteed request refused; None if none did. Ties go to the
-    higher SLO attainment, then to the policy simulated first."""
+    that met the SLO goal with no request within a reservation refused (runs from before
+    admission was simulated: no reserved customer's request unserved); None if none did. Ties
+    go to the higher SLO attainment, then to the policy simulated first."""
     if not run.result:
         return None
     goal = run.settings.get("slo_goal", LIMITS["slo_goal"][0])
@@ -588,6 +668,8 @@ def best_policy(run: WhatIfRun) -> str | None:
         and row.get("gpu_hours") is not None
         and row.get("slo_attainment") is not None
         and row["slo_attainment"] >= goal - 1e-12
-        and not row.get("guaranteed_refused")
+        # Behind admission a reserved customer's demand beyond its reservation may be refused
+        # as any best-effort demand; what a reservation promises is the part within it.
+        and not row.get("within_reservation_refused", row.get("guaranteed_refused"))
     ]
     return min(candidates)[-1] if candidates else None

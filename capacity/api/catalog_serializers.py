@@ -87,6 +87,14 @@ class DeploymentSerializer(StrictModelSerializer):
     gpu_pool = serializers.SlugRelatedField(slug_field="name", queryset=GpuPool.objects.all())
     actuator_kind = serializers.ChoiceField(choices=ActuatorKind.choices, required=False)
     actuator_config = serializers.JSONField(required=False)
+    engine_profile = serializers.JSONField(
+        required=False,
+        help_text=(
+            "The engine's parameters the what-if simulates a replica with: max_num_seqs, "
+            "max_num_batched_tokens, kv_cache_tokens, context_length (whole numbers; a missing "
+            "one takes vLLM's default)."
+        ),
+    )
     target_utilisation = serializers.FloatField(required=False, min_value=0.01, max_value=1.0)
     benchmark_suite = serializers.SlugRelatedField(
         slug_field="name",

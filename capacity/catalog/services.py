@@ -7,6 +7,7 @@ Placing a deployment reads its pool's size and writes against it, so the pool ro
 from django.db import transaction
 
 from capacity.actuation.config import validate_actuator_config
+from capacity.catalog.engine_profile import validate_engine_profile
 from capacity.models import Deployment, GpuPool, GpuType, ServedModel
 from capacity.publication import publish_after_commit
 from capacity.telemetry.prometheus import validate_selector
@@ -34,6 +35,7 @@ DEPLOYMENT_FIELDS = (
     "benchmark_suite",
     "benchmark_nightly",
     "priority_scheduling",
+    "engine_profile",
 )
 
 
@@ -69,6 +71,7 @@ def _check_shape(values: dict) -> None:
     if values.get("prometheus_selector"):
         # Stored normalised; a malformed one is refused here rather than at every tick.
         values["prometheus_selector"] = validate_selector(values["prometheus_selector"])
+    values["engine_profile"] = validate_engine_profile(values.get("engine_profile"))
 
 
 def _check_endpoint(url: str | None) -> None:

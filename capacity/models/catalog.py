@@ -180,6 +180,17 @@ class Deployment(models.Model):
     observed_starting_replicas = models.PositiveIntegerField(null=True, blank=True)
     observed_draining_replicas = models.PositiveIntegerField(null=True, blank=True)
     replicas_observed_at = models.DateTimeField(null=True, blank=True)
+    # The engine's own limits, for what a cost model cannot tell (capacity.catalog.engine_profile):
+    # the what-if simulates a replica with them.
+    engine_profile = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text=(
+            'The engine\'s parameters, e.g. {"max_num_seqs": 256, "max_num_batched_tokens": '
+            '8192, "kv_cache_tokens": 200000, "context_length": 8192}; a missing one takes '
+            "vLLM's default (the context length: the model's)."
+        ),
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

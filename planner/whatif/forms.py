@@ -3,7 +3,7 @@ DomainError names the field, which the view puts back on the form)."""
 
 from django import forms
 
-from capacity.models import ServedModel
+from capacity.models import Deployment, ServedModel
 from simulation import whatif
 from simulation.engine.compare import known_policies
 
@@ -24,24 +24,49 @@ def _limits(field: str) -> dict:
     return attrs
 
 
+class DeploymentChoiceField(forms.ModelChoiceField):
+    def label_from_instance(self, obj) -> str:
+        return (
+            f"{obj.name} ({obj.served_model.name} on {obj.gpu_pool.gpu_type.name}"
+            f"×{obj.gpus_per_replica})"
+        )
+
+
 class WhatIfForm(forms.Form):
     served_model = forms.ModelChoiceField(
         queryset=ServedModel.objects.order_by("name"),
         required=False,
-        empty_label="(none: file it under no model)",
+        empty_label="(none: the built-in profile)",
         label="Model",
+    )
+    deployment = DeploymentChoiceField(
+        queryset=Deployment.objects.select_related("served_model", "gpu_pool__gpu_type").order_by(
+            "served_model__name", "name"
+        ),
+        required=False,
+        empty_label="(the model's, on its reference GPU type)",
+        label="Deployment",
     )
     model_config = forms.CharField(
         required=False,
-        label="Replica profile (model config JSON, optional)",
+        label="…or a replica profile instead (model config JSON)",
         widget=forms.Textarea(
             attrs={"rows": 3, "cols": 44, "placeholder": '{"name": "70b", "max_num_seqs": 128}'}
         ),
     )
     trace = forms.ChoiceField(
-        choices=[(name, trace.label) for name, trace in whatif.BUNDLED_TRACES.items()],
+        choices=[
+            *((name, trace.label) for name, trace in whatif.BUNDLED_TRACES.items()),
+            (whatif.USAGE_TRACE, whatif.USAGE_LABEL),
+        ],
         initial=whatif.DEFAULT_TRACE,
-        label="Bundled trace",
+        label="Trace",
+    )
+    usage_days = forms.IntegerField(
+        required=False,
+        initial=whatif.LIMITS["usage_days"][0],
+        label="…its usage of the last (days)",
+        widget=forms.NumberInput(attrs=_limits("usage_days") | {"step": 1}),
     )
     trace_file = forms.FileField(required=False, label="…or upload a CSV (≤ 5 MB)")
     duration_minutes = forms.IntegerField(

@@ -2,15 +2,16 @@
 policy settings (a Celery job, simulation.whatif), then compare the policies."""
 
 from django.contrib import messages
-from django.db.models import Sum
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
 
-from capacity.models import Reservation, ServedModel
+from capacity.models import ServedModel
+from capacity.pricing.features import REPLICA_MU_PER_MINUTE
 from controlplane.errors import DomainError
 from planner.access import planner_required
 from planner.paging import page_of, query_without
 from planner.whatif.forms import WhatIfForm
-from simulation import whatif
+from simulation import from_fleet, whatif
 from simulation.models import WhatIfRun
 
 COLUMNS = [
@@ -18,6 +19,9 @@ COLUMNS = [
     ("gpu_hours", "GPU-hours", "hours"),
     ("savings_vs_static", "Savings vs static-peak", "percent"),
     ("slo_attainment", "SLO attainment", "percent"),
+    ("refused_guaranteed_share", "Refused: guaranteed", "share"),
+    ("refused_best_effort_share", "Refused: best-effort", "share"),
+    ("guaranteed_slo_attainment", "SLO: admitted guaranteed", "percent"),
     ("ttft_p50_ms", "TTFT p50 (ms)", "ms"),
     ("ttft_p95_ms", "TTFT p95 (ms)", "ms"),
     ("ttft_p99_ms", "TTFT p99 (ms)", "ms"),
@@ -30,6 +34,7 @@ COLUMNS = [
 FORMATS = {
     "hours": "{:,.3f}",
     "percent": "{:.1%}",
+    "share": "{:.2%}",
     "ms": "{:,.0f}",
     "ms1": "{:,.1f}",
     "count": "{:,}",
@@ -41,25 +46,28 @@ def _cell(value, kind: str) -> str:
 
 
 def _initial_for(request) -> dict:
-    """?model=<id> starts from that model's overcommit and active reservations (per customer)."""
+    """?model=<id> starts from that model's fleet: its reservations in term (per customer),
+    overcommit and keep-warm, and its deployment's target utilisation."""
     model_id = request.GET.get("model")
     if not (model_id and model_id.isdigit()):
         return {}
     served_model = ServedModel.objects.filter(pk=int(model_id)).first()
     if served_model is None:
         return {}
-    sold = (
-        Reservation.objects.filter(served_model=served_model, status=Reservation.Status.ACTIVE)
-        .values("customer__slug")
-        .annotate(mu=Sum("mu_per_minute"))
-        .order_by("customer__slug")
-    )
-    return {
+    reservations, keep_warm = from_fleet.reservations_of(served_model, now=timezone.now())
+    initial = {
         "served_model": served_model,
         "overcommit": served_model.overcommit,
-        "reservations": whatif.format_reservations(
-            {row["customer__slug"]: row["mu"] for row in sold}
-        ),
+        "reservations": whatif.format_reservations(reservations),
+        "keep_warm": keep_warm,
+    }
+    try:
+        fleet = from_fleet.fleet_of(served_model)
+    except DomainError:
+        return initial  # the form says why when it is sent
+    return initial | {
+        "deployment": fleet.deployment,
+        "target_utilisation": fleet.deployment.target_utilisation,
     }
 
 
@@ -86,7 +94,9 @@ def index(request):
                 run = whatif.whatif_create(
                     requested_by=request.user,
                     served_model=data["served_model"],
+                    deployment=data["deployment"],
                     trace_name=data["trace"],
+                    usage_days=data["usage_days"],
                     trace_csv=upload.read() if upload else "",
                     trace_filename=upload.name if upload else "",
                     model_config=data["model_config"],
@@ -103,8 +113,8 @@ def index(request):
                     tick_seconds=data["tick_seconds"],
                 )
             except DomainError as error:
-                field = error.field if error.field in form.fields else None
-                form.add_error(field, error.message)
+                field = (error.field or "").split(".")[0]
+                form.add_error(field if field in form.fields else None, error.message)
             else:
                 messages.success(request, f"What-if {run.pk} is queued.")
                 return redirect("planner:whatif:detail", pk=run.pk)
@@ -150,6 +160,40 @@ def _run_context(run: WhatIfRun) -> dict:
     }
 
 
+def _duration(seconds: float) -> str:
+    """A duration in the unit that reads best: 7 ms, 60 µs, 50 ns."""
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds / 1e-9:.3g} ns"
+
+
+def _step_times(model_config: dict) -> str:
+    """The simulated replica's step, as the profile times it (simulation.engine.profile)."""
+    if not model_config:
+        return ""
+    return (
+        f"{_duration(model_config['decode_step_base_seconds'])} + "
+        f"{_duration(model_config['decode_seconds_per_sequence'])} per sequence + "
+        f"{_duration(model_config['decode_seconds_per_context_token'])} per context token, "
+        f"and {_duration(model_config['prefill_seconds_per_token'])} per prompt token prefilled"
+    )
+
+
+def _trace_label(run: WhatIfRun) -> str:
+    settings = run.settings
+    if settings.get("trace_source") == whatif.USAGE_TRACE:
+        days = settings.get("usage_days")
+        model = run.served_model.name if run.served_model else "the model"
+        return (
+            f"{model}'s own usage of the {days} day{'s' * (days != 1)} before it was queued, "
+            f"{settings.get('usage_events', 0):,} usage events"
+        )
+    if run.trace_name in whatif.BUNDLED_TRACES:
+        return whatif.BUNDLED_TRACES[run.trace_name].label
+    return f"uploaded {run.trace_filename}"
+
+
 @planner_required
 def detail(request, pk: int):
     run = get_object_or_404(
@@ -161,10 +205,15 @@ def detail(request, pk: int):
         "reservations": sorted((settings.get("reservations") or {}).items()),
         "reserved_total": reserved,
         "model_config": settings.get("model_config"),
+        "fleet": settings.get("fleet"),
+        "step_times": _step_times(settings.get("model_config") or {}),
+        # Runs from before fleets were simulated keep their only cap in max_replicas.
+        "overcommit_cap": settings.get("overcommit_max_replicas", settings.get("max_replicas")),
+        "replica_mu_per_minute": (settings.get("fleet") or {}).get(
+            "replica_mu_per_minute", REPLICA_MU_PER_MINUTE
+        ),
         "built_in": whatif.BUILT_IN_DESCRIPTION,
-        "trace_label": whatif.BUNDLED_TRACES[run.trace_name].label
-        if run.trace_name in whatif.BUNDLED_TRACES
-        else f"uploaded {run.trace_filename}",
+        "trace_label": _trace_label(run),
     }
     return render(request, "planner/whatif/detail.html", context)
 

@@ -32,6 +32,12 @@ class Observation:
     # The same requests one by one: (client, arrival time, MU), as usage events (which carry
     # `started_at`) show them.
     completed_mu: list[tuple[str, float, float]] = field(default_factory=list)
+    # The requests admission refused in the window: (client, arrival time, MU, refused in the
+    # guaranteed class), as refused usage events (with their estimated MU) show them.
+    refused_mu: list[tuple[str, float, float, bool]] = field(default_factory=list)
+    # Of `waiting_requests`, those held for want of a ready replica (a live gateway holds them
+    # for a model at zero: gw:v1:waiting); the rest wait in the engines' queues.
+    pending_requests: int = 0
 
 
 class Autoscaler(Protocol):

@@ -1,4 +1,4 @@
-"""Run several autoscaling policies over one trace and compare their cost and latency.
+"""Run several autoscaling policies over one trace and compare their cost, latency and refusals.
 
 `compare(requests, model=..., policies=[...], slo_ttft_ms=...)` builds one `PolicyContext`
 from the trace summary and the model, runs `simulate` once per policy (static-peak first: it is
@@ -6,12 +6,31 @@ the reference for `savings_vs_static`) and returns
 
     {"policies": {NAME: {gpu_hours, savings_vs_static, slo_attainment, ttft_p50_ms,
                          ttft_p95_ms, ttft_p99_ms, tpot_p95_ms, guaranteed_refused,
-                         scale_events}}}
+                         scale_events, refused_guaranteed_share, refused_best_effort_share,
+                         refused_within_reservation_share, within_reservation_refused,
+                         guaranteed_slo_attainment, admitted_slo_attainment}}}
 
 A request's cost in MU is `mu_of` its ground-truth replica-seconds at a full batch (× R / 60),
-so one saturated replica mints R = 100 MU/min. `guaranteed_refused` counts the requests of
-customers with a reservation that were not served (refused or timed out); no admission policy is
-applied, so it is 0 without reservations.
+so one saturated replica mints R = 100 MU/min. `slo_attainment` is over every request (refused
+and timed-out ones miss); `guaranteed_refused` counts the requests of customers with a
+reservation that were not served (refused or timed out).
+
+Admission (default on; `admission=False` lets every request in): every policy runs behind the
+live admission rule, the one GCRA bucket rule (`capacity.admission.bucket`, through
+`admission.TokenBucketAdmission`): each customer's guaranteed rate is its reservation, its
+best-effort rate the allowance the live policy (`capacity.allocation.policy.decide`) gives it
+at every tick, from the replicas observed ready. For modelunit those are the allowances of the
+very decision that sizes its fleet, and the demand admission refused is fed back to it by class
+(`modelunit.LiveDemand`). The baselines (static-peak, kpa, hpa-rps, oracle) are admitted the
+same way: at each tick their ready replicas and the recorded demand (refusals included) go
+through `decide()`, whose allowances are used and whose replica counts are not
+(`modelunit.LiveAllowances`), so every policy meets the same rule and the same allowance code;
+the baselines themselves never read refused demand, as none of them does live. The refusal
+figures (`admission.refusal_figures`): the share of guaranteed traffic (customers with a
+reservation) and of best-effort traffic refused, the share and count of the requests within the
+reservation (the customer's admitted MU over the minute before, plus the request's own, within
+its reservation) refused, and the SLO attainment of the requests admitted in the guaranteed
+class and of every admitted request. A share of no traffic is NaN.
 
 Warm-up (default on): the trace is played backwards, then forwards, and only the forward pass
 is scored (requests, GPU-hours, scale events), so that every policy meets the trace with the
@@ -39,23 +58,36 @@ from __future__ import annotations
 
 import importlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Protocol, TypedDict, cast
 
 import numpy as np
 
-from capacity.pricing.features import REPLICA_MU_PER_MINUTE, mu_of
+from capacity.admission.bucket import DEFAULT_BURST_SECONDS
+from capacity.pricing.features import REPLICA_MU_PER_MINUTE, mu_of, replica_seconds_of
 
+from .admission import refusal_figures, within_reservation
 from .autoscaling import Autoscaler, Observation
 from .baselines import HPARpsAutoscaler, KPAAutoscaler, StaticPeakAutoscaler, replicas_for
-from .fleet import SERVED, SimulationSettings, simulate
+from .fleet import (
+    ADMITTED_GUARANTEED,
+    NOT_ADMITTED,
+    REFUSED,
+    SERVED,
+    SimulationResult,
+    SimulationSettings,
+    simulate,
+)
+from .modelunit import ModelUnitAutoscaler, behind_admission
 from .oracle import OracleAutoscaler, required_replicas
 from .policy_context import PolicyContext
 from .profile import ModelConfig, ground_truth_replica_seconds
 from .traces import TraceRequest, summarise
 
 REFERENCE = "static-peak"
+# A deployment's idle window before scale to zero, unless the caller gives its own.
+DEFAULT_SCALE_TO_ZERO_AFTER_SECONDS = 600.0
 MODELUNIT = "modelunit"
 MODELUNIT_PATH = "simulation.engine.modelunit:ModelUnitAutoscaler"
 METRICS = (
@@ -68,6 +100,12 @@ METRICS = (
     "tpot_p95_ms",
     "guaranteed_refused",
     "scale_events",
+    "refused_guaranteed_share",
+    "refused_best_effort_share",
+    "refused_within_reservation_share",
+    "within_reservation_refused",
+    "guaranteed_slo_attainment",
+    "admitted_slo_attainment",
 )
 
 _BUILT_IN: dict[str, Callable[[PolicyContext], Autoscaler]] = {
@@ -142,15 +180,45 @@ def known_policies() -> tuple[str, ...]:
 
 
 def request_mu_of_model(model: ModelConfig) -> Callable[[TraceRequest], float]:
+    # Traces repeat their sizes (rate windows draw them from a real trace), so each size is
+    # priced once.
+    priced: dict[tuple[int, int], float] = {}
+
     def cost_mu(request: TraceRequest) -> float:
-        return mu_of(
-            ground_truth_replica_seconds(
-                model,
-                request.input_tokens,
-                max(1, request.output_tokens),
-                batch_size=model.max_num_seqs,
+        size = (request.input_tokens, request.output_tokens)
+        mu = priced.get(size)
+        if mu is None:
+            mu = priced[size] = mu_of(
+                ground_truth_replica_seconds(
+                    model,
+                    request.input_tokens,
+                    max(1, request.output_tokens),
+                    batch_size=model.max_num_seqs,
+                )
             )
-        )
+        return mu
+
+    return cost_mu
+
+
+def request_mu_of_weights(
+    weights_replica_seconds: Mapping[str, float],
+    replica_mu_per_minute: float = REPLICA_MU_PER_MINUTE,
+) -> Callable[[TraceRequest], float]:
+    """A request's MU as a cost model prices it (capacity.pricing.features), as usage is
+    metered live; a trace's input tokens are all uncached."""
+    weights = dict(weights_replica_seconds)
+    priced: dict[tuple[int, int], float] = {}
+
+    def cost_mu(request: TraceRequest) -> float:
+        size = (request.input_tokens, request.output_tokens)
+        mu = priced.get(size)
+        if mu is None:
+            replica_seconds = replica_seconds_of(
+                weights, input_tokens=request.input_tokens, output_tokens=request.output_tokens
+            )
+            mu = priced[size] = mu_of(replica_seconds, replica_mu_per_minute)
+        return mu
 
     return cost_mu
 
@@ -167,18 +235,24 @@ def build_context(
     future: bool = False,
     ttft_slo_seconds: float = 2.0,
     max_replicas: int | None = None,
+    request_mu: Callable[[TraceRequest], float] | None = None,
+    replica_mu_per_minute: float = REPLICA_MU_PER_MINUTE,
+    scale_to_zero_after_seconds: float | None = DEFAULT_SCALE_TO_ZERO_AFTER_SECONDS,
 ) -> PolicyContext:
     """The context every policy is built from; `future=True` adds the requests (oracle only).
 
     `max_replicas`, if given, caps the fleet below what the trace and reservations would allow.
+    `request_mu` prices a request (default: the model's ground truth at a full batch) and a
+    replica serves `replica_mu_per_minute` of such MU (default R).
     """
-    request_mu = request_mu_of_model(model)
+    request_mu = request_mu or request_mu_of_model(model)
     summary = summarise(requests)
     mean_mu = float(np.mean([request_mu(r) for r in requests])) if requests else 0.0
     peak_mu_per_minute = summary.peak_rate_req_per_s_1min * 60.0 * mean_mu
     reservations = dict(reservations or {})
     base = PolicyContext(
-        replica_mu_per_minute=REPLICA_MU_PER_MINUTE,
+        replica_mu_per_minute=replica_mu_per_minute,
+        scale_to_zero_after_seconds=scale_to_zero_after_seconds,
         request_mu=request_mu,
         max_replicas=1,
         max_num_seqs=model.max_num_seqs,
@@ -187,6 +261,7 @@ def build_context(
         target_utilisation=target_utilisation,
         reservations_mu_per_minute=reservations,
         keep_warm=keep_warm,
+        clients=summary.clients,
         ttft_slo_seconds=ttft_slo_seconds,
         peak_rate_req_per_s=summary.peak_rate_req_per_s_1min,
         mean_request_mu=mean_mu,
@@ -224,12 +299,25 @@ def compare(
     max_replicas: int | None = None,
     on_policy: Callable[[str, int, int], None] | None = None,
     stabilisation_seconds: float | None = None,
+    admission: bool = True,
+    burst_seconds: float = DEFAULT_BURST_SECONDS,
+    request_mu: Callable[[TraceRequest], float] | None = None,
+    replica_mu_per_minute: float = REPLICA_MU_PER_MINUTE,
+    scale_to_zero_after_seconds: float | None = DEFAULT_SCALE_TO_ZERO_AFTER_SECONDS,
 ) -> dict[str, dict[str, dict[str, float]]]:
     """Simulate each policy over `requests` (see the module docstring for the result).
 
     `stabilisation_seconds`: the modelunit policy's scale-down stabilisation window, the live
     tick's setting (ALLOCATION_STABILISATION_SECONDS), which the caller reads; None: the
-    setting's default."""
+    setting's default. `admission`: run every policy behind the live admission (default);
+    False lets every request in, as a fleet without a gateway. `burst_seconds`: the buckets'
+    burst, the live setting ADMISSION_BURST_SECONDS, which the caller reads.
+
+    A fleet of a real deployment (the what-if): `request_mu` prices requests as its cost model
+    does (`request_mu_of_weights`), `replica_mu_per_minute` is what one of its replicas serves
+    of such MU (R on the reference GPU type, the exchange rate on another), and
+    `scale_to_zero_after_seconds` is its idle window (None: never to zero). By default requests
+    are priced at the model's ground truth, R per replica, 600 s."""
     if max_replicas is not None and max_replicas < 1:
         raise ValueError(f"max_replicas must be at least 1, got {max_replicas}")
     if not 0 < target_utilisation <= 1:
@@ -246,6 +334,7 @@ def compare(
     order = [REFERENCE] + [p for p in dict.fromkeys(policies) if p != REFERENCE]
     reservations = dict(reservations or {})
     guaranteed = np.asarray([r.client in reservations for r in requests], dtype=bool)
+    replayed_clients: list[str] = []
     # Warm-up: the trace is played backwards, then forwards, and only the forward pass is
     # scored, so that every policy meets the trace with the history a running control plane
     # would have, not from a cold start no live system pays. Backwards, the warm-up ends in
@@ -259,28 +348,34 @@ def compare(
             (replace(r, arrival_s=last_s - r.arrival_s) for r in requests),
             key=lambda r: r.arrival_s,
         ) + [replace(r, arrival_s=r.arrival_s + scored_from_s) for r in requests]
+    replayed_clients = [r.client for r in replayed]
     settings_kwargs: _SettingsKwargs = {
         "model": model,
         "gpus_per_replica": gpus_per_replica,
         "cold_start_seconds": cold_start,
         "tick_seconds": tick_seconds,
         "ttft_slo_seconds": slo_ttft_ms / 1000.0,
-        "request_mu": request_mu_of_model(model),
+        "request_mu": request_mu or request_mu_of_model(model),
     }
+    # One context for every policy (building it prices the whole trace twice); the oracle's
+    # adds the requests it will meet.
+    shared_context = build_context(
+        requests,
+        model=model,
+        cold_start_seconds=cold_start,
+        target_utilisation=target_utilisation,
+        tick_seconds=tick_seconds,
+        reservations=reservations,
+        keep_warm=keep_warm,
+        ttft_slo_seconds=slo_ttft_ms / 1000.0,
+        max_replicas=max_replicas,
+        request_mu=settings_kwargs["request_mu"],
+        replica_mu_per_minute=replica_mu_per_minute,
+        scale_to_zero_after_seconds=scale_to_zero_after_seconds,
+    )
     results: dict[str, dict[str, float]] = {}
     for name in order:
-        context = build_context(
-            requests,
-            model=model,
-            cold_start_seconds=cold_start,
-            target_utilisation=target_utilisation,
-            tick_seconds=tick_seconds,
-            reservations=reservations,
-            keep_warm=keep_warm,
-            future=name == "oracle",
-            ttft_slo_seconds=slo_ttft_ms / 1000.0,
-            max_replicas=max_replicas,
-        )
+        context = shared_context
         if name == "oracle":
             context = replace(context, future_requests=tuple(replayed))
         if name == MODELUNIT and stabilisation_seconds is not None:
@@ -289,15 +384,28 @@ def compare(
             autoscaler = factory(context, stabilisation_seconds=stabilisation_seconds)
         else:
             autoscaler = registry[name](context)
+        policy = autoscaler
         if max_replicas is not None:
             autoscaler = _Capped(autoscaler, context.max_replicas)
         initial = getattr(autoscaler, "initial_replicas", None)
+        initial_replicas = int(initial()) if initial else 0
+        gate = None
+        if admission:
+            autoscaler, gate = behind_admission(
+                autoscaler,
+                context,
+                allowances_of=policy if isinstance(policy, ModelUnitAutoscaler) else None,
+                initial_replicas=initial_replicas,
+                burst_seconds=burst_seconds,
+            )
         settings = SimulationSettings(
-            **settings_kwargs, initial_replicas=int(initial()) if initial else 0
+            **settings_kwargs, initial_replicas=initial_replicas, admission=gate
         )
         result = simulate(replayed, settings, autoscaler)
+        first_scored = len(replayed) - len(requests)
+        within = _within_reservation(result, replayed_clients, reservations, admission)
         if scored_from_s:
-            result = result.since(scored_from_s, len(replayed) - len(requests))
+            result = result.since(scored_from_s, first_scored)
         results[name] = {
             "gpu_hours": result.gpu_hours,
             "slo_attainment": result.slo_attainment,
@@ -307,6 +415,7 @@ def compare(
             "tpot_p95_ms": result.tpot_ms(95),
             "guaranteed_refused": int(np.count_nonzero(guaranteed & (result.outcome != SERVED))),
             "scale_events": result.scale_events,
+            **_refusals(result, guaranteed, within[first_scored:], admission),
         }
         if on_policy is not None:
             on_policy(name, len(results), len(order))
@@ -317,3 +426,43 @@ def compare(
         savings = 1.0 - row["gpu_hours"] / reference_hours if reference_hours > 0 else math.nan
         out[name] = {key: (savings if key == "savings_vs_static" else row[key]) for key in METRICS}
     return {"policies": out}
+
+
+def _admitted(result: SimulationResult, admission: bool) -> np.ndarray:
+    """Per request: let in (without admission, every request that was not refused)."""
+    if admission and result.admission_class is not None:
+        return np.asarray(result.admission_class != NOT_ADMITTED)
+    return np.asarray(result.outcome != REFUSED)
+
+
+def _within_reservation(
+    result: SimulationResult, clients: list[str], reservations: dict[str, float], admission: bool
+) -> np.ndarray:
+    mu = result.request_mu if result.request_mu is not None else np.zeros(len(clients))
+    return within_reservation(
+        clients=clients,
+        arrival_s=result.arrival_s,
+        mu=mu,
+        admitted=_admitted(result, admission),
+        reservations_mu_per_minute=reservations,
+    )
+
+
+def _refusals(
+    result: SimulationResult, guaranteed: np.ndarray, within: np.ndarray, admission: bool
+) -> dict[str, float]:
+    admitted = _admitted(result, admission)
+    if admission and result.admission_class is not None:
+        admitted_guaranteed = np.asarray(result.admission_class == ADMITTED_GUARANTEED)
+    else:
+        admitted_guaranteed = admitted & guaranteed
+    met = (result.outcome == SERVED) & (result.ttft_s <= result.ttft_slo_seconds)
+    figures = refusal_figures(
+        reserved=guaranteed,
+        refused=result.outcome == REFUSED,
+        admitted_guaranteed=admitted_guaranteed,
+        admitted=admitted,
+        within=within,
+        met_slo=met,
+    )
+    return dict(figures.as_dict())

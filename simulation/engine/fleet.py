@@ -20,6 +20,11 @@ Routing sends a request to the READY replica with the least outstanding work, in
 of the ground-truth cost at a full batch (the router is given the true sizes; a live router
 would estimate the output). Requests wait in a fleet queue while no replica is ready; a request
 not admitted into a batch within `queue_timeout_seconds` of its arrival times out.
+
+Admission (optional, `SimulationSettings.admission`) decides each request on arrival, in its
+class (`SimulationResult.admission_class`); a refused request is resolved at once (REFUSED) and
+shown to the next tick with its MU and the class it was refused in (`Observation.refused_mu`),
+as a refused usage event shows it to the live tick.
 """
 
 from __future__ import annotations
@@ -32,12 +37,16 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .admission import Admission
+from .admission import BEST_EFFORT, GUARANTEED, REFUSED_GUARANTEED, Admission
 from .autoscaling import Autoscaler, Observation
 from .profile import ModelConfig
 from .traces import TraceRequest
 
 SERVED, REFUSED, TIMED_OUT = 0, 1, 2
+# The class admission let a request in (SimulationResult.admission_class): NOT_ADMITTED for a
+# request refused (by admission, or too long for the KV cache) or run without admission.
+NOT_ADMITTED, ADMITTED_GUARANTEED, ADMITTED_BEST_EFFORT = -1, 0, 1
+_CLASS_CODES = {GUARANTEED: ADMITTED_GUARANTEED, BEST_EFFORT: ADMITTED_BEST_EFFORT}
 _UNRESOLVED = -1
 _STARTING, _READY, _DRAINING, _GONE = range(4)
 _TICK, _REPLICA_READY, _BOUNDARY = range(3)
@@ -78,6 +87,10 @@ class SimulationResult:
     scale_events: int  # ticks whose target differed from the previous tick's
     gpus_per_replica: int = 1
     scale_event_s: np.ndarray | None = None  # when each scale event happened
+    # Per request: the class admission let it in (ADMITTED_GUARANTEED, ADMITTED_BEST_EFFORT or
+    # NOT_ADMITTED), and its MU (NaN without `request_mu`).
+    admission_class: np.ndarray | None = None
+    request_mu: np.ndarray | None = None
 
     def since(self, from_s: float, first_request: int) -> SimulationResult:
         """The part of the run from `from_s` on: requests from `first_request` on (in the order
@@ -106,6 +119,8 @@ class SimulationResult:
                 int(np.count_nonzero(events >= from_s)) if events is not None else self.scale_events
             ),
             scale_event_s=None if events is None else events[events >= from_s],
+            admission_class=None if self.admission_class is None else self.admission_class[part],
+            request_mu=None if self.request_mu is None else self.request_mu[part],
         )
 
     @property
@@ -254,6 +269,10 @@ class _Fleet:
             + model.decode_seconds_per_context_token * (ins * outs + outs * outs / 2)
         ).tolist()
         nan = math.nan
+        # Each request's MU, priced once: admission charges it on arrival, usage on finish.
+        request_mu = settings.request_mu
+        self.mu = [request_mu(r) for r in requests] if request_mu is not None else [nan] * n
+        self.admission_class = [NOT_ADMITTED] * n
         self.start = [nan] * n
         self.first = [nan] * n
         self.finish = [nan] * n
@@ -273,6 +292,7 @@ class _Fleet:
         self.window = [0, 0, 0, 0]  # arrived, completed, refused, timed out
         self.mu_by_client: dict[str, float] = {}
         self.completed_mu: list[tuple[str, float, float]] = []
+        self.refused_mu: list[tuple[str, float, float, bool]] = []
         self.last_target: int | None = None
         self.scale_events = 0
         self.scale_event_times: list[float] = []
@@ -329,8 +349,17 @@ class _Fleet:
         too_long = self.inputs[index] + self.outputs[index] > self.model.kv_cache_tokens
         refused = too_long
         if not refused and settings.admission is not None:
-            assert settings.request_mu is not None  # __init__ refuses admission without it
-            refused = not settings.admission.admit(request, settings.request_mu(request), t_s)
+            mu = self.mu[index]
+            admission_class = settings.admission.decide(request, mu, t_s)
+            code = _CLASS_CODES.get(admission_class)
+            if code is None:
+                refused = True
+                # Demand turned away, by the class it was refused in (fed back to the ticks).
+                self.refused_mu.append(
+                    (request.client, t_s, mu, admission_class == REFUSED_GUARANTEED)
+                )
+            else:
+                self.admission_class[index] = code
         if refused:
             self.outcome[index] = REFUSED
             self.unresolved -= 1
@@ -445,7 +474,7 @@ class _Fleet:
         self.window[1] += 1
         if self.settings.request_mu is not None:
             request = self.requests[index]
-            mu = self.settings.request_mu(request)
+            mu = self.mu[index]
             self.mu_by_client[request.client] = self.mu_by_client.get(request.client, 0.0) + mu
             self.completed_mu.append((request.client, self.arrival[index], mu))
 
@@ -525,6 +554,8 @@ class _Fleet:
             timed_out_requests=timed_out,
             mu_used_by_client=self.mu_by_client,
             completed_mu=self.completed_mu,
+            refused_mu=self.refused_mu,
+            pending_requests=len(self.pending),
             current_replicas=starting + len(self.ready),
             ready_replicas=len(self.ready),
             starting_replicas=starting,
@@ -535,6 +566,7 @@ class _Fleet:
         self.window = [0, 0, 0, 0]
         self.mu_by_client = {}
         self.completed_mu = []
+        self.refused_mu = []
         target = max(0, int(self.autoscaler.decide(observation)))
         if self.last_target is not None and target != self.last_target:
             self.scale_events += 1
@@ -568,6 +600,8 @@ class _Fleet:
             scale_event_s=np.asarray(self.scale_event_times, float),
             ttft_slo_seconds=self.settings.ttft_slo_seconds,
             scale_events=self.scale_events,
+            admission_class=np.asarray(self.admission_class, np.int8),
+            request_mu=np.asarray(self.mu, float),
         )
 
 

@@ -21,6 +21,8 @@ class PolicyContext:
     tick_seconds: float
     target_utilisation: float = 0.8
     reservations_mu_per_minute: dict[str, float] = field(default_factory=dict)
+    # The clients allowed on the model (a live fleet's entitlements): the trace's clients.
+    clients: tuple[str, ...] = ()
     keep_warm: bool = False
     ttft_slo_seconds: float = 2.0
     scale_to_zero_after_seconds: float | None = 600.0

@@ -11,11 +11,40 @@ ground truth. Pure functions and a strict loader, no I/O and no Django.
 The loader refuses unknown fields and wrong types with an error that names the field
 (`models[1].max_num_seqs: ...`), because a typo in a ground-truth constant would otherwise
 silently produce a benchmark of a different machine.
+
+A profile from a fitted cost model (`profile_from_cost_model`), for a what-if of a real fleet:
+the cost model (capacity.pricing.features) predicts the replica-seconds a request costs on a
+saturated replica, t = Σ w_f·x_f, and one replica-second is R / 60 MU, so a replica busy for a
+minute serves R = 100 MU/min on the model's reference GPU. The ground truth a simulated replica
+follows costs, at a steady batch of n sequences (`ground_truth_replica_seconds`),
+
+    prefill·input + output·(base/n + per_sequence) + per_context_token·(input·output + output²/2)
+
+so the weights map onto it term by term, at the batch the replica reaches when saturated,
+n = min(max_num_seqs, kv_cache_tokens ÷ the mix's mean input + output), since the engine
+reserves each sequence's prompt and output in its KV cache when it admits it:
+
+- prefill_seconds_per_token = w_input_tokens, plus w_request ÷ the mix's mean input: the
+  ground truth has no per-request term, so the overhead is spread over the prompt tokens,
+  exact for the mix's mean request (and over the output tokens when there is no input);
+- base/n + per_sequence = w_output_tokens, split as in the emulator's defaults (7 ms of base
+  shared by 256 sequences beside 60 µs per sequence: 31 % base), so that latency (TPOT) at a
+  small batch is base + per_sequence and at the saturated batch n·w_output_tokens + the context;
+- per_context_token: w_input_x_output_per_1000 and w_output_sq_per_1000 are per thousand of
+  input·output and output², which the ground truth weighs 1 : ½; with other weights (a fit
+  selects features) it is their cost for the mix's mean input·output and output².
+
+The simulator's traces carry no cached tokens or images, so those weights are not used. With
+the weights the simulated replica's saturated cost of the mix's mean request is the cost
+model's own, so it serves R MU/min of the mix priced by that cost model (on another GPU type,
+the deployment's own cost model gives the replica and the reference one prices the requests:
+R · t_ref / t_own, the exchange rate of capacity.pricing.exchange).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeGuard
 
@@ -263,3 +292,97 @@ def ground_truth_replica_seconds(
         + model.decode_seconds_per_context_token
         * (input_tokens * output_tokens + output_tokens * output_tokens / 2)
     )
+
+
+# The emulator's split of a decoded token's cost at a full batch: the step's base (the weights,
+# read once per step) shared by the batch, beside the sequence's own cost.
+DEFAULT_BASE_SHARE = (DEFAULT_DECODE_STEP_BASE_SECONDS / DEFAULT_MAX_NUM_SEQS) / (
+    DEFAULT_DECODE_STEP_BASE_SECONDS / DEFAULT_MAX_NUM_SEQS + DEFAULT_DECODE_SECONDS_PER_SEQUENCE
+)
+
+
+@dataclass(frozen=True)
+class WorkloadMix:
+    """Means over a workload's requests: tokens, and the products the context terms weigh."""
+
+    input_tokens: float
+    output_tokens: float
+    input_x_output: float
+    output_sq: float
+
+    @classmethod
+    def of(cls, sizes: Sequence[tuple[int, int]]) -> WorkloadMix:
+        """From (input tokens, output tokens) pairs; an engine emits at least one token."""
+        if not sizes:
+            raise ValueError("a workload mix needs at least one request")
+        count = len(sizes)
+        inputs = [float(i) for i, _ in sizes]
+        outputs = [float(max(1, o)) for _, o in sizes]
+        return cls(
+            input_tokens=sum(inputs) / count,
+            output_tokens=sum(outputs) / count,
+            input_x_output=sum(i * o for i, o in zip(inputs, outputs, strict=True)) / count,
+            output_sq=sum(o * o for o in outputs) / count,
+        )
+
+
+def saturated_batch(mix: WorkloadMix, *, max_num_seqs: int, kv_cache_tokens: int) -> int:
+    """Sequences a saturated replica runs for this mix: its batch limit, or what its KV cache
+    holds of the mix's mean sequence (prompt + output, reserved on admission)."""
+    per_sequence = mix.input_tokens + mix.output_tokens
+    fits = int(kv_cache_tokens // per_sequence) if per_sequence > 0 else max_num_seqs
+    return max(1, min(max_num_seqs, fits))
+
+
+def profile_from_cost_model(
+    *,
+    name: str,
+    weights_replica_seconds: Mapping[str, float],
+    mix: WorkloadMix,
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    kv_cache_tokens: int = DEFAULT_KV_CACHE_TOKENS,
+    context_length: int = DEFAULT_CONTEXT_LENGTH,
+    cold_start_seconds: float = 0.0,
+) -> ModelConfig:
+    """The replica a fitted cost model describes, for a workload mix (module docstring)."""
+    w = {key: float(value) for key, value in weights_replica_seconds.items()}
+    for key, value in w.items():
+        if not (math.isfinite(value) and value >= 0):
+            raise ConfigError(
+                f"weights_replica_seconds.{key}: must be finite and >= 0, got {value}"
+            )
+    per_request = w.get("request", 0.0)
+    prefill = w.get("input_tokens", 0.0)
+    decode = w.get("output_tokens", 0.0)
+    # The per-request overhead, spread over the mean request's tokens.
+    if mix.input_tokens > 0:
+        prefill += per_request / mix.input_tokens
+    elif mix.output_tokens > 0:
+        decode += per_request / mix.output_tokens
+    context_weight = (
+        w.get("input_x_output_per_1000", 0.0) * mix.input_x_output
+        + w.get("output_sq_per_1000", 0.0) * mix.output_sq
+    )
+    context_terms = mix.input_x_output + mix.output_sq / 2
+    per_context_token = context_weight / 1000.0 / context_terms if context_terms > 0 else 0.0
+    batch = saturated_batch(mix, max_num_seqs=max_num_seqs, kv_cache_tokens=kv_cache_tokens)
+    base = DEFAULT_BASE_SHARE * decode * batch
+    per_sequence = (1 - DEFAULT_BASE_SHARE) * decode
+    if base + per_sequence <= 0:
+        raise ConfigError(
+            "weights_replica_seconds.output_tokens: a decoded token must cost time (> 0)"
+        )
+    raw = {
+        "name": name,
+        "cold_start_seconds": float(cold_start_seconds),
+        "max_num_seqs": max_num_seqs,
+        "max_num_batched_tokens": max_num_batched_tokens,
+        "kv_cache_tokens": max(kv_cache_tokens, context_length),
+        "context_length": context_length,
+        "prefill_seconds_per_token": prefill,
+        "decode_step_base_seconds": base,
+        "decode_seconds_per_sequence": per_sequence,
+        "decode_seconds_per_context_token": per_context_token,
+    }
+    return parse_model(0, raw)

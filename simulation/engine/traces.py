@@ -237,6 +237,25 @@ def summarise(requests: Iterable[TraceRequest]) -> TraceSummary:
     )
 
 
+def split_clients(
+    requests: Iterable[TraceRequest], shares: Mapping[str, float], *, seed: int = 0
+) -> list[TraceRequest]:
+    """The requests dealt out to clients at random in the given shares (weights, normalised),
+    each request keeping its time and sizes: a one-client trace such as Azure's becomes the
+    demand of several customers with the same shape over time. Deterministic under `seed`."""
+    names = list(shares)
+    weights = np.asarray([shares[name] for name in names], dtype=float)
+    if not names or (weights < 0).any() or not weights.sum() > 0:
+        raise ValueError(f"shares must be non-negative with a positive sum, got {dict(shares)}")
+    requests = list(requests)
+    rng = np.random.default_rng(seed)
+    picks = rng.choice(len(names), size=len(requests), p=weights / weights.sum())
+    return [
+        TraceRequest(r.arrival_s, r.input_tokens, r.output_tokens, names[pick])
+        for r, pick in zip(requests, picks.tolist(), strict=True)
+    ]
+
+
 # --- CSV reading ------------------------------------------------------------------------------
 
 

@@ -89,6 +89,39 @@ def test_the_admin_refuses_a_deployment_larger_than_its_pool(
     assert not Deployment.objects.filter(name="too-big").exists()
 
 
+def test_the_admin_checks_an_engine_profile_as_the_api_does(
+    client, django_user_model, served_model, pool
+):
+    from capacity.models import Deployment
+
+    superuser = django_user_model.objects.create_superuser("root", "root@example.com", "pw")
+    client.force_login(superuser)
+    form = {
+        "name": "llama-8b-h100",
+        "served_model": served_model.pk,
+        "gpu_pool": pool.pk,
+        "gpus_per_replica": 1,
+        "min_replicas": 0,
+        "max_replicas": 2,
+        "current_replicas": 0,
+        "cold_start_seconds": 60,
+        "target_utilisation": 0.8,
+        "actuator_kind": "dry_run",
+        "actuator_config": "{}",
+    }
+    refused = client.post(
+        reverse("admin:capacity_deployment_add"), form | {"engine_profile": '{"max_seqs": 64}'}
+    )
+    assert refused.status_code == 200  # the form again, with the error
+    assert "engine_profile.max_seqs: unknown engine parameter" in refused.content.decode()
+    assert not Deployment.objects.exists()
+    saved = client.post(
+        reverse("admin:capacity_deployment_add"), form | {"engine_profile": '{"max_num_seqs": 64}'}
+    )
+    assert saved.status_code == 302
+    assert Deployment.objects.get().engine_profile == {"max_num_seqs": 64}
+
+
 def _references(html: str) -> list[str]:
     import re
 

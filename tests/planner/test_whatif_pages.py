@@ -98,7 +98,12 @@ def test_a_created_run_opens_its_page_and_appears_in_the_list(planner_client, pl
     upload = SimpleUploadedFile(
         "mine.csv", b"timestamp,input_tokens,output_tokens\n0,100,10\n1.5,200,20\n3,300,30\n"
     )
-    form = FORM | {"served_model": str(served_model.pk), "trace_file": upload}
+    # Filed under the model, with a replica of its own (the model has no fleet to simulate).
+    form = FORM | {
+        "served_model": str(served_model.pk),
+        "trace_file": upload,
+        "model_config": '{"name": "70b", "max_num_seqs": 128}',
+    }
     response = planner_client.post(INDEX, form)
     run = WhatIfRun.objects.get()
     assert response.status_code == 302
@@ -223,3 +228,58 @@ def test_the_list_does_not_grow_queries_with_its_rows(planner_client):
     many = queries_for(planner_client, INDEX)
     assert many == few
     assert text(planner_client.get(INDEX)).count("static-peak") >= 5  # best policies listed
+
+
+def test_a_models_fleet_prefills_the_form_and_its_run_shows_the_fleet_and_the_refusals(
+    planner_client, served_model, sellable, acme
+):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from capacity.models import Deployment, Reservation
+
+    deployment = Deployment.objects.get()
+    Reservation.objects.create(
+        customer=acme,
+        served_model=served_model,
+        mu_per_minute=60,
+        starts_at=timezone.now() - timedelta(days=1),
+        status=Reservation.Status.ACTIVE,
+    )
+    html = planner_client.get(INDEX + f"?model={served_model.pk}").content.decode()
+    assert re.search(rf'<option value="{deployment.pk}" selected>llama-8b-h100 \(', html)
+    assert "acme = 60</textarea>" in html
+    assert "This model&#x27;s own usage" in html
+
+    form = FORM | {
+        "served_model": str(served_model.pk),
+        "deployment": str(deployment.pk),
+        "reservations": "default = 60",
+        "policies": ["static-peak", "modelunit"],
+    }
+    response = planner_client.post(INDEX, form)
+    assert response.status_code == 302, text(response)[:3000]
+    run = WhatIfRun.objects.get()
+    whatif.whatif_execute(run.pk)
+    page = text(planner_client.get(response["Location"]))
+    assert "Fleet deployment llama-8b-h100 on H100-80GB×1 (pool us-east-h100, 8 GPUs)" in page
+    assert "Replica from cost model H100-80GB×1 v1" in page
+    assert "100.0 MU/min saturated" in page
+    for heading in ["Refused: guaranteed", "Refused: best-effort", "SLO: admitted guaranteed"]:
+        assert heading in page
+    # 'default' holds the reservation: every request is guaranteed traffic, none best-effort.
+    assert re.search(r"modelunit(?: best)? [\d.,]+ [-\d.]+% [\d.]+% [\d.]+% — [\d.]+%", page), page
+
+
+def test_a_model_without_a_cost_model_is_a_form_error_on_the_model(planner_client):
+    served_model = ServedModelFactory(name="unpriced")
+    response = planner_client.post(INDEX, FORM | {"served_model": str(served_model.pk)})
+    assert response.status_code == 400
+    block = re.search(
+        r'<div class="field[^"]*" data-field="served_model">(?:(?!<div class="field).)*',
+        response.content.decode(),
+        re.S,
+    )
+    assert "no active cost model on its reference GPU type" in htmllib.unescape(block.group(0))
+    assert not WhatIfRun.objects.exists()

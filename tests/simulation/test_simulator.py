@@ -63,7 +63,7 @@ def test_every_request_ends_served_refused_or_timed_out():
         request_mu=lambda r: (r.input_tokens + r.output_tokens) / 1000,
         # "a" holds a reservation; "b" lives off a best-effort bucket too small for it.
         admission=TokenBucketAdmission(
-            guaranteed_mu_per_minute={"a": 1000.0}, best_effort_mu_per_minute=100.0
+            guaranteed_mu_per_minute={"a": 1000.0}, best_effort_mu_per_minute={"b": 100.0}
         ),
     )
     # Two replicas cannot carry 20 req/s: some wait past the timeout; then a scale-down drains.

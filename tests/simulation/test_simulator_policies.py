@@ -186,8 +186,13 @@ def test_oracle_keeps_slo_on_smooth_ramps_and_is_cheapest():
     requests = ramp_trace()
     report = compare(requests, model=MODEL, policies=BASELINES, slo_ttft_ms=2000)["policies"]
     assert report["oracle"]["slo_attainment"] >= 0.99
-    for name, row in report.items():
+    # The oracle is the cheapest fleet that serves the trace; behind admission a policy may
+    # cost less by refusing it (kpa, which does not see refused demand, shrinks as it refuses).
+    served = {name: row for name, row in report.items() if row["slo_attainment"] >= 0.99}
+    assert len(served) >= 2
+    for name, row in served.items():
         assert report["oracle"]["gpu_hours"] <= row["gpu_hours"] + 1e-9, name
+    assert report["kpa"]["refused_best_effort_share"] > 0.01
 
 
 def test_fill_short_gaps_works_layer_by_layer():

@@ -2,6 +2,8 @@
 every chosen policy with progress per policy, failures are recorded, and overcommit shrinks the
 simulated fleet. Real PostgreSQL; short traces so the simulations take a second or so."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -83,7 +85,7 @@ def test_a_bad_what_if_is_refused_naming_the_field_and_the_reason(overrides, fie
 
 
 def test_a_what_if_is_queued_once_the_transaction_commits(
-    planner, served_model, django_capture_on_commit_callbacks
+    planner, served_model, sellable, django_capture_on_commit_callbacks
 ):
     with django_capture_on_commit_callbacks() as callbacks:
         run = create(
@@ -176,5 +178,6 @@ def test_the_progress_callback_and_an_unbinding_cap_leave_compare_s_results_unch
     seen = []
     plain = compare(requests, **kwargs)
     watched = compare(requests, **kwargs, max_replicas=10_000, on_policy=lambda *a: seen.append(a))
-    assert watched == plain
+    # As JSON, where NaN (a share of no traffic: no reserved client here) equals itself.
+    assert json.dumps(watched, sort_keys=True) == json.dumps(plain, sort_keys=True)
     assert seen == [("static-peak", 1, 3), ("kpa", 2, 3), ("oracle", 3, 3)]

@@ -11,6 +11,9 @@ Scenario (--scenario, optional JSON; every key is optional):
      "cold_start_seconds": 60, "target_utilisation": 0.8}
 `customers` gives the reservations (MU/min) the policies are told about and whose unserved
 requests count as `guaranteed_refused`; any customer with `keep_warm` keeps one replica warm.
+Every policy runs behind the live admission (the reservations, then the live policy's
+allowances; see simulation.engine.compare): `refused G` and `refused BE` are the shares of the
+reserved customers' and of the other customers' requests refused.
 `cold_start_seconds` overrides the model's; `target_utilisation` (0 < u ≤ 1, default 0.8) is
 the share of a replica's saturated throughput the policies plan for.
 """
@@ -176,6 +179,7 @@ class Command(BaseCommand):
                 reservations=scenario["reservations"],
                 keep_warm=scenario["keep_warm"],
                 stabilisation_seconds=float(django_settings.ALLOCATION_STABILISATION_SECONDS),
+                burst_seconds=float(django_settings.ADMISSION_BURST_SECONDS),
             )
         except (PolicyError, ValueError) as exc:
             raise CommandError(str(exc)) from exc
@@ -187,7 +191,8 @@ class Command(BaseCommand):
     def _table(self, report: dict) -> None:
         header = (
             f"{'policy':<12} {'gpu_hours':>9} {'savings':>8} {'slo':>7} "
-            f"{'ttft p50/p95/p99 ms':>24} {'tpot p95':>9} {'refused':>7} {'scale events':>12}"
+            f"{'ttft p50/p95/p99 ms':>24} {'tpot p95':>9} {'refused':>7} {'scale events':>12} "
+            f"{'refused G':>9} {'refused BE':>10}"
         )
         self.stdout.write(header)
         self.stdout.write("-" * len(header))
@@ -198,5 +203,7 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"{name:<12} {row['gpu_hours']:>9.3f} {_fmt(row['savings_vs_static'], '.1%'):>8} "
                 f"{row['slo_attainment']:>7.2%} {ttft:>24} {_fmt(row['tpot_p95_ms'], '.1f'):>9} "
-                f"{row['guaranteed_refused']:>7} {row['scale_events']:>12}"
+                f"{row['guaranteed_refused']:>7} {row['scale_events']:>12} "
+                f"{_fmt(row['refused_guaranteed_share'], '.2%'):>9} "
+                f"{_fmt(row['refused_best_effort_share'], '.2%'):>10}"
             )

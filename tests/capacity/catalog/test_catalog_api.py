@@ -306,3 +306,41 @@ def test_a_headroom_patch_on_a_model_sets_it_and_a_bad_one_is_a_400(planner_clie
     assert "headroom" in response.json()["error"]["fields"]
     served_model.refresh_from_db()
     assert served_model.headroom == 0.25
+
+
+def test_an_engine_profile_is_set_through_the_api_and_shown_to_planners(planner_client, deployment):
+    url = f"{DEPLOYMENTS}{deployment.name}/"
+    profile = {"max_num_seqs": 128, "kv_cache_tokens": 400_000, "context_length": 16_384}
+    response = planner_client.patch(url, {"engine_profile": profile}, format="json")
+    assert response.status_code == 200, response.json()
+    assert response.json()["engine_profile"] == profile
+    deployment.refresh_from_db()
+    assert deployment.engine_profile == profile
+    assert planner_client.get(url).json()["engine_profile"] == profile
+
+
+@pytest.mark.parametrize(
+    ("profile", "field", "message"),
+    [
+        ({"max_num_seq": 128}, "engine_profile.max_num_seq", "unknown engine parameter"),
+        ({"max_num_seqs": 0}, "engine_profile.max_num_seqs", "from 1 to"),
+        ({"max_num_seqs": "lots"}, "engine_profile.max_num_seqs", "whole number"),
+        ({"max_num_seqs": 2.5}, "engine_profile.max_num_seqs", "whole number"),
+        ({"max_num_seqs": True}, "engine_profile.max_num_seqs", "whole number"),
+        (
+            {"kv_cache_tokens": 4096, "context_length": 8192},
+            "engine_profile.kv_cache_tokens",
+            "at least one sequence",
+        ),
+        ([128], "engine_profile", "JSON object"),
+    ],
+)
+def test_a_bad_engine_profile_is_a_400_naming_its_key(
+    planner_client, served_model, pool, profile, field, message
+):
+    response = planner_client.post(
+        DEPLOYMENTS, deployment_body(engine_profile=profile), format="json"
+    )
+    assert response.status_code == 400, response.json()
+    assert message in error_fields(response)[field][0]
+    assert not Deployment.objects.exists()
