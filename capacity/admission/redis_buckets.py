@@ -17,10 +17,14 @@ Every key carries a TTL.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 import redis
+import redis.asyncio
+from redis.exceptions import NoScriptError
 
 GUARANTEED, BEST_EFFORT, REFUSED = "guaranteed", "best_effort", "refused"
 # Recorded (never answered) for a refusal of a customer that holds a reservation.
@@ -170,6 +174,33 @@ def parse_record(raw: bytes | str | None) -> AdmissionRecord | None:
         return None
 
 
+def _admit_keys_and_args(
+    buckets: Buckets | AsyncBuckets,
+    customer_id: int,
+    model_id: int,
+    cost_mu: float,
+    request_id: str | None,
+) -> tuple[list[str], list[Any]]:
+    keys = [
+        limits_key(customer_id, model_id),
+        _bucket_key(customer_id, model_id, GUARANTEED),
+        _bucket_key(customer_id, model_id, BEST_EFFORT),
+        _record_key(customer_id, model_id, request_id) if request_id else "",
+    ]
+    args = [repr(float(cost_mu)), buckets.burst_seconds, buckets.idle_ttl_ms, buckets.record_ttl_s]
+    return keys, args
+
+
+def _decision(reply: Any) -> BucketDecision:
+    admission_class, wait, guaranteed, best_effort = reply
+    return BucketDecision(
+        admission_class=admission_class.decode(),
+        retry_after_ms=float(wait),
+        guaranteed_mu_per_minute=max(0.0, float(guaranteed)),
+        best_effort_mu_per_minute=max(0.0, float(best_effort)),
+    )
+
+
 class Buckets:
     """The Redis side of admission. Raises redis.RedisError when Redis cannot be reached."""
 
@@ -206,20 +237,8 @@ class Buckets:
     def admit(
         self, *, customer_id: int, model_id: int, cost_mu: float, request_id: str | None
     ) -> BucketDecision:
-        keys = [
-            limits_key(customer_id, model_id),
-            _bucket_key(customer_id, model_id, GUARANTEED),
-            _bucket_key(customer_id, model_id, BEST_EFFORT),
-            _record_key(customer_id, model_id, request_id) if request_id else "",
-        ]
-        args = [repr(float(cost_mu)), self.burst_seconds, self.idle_ttl_ms, self.record_ttl_s]
-        admission_class, wait, guaranteed, best_effort = self._evalsha(self._admit, keys, args)
-        return BucketDecision(
-            admission_class=admission_class.decode(),
-            retry_after_ms=float(wait),
-            guaranteed_mu_per_minute=max(0.0, float(guaranteed)),
-            best_effort_mu_per_minute=max(0.0, float(best_effort)),
-        )
+        keys, args = _admit_keys_and_args(self, customer_id, model_id, cost_mu, request_id)
+        return _decision(self._evalsha(self._admit, keys, args))
 
     def reconcile(
         self, *, customer_id: int, model_id: int, request_id: str, actual_mu: float, pipe=None
@@ -255,3 +274,124 @@ class Buckets:
     def forget_limits(self, keys: list[tuple[int, int]]) -> None:
         if keys:
             self.client.delete(*(limits_key(c, m) for c, m in keys))
+
+
+class AsyncBuckets:
+    """`Buckets.admit` for an asyncio event loop (redis.asyncio): the same script, one EVALSHA
+    per decision, on one connection of its own. Decisions asked for while a round trip is under
+    way are pipelined together in the next one, so under load a round trip carries many
+    decisions (one write and one read for all of them) and never blocks the loop.
+
+    `submit` queues a decision and returns its future (a caller that is cancelled meanwhile can
+    still learn the decision, which Redis takes and records all the same); `admit` awaits it.
+    Both raise redis.RedisError when Redis does not answer within `timeout_seconds`."""
+
+    def __init__(
+        self,
+        client: redis.asyncio.Redis,
+        *,
+        burst_seconds: float,
+        idle_ttl_seconds: float,
+        record_ttl_s: int,
+        timeout_seconds: float,
+    ):
+        self.client = client
+        self.burst_seconds = burst_seconds
+        self.idle_ttl_ms = int(idle_ttl_seconds * 1000)
+        self.record_ttl_s = record_ttl_s
+        self.timeout_seconds = timeout_seconds
+        self._script = client.register_script(_ADMIT)
+        self._queue: list[tuple[tuple[Any, ...], asyncio.Future[BucketDecision]]] = []
+        self._sender: asyncio.Task[None] | None = None
+        self._connection: redis.asyncio.connection.AbstractConnection | None = None
+
+    def submit(
+        self, *, customer_id: int, model_id: int, cost_mu: float, request_id: str | None
+    ) -> asyncio.Future[BucketDecision]:
+        keys, args = _admit_keys_and_args(self, customer_id, model_id, cost_mu, request_id)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[BucketDecision] = loop.create_future()
+        self._queue.append((("EVALSHA", self._script.sha, len(keys), *keys, *args), future))
+        if self._sender is None:
+            self._sender = loop.create_task(self._send())
+        return future
+
+    async def admit(
+        self, *, customer_id: int, model_id: int, cost_mu: float, request_id: str | None
+    ) -> BucketDecision:
+        return await self.submit(
+            customer_id=customer_id, model_id=model_id, cost_mu=cost_mu, request_id=request_id
+        )
+
+    async def close(self) -> None:
+        if self._sender is not None:
+            await asyncio.gather(self._sender, return_exceptions=True)
+        if self._connection is not None:
+            await self._connection.disconnect()
+            self._connection = None
+
+    async def _send(self) -> None:
+        try:
+            while self._queue:
+                batch, self._queue = self._queue, []
+                try:
+                    replies = await self._round_trip([command for command, _ in batch])
+                except redis.RedisError as error:
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(type(error)(*error.args))
+                    continue
+                for (_, future), reply in zip(batch, replies, strict=True):
+                    if future.done():
+                        continue
+                    if isinstance(reply, Exception):
+                        future.set_exception(reply)
+                    else:
+                        try:
+                            future.set_result(_decision(reply))
+                        except (ValueError, TypeError, AttributeError) as error:
+                            future.set_exception(redis.ResponseError(f"bad reply: {error}"))
+        finally:
+            self._sender = None
+
+    async def _round_trip(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        connection = self._connection
+        if connection is None:
+            pool = self.client.connection_pool
+            # No per-command timeout: the whole round trip has one (below), cheaper than two
+            # timers per command.
+            kwargs = {**pool.connection_kwargs, "socket_timeout": None}
+            connection = pool.connection_class(**kwargs)
+            self._connection = connection
+        try:
+            async with asyncio.timeout(self.timeout_seconds):
+                replies = await self._pipelined(connection, commands)
+                missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
+                if missing:  # Redis restarted or flushed its scripts
+                    await connection.send_command("SCRIPT", "LOAD", self._script.script)
+                    await connection.read_response()
+                    again = await self._pipelined(connection, [commands[i] for i in missing])
+                    for i, reply in zip(missing, again, strict=True):
+                        replies[i] = reply
+                return replies
+        except TimeoutError:
+            await connection.disconnect(nowait=True)
+            raise redis.TimeoutError(
+                f"Redis did not answer within {self.timeout_seconds:g} s"
+            ) from None
+        except OSError as error:
+            await connection.disconnect(nowait=True)
+            raise redis.ConnectionError(str(error)) from None
+
+    @staticmethod
+    async def _pipelined(
+        connection: redis.asyncio.connection.AbstractConnection, commands: list[tuple[Any, ...]]
+    ) -> list[Any]:
+        await connection.send_packed_command(connection.pack_commands(commands), check_health=False)
+        replies: list[Any] = []
+        for _ in commands:
+            try:
+                replies.append(await connection.read_response())
+            except redis.ResponseError as error:  # this command's own error reply
+                replies.append(error)
+        return replies

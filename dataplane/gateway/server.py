@@ -19,12 +19,17 @@ from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
-import redis
 import redis.asyncio as aioredis
 from aiohttp import web
 from redis.exceptions import RedisError
 
-from capacity.admission.redis_buckets import BEST_EFFORT, GUARANTEED, REFUSED, Buckets
+from capacity.admission.redis_buckets import (
+    BEST_EFFORT,
+    GUARANTEED,
+    REFUSED,
+    AsyncBuckets,
+    BucketDecision,
+)
 
 from .auth import Caller, authenticate, may_use
 from .contract import WAITING, Contract, ContractReader, Model, Replica
@@ -158,17 +163,14 @@ class Gateway:
             socket_connect_timeout=settings.redis_timeout_seconds * 4,
         )
         self.reader = ContractReader(self.redis, refresh_seconds=settings.refresh_seconds)
-        # Admission: the control plane's own Lua scripts, on a synchronous client (one round
-        # trip of a fraction of a millisecond, cheaper inline than a thread hop).
-        self.buckets = Buckets(
-            redis.Redis.from_url(
-                settings.redis_url,
-                socket_timeout=settings.redis_timeout_seconds,
-                socket_connect_timeout=settings.redis_timeout_seconds,
-            ),
+        # Admission: the control plane's own Lua script, on a connection of its own that
+        # pipelines the decisions asked for while one round trip is under way.
+        self.buckets = AsyncBuckets(
+            self.redis,
             burst_seconds=settings.admission_burst_seconds,
             idle_ttl_seconds=settings.admission_limits_ttl_seconds,
             record_ttl_s=settings.admission_record_ttl_seconds,
+            timeout_seconds=settings.redis_timeout_seconds,
         )
         self._redis_down_until = 0.0
         self.router = Router(load_factor=settings.affinity_load_factor)
@@ -207,8 +209,8 @@ class Gateway:
         await self.usage.close()
         if self.session is not None:
             await self.session.close()
+        await self.buckets.close()
         await self.redis.aclose()
-        self.buckets.client.close()
 
     async def _refresh_loop(self) -> None:
         while True:
@@ -304,11 +306,12 @@ class Gateway:
                     code="model_not_found",
                     param="model",
                 )
-            model, usage, priority_class = self._admit(contract, caller, body, model, request_id)
+            model, usage, priority_class = await self._admit(
+                contract, caller, body, model, request_id, started_at
+            )
         except GatewayError as error:
             REQUESTS.labels("rejected", "none").inc()
             return error.response(request_id)
-        usage.started_at = started_at
         if usage.outcome == "refused":
             return self._refused(usage, model, request_id)
         try:
@@ -343,8 +346,14 @@ class Gateway:
                 code="invalid_json",
             ) from None
 
-    def _admit(
-        self, contract: Contract, caller: Caller, body: Body, model: Model, request_id: str
+    async def _admit(
+        self,
+        contract: Contract,
+        caller: Caller,
+        body: Body,
+        model: Model,
+        request_id: str,
+        started_at: float,
     ) -> tuple[Model, Usage, str]:
         """(the model that will serve, the usage so far, the admission class)."""
         chosen = model
@@ -361,16 +370,16 @@ class Gateway:
                 input_tokens=input_tokens,
                 output_tokens=output_tokens_of(body, candidate, input_tokens),
             )
-            admission_class, retry_after_ms = self._decide(caller, candidate, mu, request_id)
             usage = Usage(
                 request_id=request_id,
                 customer=caller.customer,
                 model=candidate.name,
-                started_at=time.time(),
+                started_at=started_at,
                 input_tokens=input_tokens,
                 estimated_mu=mu,
-                admission_class=admission_class,
             )
+            admission_class, retry_after_ms = await self._decide(caller, candidate, usage)
+            usage.admission_class = admission_class
             chosen = candidate
             if admission_class != REFUSED:
                 return chosen, usage, admission_class
@@ -405,30 +414,64 @@ class Gateway:
             )
         )
 
-    def _decide(
-        self, caller: Caller, model: Model, mu: float, request_id: str
-    ) -> tuple[str, float]:
+    async def _decide(self, caller: Caller, model: Model, usage: Usage) -> tuple[str, float]:
         """(admission class, retry after ms) from the Redis buckets, one round trip."""
-        if time.monotonic() >= self._redis_down_until:
-            self._follow_admission_parameters()
-            try:
-                decision = self.buckets.admit(
-                    customer_id=caller.customer_id,
-                    model_id=model.model_id,
-                    cost_mu=mu,
-                    request_id=request_id,
-                )
-            except RedisError as error:
+        if time.monotonic() < self._redis_down_until:
+            return self._without_redis()
+        self._follow_admission_parameters()
+        pending = self.buckets.submit(
+            customer_id=caller.customer_id,
+            model_id=model.model_id,
+            cost_mu=usage.estimated_mu,
+            request_id=usage.request_id,
+        )
+        try:
+            # Shielded: a client that leaves meanwhile does not unmake the decision (Redis
+            # takes and records it all the same), so its usage event is still due.
+            decision = await asyncio.shield(pending)
+        except asyncio.CancelledError:
+            pending.add_done_callback(lambda done: self._left_during_admission(done, model, usage))
+            raise
+        except RedisError:
+            return self._class_of(pending, model)
+        return self._class_of(pending, model, decision)
+
+    def _class_of(
+        self,
+        pending: asyncio.Future[BucketDecision],
+        model: Model,
+        decision: BucketDecision | None = None,
+    ) -> tuple[str, float]:
+        if decision is None:
+            error = pending.exception() if not pending.cancelled() else None
+            if error is not None or pending.cancelled():
                 log.warning("admission: Redis unreachable (%s)", error)
                 self._redis_down_until = time.monotonic() + 1.0
-            else:
-                admission_class = decision.admission_class
-                if admission_class == BEST_EFFORT and model.degradation.refuse_best_effort:
-                    return REFUSED, 1000.0
-                return admission_class, decision.retry_after_ms
+                return self._without_redis()
+            decision = pending.result()
+        admission_class = decision.admission_class
+        if admission_class == BEST_EFFORT and model.degradation.refuse_best_effort:
+            return REFUSED, 1000.0
+        return admission_class, decision.retry_after_ms
+
+    def _without_redis(self) -> tuple[str, float]:
         if self.settings.on_redis_down == "admit":
             return BEST_EFFORT, 0.0
         return REFUSED, 1000.0
+
+    def _left_during_admission(
+        self, pending: asyncio.Future[BucketDecision], model: Model, usage: Usage
+    ) -> None:
+        """The usage event of a request whose client left while Redis decided: refused, or
+        cancelled with its class."""
+        admission_class, _ = self._class_of(pending, model)
+        if admission_class == REFUSED:
+            usage.outcome = "refused"
+        else:
+            usage.outcome = "cancelled"
+            usage.admission_class = admission_class
+        self.usage.add(usage.event(time.time()))
+        REQUESTS.labels(usage.outcome, usage.admission_class or "none").inc()
 
     def _refused(self, usage: Usage, model: Model, request_id: str) -> web.Response:
         wait_ms = float(usage.extra.get("retry_after_ms", -1))
