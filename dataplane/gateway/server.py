@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import random
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -65,6 +66,13 @@ log = logging.getLogger("dataplane.gateway")
 PRIORITY = {GUARANTEED: 0, BEST_EFFORT: 1}
 
 GATEWAY_KEY: web.AppKey[Gateway] = web.AppKey("gateway")
+
+# In an SSE data event: a "usage" that is not null (the engine's counts: its final chunk, or
+# every chunk with continuous usage stats). Only such events are parsed.
+_USAGE = re.compile(rb'"usage"\s*:\s*(?!null)')
+# A choice's generated text that is not empty: "text" (completions) or "content" (a chat delta).
+# A quote inside a JSON string is escaped, so these bytes are a key, never a string's content.
+_TEXT = re.compile(rb'"(?:text|content)"\s*:\s*"(?!")')
 
 # Waiting demand for a model at zero, kept consistent across workers and gateways by one script.
 # KEYS[1] gw:v1:waiting; ARGV: model, requests delta, MU delta, now
@@ -713,11 +721,15 @@ class Gateway:
         try:
             try:
                 async for chunk in upstream.content.iter_any():
-                    buffer += chunk
-                    if b"\n\n" not in buffer:
+                    buffer = buffer + chunk if buffer else chunk
+                    if buffer.endswith(b"\n\n"):  # the engine writes whole events
+                        complete, buffer = buffer, b""
+                    elif b"\n\n" in buffer:
+                        complete, _, buffer = buffer.rpartition(b"\n\n")
+                        complete += b"\n\n"
+                    else:
                         continue
-                    complete, _, buffer = buffer.rpartition(b"\n\n")
-                    out, finished = self._events(complete + b"\n\n", body, usage)
+                    out, finished = pass_events(complete, body.include_usage, usage)
                     done = done or finished
                     if not out:
                         continue
@@ -744,7 +756,7 @@ class Gateway:
                     raise Retry("the replica closed the stream without an answer")
                 response = await self._prepare(request, usage)
             if buffer.strip():
-                out, finished = self._events(buffer, body, usage)
+                out, finished = pass_events(buffer, body.include_usage, usage)
                 done = done or finished
                 if out:
                     await response.write(out)
@@ -784,40 +796,6 @@ class Gateway:
         except ConnectionResetError:
             pass
 
-    def _events(self, data: bytes, body: Body, usage: Usage) -> tuple[bytes, bool]:
-        """(what to pass to the client, whether [DONE] came). Counts the tokens seen, takes
-        the engine's usage, and drops the usage-only chunk when the client did not ask."""
-        parts: list[bytes] = []
-        done = False
-        for event in data.split(b"\n\n"):
-            if not event.strip():
-                continue
-            payload = event.strip()
-            if payload.startswith(b"data:"):
-                text = payload[5:].strip()
-                if text == b"[DONE]":
-                    done = True
-                else:
-                    try:
-                        doc = json.loads(text)
-                    except ValueError:
-                        doc = None
-                    if isinstance(doc, dict):
-                        choices = doc.get("choices")
-                        if doc.get("usage"):
-                            usage.take_engine_usage(doc["usage"])
-                            if not choices and not body.include_usage:
-                                continue
-                        if choices and not usage.engine_usage:
-                            usage.output_tokens += sum(
-                                1
-                                for c in choices
-                                if isinstance(c, dict)
-                                and (c.get("text") or (c.get("delta") or {}).get("content"))
-                            )
-            parts.append(event + b"\n\n")
-        return b"".join(parts), done
-
 
 @web.middleware
 async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
@@ -830,6 +808,62 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
         if error.status < 400:
             raise
         return GatewayError(error.status, error.reason or "Error").response()
+
+
+def pass_events(data: bytes, include_usage: bool, usage: Usage) -> tuple[bytes, bool]:
+    """(what to pass to the client, whether [DONE] came) of whole events (`data` ends with
+    a blank line, or is the stream's unterminated end). The bytes pass through as they
+    came; only an event whose `usage` is not null (the engine's usage chunk) is parsed: it
+    gives the token counts, and is dropped when it has no choices and the client did not
+    ask for it. Until the engine's usage comes, the choices with text are counted (by
+    their bytes, not parsed), which is what a stream cut short is charged."""
+    events = data.split(b"\n\n")
+    terminated = not events[-1]
+    if terminated:
+        events.pop()
+    kept: list[bytes] | None = None  # None: every event passed on unchanged
+    done = False
+    for index, event in enumerate(events):
+        payload = event.strip()
+        keep = bool(payload)
+        if payload.startswith(b"data:"):
+            text = payload[5:].strip()
+            if text == b"[DONE]":
+                done = True
+            elif b'"usage"' in text and _USAGE.search(text):
+                keep = _usage_event(text, include_usage, usage)
+            elif not usage.engine_usage:
+                usage.output_tokens += len(_TEXT.findall(text))
+        if keep and kept is not None:
+            kept.append(event)
+        elif not keep and kept is None:
+            kept = events[:index]
+    if kept is None and terminated:
+        return data, done
+    parts = events if kept is None else kept
+    return b"".join(event + b"\n\n" for event in parts), done
+
+
+def _usage_event(text: bytes, include_usage: bool, usage: Usage) -> bool:
+    """Takes the engine's usage from a data event that has some; whether to pass it on."""
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return True
+    if not isinstance(doc, dict):
+        return True
+    choices = doc.get("choices")
+    if doc.get("usage"):
+        usage.take_engine_usage(doc["usage"])
+        if not choices and not include_usage:
+            return False
+    if choices and not usage.engine_usage:
+        usage.output_tokens += sum(
+            1
+            for c in choices
+            if isinstance(c, dict) and (c.get("text") or (c.get("delta") or {}).get("content"))
+        )
+    return True
 
 
 def create_app(settings: Settings) -> web.Application:
