@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -276,15 +277,19 @@ class Buckets:
             self.client.delete(*(limits_key(c, m) for c, m in keys))
 
 
+Orphaned = Callable[[BucketDecision | BaseException], None] | None
+
+
 class AsyncBuckets:
     """`Buckets.admit` for an asyncio event loop (redis.asyncio): the same script, one EVALSHA
     per decision, on one connection of its own. Decisions asked for while a round trip is under
     way are pipelined together in the next one, so under load a round trip carries many
     decisions (one write and one read for all of them) and never blocks the loop.
 
-    `submit` queues a decision and returns its future (a caller that is cancelled meanwhile can
-    still learn the decision, which Redis takes and records all the same); `admit` awaits it.
-    Both raise redis.RedisError when Redis does not answer within `timeout_seconds`."""
+    `submit` queues a decision and returns its future; `admit` awaits it. A caller cancelled
+    while it waits cancels the future, not the decision (Redis takes and records it all the
+    same): `orphaned`, when given, is then called with it (or with the RedisError). The future
+    raises redis.RedisError when Redis does not answer within `timeout_seconds`."""
 
     def __init__(
         self,
@@ -301,17 +306,24 @@ class AsyncBuckets:
         self.record_ttl_s = record_ttl_s
         self.timeout_seconds = timeout_seconds
         self._script = client.register_script(_ADMIT)
-        self._queue: list[tuple[tuple[Any, ...], asyncio.Future[BucketDecision]]] = []
+        self._queue: list[tuple[tuple[Any, ...], asyncio.Future[BucketDecision], Orphaned]] = []
         self._sender: asyncio.Task[None] | None = None
         self._connection: redis.asyncio.connection.AbstractConnection | None = None
 
     def submit(
-        self, *, customer_id: int, model_id: int, cost_mu: float, request_id: str | None
+        self,
+        *,
+        customer_id: int,
+        model_id: int,
+        cost_mu: float,
+        request_id: str | None,
+        orphaned: Orphaned = None,
     ) -> asyncio.Future[BucketDecision]:
         keys, args = _admit_keys_and_args(self, customer_id, model_id, cost_mu, request_id)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[BucketDecision] = loop.create_future()
-        self._queue.append((("EVALSHA", self._script.sha, len(keys), *keys, *args), future))
+        command = ("EVALSHA", self._script.sha, len(keys), *keys, *args)
+        self._queue.append((command, future, orphaned))
         if self._sender is None:
             self._sender = loop.create_task(self._send())
         return future
@@ -335,22 +347,25 @@ class AsyncBuckets:
             while self._queue:
                 batch, self._queue = self._queue, []
                 try:
-                    replies = await self._round_trip([command for command, _ in batch])
+                    replies: list[Any] = await self._round_trip([item[0] for item in batch])
                 except redis.RedisError as error:
-                    for _, future in batch:
-                        if not future.done():
-                            future.set_exception(type(error)(*error.args))
-                    continue
-                for (_, future), reply in zip(batch, replies, strict=True):
-                    if future.done():
-                        continue
-                    if isinstance(reply, Exception):
-                        future.set_exception(reply)
+                    replies = [type(error)(*error.args) for _ in batch]
+                for (_, future, orphaned), reply in zip(batch, replies, strict=True):
+                    outcome: BucketDecision | BaseException
+                    if isinstance(reply, BaseException):
+                        outcome = reply
                     else:
                         try:
-                            future.set_result(_decision(reply))
+                            outcome = _decision(reply)
                         except (ValueError, TypeError, AttributeError) as error:
-                            future.set_exception(redis.ResponseError(f"bad reply: {error}"))
+                            outcome = redis.ResponseError(f"bad reply: {error}")
+                    if future.done():  # its caller was cancelled
+                        if orphaned is not None:
+                            orphaned(outcome)
+                    elif isinstance(outcome, BaseException):
+                        future.set_exception(outcome)
+                    else:
+                        future.set_result(outcome)
         finally:
             self._sender = None
 

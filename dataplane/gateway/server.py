@@ -466,35 +466,30 @@ class Gateway:
             model_id=model.model_id,
             cost_mu=usage.estimated_mu,
             request_id=usage.request_id,
+            # A client that leaves meanwhile does not unmake the decision (Redis takes and
+            # records it all the same), so its usage event is still due.
+            orphaned=lambda outcome: self._left_during_admission(outcome, model, usage),
         )
         try:
-            # Shielded: a client that leaves meanwhile does not unmake the decision (Redis
-            # takes and records it all the same), so its usage event is still due.
-            decision = await asyncio.shield(pending)
+            decision = await pending
         except asyncio.CancelledError:
-            pending.add_done_callback(lambda done: self._left_during_admission(done, model, usage))
+            if pending.done() and not pending.cancelled():  # decided just before
+                outcome = pending.exception() or pending.result()
+                self._left_during_admission(outcome, model, usage)
             raise
-        except RedisError:
-            return self._class_of(pending, model)
-        return self._class_of(pending, model, decision)
+        except RedisError as error:
+            return self._class_of(error, model)
+        return self._class_of(decision, model)
 
-    def _class_of(
-        self,
-        pending: asyncio.Future[BucketDecision],
-        model: Model,
-        decision: BucketDecision | None = None,
-    ) -> tuple[str, float]:
-        if decision is None:
-            error = pending.exception() if not pending.cancelled() else None
-            if error is not None or pending.cancelled():
-                log.warning("admission: Redis unreachable (%s)", error)
-                self._redis_down_until = time.monotonic() + 1.0
-                return self._without_redis()
-            decision = pending.result()
-        admission_class = decision.admission_class
+    def _class_of(self, outcome: BucketDecision | BaseException, model: Model) -> tuple[str, float]:
+        if isinstance(outcome, BaseException):
+            log.warning("admission: Redis unreachable (%s)", outcome)
+            self._redis_down_until = time.monotonic() + 1.0
+            return self._without_redis()
+        admission_class = outcome.admission_class
         if admission_class == BEST_EFFORT and model.degradation.refuse_best_effort:
             return REFUSED, 1000.0
-        return admission_class, decision.retry_after_ms
+        return admission_class, outcome.retry_after_ms
 
     def _without_redis(self) -> tuple[str, float]:
         if self.settings.on_redis_down == "admit":
@@ -502,11 +497,11 @@ class Gateway:
         return REFUSED, 1000.0
 
     def _left_during_admission(
-        self, pending: asyncio.Future[BucketDecision], model: Model, usage: Usage
+        self, outcome: BucketDecision | BaseException, model: Model, usage: Usage
     ) -> None:
         """The usage event of a request whose client left while Redis decided: refused, or
         cancelled with its class."""
-        admission_class, _ = self._class_of(pending, model)
+        admission_class, _ = self._class_of(outcome, model)
         if admission_class == REFUSED:
             usage.outcome = "refused"
         else:
@@ -865,6 +860,18 @@ def pass_events(data: bytes, include_usage: bool, usage: Usage) -> tuple[bytes, 
     gives the token counts, and is dropped when it has no choices and the client did not
     ask for it. Until the engine's usage comes, the choices with text are counted (by
     their bytes, not parsed), which is what a stream cut short is charged."""
+    # The common read: whole data events, none of them [DONE] or the usage: the bytes as they
+    # came, their text choices counted in one scan (what the loop below does, event by event).
+    if (
+        data.endswith(b"\n\n")
+        and data.startswith(b"data:")
+        and data.count(b"\n\n") == data.count(b"\n\ndata:") + 1
+        and b"[DONE]" not in data
+        and not (b'"usage"' in data and _USAGE.search(data))
+    ):
+        if not usage.engine_usage:
+            usage.output_tokens += len(_TEXT.findall(data))
+        return data, False
     events = data.split(b"\n\n")
     terminated = not events[-1]
     if terminated:

@@ -156,3 +156,32 @@ def test_redis_down_or_silent_is_a_redis_error_within_the_timeout():
         server.close()
         for connection in accepted:
             connection.close()
+
+
+def test_a_caller_cancelled_while_redis_decides_gets_the_decision_through_orphaned(customer):
+    _sync_buckets().publish_limits({(customer, MODEL_ID): (600.0, 0.0)}, ttl_s=600)
+
+    async def ask():
+        buckets = _async_buckets()
+        seen = []
+        try:
+            waiting = asyncio.ensure_future(
+                buckets.admit(customer_id=customer, model_id=MODEL_ID, cost_mu=1.0, request_id="x")
+            )
+            pending = buckets.submit(
+                customer_id=customer,
+                model_id=MODEL_ID,
+                cost_mu=1.0,
+                request_id="gone",
+                orphaned=seen.append,
+            )
+            pending.cancel()  # as a cancelled caller's await does
+            await waiting
+            return seen
+        finally:
+            await buckets.close()
+
+    (decision,) = asyncio.run(ask())
+    assert decision.admission_class == GUARANTEED
+    (record,) = _sync_buckets().records([(customer, MODEL_ID, "gone")])
+    assert record.admission_class == GUARANTEED
