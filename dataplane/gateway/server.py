@@ -97,6 +97,38 @@ return w.requests
 """
 
 
+class _TokenWatchdog:
+    """A stream's per-token timeout: the engine's next bytes are due within `seconds` of the
+    last ones (or of the answer's head). Counted only while the gateway waits for them, not
+    while a slow client takes what was passed on (as aiohttp's sock_read pauses with reading).
+    One timer per stream, set again only when it fires early, where sock_read cancels and sets
+    a timer on every read; when it is due, the stream's next read raises a TimeoutError."""
+
+    __slots__ = ("_content", "_handle", "_loop", "_seconds", "since")
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, seconds: float, content: aiohttp.StreamReader
+    ):
+        self._loop = loop
+        self._seconds = seconds
+        self._content = content
+        self.since: float | None = loop.time()  # waiting since; None while not waiting
+        self._handle = loop.call_at(self.since + seconds, self._check)
+
+    def _check(self) -> None:
+        now = self._loop.time()
+        since = self.since
+        if since is None or now < since + self._seconds:
+            self._handle = self._loop.call_at((since or now) + self._seconds, self._check)
+            return
+        self._content.set_exception(
+            aiohttp.ServerTimeoutError(f"no data from the engine within {self._seconds:g} s")
+        )
+
+    def cancel(self) -> None:
+        self._handle.cancel()
+
+
 class Retry(Exception):  # noqa: N818 - a signal, not a failure the client sees
     """An attempt failed before the client got a byte: another replica may take it."""
 
@@ -197,12 +229,12 @@ class Gateway:
         self._waiting_script = self.redis.register_script(_WAITING_LUA)
         self.session: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        # Built once: the upstream read timeouts (per token for a stream), and each replica's
-        # URLs (yarl parses a string on every request otherwise).
+        # Built once: the upstream timeouts, and each replica's URLs (yarl parses a string on
+        # every request otherwise). A stream's per-token timeout is not aiohttp's sock_read
+        # (a timer cancelled and set again on every read): the answer's head and any error body
+        # are read under one asyncio.timeout, its events under a _TokenWatchdog.
         self._stream_timeout = aiohttp.ClientTimeout(
-            total=None,
-            connect=settings.connect_timeout_seconds,
-            sock_read=settings.token_timeout_seconds,
+            total=None, connect=settings.connect_timeout_seconds, sock_read=None
         )
         self._unary_timeout = aiohttp.ClientTimeout(
             total=None,
@@ -673,24 +705,33 @@ class Gateway:
         arrived: float,
     ) -> web.StreamResponse:
         assert self.session is not None
+        url = self._url(replica.endpoint, body.kind)
+        token_timeout = self.settings.token_timeout_seconds
         try:
-            upstream = await self.session.post(
-                self._url(replica.endpoint, body.kind),
-                data=payload,
-                headers=_JSON,
-                timeout=self._stream_timeout if body.stream else self._unary_timeout,
-            )
+            if body.stream:
+                async with asyncio.timeout(token_timeout):
+                    upstream = await self.session.post(
+                        url, data=payload, headers=_JSON, timeout=self._stream_timeout
+                    )
+            else:
+                upstream = await self.session.post(
+                    url, data=payload, headers=_JSON, timeout=self._unary_timeout
+                )
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
             raise Retry(f"{type(error).__name__}: {error}") from None
         try:
             if upstream.status >= 500:
                 try:
-                    data = await upstream.read()
+                    async with asyncio.timeout(token_timeout if body.stream else None):
+                        data = await upstream.read()
                 except (aiohttp.ClientError, TimeoutError):
                     data = b""
                 raise Retry(f"the replica answered {upstream.status}", upstream.status, data)
-            if not body.stream or upstream.status != 200:
+            if not body.stream:
                 return await self._unary(upstream, usage, arrived)
+            if upstream.status != 200:
+                async with asyncio.timeout(token_timeout):
+                    return await self._unary(upstream, usage, arrived)
             return await self._stream(request, body, upstream, usage, arrived)
         finally:
             # Closing (never reusing) an unfinished upstream connection is what makes the
@@ -739,9 +780,17 @@ class Gateway:
         done = False
         delivered = False  # [DONE] written to the client: a disconnect now is not a cancel
         usage.output_tokens = 0
+        loop = asyncio.get_running_loop()
+        content = upstream.content
+        watchdog = _TokenWatchdog(loop, self.settings.token_timeout_seconds, content)
         try:
             try:
-                async for chunk in upstream.content.iter_any():
+                while True:
+                    watchdog.since = loop.time()  # waiting for the engine from now
+                    chunk = await content.readany()
+                    watchdog.since = None  # not while the client takes it
+                    if not chunk:
+                        break
                     buffer = buffer + chunk if buffer else chunk
                     if buffer.endswith(b"\n\n"):  # the engine writes whole events
                         complete, buffer = buffer, b""
@@ -797,6 +846,8 @@ class Gateway:
         except asyncio.CancelledError:
             usage.outcome = "completed" if delivered else "cancelled"
             raise
+        finally:
+            watchdog.cancel()
 
     async def _prepare(self, request: web.Request, usage: Usage) -> web.StreamResponse:
         response = web.StreamResponse(
