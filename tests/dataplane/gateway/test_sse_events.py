@@ -226,3 +226,35 @@ def test_any_stream_cut_anywhere_at_event_ends(items, include_usage, group):
             chunks.append(b"\n\n")
     reads = [b"".join(chunks[i : i + group]) for i in range(0, len(chunks), group)]
     _same(reads, include_usage)
+
+
+@given(st.floats(min_value=-1e9, max_value=4e9, allow_nan=False))
+def test_event_times_are_formatted_as_datetime_formats_them(moment):
+    from datetime import UTC, datetime
+
+    from dataplane.gateway.server import _iso
+
+    assert _iso(moment) == datetime.fromtimestamp(moment, tz=UTC).isoformat()
+    assert _iso(moment + 0.5) == datetime.fromtimestamp(moment + 0.5, tz=UTC).isoformat()
+
+
+def test_event_times_at_the_edges_of_a_second_and_of_a_microsecond():
+    from datetime import UTC, datetime
+
+    from dataplane.gateway.server import _iso
+
+    for moment in (
+        0.0,
+        1764620000.0,
+        1764620000.9999995,
+        1764620000.9999994,
+        1764620000.0000005,
+        1764620000.0000015,
+        1764620000.0000025,
+        1764620000.5,
+        1764620001.000001,
+        -0.0000005,
+        -1.5,
+        1e-7,
+    ):
+        assert _iso(moment) == datetime.fromtimestamp(moment, tz=UTC).isoformat(), moment
