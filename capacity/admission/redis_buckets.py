@@ -27,6 +27,11 @@ import redis
 import redis.asyncio
 from redis.exceptions import NoScriptError
 
+try:  # redis[hiredis]: RESP packed in C (redis.asyncio packs in Python, 7x slower)
+    from hiredis import pack_command as _pack
+except ImportError:  # pragma: no cover - hiredis is a dependency
+    _pack = None
+
 GUARANTEED, BEST_EFFORT, REFUSED = "guaranteed", "best_effort", "refused"
 # Recorded (never answered) for a refusal of a customer that holds a reservation.
 REFUSED_GUARANTEED = "refused_guaranteed"
@@ -402,7 +407,11 @@ class AsyncBuckets:
     async def _pipelined(
         connection: redis.asyncio.connection.AbstractConnection, commands: list[tuple[Any, ...]]
     ) -> list[Any]:
-        await connection.send_packed_command(connection.pack_commands(commands), check_health=False)
+        if _pack is not None:  # hiredis's packer, as the synchronous client uses: the same bytes
+            packed: Any = b"".join([_pack(command) for command in commands])
+        else:
+            packed = connection.pack_commands(commands)
+        await connection.send_packed_command(packed, check_health=False)
         replies: list[Any] = []
         for _ in commands:
             try:

@@ -185,3 +185,16 @@ def test_a_caller_cancelled_while_redis_decides_gets_the_decision_through_orphan
     assert decision.admission_class == GUARANTEED
     (record,) = _sync_buckets().records([(customer, MODEL_ID, "gone")])
     assert record.admission_class == GUARANTEED
+
+
+def test_commands_are_packed_to_the_bytes_redis_py_packs():
+    from capacity.admission.redis_buckets import _admit_keys_and_args, _pack
+
+    buckets = _async_buckets()
+    connection = buckets.client.connection_pool.connection_class(
+        **buckets.client.connection_pool.connection_kwargs
+    )
+    for cost in (0.0123, 1e-9, 12345.678, 3.0):
+        keys, args = _admit_keys_and_args(buckets, 7, 9, cost, "gw-" + "a" * 32)
+        command = ("EVALSHA", buckets._script.sha, len(keys), *keys, *args)
+        assert _pack(command) == b"".join(connection.pack_command(*command))
