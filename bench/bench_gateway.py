@@ -34,9 +34,10 @@ Two loads, because a closed loop cannot measure the hop's own latency:
   Poisson arrivals at OPEN_LOAD (50 %) of direct's closed-loop rate measured in the same run,
   the same seeded schedule for direct and the gateway, at most CONCURRENCY in flight (an
   arrival that finds them all busy waits, and is counted). Latency counts from when a request
-  was due, so no wait is hidden. Both processes then have headroom, and the difference is what
-  the hop adds to a request. LiteLLM is not offered that rate: its whole capacity is a few
-  percent of it;
+  was due, so no wait is hidden. The difference is what the hop adds to a request at that rate
+  (its own work and its queue on cores it shares with the emulator and the client). It runs at
+  OPEN_LOAD_LIGHT (25 %) too, for information. LiteLLM is not offered these rates: its whole
+  capacity is a few percent of them;
 - one stream at a time (no queue anywhere): the hop's cost on an idle machine.
 
 The CPU each process tree spends per request (user + system, /proc) is printed beside: on two
@@ -129,6 +130,8 @@ TARGET_ADDED_P50_SHARE_OF_TTFT = 0.05
 # The open loop: Poisson arrivals (the same seeded schedule for every setup) at this share of
 # direct's closed-loop rate in the same run, at most CONCURRENCY in flight.
 OPEN_LOAD = 0.5
+# And at a quarter, for information: what the hop adds with more headroom on the shared cores.
+OPEN_LOAD_LIGHT = 0.25
 OPEN_ROUNDS = 2
 OPEN_WARMUP_SECONDS = 0.5
 OPEN_WINDOW_SECONDS = 3.0
@@ -796,11 +799,43 @@ def _cpu(sample: Sample, what: str) -> str:
     return f"{value:6.0f}" if value == value else f"{'-':>6}"
 
 
+def _open_block(opened: dict[str, Sample], rate: float, load: float) -> list[str]:
+    direct_open = opened["direct"]
+    header = (
+        f"{'setup':<8} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'TTFT50':>7} {'TTFT99':>7} "
+        f"{'+p50 ms':>8} {'+p99 ms':>8} {'+TTFT50':>8} {'+TTFT99':>8} {'hop CPU':>7} "
+        f"{'waited':>6}"
+    )
+    lines = [
+        "",
+        f"open loop: Poisson arrivals at {rate:.0f} requests/s ({load:.0%} of direct's "
+        f"closed-loop rate), at most {CONCURRENCY} in flight ('waited': arrivals that found "
+        "them all busy)",
+        header,
+        "-" * len(header),
+    ]
+    for name in ("direct", "gateway"):
+        sample = opened[name]
+        lines.append(
+            f"{name:<8} {sample.rps:7.0f} {sample.p(0.5):7.1f} {sample.p(0.99):7.1f} "
+            f"{sample.ttft(0.5):7.1f} {sample.ttft(0.99):7.1f} "
+            f"{sample.p(0.5) - direct_open.p(0.5):8.2f} "
+            f"{sample.p(0.99) - direct_open.p(0.99):8.2f} "
+            f"{sample.ttft(0.5) - direct_open.ttft(0.5):8.2f} "
+            f"{sample.ttft(0.99) - direct_open.ttft(0.99):8.2f}  {_cpu(sample, 'gateway')} "
+            f"{sample.capped:6d}"
+        )
+    lines.append(f"litellm  n/a: its closed-loop capacity is below the offered {rate:.0f}/s")
+    return lines
+
+
 def _table(
     samples: dict[str, Sample],
     single: dict[str, Sample],
     opened: dict[str, Sample],
     rate: float,
+    light: dict[str, Sample],
+    light_rate: float,
     engine_rps: float,
     litellm_reason: str | None,
 ) -> str:
@@ -833,45 +868,26 @@ def _table(
             f" {_cpu(sample, hop)}  {_cpu(sample, 'emulator')} | {one.p(0.5):13.1f} "
             f"{one.p(0.5) - direct1.p(0.5):8.2f}"
         )
-    header = (
-        f"{'setup':<8} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'TTFT50':>7} {'TTFT99':>7} "
-        f"{'+p50 ms':>8} {'+p99 ms':>8} {'+TTFT50':>8} {'+TTFT99':>8} {'hop CPU':>7} "
-        f"{'waited':>6}"
-    )
-    lines += [
-        "",
-        f"open loop: Poisson arrivals at {rate:.0f} requests/s ({OPEN_LOAD:.0%} of direct's "
-        f"closed-loop rate), at most {CONCURRENCY} in flight ('waited': arrivals that found "
-        "them all busy)",
-        header,
-        "-" * len(header),
-    ]
-    for name in ("direct", "gateway"):
-        sample = opened[name]
-        lines.append(
-            f"{name:<8} {sample.rps:7.0f} {sample.p(0.5):7.1f} {sample.p(0.99):7.1f} "
-            f"{sample.ttft(0.5):7.1f} {sample.ttft(0.99):7.1f} "
-            f"{sample.p(0.5) - direct_open.p(0.5):8.2f} "
-            f"{sample.p(0.99) - direct_open.p(0.99):8.2f} "
-            f"{sample.ttft(0.5) - direct_open.ttft(0.5):8.2f} "
-            f"{sample.ttft(0.99) - direct_open.ttft(0.99):8.2f}  {_cpu(sample, 'gateway')} "
-            f"{sample.capped:6d}"
-        )
-    lines.append(f"litellm  n/a: its closed-loop capacity is below the offered {rate:.0f}/s")
+    lines += _open_block(opened, rate, OPEN_LOAD)
+    lines += _open_block(light, light_rate, OPEN_LOAD_LIGHT)
 
     gateway, gateway1, gateway_open = samples["gateway"], single["gateway"], opened["gateway"]
     ratio = gateway.rps / direct.rps
     added = gateway.p(0.5) - direct.p(0.5)
     added1 = gateway1.p(0.5) - direct1.p(0.5)
     added_open = gateway_open.p(0.5) - direct_open.p(0.5)
+    added_light = light["gateway"].p(0.5) - light["direct"].p(0.5)
+    budget_light = _budget_ms(light["direct"].ttft(0.5))
     lines += [
         "",
         "targets (gateway):",
         f"  throughput at {CONCURRENCY} streams >= {TARGET_RATIO}x direct: {ratio:.2f}x "
         f"-> {_met(ratio >= TARGET_RATIO)}",
-        f"  open loop: +p50 <= {budget_open:.2f} ms (2 ms, 5 % of direct's TTFT p50 "
-        f"{direct_open.ttft(0.5):.1f} ms): {added_open:+.2f} ms "
+        f"  open loop at {OPEN_LOAD:.0%}: +p50 <= {budget_open:.2f} ms (2 ms, 5 % of direct's "
+        f"TTFT p50 {direct_open.ttft(0.5):.1f} ms): {added_open:+.2f} ms "
         f"-> {_met(added_open <= budget_open)}",
+        f"  (open loop at {OPEN_LOAD_LIGHT:.0%}, for information: +p50 {added_light:+.2f} ms "
+        f"against {budget_light:.2f} ms -> {_met(added_light <= budget_light)})",
         f"  1 stream: +p50 <= {budget1:.2f} ms (2 ms, 5 % of direct's TTFT p50 "
         f"{direct1.ttft(0.5):.1f} ms): {added1:+.2f} ms -> {_met(added1 <= budget1)}",
         f"  closed loop: +p50 <= {budget:.2f} ms (2 ms, 5 % of direct's TTFT p50 "
@@ -936,12 +952,13 @@ def _figures(name: str, sample: Sample, direct: Sample, one: Sample, direct1: Sa
     ]
 
 
-def _open_figures(opened: dict[str, Sample], rate: float) -> list[Figure]:
+def _open_figures(opened: dict[str, Sample], rate: float, load: float) -> list[Figure]:
     direct, gateway = opened["direct"], opened["gateway"]
     where = f"open loop at {rate:.0f} requests/s"
+    tag = "open_loop" if load == OPEN_LOAD else f"open_loop_{load * 100:.0f}pct"
     return [
         Figure(
-            name="gateway_open_loop_added_p50_latency",
+            name=f"gateway_{tag}_added_p50_latency",
             value=gateway.p(0.5) - direct.p(0.5),
             unit="ms",
             baseline=direct.ttft(0.5),
@@ -951,21 +968,21 @@ def _open_figures(opened: dict[str, Sample], rate: float) -> list[Figure]:
             ),
         ),
         Figure(
-            name="gateway_open_loop_added_p99_latency",
+            name=f"gateway_{tag}_added_p99_latency",
             value=gateway.p(0.99) - direct.p(0.99),
             unit="ms",
             baseline=direct.p(0.99),
             baseline_name=f"emulator p99 e2e, direct, {where}",
         ),
         Figure(
-            name="gateway_open_loop_added_ttft_p50",
+            name=f"gateway_{tag}_added_ttft_p50",
             value=gateway.ttft(0.5) - direct.ttft(0.5),
             unit="ms",
             baseline=direct.ttft(0.5),
             baseline_name=f"emulator p50 TTFT, direct, {where}",
         ),
         Figure(
-            name="gateway_cpu_per_request",
+            name=f"gateway_{tag}_cpu_per_request",
             value=gateway.cpu_us("gateway"),
             unit="us",
             baseline=direct.cpu_us("emulator"),
@@ -1041,6 +1058,8 @@ def run() -> list[Figure]:
             started = time.perf_counter()
             rate = OPEN_LOAD * samples["direct"].rps
             opened = _run_open(setups, pids, rate)
+            light_rate = OPEN_LOAD_LIGHT * samples["direct"].rps
+            light = _run_open(setups, pids, light_rate)
             print(f"   open loop: {time.perf_counter() - started:.1f} s", flush=True)
             started = time.perf_counter()
             single = asyncio.run(_one_stream(setups))
@@ -1048,11 +1067,14 @@ def run() -> list[Figure]:
             for name in setups:
                 _check(name, samples[name])
                 _check(f"{name} (1 stream)", single[name])
-            for name, sample in opened.items():
+            for name, sample in [*opened.items(), *light.items()]:
                 _check(f"{name} (open loop)", sample)
             _wait_for_events(
                 recorder,
-                samples["gateway"].sent + opened["gateway"].sent + single["gateway"].sent,
+                samples["gateway"].sent
+                + opened["gateway"].sent
+                + light["gateway"].sent
+                + single["gateway"].sent,
             )
         finally:
             for process in reversed(processes):
@@ -1064,7 +1086,8 @@ def run() -> list[Figure]:
                 rds.delete(*stale[start : start + 5000])
             rds.close()
     engine_rps, _engine_p50 = asyncio.run(_engine_closed_loop())
-    print(_table(samples, single, opened, rate, engine_rps, litellm_reason), flush=True)
+    table = _table(samples, single, opened, rate, light, light_rate, engine_rps, litellm_reason)
+    print(table, flush=True)
     direct, direct1 = samples["direct"], single["direct"]
     figures = [
         Figure(
@@ -1075,7 +1098,15 @@ def run() -> list[Figure]:
             baseline_name="engine in-process, no client",
         ),
         *_figures("gateway", samples["gateway"], direct, single["gateway"], direct1),
-        *_open_figures(opened, rate),
+        Figure(
+            name=f"gateway_cpu_per_request_at_{CONCURRENCY}_streams",
+            value=samples["gateway"].cpu_us("gateway"),
+            unit="us",
+            baseline=direct.cpu_us("emulator"),
+            baseline_name=f"the emulator's CPU per request, direct, {CONCURRENCY} streams",
+        ),
+        *_open_figures(opened, rate, OPEN_LOAD),
+        *_open_figures(light, light_rate, OPEN_LOAD_LIGHT),
     ]
     if "litellm" in samples:
         figures += _figures("litellm", samples["litellm"], direct, single["litellm"], direct1)
