@@ -17,10 +17,20 @@ Every key carries a TTL.
 
 from __future__ import annotations
 
+import asyncio
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import redis
+import redis.asyncio
+from redis.exceptions import NoScriptError
+
+try:  # redis[hiredis]: RESP packed in C (redis.asyncio packs in Python, 7x slower)
+    from hiredis import pack_command as _pack
+except ImportError:  # pragma: no cover - hiredis is a dependency
+    _pack = None
 
 GUARANTEED, BEST_EFFORT, REFUSED = "guaranteed", "best_effort", "refused"
 # Recorded (never answered) for a refusal of a customer that holds a reservation.
@@ -170,6 +180,33 @@ def parse_record(raw: bytes | str | None) -> AdmissionRecord | None:
         return None
 
 
+def _admit_keys_and_args(
+    buckets: Buckets | AsyncBuckets,
+    customer_id: int,
+    model_id: int,
+    cost_mu: float,
+    request_id: str | None,
+) -> tuple[list[str], list[Any]]:
+    keys = [
+        limits_key(customer_id, model_id),
+        _bucket_key(customer_id, model_id, GUARANTEED),
+        _bucket_key(customer_id, model_id, BEST_EFFORT),
+        _record_key(customer_id, model_id, request_id) if request_id else "",
+    ]
+    args = [repr(float(cost_mu)), buckets.burst_seconds, buckets.idle_ttl_ms, buckets.record_ttl_s]
+    return keys, args
+
+
+def _decision(reply: Any) -> BucketDecision:
+    admission_class, wait, guaranteed, best_effort = reply
+    return BucketDecision(
+        admission_class=admission_class.decode(),
+        retry_after_ms=float(wait),
+        guaranteed_mu_per_minute=max(0.0, float(guaranteed)),
+        best_effort_mu_per_minute=max(0.0, float(best_effort)),
+    )
+
+
 class Buckets:
     """The Redis side of admission. Raises redis.RedisError when Redis cannot be reached."""
 
@@ -206,20 +243,8 @@ class Buckets:
     def admit(
         self, *, customer_id: int, model_id: int, cost_mu: float, request_id: str | None
     ) -> BucketDecision:
-        keys = [
-            limits_key(customer_id, model_id),
-            _bucket_key(customer_id, model_id, GUARANTEED),
-            _bucket_key(customer_id, model_id, BEST_EFFORT),
-            _record_key(customer_id, model_id, request_id) if request_id else "",
-        ]
-        args = [repr(float(cost_mu)), self.burst_seconds, self.idle_ttl_ms, self.record_ttl_s]
-        admission_class, wait, guaranteed, best_effort = self._evalsha(self._admit, keys, args)
-        return BucketDecision(
-            admission_class=admission_class.decode(),
-            retry_after_ms=float(wait),
-            guaranteed_mu_per_minute=max(0.0, float(guaranteed)),
-            best_effort_mu_per_minute=max(0.0, float(best_effort)),
-        )
+        keys, args = _admit_keys_and_args(self, customer_id, model_id, cost_mu, request_id)
+        return _decision(self._evalsha(self._admit, keys, args))
 
     def reconcile(
         self, *, customer_id: int, model_id: int, request_id: str, actual_mu: float, pipe=None
@@ -255,3 +280,142 @@ class Buckets:
     def forget_limits(self, keys: list[tuple[int, int]]) -> None:
         if keys:
             self.client.delete(*(limits_key(c, m) for c, m in keys))
+
+
+Orphaned = Callable[[BucketDecision | BaseException], None] | None
+
+
+class AsyncBuckets:
+    """`Buckets.admit` for an asyncio event loop (redis.asyncio): the same script, one EVALSHA
+    per decision, on one connection of its own. Decisions asked for while a round trip is under
+    way are pipelined together in the next one, so under load a round trip carries many
+    decisions (one write and one read for all of them) and never blocks the loop.
+
+    `submit` queues a decision and returns its future; `admit` awaits it. A caller cancelled
+    while it waits cancels the future, not the decision (Redis takes and records it all the
+    same): `orphaned`, when given, is then called with it (or with the RedisError). The future
+    raises redis.RedisError when Redis does not answer within `timeout_seconds`."""
+
+    def __init__(
+        self,
+        client: redis.asyncio.Redis,
+        *,
+        burst_seconds: float,
+        idle_ttl_seconds: float,
+        record_ttl_s: int,
+        timeout_seconds: float,
+    ):
+        self.client = client
+        self.burst_seconds = burst_seconds
+        self.idle_ttl_ms = int(idle_ttl_seconds * 1000)
+        self.record_ttl_s = record_ttl_s
+        self.timeout_seconds = timeout_seconds
+        self._script = client.register_script(_ADMIT)
+        self._queue: list[tuple[tuple[Any, ...], asyncio.Future[BucketDecision], Orphaned]] = []
+        self._sender: asyncio.Task[None] | None = None
+        self._connection: redis.asyncio.connection.AbstractConnection | None = None
+
+    def submit(
+        self,
+        *,
+        customer_id: int,
+        model_id: int,
+        cost_mu: float,
+        request_id: str | None,
+        orphaned: Orphaned = None,
+    ) -> asyncio.Future[BucketDecision]:
+        keys, args = _admit_keys_and_args(self, customer_id, model_id, cost_mu, request_id)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[BucketDecision] = loop.create_future()
+        command = ("EVALSHA", self._script.sha, len(keys), *keys, *args)
+        self._queue.append((command, future, orphaned))
+        if self._sender is None:
+            self._sender = loop.create_task(self._send())
+        return future
+
+    async def admit(
+        self, *, customer_id: int, model_id: int, cost_mu: float, request_id: str | None
+    ) -> BucketDecision:
+        return await self.submit(
+            customer_id=customer_id, model_id=model_id, cost_mu=cost_mu, request_id=request_id
+        )
+
+    async def close(self) -> None:
+        if self._sender is not None:
+            await asyncio.gather(self._sender, return_exceptions=True)
+        if self._connection is not None:
+            await self._connection.disconnect()
+            self._connection = None
+
+    async def _send(self) -> None:
+        try:
+            while self._queue:
+                batch, self._queue = self._queue, []
+                try:
+                    replies: list[Any] = await self._round_trip([item[0] for item in batch])
+                except redis.RedisError as error:
+                    replies = [type(error)(*error.args) for _ in batch]
+                for (_, future, orphaned), reply in zip(batch, replies, strict=True):
+                    outcome: BucketDecision | BaseException
+                    if isinstance(reply, BaseException):
+                        outcome = reply
+                    else:
+                        try:
+                            outcome = _decision(reply)
+                        except (ValueError, TypeError, AttributeError) as error:
+                            outcome = redis.ResponseError(f"bad reply: {error}")
+                    if future.done():  # its caller was cancelled
+                        if orphaned is not None:
+                            orphaned(outcome)
+                    elif isinstance(outcome, BaseException):
+                        future.set_exception(outcome)
+                    else:
+                        future.set_result(outcome)
+        finally:
+            self._sender = None
+
+    async def _round_trip(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        connection = self._connection
+        if connection is None:
+            pool = self.client.connection_pool
+            # No per-command timeout: the whole round trip has one (below), cheaper than two
+            # timers per command.
+            kwargs = {**pool.connection_kwargs, "socket_timeout": None}
+            connection = pool.connection_class(**kwargs)
+            self._connection = connection
+        try:
+            async with asyncio.timeout(self.timeout_seconds):
+                replies = await self._pipelined(connection, commands)
+                missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
+                if missing:  # Redis restarted or flushed its scripts
+                    await connection.send_command("SCRIPT", "LOAD", self._script.script)
+                    await connection.read_response()
+                    again = await self._pipelined(connection, [commands[i] for i in missing])
+                    for i, reply in zip(missing, again, strict=True):
+                        replies[i] = reply
+                return replies
+        except TimeoutError:
+            await connection.disconnect(nowait=True)
+            raise redis.TimeoutError(
+                f"Redis did not answer within {self.timeout_seconds:g} s"
+            ) from None
+        except OSError as error:
+            await connection.disconnect(nowait=True)
+            raise redis.ConnectionError(str(error)) from None
+
+    @staticmethod
+    async def _pipelined(
+        connection: redis.asyncio.connection.AbstractConnection, commands: list[tuple[Any, ...]]
+    ) -> list[Any]:
+        if _pack is not None:  # hiredis's packer, as the synchronous client uses: the same bytes
+            packed: Any = b"".join([_pack(command) for command in commands])
+        else:
+            packed = connection.pack_commands(commands)
+        await connection.send_packed_command(packed, check_health=False)
+        replies: list[Any] = []
+        for _ in commands:
+            try:
+                replies.append(await connection.read_response())
+            except redis.ResponseError as error:  # this command's own error reply
+                replies.append(error)
+        return replies

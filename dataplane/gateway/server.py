@@ -11,20 +11,27 @@ import asyncio
 import json
 import logging
 import math
+import os
 import random
+import re
 import time
-import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
-import redis
 import redis.asyncio as aioredis
 from aiohttp import web
 from redis.exceptions import RedisError
+from yarl import URL
 
-from capacity.admission.redis_buckets import BEST_EFFORT, GUARANTEED, REFUSED, Buckets
+from capacity.admission.redis_buckets import (
+    BEST_EFFORT,
+    GUARANTEED,
+    REFUSED,
+    AsyncBuckets,
+    BucketDecision,
+)
 
 from .auth import Caller, authenticate, may_use
 from .contract import WAITING, Contract, ContractReader, Model, Replica
@@ -56,10 +63,19 @@ from .usage import UsageSink
 
 log = logging.getLogger("dataplane.gateway")
 
+_JSON = {"Content-Type": "application/json"}
+
 # vLLM's priority: lower is served first. Forwarded only to engines with priority scheduling.
 PRIORITY = {GUARANTEED: 0, BEST_EFFORT: 1}
 
 GATEWAY_KEY: web.AppKey[Gateway] = web.AppKey("gateway")
+
+# In an SSE data event: a "usage" that is not null (the engine's counts: its final chunk, or
+# every chunk with continuous usage stats). Only such events are parsed.
+_USAGE = re.compile(rb'"usage"\s*:\s*(?!null)')
+# A choice's generated text that is not empty: "text" (completions) or "content" (a chat delta).
+# A quote inside a JSON string is escaped, so these bytes are a key, never a string's content.
+_TEXT = re.compile(rb'"(?:text|content)"\s*:\s*"(?!")')
 
 # Waiting demand for a model at zero, kept consistent across workers and gateways by one script.
 # KEYS[1] gw:v1:waiting; ARGV: model, requests delta, MU delta, now
@@ -92,6 +108,38 @@ async def _to_client(response: web.StreamResponse, data: bytes) -> None:
         await response.write(data)
     except ConnectionResetError as error:
         raise ClientGone(str(error)) from error
+
+
+class _TokenWatchdog:
+    """A stream's per-token timeout: the engine's next bytes are due within `seconds` of the
+    last ones (or of the answer's head). Counted only while the gateway waits for them, not
+    while a slow client takes what was passed on (as aiohttp's sock_read pauses with reading).
+    One timer per stream, set again only when it fires early, where sock_read cancels and sets
+    a timer on every read; when it is due, the stream's next read raises a TimeoutError."""
+
+    __slots__ = ("_content", "_handle", "_loop", "_seconds", "since")
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, seconds: float, content: aiohttp.StreamReader
+    ):
+        self._loop = loop
+        self._seconds = seconds
+        self._content = content
+        self.since: float | None = loop.time()  # waiting since; None while not waiting
+        self._handle = loop.call_at(self.since + seconds, self._check)
+
+    def _check(self) -> None:
+        now = self._loop.time()
+        since = self.since
+        if since is None or now < since + self._seconds:
+            self._handle = self._loop.call_at((since or now) + self._seconds, self._check)
+            return
+        self._content.set_exception(
+            aiohttp.ServerTimeoutError(f"no data from the engine within {self._seconds:g} s")
+        )
+
+    def cancel(self) -> None:
+        self._handle.cancel()
 
 
 class Retry(Exception):  # noqa: N818 - a signal, not a failure the client sees
@@ -163,8 +211,24 @@ class Usage:
         return event
 
 
+_ISO_SECOND: list[Any] = [None, ""]  # the last whole second formatted, and its text
+
+
 def _iso(moment: float) -> str:
-    return datetime.fromtimestamp(moment, tz=UTC).isoformat()
+    """`datetime.fromtimestamp(moment, UTC).isoformat()`, the date and time of day formatted
+    once per second (two per request otherwise, on every worker's hot path)."""
+    fraction, whole = math.modf(moment)
+    micro = round(fraction * 1e6)  # half to even, as fromtimestamp rounds
+    if micro >= 1_000_000:
+        whole, micro = whole + 1.0, micro - 1_000_000
+    elif micro < 0:  # before 1970
+        whole, micro = whole - 1.0, micro + 1_000_000
+    if _ISO_SECOND[0] != whole:
+        text = datetime.fromtimestamp(whole, tz=UTC).isoformat()
+        _ISO_SECOND[0], _ISO_SECOND[1] = whole, text.removesuffix("+00:00")
+    if micro:
+        return f"{_ISO_SECOND[1]}.{micro:06d}+00:00"
+    return f"{_ISO_SECOND[1]}+00:00"
 
 
 class Gateway:
@@ -176,17 +240,14 @@ class Gateway:
             socket_connect_timeout=settings.redis_timeout_seconds * 4,
         )
         self.reader = ContractReader(self.redis, refresh_seconds=settings.refresh_seconds)
-        # Admission: the control plane's own Lua scripts, on a synchronous client (one round
-        # trip of a fraction of a millisecond, cheaper inline than a thread hop).
-        self.buckets = Buckets(
-            redis.Redis.from_url(
-                settings.redis_url,
-                socket_timeout=settings.redis_timeout_seconds,
-                socket_connect_timeout=settings.redis_timeout_seconds,
-            ),
+        # Admission: the control plane's own Lua script, on a connection of its own that
+        # pipelines the decisions asked for while one round trip is under way.
+        self.buckets = AsyncBuckets(
+            self.redis,
             burst_seconds=settings.admission_burst_seconds,
             idle_ttl_seconds=settings.admission_limits_ttl_seconds,
             record_ttl_s=settings.admission_record_ttl_seconds,
+            timeout_seconds=settings.redis_timeout_seconds,
         )
         self._redis_down_until = 0.0
         self.router = Router(load_factor=settings.affinity_load_factor)
@@ -202,6 +263,20 @@ class Gateway:
         self._waiting_script = self.redis.register_script(_WAITING_LUA)
         self.session: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        # Built once: the upstream timeouts, and each replica's URLs (yarl parses a string on
+        # every request otherwise). A stream's per-token timeout is not aiohttp's sock_read
+        # (a timer cancelled and set again on every read): the answer's head and any error body
+        # are read under one asyncio.timeout, its events under a _TokenWatchdog.
+        self._stream_timeout = aiohttp.ClientTimeout(
+            total=None, connect=settings.connect_timeout_seconds, sock_read=None
+        )
+        self._unary_timeout = aiohttp.ClientTimeout(
+            total=None,
+            connect=settings.connect_timeout_seconds,
+            sock_read=settings.request_timeout_seconds,
+        )
+        self._urls: dict[tuple[str, str], URL] = {}
+        self._admission_from: Contract | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -225,8 +300,8 @@ class Gateway:
         await self.usage.close()
         if self.session is not None:
             await self.session.close()
+        await self.buckets.close()
         await self.redis.aclose()
-        self.buckets.client.close()
 
     async def _refresh_loop(self) -> None:
         while True:
@@ -304,7 +379,7 @@ class Gateway:
     async def generate(self, request: web.Request, kind: str) -> web.StreamResponse:
         arrived = time.perf_counter()
         started_at = time.time()
-        request_id = "gw-" + uuid.uuid4().hex
+        request_id = "gw-" + os.urandom(16).hex()  # as random as uuid4's hex, 4x cheaper
         try:
             contract = self._contract()
             caller = authenticate(
@@ -322,11 +397,12 @@ class Gateway:
                     code="model_not_found",
                     param="model",
                 )
-            model, usage, priority_class = self._admit(contract, caller, body, model, request_id)
+            model, usage, priority_class = await self._admit(
+                contract, caller, body, model, request_id, started_at
+            )
         except GatewayError as error:
-            REQUESTS.labels("rejected", "none").inc()
+            _counted("rejected", "none")
             return error.response(request_id)
-        usage.started_at = started_at
         if usage.outcome == "refused":
             return self._refused(usage, model, request_id)
         try:
@@ -337,21 +413,24 @@ class Gateway:
             raise
         finally:
             self.usage.add(usage.event(time.time()))
-            REQUESTS.labels(usage.outcome, usage.admission_class or "none").inc()
+            _counted(usage.outcome, usage.admission_class or "none")
 
     async def _json(self, request: web.Request) -> Any:
         limit = self.settings.max_body_bytes
-        too_large = GatewayError(
-            413, f"The request body is larger than {limit} bytes.", code="request_too_large"
-        )
+
+        def too_large() -> GatewayError:
+            return GatewayError(
+                413, f"The request body is larger than {limit} bytes.", code="request_too_large"
+            )
+
         if request.content_length is not None and request.content_length > limit:
-            raise too_large
+            raise too_large()
         try:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            raise too_large from None
+            raise too_large() from None
         if len(raw) > limit:
-            raise too_large
+            raise too_large()
         try:
             return json.loads(raw)
         except (ValueError, UnicodeDecodeError):
@@ -361,8 +440,14 @@ class Gateway:
                 code="invalid_json",
             ) from None
 
-    def _admit(
-        self, contract: Contract, caller: Caller, body: Body, model: Model, request_id: str
+    async def _admit(
+        self,
+        contract: Contract,
+        caller: Caller,
+        body: Body,
+        model: Model,
+        request_id: str,
+        started_at: float,
     ) -> tuple[Model, Usage, str]:
         """(the model that will serve, the usage so far, the admission class)."""
         chosen = model
@@ -379,17 +464,17 @@ class Gateway:
                 input_tokens=input_tokens,
                 output_tokens=output_tokens_of(body, candidate, input_tokens),
             )
-            admission_class, retry_after_ms = self._decide(caller, candidate, mu, request_id)
             usage = Usage(
                 request_id=request_id,
                 customer=caller.customer,
                 model=candidate.name,
-                started_at=time.time(),
+                started_at=started_at,
                 input_tokens=input_tokens,
                 estimated_mu=mu,
-                admission_class=admission_class,
                 prompt_bytes=body.content_bytes if body.token_ids == 0 else None,
             )
+            admission_class, retry_after_ms = await self._decide(caller, candidate, usage)
+            usage.admission_class = admission_class
             chosen = candidate
             if admission_class != REFUSED:
                 return chosen, usage, admission_class
@@ -405,10 +490,24 @@ class Gateway:
             return None
         return contract.models.get(name)
 
+    def _url(self, endpoint: str, kind: str) -> URL:
+        url = self._urls.get((endpoint, kind))
+        if url is None:
+            if len(self._urls) > 4096:  # replicas come and go
+                self._urls.clear()
+            path = "/v1/chat/completions" if kind == CHAT else "/v1/completions"
+            url = self._urls[endpoint, kind] = URL(endpoint + path)
+        return url
+
     def _follow_admission_parameters(self) -> None:
         """The control plane's burst and TTLs when it published them (gw:v1:meta), else the
-        GATEWAY_ADMISSION_* settings: the same rule with the same burst as the API's admission."""
-        published = self.reader.contract.admission
+        GATEWAY_ADMISSION_* settings: the same rule with the same burst as the API's admission.
+        Read again only when a new contract was read."""
+        contract = self.reader.contract
+        if contract is self._admission_from:
+            return
+        self._admission_from = contract
+        published = contract.admission
         self.buckets.burst_seconds = published.get(
             "admission_burst_seconds", self.settings.admission_burst_seconds
         )
@@ -424,30 +523,59 @@ class Gateway:
             )
         )
 
-    def _decide(
-        self, caller: Caller, model: Model, mu: float, request_id: str
-    ) -> tuple[str, float]:
+    async def _decide(self, caller: Caller, model: Model, usage: Usage) -> tuple[str, float]:
         """(admission class, retry after ms) from the Redis buckets, one round trip."""
-        if time.monotonic() >= self._redis_down_until:
-            self._follow_admission_parameters()
-            try:
-                decision = self.buckets.admit(
-                    customer_id=caller.customer_id,
-                    model_id=model.model_id,
-                    cost_mu=mu,
-                    request_id=request_id,
-                )
-            except RedisError as error:
-                log.warning("admission: Redis unreachable (%s)", error)
-                self._redis_down_until = time.monotonic() + 1.0
-            else:
-                admission_class = decision.admission_class
-                if admission_class == BEST_EFFORT and model.degradation.refuse_best_effort:
-                    return REFUSED, 1000.0
-                return admission_class, decision.retry_after_ms
+        if time.monotonic() < self._redis_down_until:
+            return self._without_redis()
+        self._follow_admission_parameters()
+        pending = self.buckets.submit(
+            customer_id=caller.customer_id,
+            model_id=model.model_id,
+            cost_mu=usage.estimated_mu,
+            request_id=usage.request_id,
+            # A client that leaves meanwhile does not unmake the decision (Redis takes and
+            # records it all the same), so its usage event is still due.
+            orphaned=lambda outcome: self._left_during_admission(outcome, model, usage),
+        )
+        try:
+            decision = await pending
+        except asyncio.CancelledError:
+            if pending.done() and not pending.cancelled():  # decided just before
+                outcome = pending.exception() or pending.result()
+                self._left_during_admission(outcome, model, usage)
+            raise
+        except RedisError as error:
+            return self._class_of(error, model)
+        return self._class_of(decision, model)
+
+    def _class_of(self, outcome: BucketDecision | BaseException, model: Model) -> tuple[str, float]:
+        if isinstance(outcome, BaseException):
+            log.warning("admission: Redis unreachable (%s)", outcome)
+            self._redis_down_until = time.monotonic() + 1.0
+            return self._without_redis()
+        admission_class = outcome.admission_class
+        if admission_class == BEST_EFFORT and model.degradation.refuse_best_effort:
+            return REFUSED, 1000.0
+        return admission_class, outcome.retry_after_ms
+
+    def _without_redis(self) -> tuple[str, float]:
         if self.settings.on_redis_down == "admit":
             return BEST_EFFORT, 0.0
         return REFUSED, 1000.0
+
+    def _left_during_admission(
+        self, outcome: BucketDecision | BaseException, model: Model, usage: Usage
+    ) -> None:
+        """The usage event of a request whose client left while Redis decided: refused, or
+        cancelled with its class."""
+        admission_class, _ = self._class_of(outcome, model)
+        if admission_class == REFUSED:
+            usage.outcome = "refused"
+        else:
+            usage.outcome = "cancelled"
+            usage.admission_class = admission_class
+        self.usage.add(usage.event(time.time()))
+        _counted(usage.outcome, usage.admission_class or "none")
 
     def _refused(self, usage: Usage, model: Model, request_id: str) -> web.Response:
         wait_ms = float(usage.extra.get("retry_after_ms", -1))
@@ -457,7 +585,7 @@ class Gateway:
             else self.settings.retry_after_seconds
         )
         self.usage.add(usage.event(time.time()))
-        REQUESTS.labels("refused", "none").inc()
+        _counted("refused", "none")
         return GatewayError(
             429,
             f"Rate limit reached for the model '{model.name}': over the reservation and the "
@@ -509,7 +637,7 @@ class Gateway:
             if attempt == 0:
                 OVERHEAD.observe(time.perf_counter() - arrived)
             self.router.add(replica.endpoint, usage.estimated_mu)
-            gauge = INFLIGHT_MU.labels(replica.endpoint)
+            gauge = _inflight(replica.endpoint)
             gauge.inc(usage.estimated_mu)
             try:
                 return await self._attempt(
@@ -612,32 +740,33 @@ class Gateway:
         arrived: float,
     ) -> web.StreamResponse:
         assert self.session is not None
-        settings = self.settings
-        read_timeout = (
-            settings.token_timeout_seconds if body.stream else settings.request_timeout_seconds
-        )
-        timeout = aiohttp.ClientTimeout(
-            total=None, connect=settings.connect_timeout_seconds, sock_read=read_timeout
-        )
-        path = "/v1/chat/completions" if body.kind == CHAT else "/v1/completions"
+        url = self._url(replica.endpoint, body.kind)
+        token_timeout = self.settings.token_timeout_seconds
         try:
-            upstream = await self.session.post(
-                replica.endpoint + path,
-                data=payload,
-                headers={"Content-Type": "application/json"},
-                timeout=timeout,
-            )
+            if body.stream:
+                async with asyncio.timeout(token_timeout):
+                    upstream = await self.session.post(
+                        url, data=payload, headers=_JSON, timeout=self._stream_timeout
+                    )
+            else:
+                upstream = await self.session.post(
+                    url, data=payload, headers=_JSON, timeout=self._unary_timeout
+                )
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
             raise Retry(f"{type(error).__name__}: {error}") from None
         try:
             if upstream.status >= 500:
                 try:
-                    data = await upstream.read()
+                    async with asyncio.timeout(token_timeout if body.stream else None):
+                        data = await upstream.read()
                 except (aiohttp.ClientError, TimeoutError):
                     data = b""
                 raise Retry(f"the replica answered {upstream.status}", upstream.status, data)
-            if not body.stream or upstream.status != 200:
+            if not body.stream:
                 return await self._unary(upstream, usage, arrived)
+            if upstream.status != 200:
+                async with asyncio.timeout(token_timeout):
+                    return await self._unary(upstream, usage, arrived)
             return await self._stream(request, body, upstream, usage, arrived)
         finally:
             # Closing (never reusing) an unfinished upstream connection is what makes the
@@ -686,14 +815,26 @@ class Gateway:
         done = False
         delivered = False  # [DONE] written to the client: a disconnect now is not a cancel
         usage.output_tokens = 0
+        loop = asyncio.get_running_loop()
+        content = upstream.content
+        watchdog = _TokenWatchdog(loop, self.settings.token_timeout_seconds, content)
         try:
             try:
-                async for chunk in upstream.content.iter_any():
-                    buffer += chunk
-                    if b"\n\n" not in buffer:
+                while True:
+                    watchdog.since = loop.time()  # waiting for the engine from now
+                    chunk = await content.readany()
+                    watchdog.since = None  # not while the client takes it
+                    if not chunk:
+                        break
+                    buffer = buffer + chunk if buffer else chunk
+                    if buffer.endswith(b"\n\n"):  # the engine writes whole events
+                        complete, buffer = buffer, b""
+                    elif b"\n\n" in buffer:
+                        complete, _, buffer = buffer.rpartition(b"\n\n")
+                        complete += b"\n\n"
+                    else:
                         continue
-                    complete, _, buffer = buffer.rpartition(b"\n\n")
-                    out, finished = self._events(complete + b"\n\n", body, usage)
+                    out, finished = pass_events(complete, body.include_usage, usage)
                     done = done or finished
                     if not out:
                         continue
@@ -720,7 +861,7 @@ class Gateway:
                     raise Retry("the replica closed the stream without an answer")
                 response = await self._prepare(request, usage)
             if buffer.strip():
-                out, finished = self._events(buffer, body, usage)
+                out, finished = pass_events(buffer, body.include_usage, usage)
                 done = done or finished
                 if out:
                     await _to_client(response, out)
@@ -740,6 +881,8 @@ class Gateway:
         except asyncio.CancelledError:
             usage.outcome = "completed" if delivered else "cancelled"
             raise
+        finally:
+            watchdog.cancel()
 
     async def _prepare(self, request: web.Request, usage: Usage) -> web.StreamResponse:
         """The client's stream, opened; ClientGone when the client has already left."""
@@ -764,40 +907,6 @@ class Gateway:
         except ConnectionResetError:
             pass
 
-    def _events(self, data: bytes, body: Body, usage: Usage) -> tuple[bytes, bool]:
-        """(what to pass to the client, whether [DONE] came). Counts the tokens seen, takes
-        the engine's usage, and drops the usage-only chunk when the client did not ask."""
-        parts: list[bytes] = []
-        done = False
-        for event in data.split(b"\n\n"):
-            if not event.strip():
-                continue
-            payload = event.strip()
-            if payload.startswith(b"data:"):
-                text = payload[5:].strip()
-                if text == b"[DONE]":
-                    done = True
-                else:
-                    try:
-                        doc = json.loads(text)
-                    except ValueError:
-                        doc = None
-                    if isinstance(doc, dict):
-                        choices = doc.get("choices")
-                        if doc.get("usage"):
-                            usage.take_engine_usage(doc["usage"])
-                            if not choices and not body.include_usage:
-                                continue
-                        if choices and not usage.engine_usage:
-                            usage.output_tokens += sum(
-                                1
-                                for c in choices
-                                if isinstance(c, dict)
-                                and (c.get("text") or (c.get("delta") or {}).get("content"))
-                            )
-            parts.append(event + b"\n\n")
-        return b"".join(parts), done
-
 
 @web.middleware
 async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
@@ -810,6 +919,96 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
         if error.status < 400:
             raise
         return GatewayError(error.status, error.reason or "Error").response()
+
+
+_COUNTERS: dict[tuple[str, str], Any] = {}
+_INFLIGHT: dict[str, Any] = {}
+
+
+def _counted(outcome: str, admission_class: str) -> None:
+    """gateway_requests_total{outcome, admission_class} += 1 (the label child kept)."""
+    child = _COUNTERS.get((outcome, admission_class))
+    if child is None:
+        child = _COUNTERS[outcome, admission_class] = REQUESTS.labels(outcome, admission_class)
+    child.inc()
+
+
+def _inflight(endpoint: str) -> Any:
+    """gateway_inflight_mu{replica} (the label child kept)."""
+    child = _INFLIGHT.get(endpoint)
+    if child is None:
+        if len(_INFLIGHT) > 4096:  # replicas come and go
+            _INFLIGHT.clear()
+        child = _INFLIGHT[endpoint] = INFLIGHT_MU.labels(endpoint)
+    return child
+
+
+def pass_events(data: bytes, include_usage: bool, usage: Usage) -> tuple[bytes, bool]:
+    """(what to pass to the client, whether [DONE] came) of whole events (`data` ends with
+    a blank line, or is the stream's unterminated end). The bytes pass through as they
+    came; only an event whose `usage` is not null (the engine's usage chunk) is parsed: it
+    gives the token counts, and is dropped when it has no choices and the client did not
+    ask for it. Until the engine's usage comes, the choices with text are counted (by
+    their bytes, not parsed), which is what a stream cut short is charged."""
+    # The common read: whole data events, none of them [DONE] or the usage: the bytes as they
+    # came, their text choices counted in one scan (what the loop below does, event by event).
+    if (
+        data.endswith(b"\n\n")
+        and data.startswith(b"data:")
+        and data.count(b"\n\n") == data.count(b"\n\ndata:") + 1
+        and b"[DONE]" not in data
+        and not (b'"usage"' in data and _USAGE.search(data))
+    ):
+        if not usage.engine_usage:
+            usage.output_tokens += len(_TEXT.findall(data))
+        return data, False
+    events = data.split(b"\n\n")
+    terminated = not events[-1]
+    if terminated:
+        events.pop()
+    kept: list[bytes] | None = None  # None: every event passed on unchanged
+    done = False
+    for index, event in enumerate(events):
+        payload = event.strip()
+        keep = bool(payload)
+        if payload.startswith(b"data:"):
+            text = payload[5:].strip()
+            if text == b"[DONE]":
+                done = True
+            elif b'"usage"' in text and _USAGE.search(text):
+                keep = _usage_event(text, include_usage, usage)
+            elif not usage.engine_usage:
+                usage.output_tokens += len(_TEXT.findall(text))
+        if keep and kept is not None:
+            kept.append(event)
+        elif not keep and kept is None:
+            kept = events[:index]
+    if kept is None and terminated:
+        return data, done
+    parts = events if kept is None else kept
+    return b"".join(event + b"\n\n" for event in parts), done
+
+
+def _usage_event(text: bytes, include_usage: bool, usage: Usage) -> bool:
+    """Takes the engine's usage from a data event that has some; whether to pass it on."""
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return True
+    if not isinstance(doc, dict):
+        return True
+    choices = doc.get("choices")
+    if doc.get("usage"):
+        usage.take_engine_usage(doc["usage"])
+        if not choices and not include_usage:
+            return False
+    if choices and not usage.engine_usage:
+        usage.output_tokens += sum(
+            1
+            for c in choices
+            if isinstance(c, dict) and (c.get("text") or (c.get("delta") or {}).get("content"))
+        )
+    return True
 
 
 def create_app(settings: Settings) -> web.Application:

@@ -4,10 +4,15 @@ answer and the request's one usage event."""
 from __future__ import annotations
 
 import json
+import subprocess
 import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
+import redis
+
+from tests.support.processes import free_port
 
 from . import contract as C
 from .conftest import bearer, set_limits, usage_events, wait_for
@@ -376,3 +381,71 @@ def test_two_workers_share_the_port_and_metrics_sum_them(
         len(wait_for(lambda: len(usage_events(usage_server)) == 6 and usage_events(usage_server)))
         == 6
     )
+
+
+@pytest.fixture
+def private_redis(tmp_path) -> Iterator[redis.Redis]:
+    """A Redis server of the test's own: pausing it pauses nobody else's tests."""
+    port = free_port()
+    process = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--save", "", "--appendonly", "no",
+         "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    client = redis.Redis.from_url(f"redis://127.0.0.1:{port}/0")
+    try:
+        wait_for(lambda: _answers(client))
+        yield client
+    finally:
+        client.close()
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def _answers(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False
+
+
+def test_a_client_that_leaves_while_redis_decides_still_leaves_its_event(
+    private_redis, start_emulator, start_gateway, http, usage_server
+):
+    """Admission is awaited (redis.asyncio): a client can leave meanwhile. The decision stands
+    (Redis records it), so the request's one usage event is still left: cancelled, with its
+    class."""
+    url, _ = start_emulator()
+    acme = C.key(customer_id=1, customer="acme")
+    C.publish(
+        private_redis,
+        C.Publication(
+            keys={acme.prefix: acme.doc},
+            models={"tiny": C.model(7, [C.replica(url, deployment="tiny-a")])},
+            entitlements={1: ["tiny"]},
+        ),
+    )
+    set_limits(private_redis, {(1, 7): (1000.0, 1000.0)})
+    port = private_redis.connection_pool.connection_kwargs["port"]
+    gateway = start_gateway(
+        GATEWAY_REDIS_URL=f"redis://127.0.0.1:{port}/0", GATEWAY_REDIS_TIMEOUT_SECONDS="5"
+    )
+    body = {**CHAT, "max_tokens": 4}
+    assert http.post(
+        gateway.url + "/v1/chat/completions", json=body, headers=bearer(acme)
+    ).is_success
+
+    private_redis.execute_command("CLIENT", "PAUSE", "1500", "WRITE")  # scripts wait
+    with pytest.raises(httpx.ReadTimeout):
+        http.post(
+            gateway.url + "/v1/chat/completions", json=body, headers=bearer(acme), timeout=0.3
+        )
+
+    events = wait_for(lambda: len(usage_events(usage_server)) == 2 and usage_events(usage_server))
+    left = events[1]
+    assert left["outcome"] == "cancelled"
+    assert left["admission_class"] == "guaranteed"
+    assert left["output_tokens"] == 0
+    record = private_redis.get(f"adm:req:7:1:{left['event_id']}")
+    assert record is not None and record.startswith(b"guaranteed:")
+    assert emulator_counter(http, url, "vllm:request_success_total") == 1  # never sent on

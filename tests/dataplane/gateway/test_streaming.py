@@ -5,6 +5,8 @@ byte."""
 from __future__ import annotations
 
 import json
+import socket
+import threading
 import time
 
 import httpx
@@ -227,3 +229,49 @@ def test_a_client_that_closes_as_soon_as_it_reads_done_leaves_completed_events(
     events = wait_for(lambda: len(usage_events(usage_server)) == requests)
     events = usage_events(usage_server)
     assert {event["outcome"] for event in events} == {"completed"}
+
+
+@pytest.fixture
+def silent_replica():
+    """A replica that accepts connections and never answers a byte."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    accepted = []
+
+    def accept():
+        while True:
+            try:
+                accepted.append(server.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    server.close()
+    for connection in accepted:
+        connection.close()
+
+
+def test_a_replica_silent_before_its_first_byte_is_given_up_after_the_token_timeout_and_retried(
+    world, start_emulator, start_gateway, http, usage_server, silent_replica
+):
+    live_url, _ = start_emulator()
+    publish_replicas(world, [silent_replica, live_url])
+    gateway = start_gateway(GATEWAY_TOKEN_TIMEOUT_SECONDS="0.5")
+
+    for _ in range(2):  # the first pick of the two goes in turn: one of these meets the silent one
+        started = time.monotonic()
+        response = http.post(
+            gateway.url + "/v1/completions",
+            json={"model": "tiny", "prompt": "x", "max_tokens": 4, "stream": True},
+            headers=bearer(world.acme),
+        )
+        assert response.status_code == 200, response.text
+        assert time.monotonic() - started < 3
+        assert "data: [DONE]" in response.text
+
+    events = wait_for(lambda: len(usage_events(usage_server)) == 2 and usage_events(usage_server))
+    assert {e["outcome"] for e in events} == {"completed"}
+    assert {e["deployment"] for e in events} == {"tiny-1"}
+    assert "gateway_retries_total 0.0" not in http.get(gateway.url + "/metrics").text
