@@ -20,9 +20,11 @@ fleet simulator run the very same code. Rules, in order:
    SLO (`capacity.allocation.bursts`). Best-effort is bounded by the model's best-effort
    ceiling (MU/min and replicas, set by planners). A short pool therefore reclaims
    best-effort before guaranteed, and shortfalls are reported.
-3b. Cold start: when the demand's trend over the last minutes would pass the ready capacity
-   within one cold start of the model's quickest deployment, the capacity for the trend is
-   added now (reason `cold_start_lead`), since a replica asked for later would be late.
+3b. Cold start: when the demand's trend over the last minutes (capacity.allocation.trend),
+   projected one cold start of the model's quickest deployment ahead, would pass the ready
+   capacity at its full rate (the target utilisation's headroom takes smaller growth), the
+   capacity for the projection is added now (reason `cold_start_lead`): a replica asked for
+   once demand got there would come a cold start too late.
 4. Capacity per replica counts at the deployment's target utilisation.
 5. Scale up at once; scale down only to the highest recommendation inside the stabilisation
    window (default 120 s), and not at all while no tick has recommended inside it. Unknown
@@ -584,10 +586,19 @@ def _cold_start_lead(model: ModelSnapshot, demand: float) -> float:
     would pass the ready capacity (a replica asked for once it has would come a cold start
     too late); else 0."""
     slope = max(0.0, model.demand_trend_mu_per_minute_per_second)
-    gain = slope * cold_start_lead_seconds(model)
-    if gain <= EPSILON or demand + gain <= _ready_mu(model) + EPSILON:
+    if slope <= EPSILON:
         return 0.0
-    return gain
+    # The recent mean sits in the middle of its window: project it to one cold start from now.
+    mean = sum(c.recent_mu_per_minute + c.refused_mu_per_minute for c in model.customers)
+    projected = mean + slope * (RECENT_WINDOW_SECONDS / 2 + cold_start_lead_seconds(model))
+    # The ready capacity at its full rate: the target utilisation's headroom is there to take
+    # growth within a cold start, so only growth beyond it needs a replica now.
+    ready_full = sum(
+        d.ready_replicas * (d.mu_per_minute_per_replica or 0.0) for d in model.deployments
+    )
+    if projected <= max(demand, ready_full) + EPSILON:
+        return 0.0
+    return projected - demand
 
 
 def _fit_pools(decisions: list[DeploymentDecision], snapshot: Snapshot) -> list[DeploymentDecision]:

@@ -23,10 +23,11 @@ from datetime import datetime, timedelta
 import numpy as np
 from django.conf import settings
 from django.db.models import Count, Max, Q, Sum
-from django.db.models.functions import Trunc
+from django.db.models.functions import Coalesce, Trunc
 
 from capacity.allocation import policy as allocation
 from capacity.allocation.bursts import Bursts, bursts
+from capacity.allocation.trend import TREND_MINUTES, demand_trend_mu_per_minute_per_second
 from capacity.health.probes import unhealthy_replicas_by_deployment
 from capacity.models import (
     ActuatorKind,
@@ -56,9 +57,6 @@ IDLE_LOOKBACK = timedelta(days=1)
 # or more): demand that rises is planned for within a tick, and idle reserved capacity is lent
 # to best-effort within two ticks of its traffic stopping.
 CURRENT_USE_WINDOW = timedelta(seconds=20)
-# The demand's trend: a line through the last complete minutes (served and refused MU).
-TREND_MINUTES = 5
-TREND_MIN_BUSY_MINUTES = 3
 
 
 def _replica_mu(reference: CostModel | None, own: CostModel | None, mix: MeanShape) -> float | None:
@@ -359,10 +357,10 @@ def _idle_seconds(
 
 
 def _trends(whole_minute: datetime) -> dict[int, float]:
-    """Model → the slope of its demand (served + refused MU per minute) over the last
-    TREND_MINUTES complete minutes, as MU/min gained per second; minutes without use are 0."""
+    """Model → its demand's trend (capacity.allocation.trend) over the last TREND_MINUTES
+    complete minutes of its rollups: served plus refused MU per minute."""
     since = whole_minute - timedelta(minutes=TREND_MINUTES)
-    series: dict[int, np.ndarray] = {}
+    series: dict[int, list[float]] = {}
     for model_id, minute, mu, refused_mu in (
         UsageMinute.objects.filter(minute__gte=since, minute__lt=whole_minute)
         .values("served_model_id", "minute")
@@ -371,15 +369,11 @@ def _trends(whole_minute: datetime) -> dict[int, float]:
     ):
         index = int((minute - since).total_seconds() // 60)
         if 0 <= index < TREND_MINUTES:
-            values = series.setdefault(model_id, np.zeros(TREND_MINUTES))
+            values = series.setdefault(model_id, [0.0] * TREND_MINUTES)
             values[index] += (mu or 0.0) + (refused_mu or 0.0)
-    minutes = np.arange(TREND_MINUTES, dtype=float)
-    # A trend needs traffic in most of the window: one busy minute after quiet ones is a
-    # step (the minute plan covers it), not a line to extend a cold start ahead.
     return {
-        model_id: float(np.polyfit(minutes, values, 1)[0]) / 60.0
+        model_id: demand_trend_mu_per_minute_per_second(values)
         for model_id, values in series.items()
-        if np.count_nonzero(values) >= TREND_MIN_BUSY_MINUTES
     }
 
 
@@ -446,7 +440,9 @@ def _bursts(now: datetime) -> dict[int, Bursts]:
         UsageEvent.objects.filter(started_at__gte=since, started_at__lt=now)
         .annotate(second=Trunc("started_at", "second"))
         .values("served_model_id", "second")
-        .annotate(mu=Sum("mu"))
+        # A refused request is part of the burst it arrived in, at its estimated MU: the
+        # burst the fleet did not serve is the one it must plan for.
+        .annotate(mu=Sum(Coalesce("estimated_mu", "mu")))
         .values_list("served_model_id", "second", "mu")
     ):
         series = bins.setdefault(model_id, np.zeros(seconds + 1))

@@ -53,6 +53,7 @@ from capacity.allocation.policy import (
     Snapshot,
     decide,
 )
+from capacity.allocation.trend import TREND_MINUTES, demand_trend_mu_per_minute_per_second
 from simulation.engine.admission import TokenBucketAdmission
 from simulation.engine.autoscaling import Autoscaler, Observation
 from simulation.engine.policy_context import PolicyContext
@@ -166,6 +167,18 @@ class LiveDemand:
             for client, index in sorted(self._ids.items(), key=lambda item: item[1])
         )
 
+    def trend(self, now: float) -> float:
+        """The demand's trend as the live snapshot reads it (capacity.allocation.trend): the
+        last TREND_MINUTES complete minutes of served plus refused MU."""
+        whole = int(now // 60)
+        minutes = range(whole - TREND_MINUTES, whole)
+        return demand_trend_mu_per_minute_per_second(
+            [
+                sum(self._minutes.get(m, {}).values()) + sum(self._refused.get(m, {}).values())
+                for m in minutes
+            ]
+        )
+
     def bursts(self, now: float) -> Bursts:
         start_s = int(now) - BURST_WINDOW_SECONDS
         bins = [0.0] * (BURST_WINDOW_SECONDS + 1)
@@ -218,6 +231,7 @@ class LiveDemand:
                     gateway_waiting_mu=held * context.mean_request_mu,
                     burst_mu_per_minute=recent_bursts.burst_mu_per_minute,
                     burst_window_busiest_minute_mu=recent_bursts.busiest_minute_mu,
+                    demand_trend_mu_per_minute_per_second=self.trend(now),
                 ),
             ),
             pools=(PoolState(1, "simulated", context.max_replicas),),

@@ -395,19 +395,25 @@ def test_replicas_still_starting_are_never_lent_out():
 
 
 def test_a_rising_trend_scales_up_a_cold_start_ahead():
-    # 250 MU/min now on 3 ready replicas (300), rising 1 MU/min a second: within a 60 s cold
-    # start demand reaches 310, past the ready capacity, so the 4th replica starts now.
+    # A 5-minute mean of 250 MU/min rising 1 MU/min a second: the mean sits 150 s back, so
+    # one 60 s cold start from now demand is 250 + 210 = 460, past the 300 MU/min that the 3
+    # ready replicas serve at full rate. What starts now for it is ready in time.
     fleet = deployment(current_replicas=3, ready_replicas=3, cold_start_seconds=60)
     rising = decide(
         model_snapshot([customer(recent=250)], [fleet], demand_trend_mu_per_minute_per_second=1.0)
     )
     flat = decide(model_snapshot([customer(recent=250)], [fleet]))
+    # Growth the target utilisation's headroom absorbs within a cold start needs nothing now.
+    gentle = decide(
+        model_snapshot([customer(recent=250)], [fleet], demand_trend_mu_per_minute_per_second=0.1)
+    )
 
     assert target(flat) == 3
-    assert target(rising) == 4
+    assert target(gentle) == 3
+    assert target(rising) == 5
     lead = next(r for r in rising.for_deployment(1).reasons if r.code == "cold_start_lead")
     assert "trend" in lead.message
-    assert rising.models[0].cold_start_lead_mu_per_minute == pytest.approx(60)
+    assert rising.models[0].cold_start_lead_mu_per_minute == pytest.approx(210)
 
 
 def test_a_reservation_without_keep_warm_goes_cold_after_its_idle_window():

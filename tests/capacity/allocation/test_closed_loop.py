@@ -107,9 +107,11 @@ def test_refused_best_effort_demand_grows_the_fleet_before_its_minute_is_rolled_
     now = timezone.now()
     UsageEvent.objects.bulk_create(
         UsageEvent(
+            # A steady rate over the last 18 s, not a burst.
             event_id=f"refused-{i}", customer=globex, served_model=served_model,
-            started_at=now - timedelta(seconds=10), finished_at=now - timedelta(seconds=10),
-            minute=(now - timedelta(seconds=10)).replace(second=0, microsecond=0),
+            started_at=now - timedelta(seconds=18 - 0.4 * i),
+            finished_at=now - timedelta(seconds=18 - 0.4 * i),
+            minute=(now - timedelta(seconds=18 - 0.4 * i)).replace(second=0, microsecond=0),
             input_tokens=0, output_tokens=0, outcome="refused", admission_class="best_effort",
             mu=0.0, estimated_mu=2.0, cost_model=sellable, ingested_at=now,
         )
