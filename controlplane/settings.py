@@ -480,8 +480,11 @@ AXES_HTTP_RESPONSE_CODE = 429
 # "none" (or empty) turns a limit off. A throttled request gets 429 with Retry-After.
 # Writes: every POST/PUT/PATCH/DELETE except admission decisions and usage ingestion.
 API_THROTTLE_WRITES = env_rate("API_THROTTLE_WRITES", "600/min")
-# Usage ingestion: batches posted to /api/v1/usage/events (each up to 5,000 events).
-API_THROTTLE_USAGE = env_rate("API_THROTTLE_USAGE", "120/min")
+# Usage ingestion: batches posted to /api/v1/usage/events (each up to 5,000 events). Every
+# gateway worker posts about one a second under its key, all of a fleet's gateways usually
+# under one service key, and a throttled batch is spooled and delivered late (demand,
+# readiness of idle reservations and bursts then lag behind): 20 a second per key.
+API_THROTTLE_USAGE = env_rate("API_THROTTLE_USAGE", "1200/min")
 
 # --- Content Security Policy (django-csp) -------------------------------------------------------
 # Scripts only from this server's static files: the planner's vendored htmx and Chart.js, the

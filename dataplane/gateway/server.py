@@ -70,6 +70,12 @@ PRIORITY = {GUARANTEED: 0, BEST_EFFORT: 1}
 
 GATEWAY_KEY: web.AppKey[Gateway] = web.AppKey("gateway")
 
+WAKE_PATH = "/api/v1/allocation/wake"
+WAKE_EVERY_SECONDS = 1.0
+# A request held for a model that just woke asks admission again this often while the first
+# allowances of the new replica are on their way.
+ADMISSION_RETRY_SECONDS = 0.5
+
 # In an SSE data event: a "usage" that is not null (the engine's counts: its final chunk, or
 # every chunk with continuous usage stats). Only such events are parsed.
 _USAGE = re.compile(rb'"usage"\s*:\s*(?!null)')
@@ -277,6 +283,9 @@ class Gateway:
         )
         self._urls: dict[tuple[str, str], URL] = {}
         self._admission_from: Contract | None = None
+        # model -> when this worker last asked the control plane for a tick (at most 1/s).
+        self._woken_at: dict[str, float] = {}
+        self._wakes: set[asyncio.Task[None]] = set()
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -473,7 +482,25 @@ class Gateway:
                 estimated_mu=mu,
                 prompt_bytes=body.content_bytes if body.token_ids == 0 else None,
             )
+            held_until: float | None = None
+            if not candidate.replicas:
+                # A model at zero: hold the request before admission, as Knative's activator
+                # does, since admission would lend it nothing until a replica is ready. The
+                # waiting demand (gw:v1:waiting) and a wake-up ask the loop for one now.
+                held_until = time.monotonic() + self.settings.cold_start_wait_seconds
+                candidate = await self._wait_for_replica(candidate, mu, held_until)
+                if not candidate.replicas:
+                    usage.outcome = "refused"
+                    usage.extra["not_ready"] = True
+                    return candidate, usage, REFUSED
             admission_class, retry_after_ms = await self._decide(caller, candidate, usage)
+            while admission_class == REFUSED and held_until is not None:
+                # The model just woke: its first allowances follow the tick that readiness
+                # triggers. Ask again until they do, within what is left of the hold.
+                if time.monotonic() + ADMISSION_RETRY_SECONDS >= held_until:
+                    break
+                await asyncio.sleep(ADMISSION_RETRY_SECONDS)
+                admission_class, retry_after_ms = await self._decide(caller, candidate, usage)
             usage.admission_class = admission_class
             chosen = candidate
             if admission_class != REFUSED:
@@ -586,6 +613,17 @@ class Gateway:
         )
         self.usage.add(usage.event(time.time()))
         _counted("refused", "none")
+        if usage.extra.get("not_ready"):
+            # Held for the whole cold-start wait and still no replica: turned away as
+            # demand (a refused event with its estimate), not as a rate limit.
+            wait = max(1, int(self.settings.cold_start_wait_seconds))
+            return GatewayError(
+                503,
+                f"The model '{model.name}' has no ready replica; it is being started. "
+                "Retry shortly.",
+                code="model_not_ready",
+                headers={"Retry-After": str(wait)},
+            ).response(request_id)
         return GatewayError(
             429,
             f"Rate limit reached for the model '{model.name}': over the reservation and the "
@@ -704,8 +742,10 @@ class Gateway:
 
     async def _wait_for_replica(self, model: Model, mu: float, deadline: float) -> Model:
         """Hold a request for a model without a ready replica until one is published (or the
-        deadline), recording the waiting demand in `gw:v1:waiting`."""
+        deadline), recording the waiting demand in `gw:v1:waiting` and asking the control plane
+        for a tick now (`POST /api/v1/allocation/wake`, at most once a second per model)."""
         await self._waiting(model.name, 1, mu)
+        self._wake(model.name)
         WAITING_GAUGE.inc()
         try:
             touched = time.monotonic()
@@ -717,10 +757,40 @@ class Gateway:
                 if time.monotonic() - touched >= 1.0:
                     touched = time.monotonic()
                     await self._waiting(model.name, 0, 0.0)
+                    self._wake(model.name)
             return self.reader.contract.models.get(model.name) or model
         finally:
             WAITING_GAUGE.dec()
             await asyncio.shield(self._waiting(model.name, -1, -mu))
+
+    def _wake(self, model: str) -> None:
+        """Ask the control plane for a tick now (fire and forget; its next scheduled tick
+        reads the waiting demand anyway)."""
+        now = time.monotonic()
+        if not self.usage.url or now - self._woken_at.get(model, -WAKE_EVERY_SECONDS) < (
+            WAKE_EVERY_SECONDS
+        ):
+            return
+        self._woken_at[model] = now
+        task = asyncio.create_task(self._post_wake(model))
+        self._wakes.add(task)  # held until done: the loop keeps only weak references
+        task.add_done_callback(self._wakes.discard)
+
+    async def _post_wake(self, model: str) -> None:
+        if self.session is None:
+            return
+        url = self.settings.control_plane_url.rstrip("/") + WAKE_PATH
+        try:
+            async with self.session.post(
+                url,
+                json={"model": model},
+                headers={"Authorization": f"Bearer {self.settings.service_key}"},
+                timeout=aiohttp.ClientTimeout(total=self.settings.usage_timeout_seconds),
+            ) as answer:
+                if answer.status >= 400:
+                    log.warning("wake for %s: the control plane answered %s", model, answer.status)
+        except (aiohttp.ClientError, TimeoutError, OSError) as error:
+            log.warning("wake for %s: the control plane could not be reached (%s)", model, error)
 
     async def _waiting(self, model: str, requests: int, mu: float) -> None:
         try:

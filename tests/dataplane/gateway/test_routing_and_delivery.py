@@ -12,7 +12,7 @@ import httpx
 from tests.support.recording_server import RecordingServer
 
 from . import contract as C
-from .conftest import bearer, tiny_model, usage_events, wait_for
+from .conftest import bearer, set_limits, tiny_model, usage_events, wait_for
 
 SLOW = {"seed": 0, "models": [tiny_model(decode_step_base_seconds=0.02)]}
 SMALL = {"model": "tiny", "prompt": "x", "max_tokens": 2}
@@ -165,6 +165,57 @@ def test_a_model_at_zero_holds_the_request_records_the_demand_and_serves_once_a_
     assert result["response"].status_code == 200
     assert world.rds.hget(C.WAITING, "tiny") is None
     assert wait_for(lambda: usage_events(usage_server))[0]["outcome"] == "completed"
+    # It asked the control plane for a tick now, with its service key.
+    (wake,) = [r for r in usage_server.requests if r.path == "/api/v1/allocation/wake"]
+    assert json.loads(wake.body) == {"model": "tiny"}
+    assert wake.headers["authorization"].endswith("test-service-key-for-usage")
+
+
+def test_best_effort_at_zero_is_held_not_refused_until_its_first_allowance_arrives(
+    world, start_emulator, start_gateway, http, usage_server
+):
+    # No reservation and, with no ready replica, no best-effort allowance yet: admission
+    # would refuse it; a model at zero holds it instead, through the wake-up and the first
+    # allowance of the replica that comes.
+    url, _ = start_emulator()
+    set_limits(world.rds, {(1, 7): (0.0, 0.0)})
+    world.publication.models["tiny"] = C.model(7, [])
+    world.publish()
+    gateway = start_gateway()
+    result = {}
+    sender = threading.Thread(
+        target=lambda: result.setdefault(
+            "response",
+            http.post(gateway.url + "/v1/completions", json=SMALL, headers=bearer(world.acme)),
+        )
+    )
+    sender.start()
+    wait_for(lambda: world.rds.hget(C.WAITING, "tiny"))
+    world.publication.models["tiny"] = C.model(7, [C.replica(url)])
+    world.publish()
+    time.sleep(1.0)  # the replica is published; its allowance comes a tick later
+    set_limits(world.rds, {(1, 7): (0.0, 1000.0)})
+    sender.join(timeout=15)
+
+    assert result["response"].status_code == 200
+    (event,) = wait_for(lambda: usage_events(usage_server))
+    assert (event["outcome"], event["admission_class"]) == ("completed", "best_effort")
+
+
+def test_a_model_still_at_zero_after_the_cold_start_wait_is_a_503_and_a_refused_demand(
+    world, start_gateway, http, usage_server
+):
+    world.publication.models["tiny"] = C.model(7, [])
+    world.publish()
+    gateway = start_gateway(GATEWAY_COLD_START_WAIT_SECONDS="1")
+
+    response = http.post(gateway.url + "/v1/completions", json=SMALL, headers=bearer(world.acme))
+
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "model_not_ready"
+    assert int(response.headers["Retry-After"]) >= 1
+    (event,) = wait_for(lambda: usage_events(usage_server))
+    assert event["outcome"] == "refused" and event["estimated_mu"] > 0
 
 
 def test_events_are_spooled_while_the_control_plane_is_down_and_delivered_after(
