@@ -24,6 +24,7 @@ from capacity.allocation.policy import (
     PEAK_WINDOW_SECONDS,
     RECENT_WINDOW_SECONDS,
     CustomerDemand,
+    DeploymentDecision,
     DeploymentState,
     ModelSnapshot,
     PolicySettings,
@@ -61,6 +62,9 @@ class ModelUnitAutoscaler:
         # client -> when it last used the model; the reservations start with the simulation.
         self._client_last_use_s: dict[str, float] = {}
         self._start_s: float | None = None
+        # The policy's whole decision at the last tick, reasons included (what the demo's
+        # history stores as the tick's AllocationDecision).
+        self.last_decision: DeploymentDecision | None = None
 
     def initial_replicas(self) -> int:
         return self.context.warm_replicas
@@ -158,5 +162,6 @@ class ModelUnitAutoscaler:
             settings=PolicySettings(stabilisation_window_seconds=self.stabilisation_seconds),
         )
         decision = decide(snapshot).deployments[0]
+        self.last_decision = decision
         self._recommendations.append((now, decision.recommended_replicas))
         return decision.target_replicas
