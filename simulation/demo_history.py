@@ -60,6 +60,7 @@ from simulation.engine.profile import parse_config
 from simulation.engine.traces import TraceRequest, load_rate_windows
 
 ACTION = "demo.history"
+OBJECT_TYPE = "simulation.demohistory"
 ACTUATOR_KIND = "simulated"
 DATA = Path(__file__).resolve().parent / "data"
 # The replica's ground truth: the demo's H100 engines (benchmarking/data/emulator/README.md).
@@ -96,8 +97,10 @@ class Seeded:
 
 
 def demo_history_marker() -> AuditEntry | None:
-    """The newest demo-history marker, or None on a fleet without demo data."""
-    return AuditEntry.objects.filter(action=ACTION).order_by("-at").first()
+    """The newest demo-history marker, or None on a fleet without demo data. Every planner page
+    asks: by object type first, which the audit log's object-history index serves, so a real
+    fleet's long log is not scanned for an entry it does not have."""
+    return AuditEntry.objects.filter(object_type=OBJECT_TYPE, action=ACTION).order_by("-at").first()
 
 
 def _monday(moment: datetime) -> datetime:
@@ -265,7 +268,7 @@ def demo_history_seed(
     audit_record(
         actor="system:seed_demo",
         action=ACTION,
-        object_type="simulation.demohistory",
+        object_type=OBJECT_TYPE,
         object_repr=f"demo history {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC",
         after={
             "from": start.isoformat(),
