@@ -17,6 +17,7 @@ class RateCardAdminForm(forms.ModelForm):
             "currency",
             "reserved_price_per_mu_minute_hour",
             "best_effort_price_per_1000_mu",
+            "keep_warm_price_per_mu_minute_hour",
         ]
 
     def clean(self):
@@ -42,6 +43,7 @@ class RateCardAdmin(AuditedAdminMixin, admin.ModelAdmin):
         "currency",
         "reserved_price_per_mu_minute_hour",
         "best_effort_price_per_1000_mu",
+        "keep_warm_price_per_mu_minute_hour",
     )
     list_filter = ("served_model", "currency")
     list_select_related = ("served_model",)

@@ -3,7 +3,9 @@
 Amendments change a reservation in place and record `ReservationChange` rows with the old and
 new values, so the MU/min in force at any time is rebuilt from them: the first change's old
 value until it, then each new value from its `changed_at`. A commitment runs from `starts_at`
-until `ends_at`, or until `cancelled_at` if it was cancelled earlier.
+until `ends_at`, or until `cancelled_at` if it was cancelled earlier. `keep_warm` is rebuilt the
+same way: the parts of the commitment during which it was set are what the keep-warm premium
+prices.
 """
 
 from dataclasses import dataclass
@@ -44,4 +46,34 @@ def commitment_segments(
         a, b = max(lo, step_start), min(hi, step_end)
         if a < b and mu > 0:
             segments.append(CommitmentSegment(a, b, mu))
+    return segments
+
+
+def _flag_steps(reservation: Reservation, changes: list, name: str) -> list[tuple[datetime, bool]]:
+    """(from, value) steps of a boolean field amended over time, from the reservation's start."""
+    amendments = [
+        c for c in changes if name in (c.changes or {}) and c.changes[name][0] is not None
+    ]
+    first = amendments[0].changes[name][0] if amendments else getattr(reservation, name)
+    steps = [(reservation.starts_at, bool(first))]
+    steps += [(c.changed_at, bool(c.changes[name][1])) for c in amendments]
+    return steps
+
+
+def keep_warm_segments(
+    reservation: Reservation, changes: list, start: datetime, end: datetime
+) -> list[CommitmentSegment]:
+    """The parts of the commitment in [start, end) during which keep-warm was set."""
+    steps = _flag_steps(reservation, changes, "keep_warm")
+    warm = []
+    for index, (step_start, on) in enumerate(steps):
+        step_end = steps[index + 1][0] if index + 1 < len(steps) else end
+        if on:
+            warm.append((step_start, step_end))
+    segments = []
+    for part in commitment_segments(reservation, changes, start, end):
+        for lo, hi in warm:
+            a, b = max(part.starts_at, lo), min(part.ends_at, hi)
+            if a < b:
+                segments.append(CommitmentSegment(a, b, part.mu_per_minute))
     return segments

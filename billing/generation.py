@@ -21,7 +21,7 @@ from django.db.models import F, Sum
 from django.utils import timezone
 
 from accounts.models import Customer
-from billing.commitments import commitment_segments
+from billing.commitments import commitment_segments, keep_warm_segments
 from billing.models import Invoice, InvoiceLine
 from billing.money import money
 from billing.rates import cards_by_model, rate_segments
@@ -103,6 +103,7 @@ def build_lines(period: str | date, *, customers=None, until: datetime | None = 
     for customer_id in sorted(customer_ids):
         own = reservations[customer_id]
         lines = _commitment_lines(own, changes, segments, start, end, result)
+        lines += _keep_warm_lines(own, changes, segments, start, end)
         lines += _best_effort_lines(customer_id, best_effort, segments)
         lines += _credit_lines(customer_id, credits, own, changes, segments, start, end)
         lines += late.get(customer_id, [])
@@ -189,6 +190,43 @@ def _commitment_lines(reservations, changes, segments, start, end, result) -> li
             if not priced:
                 result.unpriced.append(
                     f"reservation #{reservation.pk}: no rate card for its model in the period"
+                )
+    return lines
+
+
+def _keep_warm_lines(reservations, changes, segments, start, end) -> list[InvoiceLine]:
+    """The keep-warm premium: for the minutes a reservation held keep-warm, its MU/min × hours
+    × the card's keep-warm price, prorated and split like the commitment; none where the card
+    charges nothing for it."""
+    lines = []
+    for reservation in reservations:
+        model_segments = segments.get(reservation.served_model_id, [])
+        for part in keep_warm_segments(reservation, changes[reservation.pk], start, end):
+            for rate in model_segments:
+                price = rate.card.keep_warm_price_per_mu_minute_hour
+                lo, hi = max(part.starts_at, rate.starts_at), min(part.ends_at, rate.ends_at)
+                minutes = _whole_minutes(lo, hi) if lo < hi else 0
+                if minutes <= 0 or price <= 0:
+                    continue
+                quantity = Decimal(str(part.mu_per_minute)) * Decimal(minutes) / Decimal(60)
+                lines.append(
+                    InvoiceLine(
+                        kind=InvoiceLine.Kind.KEEP_WARM,
+                        served_model_id=reservation.served_model_id,
+                        reservation=reservation,
+                        rate_card=rate.card,
+                        description=(
+                            f"Keep-warm premium, reservation #{reservation.pk}: "
+                            f"{part.mu_per_minute:g} MU/min kept warm, {minutes} min"
+                        ),
+                        starts_at=lo,
+                        ends_at=hi,
+                        quantity=quantity,
+                        unit="MU/min·hour",
+                        unit_price=price,
+                        amount=money(quantity * price),
+                        evidence={"mu_per_minute": part.mu_per_minute, "minutes": minutes},
+                    )
                 )
     return lines
 

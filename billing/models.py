@@ -34,6 +34,16 @@ class RateCard(models.Model):
     best_effort_price_per_1000_mu = models.DecimalField(
         max_digits=14, decimal_places=6, validators=[MinValueValidator(ZERO)]
     )
+    # Keep-warm holds a reservation's replicas hot even while it is idle, where one without it
+    # may go cold and pay a cold start: the GPUs it holds idle are priced on top.
+    keep_warm_price_per_mu_minute_hour = models.DecimalField(
+        max_digits=14,
+        decimal_places=6,
+        default=ZERO,
+        validators=[MinValueValidator(ZERO)],
+        help_text="Premium of 1 MU/min reserved with keep-warm for one hour, on top of the "
+        "reserved price (0: keep-warm is not charged).",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -84,6 +94,7 @@ class Invoice(models.Model):
 class InvoiceLine(models.Model):
     class Kind(models.TextChoices):
         COMMITMENT = "commitment", "Commitment"
+        KEEP_WARM = "keep_warm", "Keep-warm premium"
         BEST_EFFORT = "best_effort", "Best-effort usage"
         CREDIT = "credit", "SLA credit"
         ADJUSTMENT = "adjustment", "Adjustment"

@@ -59,6 +59,7 @@ def rate_card_create(
     effective_from: datetime,
     reserved_price_per_mu_minute_hour: Decimal,
     best_effort_price_per_1000_mu: Decimal,
+    keep_warm_price_per_mu_minute_hour: Decimal = Decimal(0),
     currency: str = "USD",
 ) -> RateCard:
     if RateCard.objects.filter(served_model=served_model, effective_from=effective_from).exists():
@@ -78,14 +79,20 @@ def rate_card_create(
             code="inside_issued_period",
             details={"issued_through": frozen_until.isoformat()},
         )
-    if reserved_price_per_mu_minute_hour < 0 or best_effort_price_per_1000_mu < 0:
-        raise DomainError("Prices cannot be negative.", field="reserved_price_per_mu_minute_hour")
+    for name, price in (
+        ("reserved_price_per_mu_minute_hour", reserved_price_per_mu_minute_hour),
+        ("best_effort_price_per_1000_mu", best_effort_price_per_1000_mu),
+        ("keep_warm_price_per_mu_minute_hour", keep_warm_price_per_mu_minute_hour),
+    ):
+        if price < 0:
+            raise DomainError("Prices cannot be negative.", field=name)
     card = RateCard.objects.create(
         served_model=served_model,
         effective_from=effective_from,
         currency=currency.upper(),
         reserved_price_per_mu_minute_hour=reserved_price_per_mu_minute_hour,
         best_effort_price_per_1000_mu=best_effort_price_per_1000_mu,
+        keep_warm_price_per_mu_minute_hour=keep_warm_price_per_mu_minute_hour,
     )
     audit_record(action="rate_card.create", obj=card, after=snapshot(card, all_fields(card)))
     return card

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# make run: migrate, seed a demo, start web + worker + beat on the embedded defaults.
-# Ctrl-C stops everything this script started.
+# make run: migrate, seed a demo, start web + worker + beat on the embedded defaults, the demo's
+# data plane (supervisor, emulators, gateway) and its traffic. Ctrl-C stops everything this
+# script started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
@@ -15,7 +16,13 @@ GATEWAY_PORT="${GATEWAY_PORT:-8080}"
 HOST="${HOST:-127.0.0.1}"
 DEMO_PLANNER="${DEMO_PLANNER:-planner}"
 export PLANNER_PASSWORD="${DEMO_PLANNER_PASSWORD:-demo-planner-password}"
-mkdir -p var/log
+# The traffic generator: 0 turns it off; DEMO_TRAFFIC_SCALE multiplies its request rates.
+DEMO_TRAFFIC="${DEMO_TRAFFIC:-1}"
+DEMO_TRAFFIC_SCALE="${DEMO_TRAFFIC_SCALE:-1}"
+# Logs and beat's pid file go here (a second demo, e.g. the browser test's, uses its own).
+RUN_DIR="${RUN_DIR:-var}"
+LOG="$RUN_DIR/log"
+mkdir -p "$LOG"
 
 # The demo's webhook deployment is signed with a secret made for this run: the emulator checks
 # it (EMULATOR_WEBHOOK_SECRET) and the control plane reads it under a name its actuators may
@@ -50,13 +57,19 @@ $BIN/python manage.py migrate --noinput
 $BIN/python manage.py collectstatic --noinput --verbosity 0
 $BIN/python manage.py create_planner "$DEMO_PLANNER" --skip-password-validation
 echo "== demo data"
-$BIN/python manage.py seed_demo --emulator-url "http://$HOST:$EMULATOR_PORT" \
-  --supervisor-url "http://$HOST:$SUPERVISOR_PORT" --replica-base-port "$REPLICA_BASE_PORT" \
-  | tee var/log/seed_demo.log
-# The gateway posts usage with the demo's service key (printed by seed_demo, read from its log).
-GATEWAY_SERVICE_KEY="$(sed -n 's/^Service  *gateway  *key: *//p' var/log/seed_demo.log | tail -1)"
+SEED_OUTPUT="$($BIN/python manage.py seed_demo --emulator-url "http://$HOST:$EMULATOR_PORT" \
+  --supervisor-url "http://$HOST:$SUPERVISOR_PORT" --replica-base-port "$REPLICA_BASE_PORT")"
+printf '%s\n' "$SEED_OUTPUT"
+# The keys' secrets are shown once, on the terminal, and kept in this process's memory only:
+# the log keeps each key's prefix (what the admin and the API show), never its secret.
+printf '%s\n' "$SEED_OUTPUT" | sed -E 's/(key: *[A-Za-z0-9]+)\.[^ ]+/\1.<secret shown once>/' \
+  > "$LOG/seed_demo.log"
+seed_key() { printf '%s\n' "$SEED_OUTPUT" | sed -n "s/^$1  *key: *//p" | tail -1; }
+# The gateway posts usage with the demo's service key; the traffic comes with the customers'.
+GATEWAY_SERVICE_KEY="$(seed_key 'Service  *gateway')"
 export GATEWAY_SERVICE_KEY
-DEMO_CUSTOMER_KEY="$(sed -n 's/^Customer acme  *key: *//p' var/log/seed_demo.log | tail -1)"
+DEMO_CUSTOMER_KEY="$(seed_key 'Customer acme')"
+GLOBEX_KEY="$(seed_key 'Customer globex')"
 $BIN/python manage.py setup_periodic_tasks
 
 # The engine emulator stands in for the data plane (a vLLM fleet) in the demo, with priority
@@ -67,39 +80,58 @@ $BIN/python manage.py setup_periodic_tasks
 # - llama-8b-l40s: the webhook actuator; one emulator scales its in-process replicas.
 PROCESS_SUPERVISOR_TOKEN="$MU_ACTUATOR_DEMO_SUPERVISOR_TOKEN" \
   $BIN/python -m dataplane.supervisor --host "$HOST" --port "$SUPERVISOR_PORT" \
-  --log-dir var/log/replicas \
+  --log-dir "$LOG/replicas" \
   --engine "llama-3.1-8b=$PWD/$BIN/python -m dataplane.emulator --host $HOST --port {port} --config dataplane/emulator/demo-replica.json --scheduling-policy priority" \
-  > var/log/supervisor.log 2>&1 &
+  > "$LOG/supervisor.log" 2>&1 &
 pids+=($!)
 $BIN/python -m dataplane.emulator --host "$HOST" --port "$EMULATOR_PORT" \
   --config dataplane/emulator/demo.json --scheduling-policy priority \
-  > var/log/emulator.log 2>&1 &
+  > "$LOG/emulator.log" 2>&1 &
 pids+=($!)
 
 # The gateway in front of the emulator: reads the contract the control plane publishes to Redis
 # (docs/gateway-contract.md), admits, routes, posts usage to the API.
 GATEWAY_HOST="$HOST" GATEWAY_PORT="$GATEWAY_PORT" GATEWAY_REDIS_URL="$REDIS_URL" \
   GATEWAY_CONTROL_PLANE_URL="http://$HOST:$PORT" \
-  $BIN/python -m dataplane.gateway > var/log/gateway.log 2>&1 &
+  $BIN/python -m dataplane.gateway > "$LOG/gateway.log" 2>&1 &
 pids+=($!)
 
 $BIN/gunicorn controlplane.wsgi:application --bind "$HOST:$PORT" --workers 2 \
-  --access-logfile var/log/web.log --error-logfile var/log/web.log &
+  --access-logfile "$LOG/web.log" --error-logfile "$LOG/web.log" &
 pids+=($!)
 $BIN/celery -A controlplane worker --queues default,allocation,benchmarks --concurrency 2 \
-  --loglevel INFO --logfile var/log/worker.log &
+  --loglevel INFO --logfile "$LOG/worker.log" &
 pids+=($!)
 # Health probes on their own worker, so they never wait behind a benchmark.
 $BIN/celery -A controlplane worker --queues health --concurrency 1 -n health@%h \
-  --loglevel INFO --logfile var/log/health-worker.log &
+  --loglevel INFO --logfile "$LOG/health-worker.log" &
 pids+=($!)
-$BIN/celery -A controlplane beat --loglevel INFO --logfile var/log/beat.log \
-  --pidfile var/beat.pid &
+$BIN/celery -A controlplane beat --loglevel INFO --logfile "$LOG/beat.log" \
+  --pidfile "$RUN_DIR/beat.pid" &
 pids+=($!)
+
+# Demo traffic through the gateway (dataplane/traffic): Azure's conversation trace as acme, well
+# within its 300 MU/min reservation (~5 req/s, ~13 MU/min), and its bursty code trace as globex,
+# best-effort (~7 req/s), which the fleet grows for. seed_demo's week of history
+# (simulation/data/scenarios/demo_week_*.csv) averages the same rates.
+if [ "$DEMO_TRAFFIC" != "0" ]; then
+  traffic_scale() { awk -v base="$1" -v k="$DEMO_TRAFFIC_SCALE" 'BEGIN { print base * k }'; }
+  TRAFFIC_KEY_ACME="$DEMO_CUSTOMER_KEY" TRAFFIC_KEY_GLOBEX="$GLOBEX_KEY" \
+    $BIN/python -m dataplane.traffic --gateway-url "http://$HOST:$GATEWAY_PORT/v1" \
+    --model llama-3.1-8b \
+    --client "acme=simulation/data/traces/AzureLLMInferenceTrace_conv_2023.csv@$(traffic_scale 0.9)" \
+    --client "globex=simulation/data/traces/AzureLLMInferenceTrace_code_2023.csv@$(traffic_scale 2.7)" \
+    > "$LOG/traffic.log" 2>&1 &
+  pids+=($!)
+  TRAFFIC_LINE="acme and globex replay Azure traces through the gateway ($LOG/traffic.log;
+               DEMO_TRAFFIC=0 turns it off)"
+else
+  TRAFFIC_LINE="off (DEMO_TRAFFIC=0)"
+fi
 
 cat <<MSG
 
-Model-Unit Control Plane is running (logs in var/log/):
+Model-Unit Control Plane is running (logs in $LOG/):
   Planner UI   http://$HOST:$PORT/planner/   user: $DEMO_PLANNER  password: $PLANNER_PASSWORD
   API docs     http://$HOST:$PORT/api/docs/
   API          http://$HOST:$PORT/api/v1/
@@ -109,6 +141,7 @@ Model-Unit Control Plane is running (logs in var/log/):
                process supervisor at http://$HOST:$SUPERVISOR_PORT (its API takes only this run's token)
   Emulator     http://$HOST:$EMULATOR_PORT/v1/models   (llama-8b-l40s, scaled by webhook; metrics: /metrics)
   Gateway      http://$HOST:$GATEWAY_PORT/v1   (OpenAI-compatible, with a customer key above; metrics: /metrics)
+  Traffic      $TRAFFIC_LINE
 
 Try a request through the gateway with acme's demo key (once the health probes found the
 replica ready, within a minute of starting):
@@ -122,4 +155,4 @@ Press Ctrl-C to stop.
 MSG
 # Stop everything as soon as any one of them dies.
 wait -n "${pids[@]}"
-echo "A process exited; see var/log/."
+echo "A process exited; see $LOG/."

@@ -202,6 +202,15 @@ class RateCardSerializer(StrictModelSerializer):
     best_effort_price_per_1000_mu = serializers.DecimalField(
         max_digits=14, decimal_places=6, min_value=Decimal(0)
     )
+    keep_warm_price_per_mu_minute_hour = serializers.DecimalField(
+        max_digits=14,
+        decimal_places=6,
+        min_value=Decimal(0),
+        required=False,
+        default=Decimal(0),
+        help_text="Premium per MU/min reserved with keep-warm, per hour, on top of the "
+        "reserved price; billed as its own invoice line (kind keep_warm). Default 0.",
+    )
     currency = serializers.RegexField(r"^[A-Za-z]{3}$", required=False, default="USD")
 
     class Meta:
@@ -213,6 +222,7 @@ class RateCardSerializer(StrictModelSerializer):
             "currency",
             "reserved_price_per_mu_minute_hour",
             "best_effort_price_per_1000_mu",
+            "keep_warm_price_per_mu_minute_hour",
             "created_at",
         ]
         read_only_fields = ["id", "created_at"]
@@ -252,6 +262,9 @@ class RateCardViewSet(
             effective_from=data["effective_from"],
             reserved_price_per_mu_minute_hour=data["reserved_price_per_mu_minute_hour"],
             best_effort_price_per_1000_mu=data["best_effort_price_per_1000_mu"],
+            keep_warm_price_per_mu_minute_hour=data.get(
+                "keep_warm_price_per_mu_minute_hour", Decimal(0)
+            ),
             currency=data.get("currency", "USD"),
         )
 

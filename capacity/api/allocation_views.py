@@ -17,6 +17,7 @@ from capacity.models import (
     Deployment,
     ServedModel,
 )
+from controlplane.api.serializers import StrictSerializer
 
 
 class GatewayOrPlanner(BasePermission):
@@ -30,7 +31,7 @@ class GatewayOrPlanner(BasePermission):
         return principal.is_planner or (principal.is_service and principal.has_scope(S.USAGE_WRITE))
 
 
-class WakeSerializer(serializers.Serializer):
+class WakeSerializer(StrictSerializer):
     model = serializers.CharField(max_length=100, help_text="The model requests wait for.")
 
 

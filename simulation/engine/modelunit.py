@@ -46,6 +46,7 @@ from capacity.allocation.policy import (
     RECENT_WINDOW_SECONDS,
     CustomerDemand,
     Decisions,
+    DeploymentDecision,
     DeploymentState,
     ModelSnapshot,
     PolicySettings,
@@ -263,6 +264,9 @@ class ModelUnitAutoscaler:
         self._started = False
         # The admission rates of the latest decision (the reservations until the first tick).
         self.allowances: Rates = (dict(context.reservations_mu_per_minute), {})
+        # The policy's whole decision at the last tick, reasons included (what the demo's
+        # history stores as the tick's AllocationDecision).
+        self.last_decision: DeploymentDecision | None = None
 
     def initial_replicas(self) -> int:
         return self.context.warm_replicas
@@ -285,6 +289,7 @@ class ModelUnitAutoscaler:
         decisions = decide(snapshot)
         self.allowances = self.demand.rates(decisions)
         decision = decisions.deployments[0]
+        self.last_decision = decision
         self._recommendations.append((now, decision.recommended_replicas))
         return decision.target_replicas
 

@@ -50,12 +50,13 @@ def test_seed_demo_can_run_twice_and_leaves_only_the_fresh_keys_working(capsys, 
     assert list(Reservation.objects.values_list("customer__slug", "mu_per_minute")) == [
         ("acme", 300)
     ]
-    # Every model is priced once, so acme's invoice for the month bills its reservation.
+    # Every model is priced once, so acme's invoice for the month bills its reservation, and
+    # its keep-warm premium.
     from billing.generation import build_lines
     from billing.models import RateCard
 
     assert RateCard.objects.count() == 2
     acme = Customer.objects.get(slug="acme")
     _, lines, result = build_lines(timezone.now().date(), customers=[acme])
-    assert [line.kind for line in lines[acme.pk]] == ["commitment"]
+    assert sorted(line.kind for line in lines[acme.pk]) == ["commitment", "keep_warm"]
     assert result.unpriced == []

@@ -213,3 +213,60 @@ def test_this_months_estimate_counts_commitments_to_date_only(served_model, acme
         "2520.00",
         "0.00",
     )
+
+
+def test_the_keep_warm_premium_is_priced_over_the_api_and_exported(
+    served_model, acme, planner_client, acme_key_client
+):
+    body = {
+        "model": "llama-8b",
+        "effective_from": "2026-10-01T00:00:00Z",
+        "reserved_price_per_mu_minute_hour": "0.10",
+        "best_effort_price_per_1000_mu": "2.00",
+        "keep_warm_price_per_mu_minute_hour": "0.02",
+    }
+    created = planner_client.post("/api/v1/rate-cards/", body, format="json")
+    assert created.status_code == 201, created.json()
+    assert created.json()["keep_warm_price_per_mu_minute_hour"] == "0.020000"
+    negative = planner_client.post(
+        "/api/v1/rate-cards/",
+        {**body, "effective_from": "2027-01-01T00:00:00Z",
+         "keep_warm_price_per_mu_minute_hour": "-0.01"},
+        format="json",
+    )  # fmt: skip
+    assert negative.status_code == 400
+    assert "keep_warm_price_per_mu_minute_hour" in negative.json()["error"]["fields"]
+    # Without the field a card charges nothing for keep-warm.
+    plain = {**body, "effective_from": "2027-02-01T00:00:00Z"}
+    del plain["keep_warm_price_per_mu_minute_hour"]
+    assert (
+        planner_client.post("/api/v1/rate-cards/", plain, format="json").json()[
+            "keep_warm_price_per_mu_minute_hour"
+        ]
+        == "0.000000"
+    )
+    Reservation.objects.create(
+        customer=acme,
+        served_model=served_model,
+        mu_per_minute=100,
+        starts_at=datetime(2026, 11, 16, tzinfo=UTC),
+        keep_warm=True,
+        status="active",
+    )
+    invoice_generate(period="2026-11")
+    invoice = Invoice.objects.get(customer=acme)
+    detail = acme_key_client.get(f"/api/v1/invoices/{invoice.pk}/").json()
+    assert [(line["kind"], line["amount"]) for line in detail["lines"]] == [
+        ("commitment", "3600.00"),
+        ("keep_warm", "720.00"),
+    ]
+    assert detail["total"] == "4320.00"
+    rows = list(
+        csv.DictReader(
+            io.StringIO(acme_key_client.get(f"/api/v1/invoices/{invoice.pk}/csv/").content.decode())
+        )
+    )
+    assert [(row["kind"], row["unit_price"], row["amount"]) for row in rows] == [
+        ("commitment", "0.100000", "3600.00"),
+        ("keep_warm", "0.020000", "720.00"),
+    ]

@@ -234,3 +234,70 @@ def test_late_usage_for_an_issued_month_is_an_adjustment_on_the_next_invoice(
     december = Invoice.objects.get(customer=globex, period_start="2026-12-01")
     assert december.lines.filter(kind="adjustment").count() == 1
     assert december.total == Decimal("3.00")
+
+
+# --- Keep-warm ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def warm_card(served_model):
+    # $0.10 per MU/min reserved for an hour, and $0.02 more when it is kept warm.
+    return rate_card_create(
+        served_model=served_model,
+        effective_from=datetime(2026, 10, 1, tzinfo=UTC),
+        reserved_price_per_mu_minute_hour=Decimal("0.10"),
+        best_effort_price_per_1000_mu=Decimal("2.00"),
+        keep_warm_price_per_mu_minute_hour=Decimal("0.02"),
+    )
+
+
+def test_a_keep_warm_reservation_pays_the_premium_on_its_own_line(warm_card, served_model, acme):
+    # 100 MU/min kept warm from 16 November: 360 h; the premium 100 × 360 × $0.02 = $720.00
+    # beside the commitment's $3,600.00.
+    reservation = reserve(acme, served_model, 100, at(16))
+    Reservation.objects.filter(pk=reservation.pk).update(keep_warm=True)
+    invoice_generate(period="2026-11")
+    invoice = invoice_of(acme)
+    premium = invoice.lines.get(kind="keep_warm")
+    assert (premium.quantity, premium.unit_price, premium.amount) == (
+        Decimal("36000"),
+        Decimal("0.02"),
+        Decimal("720.00"),
+    )
+    assert premium.reservation_id == reservation.pk
+    assert (premium.starts_at, premium.ends_at) == (at(16), datetime(2026, 12, 1, tzinfo=UTC))
+    assert "Keep-warm premium" in premium.description
+    assert invoice.lines.get(kind="commitment").amount == Decimal("3600.00")
+    assert invoice.total == Decimal("4320.00")
+
+
+def test_a_reservation_without_keep_warm_has_no_premium_line(warm_card, served_model, acme):
+    reserve(acme, served_model, 100, at(16))
+    invoice_generate(period="2026-11")
+    invoice = invoice_of(acme)
+    assert [line.kind for line in invoice.lines.all()] == ["commitment"]
+    assert invoice.total == Decimal("3600.00")
+
+
+def test_the_premium_runs_from_the_amendment_that_turned_keep_warm_on(
+    warm_card, served_model, acme
+):
+    # 100 MU/min all November; keep-warm from 21 November: 240 h × 100 × $0.02 = $480.00.
+    reservation = reserve(acme, served_model, 100, at(1))
+    Reservation.objects.filter(pk=reservation.pk).update(keep_warm=True)
+    change = ReservationChange.objects.create(
+        reservation=reservation, kind="amended", changes={"keep_warm": [False, True]}
+    )
+    ReservationChange.objects.filter(pk=change.pk).update(changed_at=at(21))
+    invoice_generate(period="2026-11")
+    premium = invoice_of(acme).lines.get(kind="keep_warm")
+    assert (premium.starts_at, premium.amount) == (at(21), Decimal("480.00"))
+    # The commitment is not split by it.
+    assert invoice_of(acme).lines.get(kind="commitment").amount == Decimal("7200.00")
+
+
+def test_a_card_without_a_keep_warm_price_bills_no_premium(card, served_model, acme):
+    reservation = reserve(acme, served_model, 100, at(16))
+    Reservation.objects.filter(pk=reservation.pk).update(keep_warm=True)
+    invoice_generate(period="2026-11")
+    assert [line.kind for line in invoice_of(acme).lines.all()] == ["commitment"]

@@ -201,6 +201,30 @@ def test_invoice_filters_and_query_counts(planner_client):
     assert b"No invoice matches these filters." in response.content
 
 
+def test_an_invoice_shows_the_keep_warm_premium_as_its_own_line(planner_client, acme, sellable):
+    from billing.generation import invoice_generate
+    from billing.rates import rate_card_create
+
+    served_model = sellable.served_model
+    start = timezone.now().replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    last_month = (start - timedelta(days=1)).replace(day=1)
+    rate_card_create(
+        served_model=served_model,
+        effective_from=last_month,
+        reserved_price_per_mu_minute_hour=Decimal("0.10"),
+        best_effort_price_per_1000_mu=Decimal("2.00"),
+        keep_warm_price_per_mu_minute_hour=Decimal("0.02"),
+    )
+    reservation_create(
+        customer=acme, served_model=served_model, mu_per_minute=100, keep_warm=True,
+        starts_at=last_month,
+    )  # fmt: skip
+    invoice_generate(period=f"{last_month:%Y-%m}")
+    invoice = Invoice.objects.get(customer=acme)
+    detail = planner_client.get(f"/planner/invoices/{invoice.pk}/").content.decode()
+    assert "Keep-warm premium" in detail and "0.020000" in detail
+
+
 @pytest.mark.parametrize("period", ["99999999999-1", "0000-01", "9999-99"])
 def test_an_invoice_period_filter_out_of_range_matches_nothing_instead_of_a_500(
     planner_client, period

@@ -1,7 +1,9 @@
-"""A small demo fleet: GPU types, pools, models, deployments, two customers and their keys.
+"""A small demo fleet: GPU types, pools, models, deployments, two customers and their keys,
+a cost model for every deployment, and a week of simulated history with one issued invoice.
 
-Safe to run again: the catalog is updated in place, and each run revokes the previous demo
-keys and prints fresh ones (a key's secret cannot be shown twice).
+Safe to run again: the catalog is updated in place, each run revokes the previous demo keys and
+prints fresh ones (a key's secret cannot be shown twice), and the cost models, the history and
+the invoice are made once.
 """
 
 from datetime import timedelta
@@ -18,7 +20,8 @@ from accounts.models import ApiKey, Customer
 from accounts.services import api_key_create
 from benchmarking.models import BenchmarkSuite
 from benchmarking.services import benchmark_import, cost_model_fit, suite_create
-from billing.models import RateCard
+from billing.generation import invoice_generate, invoice_issue
+from billing.models import Invoice, RateCard
 from billing.rates import rate_card_create
 from capacity.actuation.config import actuator_config_problem
 from capacity.models import (
@@ -33,6 +36,7 @@ from capacity.models import (
 )
 from capacity.selling.entitlements import entitlements_set
 from capacity.selling.reservations import reservation_create
+from simulation.demo_history import demo_history_seed
 
 DEMO_KEY_NAME = "demo key (seed_demo)"
 # scripts/run.sh puts a fresh secret here and the same one in the emulator's
@@ -81,12 +85,18 @@ DEMO_SUITE = {
     "concurrency_start": 4,
     "max_concurrency": 64,
 }
-DEMO_TABLE = (
-    Path(__file__).resolve().parents[3]
-    / "benchmarking"
-    / "data"
-    / "trtllm_llama31-8b_fp8_h100_tp1.csv"
-)
+DATA = Path(__file__).resolve().parents[3] / "benchmarking" / "data"
+# One throughput table per demo deployment's (model, GPU type, GPUs per replica), imported and
+# fitted once: NVIDIA's published TensorRT-LLM table for the reference llama on H100, and for the
+# others tables measured on the engine emulator with a profile per GPU type
+# (benchmarking/data/emulator/README.md says how each was made).
+DEMO_TABLES = [
+    ("llama-3.1-8b", "H100-80GB", 1, DATA / "trtllm_llama31-8b_fp8_h100_tp1.csv"),
+    ("llama-3.1-8b", "L40S-48GB", 1, DATA / "emulator" / "llama31-8b_l40s_tp1.csv"),
+    ("qwen2.5-72b", "H100-80GB", 4, DATA / "emulator" / "qwen25-72b_h100_tp4.csv"),
+    ("qwen2.5-72b", "A100-80GB", 4, DATA / "emulator" / "qwen25-72b_a100_tp4.csv"),
+]
+DEMO_RESERVATION_MU_PER_MINUTE = 300
 
 
 class Command(BaseCommand):
@@ -148,6 +158,8 @@ class Command(BaseCommand):
                     effective_from=first,
                     reserved_price_per_mu_minute_hour=Decimal("0.02"),
                     best_effort_price_per_1000_mu=Decimal("0.50"),
+                    # A fifth more for capacity held hot while idle.
+                    keep_warm_price_per_mu_minute_hour=Decimal("0.004"),
                 )
         for name, model, pool, gpus, low, high, cold, idle in DEPLOYMENTS:
             Deployment.objects.update_or_create(
@@ -201,17 +213,24 @@ class Command(BaseCommand):
         if suite is None:
             suite = suite_create(**DEMO_SUITE)
         Deployment.objects.filter(name="llama-8b-h100").update(benchmark_suite=suite)
-        if not CostModel.objects.filter(served_model=models["llama-3.1-8b"]).exists():
+        for model_name, gpu_name, gpus, table in DEMO_TABLES:
+            if CostModel.objects.filter(
+                served_model=models[model_name],
+                gpu_type=gpu_types[gpu_name],
+                gpus_per_replica=gpus,
+            ).exists():
+                continue
             run, _ = benchmark_import(
-                csv_text=DEMO_TABLE.read_text(),
-                model_name="llama-3.1-8b",
-                gpu_name="H100-80GB",
-                source_detail=DEMO_TABLE.name,
+                csv_text=table.read_text(),
+                model_name=model_name,
+                gpu_name=gpu_name,
+                gpus_per_replica=gpus,
+                source_detail=str(table.relative_to(DATA.parent.parent)),
             )
             cost_model = cost_model_fit(run=run)
             self.stdout.write(
-                f"Cost model: llama-3.1-8b on H100-80GB v{cost_model.version} "
-                f"({cost_model.status}, CV MAPE {cost_model.cv_mape:.1%}) from {DEMO_TABLE.name}."
+                f"Cost model: {model_name} on {gpu_name}×{gpus} v{cost_model.version} "
+                f"({cost_model.status}, CV MAPE {cost_model.cv_mape:.1%}) from {table.name}."
             )
         self.stdout.write(
             f"Catalog: {len(GPU_TYPES)} GPU types, {len(POOLS)} pools, {len(MODELS)} models, "
@@ -245,16 +264,56 @@ class Command(BaseCommand):
 
         acme = Customer.objects.filter(slug="acme").first()
         if acme and not Reservation.objects.filter(customer=acme).exists():
+            # From the start of last month, as the rate cards: the week of history and last
+            # month's invoice both hold it.
             reservation = reservation_create(
                 customer=acme,
                 served_model=models["llama-3.1-8b"],
-                mu_per_minute=300,
+                mu_per_minute=DEMO_RESERVATION_MU_PER_MINUTE,
+                starts_at=first,
                 keep_warm=True,
                 notes="demo reservation (seed_demo)",
                 actor="seed_demo",
             )
             self.stdout.write(
-                f"Reservation: acme {reservation.mu_per_minute:g} MU/min of llama-3.1-8b."
+                f"Reservation: acme {reservation.mu_per_minute:g} MU/min of llama-3.1-8b, "
+                f"kept warm, from {first:%Y-%m-%d}."
+            )
+        self._history(first)
+
+    def _history(self, first) -> None:
+        """A week of demo traffic replayed through the simulator, then last month's invoice
+        for acme issued: the planner's charts and invoices have something to show at once."""
+        customers = {c.slug: c for c in Customer.objects.filter(slug__in=["acme", "globex"])}
+        seeded = demo_history_seed(
+            now=timezone.now(),
+            customers=customers,
+            deployment=Deployment.objects.select_related("served_model").get(name="llama-8b-h100"),
+            reservations_mu_per_minute={"acme": float(DEMO_RESERVATION_MU_PER_MINUTE)},
+        )
+        if seeded is None:
+            self.stdout.write("History: already seeded (the audit log's demo.history entry).")
+        else:
+            self.stdout.write(
+                f"History: {seeded.start:%Y-%m-%d %H:%M} to {seeded.end:%Y-%m-%d %H:%M} UTC "
+                f"replayed through the fleet simulator (demo data): {seeded.requests:,} requests, "
+                f"{seeded.usage_minutes:,} usage minutes, {seeded.capacity_samples:,} capacity "
+                f"samples, {seeded.decisions:,} decisions ({seeded.scale_events} scale events)."
+            )
+        acme = customers["acme"]
+        period = first.date()
+        if Invoice.objects.filter(customer=acme, period_start=period).exists():
+            return
+        invoice_generate(period=period)
+        invoice = Invoice.objects.filter(
+            customer=acme, period_start=period, status=Invoice.Status.DRAFT
+        ).first()
+        # A demo database from before acme's reservation was back-dated bills nothing then.
+        if invoice is not None and invoice.lines.exists():
+            invoice = invoice_issue(invoice=invoice, actor="system:seed_demo")
+            self.stdout.write(
+                f"Invoice: acme {period:%Y-%m} issued, {invoice.total} {invoice.currency} "
+                f"({invoice.lines.count()} lines)."
             )
 
     def _actuate(self, name: str, kind: str, config: dict, *, endpoint_url: str) -> None:
