@@ -24,7 +24,7 @@ run_pass() { "$@" || { status=$?; [ "$status" -eq 5 ] || exit "$status"; }; }
 # settings, so it is a plugin (-p) and the repository is on the path.
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 echo "== pytest (PostgreSQL, two workers)"
-run_pass $BIN/pytest -p tests.support.worker_env -n "${TEST_WORKERS:-2}" --create-db -m "not serial" "$@"
+run_pass $BIN/pytest -p tests.support.worker_env -n "${TEST_WORKERS:-3}" --create-db -m "not serial" "$@"
 # Tests that measure real throughput or latency would measure the other worker's load too.
 echo "== pytest (PostgreSQL, timing-sensitive tests alone)"
 run_pass $BIN/pytest --create-db -m serial "$@"
@@ -32,5 +32,5 @@ run_pass $BIN/pytest --create-db -m serial "$@"
 # database), so a query that only PostgreSQL gets right cannot hide behind the test database.
 echo "== pytest (SQLite: the paths the demo uses)"
 DATABASE_URL="sqlite:///$PWD/var/test-sqlite.sqlite3" \
-  run_pass $BIN/pytest -p tests.support.worker_env -n "${TEST_WORKERS:-2}" --create-db \
+  run_pass $BIN/pytest -p tests.support.worker_env -n "${TEST_WORKERS:-3}" --create-db \
   -m "both_databases and not postgresql_only and not serial" "$@"

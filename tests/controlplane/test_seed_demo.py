@@ -66,7 +66,9 @@ def test_every_deployment_is_priced_a_week_is_simulated_and_last_month_invoiced(
     for slug in ("acme", "globex"):
         mine = usage.filter(customer__slug=slug)
         first, last = mine.earliest("minute").minute, mine.latest("minute").minute
-        assert first < week_ago + timedelta(hours=1) and last > now - timedelta(minutes=5)
+        # Up to now: the thinned replay's quiet night minutes may hold no request of one
+        # customer, so its last minute can be some minutes before the seed's.
+        assert first < week_ago + timedelta(hours=1) and last > now - timedelta(minutes=30)
         # Most minutes of the week: some night minutes of the thinned replay hold no request.
         assert mine.count() > 7 * 24 * 60 / 2
     # acme runs within its reservation (guaranteed); globex is best-effort.
