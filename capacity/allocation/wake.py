@@ -26,15 +26,22 @@ RETRY_SECONDS = 0.25
 RETRY_FOR_SECONDS = 10.0
 
 
-def request_tick(*, reason: str) -> bool:
-    """Queue a tick unless one was queued within the last second; True when queued."""
+def request_tick(*, reason: str, debounce: bool = True) -> bool:
+    """Queue a tick unless one was queued within the last second; True when queued.
+
+    `debounce=False` always queues: for a change the tick must see (replicas newly ready,
+    whose allowances gateways wait for), which a gateway's wake-up a moment earlier must not
+    swallow; such changes come at most once per probe round."""
     from capacity.tasks import allocation_wake
 
+    first = True
     try:
-        first = buckets().client.set(DEBOUNCE_KEY, reason[:200], nx=True, px=DEBOUNCE_MS)
+        if debounce:
+            first = buckets().client.set(DEBOUNCE_KEY, reason[:200], nx=True, px=DEBOUNCE_MS)
+        else:
+            buckets().client.set(DEBOUNCE_KEY, reason[:200], px=DEBOUNCE_MS)
     except redis.RedisError as error:
         logger.warning("allocation wake not debounced (%s); queueing a tick anyway", error)
-        first = True
     if not first:
         return False
     try:

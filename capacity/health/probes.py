@@ -258,7 +258,9 @@ def probe_round(*, now: datetime | None = None) -> RoundResult:
             # tick now, so admission lends the capacity that became ready (or stops lending
             # what went away) without waiting for the beat.
             publish_after_commit("ready replicas changed")
-            transaction.on_commit(lambda: request_tick(reason="ready replicas changed"))
+            transaction.on_commit(
+                lambda: request_tick(reason="ready replicas changed", debounce=False)
+            )
     return result
 
 
