@@ -140,6 +140,7 @@ class DeploymentAdmin(PublishedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
         "observed_ready_replicas",
         "observed_starting_replicas",
         "observed_draining_replicas",
+        "observed_spec_replicas",
         "replicas_observed_at",
     ]
 

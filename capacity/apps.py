@@ -12,3 +12,11 @@ class CapacityConfig(AppConfig):
         from capacity.publication import publish_keys_changed
 
         on_keys_changed(publish_keys_changed)
+
+        from capacity.telemetry.desired import DesiredReplicasCollector
+        from controlplane import metrics_view
+
+        if not any(
+            isinstance(c, DesiredReplicasCollector) for c in metrics_view.scrape_time_collectors
+        ):
+            metrics_view.scrape_time_collectors.append(DesiredReplicasCollector())

@@ -1,4 +1,5 @@
-"""GET /metrics: the control plane's own Prometheus metrics (capacity.telemetry.metrics)."""
+"""GET /metrics: the control plane's own Prometheus metrics (capacity.telemetry.metrics), and
+gauges the apps compute from the database at each scrape (`scrape_time_collectors`)."""
 
 import os
 
@@ -11,6 +12,22 @@ from prometheus_client import (
     multiprocess,
 )
 
+# Collectors apps add in their AppConfig.ready() (controlplane cannot import them: the
+# dependency order). They read the database when scraped, so every process answers the same.
+scrape_time_collectors: list = []
+
+
+class _Both:
+    """A registry's metrics followed by the scrape-time collectors'."""
+
+    def __init__(self, registry):
+        self.registry = registry
+
+    def collect(self):
+        yield from self.registry.collect()
+        for collector in scrape_time_collectors:
+            yield from collector.collect()
+
 
 def metrics(request):
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
@@ -18,4 +35,4 @@ def metrics(request):
         multiprocess.MultiProcessCollector(registry)
     else:
         registry = REGISTRY
-    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+    return HttpResponse(generate_latest(_Both(registry)), content_type=CONTENT_TYPE_LATEST)

@@ -23,7 +23,7 @@ run_pass() { "$@" || { status=$?; [ "$status" -eq 5 ] || exit "$status"; }; }
 # tests.support.worker_env gives each xdist worker its own Redis database; it must load before Django's
 # settings, so it is a plugin (-p) and the repository is on the path.
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-echo "== pytest (PostgreSQL, two workers)"
+echo "== pytest (PostgreSQL, ${TEST_WORKERS:-3} workers)"
 run_pass $BIN/pytest -p tests.support.worker_env -n "${TEST_WORKERS:-3}" --create-db -m "not serial" "$@"
 # Tests that measure real throughput or latency would measure the other worker's load too.
 echo "== pytest (PostgreSQL, timing-sensitive tests alone)"

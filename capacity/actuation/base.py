@@ -30,6 +30,22 @@ class ScaleRequest:
     endpoint_url: str = ""
     decision_id: int | None = None
     reasons: list[dict] = field(default_factory=list)
+    # For an actuator that bounds an outside autoscaler (Kubernetes' hpa-bounds mode).
+    floor_replicas: int = 0
+    ceiling_replicas: int | None = None
+    # A scale-down's pods to remove first, least loaded first (Kubernetes: their
+    # pod-deletion-cost is lowered before the ReplicaSet picks).
+    leaving_pods: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the data plane itself says it runs, read every tick (level-triggered)."""
+
+    spec_replicas: int | None  # what it is asked to run, by whoever owns the count
+    ready_replicas: int | None  # None: this resource reports no ready count
+    # (min, max) of an outside autoscaler's bounds, when the actuator sets them.
+    bounds: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -51,6 +67,10 @@ class Actuator:
         Raise TransientActuatorError or PermanentActuatorError on failure.
         """
         raise NotImplementedError
+
+    def observe(self, request: ScaleRequest) -> Observation | None:
+        """Read what runs now; None for kinds that cannot say. Raises as `apply`."""
+        return None
 
 
 def apply_with_retries(

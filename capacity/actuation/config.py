@@ -29,7 +29,14 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _API_VERSION = re.compile(r"^v[1-9][0-9]*((alpha|beta)[1-9][0-9]*)?$")
 
-KUBERNETES_KINDS = ("Deployment", "StatefulSet", "Custom")
+KUBERNETES_KINDS = ("Deployment", "StatefulSet", "LeaderWorkerSet", "InferenceService", "Custom")
+# How the control plane acts on the cluster (capacity/actuation/kubernetes.py): it owns the
+# replicas; it sets the bounds of an HPA that owns them; or it only publishes what it wants
+# (`mu_desired_replicas` on /metrics) for a KEDA ScaledObject or an HPA to act on.
+KUBERNETES_MODES = ("replicas", "hpa-bounds", "metric")
+# KServe's InferenceService CRD declares a status subresource and no scale subresource
+# (config/crd/full/serving.kserve.io_inferenceservices.yaml; deploy/kubernetes/crds/).
+_NO_SCALE_SUBRESOURCE = {("serving.kserve.io", "inferenceservices")}
 KUBERNETES_DEFAULT_TIMEOUT_SECONDS = 5.0
 DEFAULT_CLUSTER = "in-cluster"
 # A host name or an IP address (IPv6 without brackets): it also goes into engines' argv.
@@ -115,7 +122,28 @@ class KubernetesConfig(_StrictSerializer):
     kind = serializers.ChoiceField(
         choices=KUBERNETES_KINDS,
         default="Deployment",
-        help_text="Custom: any resource with a scale subresource, named by group/version/plural.",
+        help_text=(
+            "InferenceService: KServe's, through spec.predictor.minReplicas/maxReplicas (it has "
+            "no scale subresource). Custom: any resource with a scale subresource, named by "
+            "group/version/plural."
+        ),
+    )
+    # Not defaulted into the stored config (as timeout_seconds below): absent means replicas.
+    mode = serializers.ChoiceField(
+        choices=KUBERNETES_MODES,
+        required=False,
+        help_text=(
+            "replicas: the control plane sets the replicas; hpa-bounds: it sets the bounds of "
+            "the HPA named in hpa_name (an InferenceService's own minReplicas/maxReplicas); "
+            "metric: it writes nothing and publishes mu_desired_replicas on /metrics."
+        ),
+    )
+    hpa_name = serializers.RegexField(
+        _DNS_SUBDOMAIN,
+        max_length=253,
+        required=False,
+        error_messages={"invalid": "must be a DNS subdomain name."},
+        help_text="hpa-bounds mode: the HorizontalPodAutoscaler (autoscaling/v2) to bound.",
     )
     group = serializers.RegexField(
         _DNS_SUBDOMAIN,
@@ -173,14 +201,28 @@ class KubernetesConfig(_StrictSerializer):
     def validate(self, attrs):
         errors: dict[str, list[str]] = {}
         custom_fields = ("group", "version", "plural")
-        if attrs.get("kind") == "Custom":
+        kind = attrs.get("kind")
+        if kind == "Custom":
             for key in custom_fields:
                 if key not in attrs:
                     errors[key] = ["is required for kind Custom."]
+            if (attrs.get("group"), attrs.get("plural")) in _NO_SCALE_SUBRESOURCE:
+                errors["kind"] = [
+                    "KServe's InferenceService has no scale subresource: use kind "
+                    "InferenceService, which sets spec.predictor.minReplicas/maxReplicas."
+                ]
         else:
             for key in custom_fields:
                 if key in attrs:
                     errors[key] = ["applies only to kind Custom."]
+        mode = attrs.get("mode", "replicas")
+        if mode == "hpa-bounds" and kind != "InferenceService" and "hpa_name" not in attrs:
+            errors["hpa_name"] = ["is required in mode hpa-bounds (the HPA whose bounds to set)."]
+        if "hpa_name" in attrs and (mode != "hpa-bounds" or kind == "InferenceService"):
+            errors["hpa_name"] = [
+                "applies only to mode hpa-bounds on a kind other than InferenceService "
+                "(an InferenceService's bounds are its own minReplicas/maxReplicas)."
+            ]
         if errors:
             raise serializers.ValidationError(errors)
         return attrs

@@ -208,6 +208,12 @@ def restart(deployment: Deployment, key: str) -> str:
                 f"{response.text[:300]}"
             )
         return f"process supervisor restarted replica {body['replica']}"
+    if kind == ActuatorKind.KUBERNETES and config.get("mode") == "metric":
+        # In metric mode the control plane writes nothing to the cluster (issue 20).
+        return (
+            "recorded only (metric mode: the control plane writes nothing to the cluster; "
+            "the pod's readiness probe and its controller replace it)"
+        )
     if kind == ActuatorKind.KUBERNETES and key.startswith("pod:"):
         name = key.split(":", 1)[1]
         with _core_api(config) as core:

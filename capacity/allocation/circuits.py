@@ -16,10 +16,20 @@ CIRCUIT_BASE_SECONDS = 60
 CIRCUIT_MAX_SECONDS = 900
 
 
-def record_applied(rows: list[AllocationDecision]) -> None:
+def record_applied(rows: list[AllocationDecision], *, counts: bool = True) -> None:
+    """Close the circuits of pushes that landed and, with `counts`, record their targets as
+    the replicas running (not for an HPA's bounds: its count stays the HPA's)."""
     if not rows:
         return
     ids = [row.deployment_id for row in rows]
+    if counts:
+        _record_counts(rows)
+    ActuatorCircuit.objects.filter(deployment_id__in=ids, consecutive_failures__gt=0).update(
+        consecutive_failures=0, opened_until=None, last_error=""
+    )
+
+
+def _record_counts(rows: list[AllocationDecision]) -> None:
     if connection.vendor == "postgresql":
         # One statement for the whole fleet; conditional on the count the tick saw, so a
         # planner's edit in between wins over this tick's view.
@@ -41,9 +51,6 @@ def record_applied(rows: list[AllocationDecision]) -> None:
             Deployment.objects.filter(
                 pk=row.deployment_id, current_replicas=row.current_replicas
             ).update(current_replicas=row.target_replicas)
-    ActuatorCircuit.objects.filter(deployment_id__in=ids, consecutive_failures__gt=0).update(
-        consecutive_failures=0, opened_until=None, last_error=""
-    )
 
 
 def record_failure(deployment_id: int, error: str, now) -> None:

@@ -45,7 +45,7 @@ reserved customer comes back its requests are admitted at once and run first in 
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 EPSILON = 1e-9
@@ -193,6 +193,11 @@ class DeploymentDecision:
     ready_replicas: int = 0
     starting_replicas: int = 0
     draining_replicas: int = 0
+    # The bounds an outside autoscaler (an HPA) may move between ticks: at least what the
+    # minimum and the warm reservations need, at most the max replicas within the model's
+    # best-effort ceiling (Kubernetes' hpa-bounds mode, capacity/actuation/kubernetes.py).
+    floor_replicas: int = 0
+    ceiling_replicas: int = 0
 
 
 @dataclass(frozen=True)
@@ -392,6 +397,8 @@ def decide(snapshot: Snapshot) -> Decisions:
             need, model.deployments, replicas, pool_free, reasons, "guaranteed"
         )
 
+    floors = dict(replicas)
+
     # 3. Best-effort, within the model's ceiling; 3b. the cold-start lead.
     best_effort_short: dict[int, float] = {}
     best_effort_demand: dict[int, float] = {}
@@ -526,6 +533,8 @@ def decide(snapshot: Snapshot) -> Decisions:
                     ready_replicas=d.ready_replicas,
                     starting_replicas=d.starting_replicas,
                     draining_replicas=d.draining_replicas,
+                    floor_replicas=floors[d.deployment_id],
+                    ceiling_replicas=_ceiling(d, floors[d.deployment_id], model),
                 )
             )
 
@@ -555,6 +564,12 @@ def decide(snapshot: Snapshot) -> Decisions:
 
     decisions = _fit_pools(decisions, snapshot)
     return Decisions(tuple(decisions), tuple(allowances), tuple(outcomes))
+
+
+def _ceiling(deployment: DeploymentState, floor: int, model: ModelSnapshot) -> int:
+    if model.best_effort_ceiling_replicas is None:
+        return deployment.max_replicas
+    return min(deployment.max_replicas, floor + model.best_effort_ceiling_replicas)
 
 
 def _unmetered(model: ModelSnapshot) -> float:
@@ -619,15 +634,9 @@ def _fit_pools(decisions: list[DeploymentDecision], snapshot: Snapshot) -> list[
             held = decision.target_replicas - decision.recommended_replicas
             trim = min(held, math.ceil(over / state.gpus_per_replica))
             used[state.pool_id] -= trim * state.gpus_per_replica
-            decision = DeploymentDecision(
-                deployment_id=decision.deployment_id,
-                model_id=decision.model_id,
-                current_replicas=decision.current_replicas,
-                recommended_replicas=decision.recommended_replicas,
+            decision = replace(
+                decision,
                 target_replicas=decision.target_replicas - trim,
-                ready_replicas=decision.ready_replicas,
-                starting_replicas=decision.starting_replicas,
-                draining_replicas=decision.draining_replicas,
                 reasons=(
                     *decision.reasons,
                     Reason(

@@ -7,7 +7,9 @@ engines' own load from Prometheus (DESIGN §2).
 Readiness is observed, never assumed from what was requested: a replica is ready once the
 health probes found it serving (`Replica` rows, what gateways route to) for the kinds whose
 replicas can be told apart (the process supervisor; Kubernetes pods by selector); starting
-and draining counts come from what the data plane reported to the probes. An endpoint-only
+and draining counts come from what the data plane reported to the probes. A Kubernetes
+workload without a pod selector reports its own ready count, which the tick reads from the
+resource before the snapshot (capacity/actuation/observe.py). An endpoint-only
 deployment (a webhook, a Kubernetes Service) reports no per-replica readiness: it is ready
 while its endpoint answers its probes, less the replicas added within its cold start, which
 count as starting. A dry run has nothing to observe: what it asked for is what it has.
@@ -418,13 +420,20 @@ def _readiness(
     readiness = {}
     for d in deployments:
         running = d.current_replicas - min(unhealthy.get(d.pk, 0), d.current_replicas)
+        observed = d.replicas_observed_at is not None and now - d.replicas_observed_at <= fresh
         if d.actuator_kind == ActuatorKind.DRY_RUN:
             ready = running
         elif _per_replica_kind(d):
             ready = min(running, serving.get(d.pk, 0))
+        elif (
+            d.actuator_kind == ActuatorKind.KUBERNETES
+            and observed
+            and d.observed_ready_replicas is not None
+        ):
+            # The workload's own ready count, read by this tick (capacity/actuation/observe.py).
+            ready = min(running, d.observed_ready_replicas)
         else:
             ready = max(0, running - added_lately[d.pk]) if serving.get(d.pk) else 0
-        observed = d.replicas_observed_at is not None and now - d.replicas_observed_at <= fresh
         draining = (d.observed_draining_replicas or 0) if observed else 0
         readiness[d.pk] = (ready, max(0, running - ready), draining)
     return readiness

@@ -7,6 +7,12 @@ database transaction and only with this tick's targets, so a failed push is neve
 later: the next tick decides afresh. Repeated failures open a circuit for the deployment.
 Pushes run concurrently, each within ALLOCATION_PUSH_DEADLINE_SECONDS: one that misses it is a
 failure on its decision, and the tick (which holds the lock) does not wait for it.
+
+Level-triggered where the data plane can say what it runs (Kubernetes,
+capacity/actuation/observe.py): the tick reads each workload first, and pushes whenever what
+runs differs from the target, not only when the target changes, recording the drift it
+corrected. A scale-down chooses the pods that go and drains them from the gateways first
+(capacity/actuation/drain.py).
 """
 
 import logging
@@ -20,7 +26,11 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from capacity.actuation.base import ActuatorResult, ScaleRequest, apply_with_retries
+from capacity.actuation import drain
+from capacity.actuation.base import ActuatorResult, Observation, ScaleRequest, apply_with_retries
+from capacity.actuation.kubernetes import hpa_bounds, mode_of
+from capacity.actuation.observe import observe_fleet
+from capacity.actuation.observe import owns_count as _owns_count
 from capacity.actuation.push import Abandoned, BoundedActuator, push_all
 from capacity.admission.gate import publish_limits
 from capacity.allocation import policy as allocation
@@ -29,9 +39,11 @@ from capacity.allocation.snapshot import build_snapshot, digest, with_replacemen
 from capacity.metering.history import record_capacity
 from capacity.models import (
     ActuatorCircuit,
+    ActuatorKind,
     AdmissionAllowance,
     AllocationDecision,
     Deployment,
+    Replica,
 )
 from capacity.publication.publish import publish_gateway_state
 from capacity.telemetry import metrics
@@ -72,6 +84,9 @@ def allocation_tick(*, dry_run: bool = False, now: datetime | None = None) -> Ti
             result.skipped = True
             return result
         now = now or timezone.now()
+        # What runs, read from the data plane before deciding (a dry run only reads the
+        # database).
+        observations = {} if dry_run else observe_fleet(list(Deployment.objects.all()), now)
         snapshot, deployments, unhealthy = build_snapshot(now=now)
         decisions = with_replacements(allocation.decide(snapshot), unhealthy, deployments)
         result.models = [asdict(outcome) for outcome in decisions.models]
@@ -87,7 +102,7 @@ def allocation_tick(*, dry_run: bool = False, now: datetime | None = None) -> Ti
         # Admission limits follow the tick within the tick (a reservation that starts or ends
         # changes admission within one tick).
         publish_limits(decisions.allowances, forgotten)
-        _apply(rows, decisions, deployments, result, now)
+        _apply(rows, decisions, deployments, result, now, observations)
         result.decisions = [_row_dict(row) for row in rows]
         record_capacity(now=now)
         # Every tick republishes the gateways' documents whole, so a gateway that starts cold
@@ -268,13 +283,22 @@ def _store_allowances(tick_id, now, allowances) -> set[tuple[int, int]]:
     return set(existing)
 
 
-def _apply(rows, decisions, deployments, result: TickResult, now) -> None:
+def _apply(
+    rows, decisions, deployments, result: TickResult, now, observations: dict[int, Observation]
+) -> None:
     from capacity.actuation.registry import actuator_for
 
     circuits = {c.deployment_id: c for c in ActuatorCircuit.objects.all()}
     work = []
+    leaving: dict[int, list[Replica]] = {}
+    observed_rows = []
     for row, decision in zip(rows, decisions.deployments, strict=True):
-        if decision.target_replicas == decision.current_replicas:
+        observation = observations.get(decision.deployment_id)
+        if deployments[decision.deployment_id].actuator_kind == ActuatorKind.KUBERNETES:
+            # Stored below with the reasons _needs_push may add (drift, bounds).
+            row.observed_spec_replicas = observation.spec_replicas if observation else None
+            observed_rows.append(row)
+        if not _needs_push(row, decision, deployments[decision.deployment_id], observation):
             continue
         circuit = circuits.get(decision.deployment_id)
         if circuit and circuit.opened_until and circuit.opened_until > now:
@@ -300,6 +324,9 @@ def _apply(rows, decisions, deployments, result: TickResult, now) -> None:
             metrics.ACTUATOR_FAILURES.labels(deployment.actuator_kind).inc()
             result.failed += 1
             continue
+        going = _leaving(deployment, decision, observation)
+        if going:
+            leaving[row.pk] = going
         request = ScaleRequest(
             deployment_id=deployment.pk,
             deployment=deployment.name,
@@ -310,8 +337,19 @@ def _apply(rows, decisions, deployments, result: TickResult, now) -> None:
             endpoint_url=deployment.endpoint_url,
             decision_id=row.pk,
             reasons=row.reasons,
+            floor_replicas=decision.floor_replicas,
+            ceiling_replicas=decision.ceiling_replicas,
+            leaving_pods=tuple(drain.pod_name(r) for r in going),
         )
         work.append((row, request, deployment.actuator_kind))
+    if observed_rows:
+        AllocationDecision.objects.bulk_update(
+            observed_rows, ["observed_spec_replicas", "reasons"], batch_size=1000
+        )
+    if leaving:
+        # Before the scale-down: the gateways stop routing to the pods that will go.
+        drain.mark_draining([r for going in leaving.values() for r in going])
+        publish_gateway_state(reason="scale-down: draining the pods that go")
 
     deadline = settings.ALLOCATION_PUSH_DEADLINE_SECONDS
 
@@ -338,7 +376,7 @@ def _apply(rows, decisions, deployments, result: TickResult, now) -> None:
     results = push_all(work, push, deadline)
     outcomes = [(row, outcome) for (row, _, _), outcome in zip(work, results, strict=True)]
     applied_at = timezone.now()
-    succeeded = []
+    succeeded, bounded = [], []
     for row, outcome in outcomes:
         row.actuator_ok = outcome.ok
         row.actuator_attempts = outcome.attempts
@@ -347,17 +385,81 @@ def _apply(rows, decisions, deployments, result: TickResult, now) -> None:
         row.applied_at = applied_at
         if outcome.ok:
             result.applied += 1
-            succeeded.append(row)
+            owned = _owns_count(deployments[row.deployment_id])
+            (succeeded if owned else bounded).append(row)
         else:
             metrics.ACTUATOR_FAILURES.labels(deployments[row.deployment_id].actuator_kind).inc()
             result.failed += 1
             record_failure(row.deployment_id, outcome.error, now)
+            if row.pk in leaving:
+                drain.serve_again(leaving[row.pk])
     AllocationDecision.objects.bulk_update(
         [row for row, _ in outcomes],
         ["actuator_ok", "actuator_attempts", "actuator_error", "observed_replicas", "applied_at"],
         batch_size=1000,
     )
     record_applied(succeeded)
+    # Bounds set: the circuit closes, but the count stays the autoscaler's.
+    record_applied(bounded, counts=False)
+    if any(row.pk in leaving and not outcome.ok for row, outcome in outcomes):
+        publish_gateway_state(reason="scale-down failed: its pods serve again")
+
+
+def _needs_push(row, decision, deployment: Deployment, observation: Observation | None) -> bool:
+    """Whether this tick writes to the data plane, and why (a reason on the decision)."""
+    if deployment.actuator_kind != ActuatorKind.KUBERNETES:
+        return decision.target_replicas != decision.current_replicas
+    config = deployment.actuator_config if isinstance(deployment.actuator_config, dict) else {}
+    mode = mode_of(config)
+    if mode == "metric":
+        # Nothing is written: /metrics publishes the target (mu_desired_replicas).
+        return False
+    if mode == "hpa-bounds":
+        wanted = hpa_bounds(
+            decision.floor_replicas, decision.ceiling_replicas, deployment.max_replicas
+        )
+        found = observation.bounds if observation is not None else None
+        if found == wanted:
+            return False
+        row.reasons.append(
+            allocation.Reason(
+                "hpa_bounds",
+                f"autoscaler bounds {found[0]}..{found[1]} → {wanted[0]}..{wanted[1]}"
+                if found
+                else f"autoscaler bounds → {wanted[0]}..{wanted[1]}",
+                {"observed": list(found) if found else None, "bounds": list(wanted)},
+            ).as_dict()
+        )
+        return True
+    spec = observation.spec_replicas if observation is not None else None
+    if decision.target_replicas == decision.current_replicas:
+        if spec is None or spec == decision.target_replicas:
+            return False
+        row.reasons.append(
+            allocation.Reason(
+                "drift_corrected",
+                f"the workload ran {spec} replica(s), not the {decision.target_replicas} "
+                "set: set again",
+                {"observed_spec_replicas": spec, "target_replicas": decision.target_replicas},
+            ).as_dict()
+        )
+    return True
+
+
+def _leaving(deployment: Deployment, decision, observation: Observation | None) -> list[Replica]:
+    """A Kubernetes scale-down's pods that go first (capacity/actuation/drain.py)."""
+    if deployment.actuator_kind != ActuatorKind.KUBERNETES or not _owns_count(deployment):
+        return []
+    config = deployment.actuator_config if isinstance(deployment.actuator_config, dict) else {}
+    if not config.get("pod_selector"):
+        return []
+    running = decision.current_replicas
+    if observation is not None and observation.spec_replicas is not None:
+        running = observation.spec_replicas
+    count = running - decision.target_replicas
+    if count <= 0:
+        return []
+    return drain.leaving_pods(config, list(deployment.replicas.all()), count)
 
 
 def _decision_dict(decision: allocation.DeploymentDecision, deployments) -> dict:

@@ -95,6 +95,7 @@ class AllocationDecisionSerializer(serializers.ModelSerializer):
             "actuator_attempts",
             "actuator_error",
             "observed_replicas",
+            "observed_spec_replicas",
             "applied_at",
         ]
         read_only_fields = fields

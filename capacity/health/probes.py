@@ -56,6 +56,7 @@ PROBE_PROMPT = "Control-plane health probe. Reply with the next words:"
 PROBE_MAX_TOKENS = 8
 PROBE_SEED = 0
 COMPLETIONS_METRIC = "vllm:request_success"  # counter; exposed as ..._total
+RUNNING_METRIC = "vllm:num_requests_running"  # gauge: requests in the engine's batch now
 MAX_PROBE_THREADS = 32
 
 
@@ -130,19 +131,22 @@ def probe_endpoint(
     return ProbeAnswer(ProbeOutcome.OK, latency_ms, text=text)
 
 
-def completions_total(url: str, *, timeout_seconds: float) -> float | None:
-    """The engine's count of finished requests, from its own /metrics; None if unknown."""
+def engine_counters(url: str, *, timeout_seconds: float) -> tuple[float | None, float | None]:
+    """The engine's count of finished requests and its requests running now, from its own
+    /metrics (one read); None where unknown."""
     try:
         response = outbound.request("GET", f"{url}/metrics", timeout=timeout_seconds)
         if response.status_code != 200:
-            return None
-        total = None
+            return None, None
+        total = running = None
         for family in text_string_to_metric_families(response.text):
             if family.name == COMPLETIONS_METRIC:
                 total = sum(s.value for s in family.samples if s.name.endswith("_total"))
-        return total
+            elif family.name == RUNNING_METRIC:
+                running = sum(s.value for s in family.samples)
+        return total, running
     except (httpx.HTTPError, ValueError):
-        return None
+        return None, None
 
 
 def _sha256(text: str) -> str:
@@ -155,6 +159,7 @@ class _Check:
     endpoint: Endpoint
     engine_model_id: str
     completions: float | None = None
+    running: float | None = None
     answer: ProbeAnswer | None = None
     answered_at: datetime | None = None  # when the probe's outcome was known
 
@@ -163,7 +168,9 @@ def _check(check: _Check, now: datetime) -> _Check:
     """Runs on a worker thread: reads the engine counter, then probes unless it may skip."""
     timeout = settings.HEALTH_PROBE_TIMEOUT_SECONDS
     replica = check.replica
-    check.completions = completions_total(check.endpoint.url, timeout_seconds=min(timeout, 2.0))
+    check.completions, check.running = engine_counters(
+        check.endpoint.url, timeout_seconds=min(timeout, 2.0)
+    )
     moved = (
         check.completions is not None
         and replica.completions_total is not None
@@ -319,9 +326,11 @@ def _sync_replicas(
             )
         replica.deployment = deployment
         checks.append(_Check(replica, endpoint, deployment.served_model.engine_model_id))
-    Replica.objects.filter(deployment=deployment, state=Replica.State.HEALTHY).exclude(
-        key__in=listed
-    ).update(state=Replica.State.GONE, consecutive_failures=0, failing_since=None, updated_at=now)
+    Replica.objects.filter(
+        deployment=deployment, state__in=[Replica.State.HEALTHY, Replica.State.DRAINING]
+    ).exclude(key__in=listed).update(
+        state=Replica.State.GONE, consecutive_failures=0, failing_since=None, updated_at=now
+    )
     give_up = timedelta(seconds=settings.HEALTH_UNLISTED_GONE_SECONDS)
     for replica in existing.values():
         if replica.key in listed or replica.state != Replica.State.UNHEALTHY:
@@ -385,10 +394,18 @@ def _record(check: _Check, now: datetime, result: RoundResult) -> None:
         if replica.completions_total is None or check.completions != replica.completions_total:
             replica.completions_moved_at = now
         replica.completions_total = check.completions
+    replica.running_requests = check.running
     metrics.HEALTH_PROBES.labels(answer.outcome).inc()
     if answer.outcome == ProbeOutcome.SKIPPED:
         result.skipped += 1
-        replica.save(update_fields=["completions_total", "completions_moved_at", "updated_at"])
+        replica.save(
+            update_fields=[
+                "completions_total",
+                "completions_moved_at",
+                "running_requests",
+                "updated_at",
+            ]
+        )
         return
     result.probed += 1
     ProbeResult.objects.create(

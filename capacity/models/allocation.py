@@ -26,6 +26,10 @@ class AllocationDecision(models.Model):
     actuator_attempts = models.PositiveIntegerField(default=0)
     actuator_error = models.TextField(blank=True, default="")
     observed_replicas = models.PositiveIntegerField(null=True, blank=True)
+    # The workload's own count when the tick read it (Kubernetes' spec.replicas), before any
+    # push: a difference from current_replicas is drift the tick corrected (reason
+    # drift_corrected), or the HPA's own choice in hpa-bounds mode.
+    observed_spec_replicas = models.PositiveIntegerField(null=True, blank=True)
     applied_at = models.DateTimeField(null=True, blank=True)
     # Of current_replicas when the tick decided, as observed: serving, loading, leaving.
     ready_replicas = models.PositiveIntegerField(null=True, blank=True)

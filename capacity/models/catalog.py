@@ -180,6 +180,9 @@ class Deployment(models.Model):
     observed_starting_replicas = models.PositiveIntegerField(null=True, blank=True)
     observed_draining_replicas = models.PositiveIntegerField(null=True, blank=True)
     replicas_observed_at = models.DateTimeField(null=True, blank=True)
+    # What the data plane is asked to run, as the tick read it from the workload itself
+    # (Kubernetes' spec.replicas, whoever set it): a difference from the target is drift.
+    observed_spec_replicas = models.PositiveIntegerField(null=True, blank=True)
     # The engine's own limits, for what a cost model cannot tell (capacity.catalog.engine_profile):
     # the what-if simulates a replica with them.
     engine_profile = models.JSONField(

@@ -15,6 +15,9 @@ class Replica(models.Model):
     class State(models.TextChoices):
         HEALTHY = "healthy", "Healthy"
         UNHEALTHY = "unhealthy", "Unhealthy (being replaced)"
+        # Chosen to go in a scale-down (capacity.allocation.drain): gateways route nothing
+        # new to it while it finishes what it serves.
+        DRAINING = "draining", "Draining (leaving in a scale-down)"
         GONE = "gone", "Gone (no longer running)"
 
     deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="replicas")
@@ -29,6 +32,9 @@ class Replica(models.Model):
     # Real traffic: the engine's own request counter, and when it last moved.
     completions_total = models.FloatField(null=True, blank=True)
     completions_moved_at = models.DateTimeField(null=True, blank=True)
+    # The engine's requests in flight at the last probe (vllm:num_requests_running): a
+    # scale-down removes the least loaded first.
+    running_requests = models.FloatField(null=True, blank=True)
     failing_since = models.DateTimeField(null=True, blank=True)
     unhealthy_since = models.DateTimeField(null=True, blank=True)
     first_seen_at = models.DateTimeField(auto_now_add=True)

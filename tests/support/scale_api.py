@@ -1,37 +1,205 @@
-"""A local HTTP server that speaks the Kubernetes scale subresource, for the real client.
+"""A local Kubernetes API server for the real client, serving exactly what each resource has.
 
-It serves `GET`/`PATCH` on
+What it serves is built from the resources' own definitions, never from what the actuator
+sends:
 
-    /apis/apps/v1/namespaces/{ns}/deployments/{name}/scale      (and statefulsets)
-    /apis/{group}/{version}/namespaces/{ns}/{plural}/{name}/scale
+- the built-in kinds from the API server's discovery documents (kubernetes/kubernetes
+  `api/discovery/apis__apps__v1.json`, `apis__autoscaling__v2.json`, `api__v1.json`):
+  deployments, statefulsets and replicasets have `scale` and `status`; horizontalpodautoscalers
+  and pods `status` only;
+- custom resources from the CRDs vendored in deploy/kubernetes/crds/: each served version's
+  `subresources` (KServe's InferenceService: `status` only, so `/scale` is a 404 as on a real
+  cluster; LeaderWorkerSet: `scale` at its CRD's specReplicasPath/statusReplicasPath) and its
+  `openAPIV3Schema`, which every write is validated against (a 422 names the field).
 
-and the pods of the core API (`GET /api/v1/namespaces/{ns}/pods?labelSelector=k=v`,
-`DELETE /api/v1/namespaces/{ns}/pods/{name}`) added with `add_pod()`, for the objects added
-with `add()`, answers a `Scale` like the API server (spec = the desired
-replicas, status = the replicas observed, which lag until `observe()`), records every request,
-and can be told to answer the next requests with a failure: an HTTP status (409, 500, 404…)
-with a Kubernetes `Status` body, or "hang" (accept the request and never answer).
+Like the real server it answers `get`, `list` (with `labelSelector`), `patch` (a JSON merge
+patch; a strategic merge patch only for built-in kinds: custom resources answer 415) and
+`delete`; objects keep `metadata.annotations`, and HPAs refuse `minReplicas` below 1 and a
+`maxReplicas` below it. It records every request with its RBAC verb, resource and
+subresource (`verbs()`), and can be told to fail the next requests: an HTTP status (409, 500,
+404…) with a Kubernetes `Status` body, or "hang" (accept the request and never answer).
+Controllers do not run here: a test sets what they would report with `set_status()`.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import re
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
-from urllib.parse import unquote
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import yaml
+from jsonschema import Draft7Validator
 
 from tests.support.servers import BackgroundHTTPServer
 
 HANG = "hang"
-_SCALE_PATH = re.compile(
-    r"^/apis/(?P<group_version>[^/]+/[^/]+)/namespaces/(?P<ns>[^/]+)"
-    r"/(?P<plural>[^/]+)/(?P<name>[^/]+)/scale$"
+CRD_DIRECTORY = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes" / "crds"
+_REASONS = {
+    409: "Conflict",
+    404: "NotFound",
+    401: "Unauthorized",
+    415: "UnsupportedMediaType",
+    422: "Invalid",
+    500: "InternalError",
+}
+_PATH = re.compile(
+    r"^/(?:api/(?P<core_version>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
+    r"/namespaces/(?P<ns>[^/]+)/(?P<plural>[^/]+)(?:/(?P<name>[^/]+)(?:/(?P<sub>[^/]+))?)?$"
 )
-_PODS_PATH = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/pods(?:/(?P<name>[^/]+))?$")
-_REASONS = {409: "Conflict", 404: "NotFound", 401: "Unauthorized", 500: "InternalError"}
+MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+
+
+@dataclass(frozen=True)
+class Resource:
+    group: str  # "" for the core group
+    version: str
+    plural: str
+    kind: str
+    subresources: frozenset[str]
+    builtin: bool
+    spec_replicas_path: str | None = None
+    status_replicas_path: str | None = None
+    # Left out of hashing: a Resource keys the cache of its schema's validator.
+    schema: dict | None = field(default=None, hash=False, compare=False)
+
+
+# From the discovery documents named in the module docstring (the subresources each lists).
+_BUILTIN = (
+    Resource(
+        "apps",
+        "v1",
+        "deployments",
+        "Deployment",
+        frozenset({"scale", "status"}),
+        True,
+        ".spec.replicas",
+        ".status.replicas",
+    ),  # fmt: skip
+    Resource(
+        "apps",
+        "v1",
+        "statefulsets",
+        "StatefulSet",
+        frozenset({"scale", "status"}),
+        True,
+        ".spec.replicas",
+        ".status.replicas",
+    ),  # fmt: skip
+    Resource(
+        "apps",
+        "v1",
+        "replicasets",
+        "ReplicaSet",
+        frozenset({"scale", "status"}),
+        True,
+        ".spec.replicas",
+        ".status.replicas",
+    ),  # fmt: skip
+    Resource(
+        "autoscaling",
+        "v2",
+        "horizontalpodautoscalers",
+        "HorizontalPodAutoscaler",
+        frozenset({"status"}),
+        True,
+    ),  # fmt: skip
+    Resource("", "v1", "pods", "Pod", frozenset({"status", "eviction", "log"}), True),
+)
+
+
+# The fields each resource requires, for objects a test adds without them: a Deployment its
+# selector and pod template, a LeaderWorkerSet its leaderWorkerTemplate.workerTemplate (its
+# CRD's schema), an InferenceService its predictor.
+_POD_TEMPLATE = {
+    "metadata": {"labels": {"app": "engine"}},
+    "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai"}]},
+}
+_REQUIRED_SPEC = {
+    # What the API server always returns for these (the client's models refuse less).
+    "Deployment": {
+        "spec": {"selector": {"matchLabels": {"app": "engine"}}, "template": _POD_TEMPLATE}
+    },
+    "StatefulSet": {
+        "spec": {"selector": {"matchLabels": {"app": "engine"}}, "template": _POD_TEMPLATE}
+    },
+    "LeaderWorkerSet": {
+        "spec": {
+            "leaderWorkerTemplate": {
+                "size": 2,
+                "workerTemplate": {
+                    "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai"}]}
+                },
+            }
+        }
+    },
+    "InferenceService": {"spec": {"predictor": {}}},
+}
+
+
+@functools.cache
+def _crd_resources() -> tuple[Resource, ...]:
+    resources = []
+    for path in sorted(CRD_DIRECTORY.glob("*.yaml")):
+        crd = yaml.load(path.read_text(), Loader=yaml.CSafeLoader)  # noqa: S506 (safe loader)
+        spec = crd["spec"]
+        for version in spec["versions"]:
+            if not version.get("served", False):
+                continue
+            subresources = version.get("subresources") or {}
+            scale = subresources.get("scale") or {}
+            resources.append(
+                Resource(
+                    group=spec["group"],
+                    version=version["name"],
+                    plural=spec["names"]["plural"],
+                    kind=spec["names"]["kind"],
+                    subresources=frozenset(subresources),
+                    builtin=False,
+                    spec_replicas_path=scale.get("specReplicasPath"),
+                    status_replicas_path=scale.get("statusReplicasPath"),
+                    schema=(version.get("schema") or {}).get("openAPIV3Schema"),
+                )
+            )
+    return tuple(resources)
+
+
+@functools.cache
+def _validator(resource: Resource) -> Draft7Validator | None:
+    if resource.schema is None:
+        return None
+    return Draft7Validator(_openapi_to_json_schema(resource.schema))
+
+
+def _openapi_to_json_schema(schema):
+    """OpenAPI v3 schemas are JSON Schema but for `nullable` and the x-kubernetes-* marks;
+    `int-or-string` fields take both."""
+    if isinstance(schema, list):
+        return [_openapi_to_json_schema(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key.startswith("x-kubernetes-") or key == "nullable":
+            continue
+        out[key] = _openapi_to_json_schema(value)
+    if schema.get("x-kubernetes-int-or-string"):
+        out.pop("type", None)
+        out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+    if schema.get("nullable") and "type" in out:
+        out["type"] = [out["type"], "null"]
+    return out
+
+
+def _resources() -> dict[tuple[str, str, str], Resource]:
+    return {(r.group, r.version, r.plural): r for r in (*_BUILTIN, *_crd_resources())}
 
 
 @dataclass
@@ -40,19 +208,52 @@ class Recorded:
     path: str
     headers: dict[str, str]
     body: object
+    verb: str = ""
+    group: str = ""
+    resource: str = ""  # plural, with "/<subresource>" when one was addressed
+    namespace: str = ""
 
 
-@dataclass
-class ScaledObject:
-    spec_replicas: int
-    status_replicas: int
+def _get_path(document: dict, dotted: str):
+    for key in dotted.strip(".").split("."):
+        if not isinstance(document, dict):
+            return None
+        document = document.get(key)
+    return document
+
+
+def _set_path(document: dict, dotted: str, value) -> None:
+    keys = dotted.strip(".").split(".")
+    for key in keys[:-1]:
+        document = document.setdefault(key, {})
+    document[keys[-1]] = value
+
+
+def merge_patch(target, patch):
+    """RFC 7386."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+class _Refusal(Exception):
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code, self.message = code, message
 
 
 class ScaleApiServer:
     def __init__(self, *, token: str | None = None):
         self.token = token  # when set, requests need `Authorization: Bearer <token>`
-        self.objects: dict[str, ScaledObject] = {}
-        self.pods: dict[tuple[str, str], dict] = {}  # (namespace, name) -> Pod
+        self.resources = _resources()
+        # "/apis/apps/v1/namespaces/ns/deployments/x" -> the object
+        self.objects: dict[str, dict] = {}
         self.requests: list[Recorded] = []
         self._script: list[int | str] = []
         self._always: int | str | None = None
@@ -69,9 +270,37 @@ class ScaleApiServer:
         self._released.set()  # lets hanging handlers go
         self._server.stop()
 
-    def add(self, path: str, replicas: int) -> None:
-        """Add an object at its scale path, e.g. `/apis/apps/v1/namespaces/ns/deployments/x`."""
-        self.objects[path] = ScaledObject(spec_replicas=replicas, status_replicas=replicas)
+    # -- objects -----------------------------------------------------------------------------
+
+    def add(self, path: str, replicas: int | None = None, body: dict | None = None) -> dict:
+        """Add an object at its path, e.g. `/apis/apps/v1/namespaces/ns/deployments/x`: with
+        `replicas`, a workload whose spec and status both say it (all ready); or `body`."""
+        resource, namespace, name = self._resource_of(path)
+        # What the resource's schema requires, under what the test gives.
+        document = merge_patch(_REQUIRED_SPEC.get(resource.kind, {}), body or {})
+        document.setdefault("apiVersion", _api_version(resource))
+        document.setdefault("kind", resource.kind)
+        metadata = document.setdefault("metadata", {})
+        metadata.update({"name": name, "namespace": namespace})
+        metadata.setdefault("resourceVersion", "1")
+        if replicas is not None:
+            document.setdefault("spec", {})["replicas"] = replicas
+            status = document.setdefault("status", {})
+            status.update({"replicas": replicas, "readyReplicas": replicas})
+        self._validate(resource, document)
+        self.objects[path] = document
+        return document
+
+    def set_status(self, path: str, **status) -> None:
+        """What a controller would report, e.g. `set_status(path, readyReplicas=2)`."""
+        self.objects[path].setdefault("status", {}).update(status)
+
+    def scale(self, path: str, replicas: int) -> None:
+        """A change behind the control plane's back, as `kubectl scale` makes it."""
+        self.objects[path]["spec"]["replicas"] = replicas
+
+    def spec_replicas(self, path: str) -> int | None:
+        return _get_path(self.objects[path], ".spec.replicas")
 
     def add_pod(
         self,
@@ -84,7 +313,7 @@ class ScaleApiServer:
         http_port: int | None = None,
     ) -> None:
         ports = [{"name": "http", "containerPort": http_port}] if http_port else []
-        self.pods[(namespace, name)] = {
+        self.objects[f"/api/v1/namespaces/{namespace}/pods/{name}"] = {
             "kind": "Pod",
             "apiVersion": "v1",
             "metadata": {"name": name, "namespace": namespace, "labels": labels},
@@ -96,37 +325,27 @@ class ScaleApiServer:
             },
         }
 
+    def pod(self, namespace: str, name: str) -> dict:
+        return self.objects[f"/api/v1/namespaces/{namespace}/pods/{name}"]
+
+    # -- what was asked ------------------------------------------------------------------------
+
     def deleted_pods(self) -> list[str]:
         return [
             r.path.split("?", 1)[0].rsplit("/", 1)[-1]
             for r in self.requests
-            if r.method == "DELETE"
+            if r.method == "DELETE" and r.resource == "pods"
         ]
 
-    def _pods(self, handler, method: str, match) -> None:
-        namespace, name = match["ns"], match["name"]
-        if method == "DELETE" and name:
-            pod = self.pods.pop((namespace, name), None)
-            if pod is None:
-                return _status(handler, 404, f'pods "{name}" not found')
-            return _json(handler, 200, pod)
-        query = handler.path.split("?", 1)[1] if "?" in handler.path else ""
-        wanted = {}
-        for part in query.split("&"):
-            key, _, value = part.partition("=")
-            if key == "labelSelector":
-                for term in unquote(value).split(","):
-                    label, _, label_value = term.partition("=")
-                    wanted[label] = label_value
-        items = [
-            pod
-            for (ns, _), pod in sorted(self.pods.items())
-            if ns == namespace
-            and all(pod["metadata"]["labels"].get(k) == v for k, v in wanted.items())
-        ]
-        return _json(
-            handler, 200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items}
-        )
+    def patches(self) -> list[Recorded]:
+        return [r for r in self.requests if r.method == "PATCH"]
+
+    def writes(self) -> list[Recorded]:
+        return [r for r in self.requests if r.verb in ("patch", "update", "create", "delete")]
+
+    def verbs(self) -> set[tuple[str, str, str]]:
+        """(API group, resource[/subresource], verb) of every request that was authorized."""
+        return {(r.group, r.resource, r.verb) for r in self.requests if r.verb}
 
     def fail_next(self, *answers: int | str) -> None:
         """Answer the next requests with these statuses (or HANG), then normally again."""
@@ -136,10 +355,21 @@ class ScaleApiServer:
     def fail_always(self, answer: int | str) -> None:
         self._always = answer
 
-    def patches(self) -> list[Recorded]:
-        return [r for r in self.requests if r.method == "PATCH"]
-
     # -- request handling (on the server's threads) ------------------------------------------
+
+    def _resource_of(self, path: str) -> tuple[Resource, str, str]:
+        match = _PATH.match(path)
+        if match is None or not match["name"]:
+            raise ValueError(f"not an object path: {path}")
+        resource = self._lookup(match)
+        if resource is None:
+            raise ValueError(f"no such resource: {path}")
+        return resource, match["ns"], match["name"]
+
+    def _lookup(self, match) -> Resource | None:
+        group = match["group"] or ""
+        version = match["core_version"] or match["version"]
+        return self.resources.get((group, version, match["plural"]))
 
     def _next_failure(self) -> int | str | None:
         with self._lock:
@@ -150,57 +380,181 @@ class ScaleApiServer:
     def handle(self, handler: BaseHTTPRequestHandler, method: str) -> None:
         length = int(handler.headers.get("Content-Length") or 0)
         raw = handler.rfile.read(length) if length else b""
-        path = handler.path.split("?", 1)[0]
-        self.requests.append(
-            Recorded(
-                method=method,
-                path=handler.path,
-                headers={k.lower(): v for k, v in handler.headers.items()},
-                body=json.loads(raw) if raw else None,
-            )
+        parts = urlsplit(handler.path)
+        recorded = Recorded(
+            method=method,
+            path=handler.path,
+            headers={k.lower(): v for k, v in handler.headers.items()},
+            body=json.loads(raw) if raw else None,
         )
+        self.requests.append(recorded)
         authorization = handler.headers.get("Authorization")
         if self.token is not None and authorization != f"Bearer {self.token}":
             return _status(handler, 401, "Unauthorized")
+        match = _PATH.match(parts.path)
+        resource = self._lookup(match) if match else None
+        if resource is None:
+            return _status(
+                handler, 404, f"the server could not find the requested resource {parts.path}"
+            )
+        name, sub = match["name"], match["sub"]
+        recorded.verb = _verb(method, name)
+        recorded.group = resource.group
+        recorded.resource = resource.plural + (f"/{sub}" if sub else "")
+        recorded.namespace = match["ns"]
         failure = self._next_failure()
         if failure == HANG:
             # Never answer; the client's read timeout has to give up.
             self._released.wait(timeout=30)
             handler.close_connection = True
             return None
-        pods = _PODS_PATH.match(path)
-        if pods is not None:
-            if failure is not None:
-                return _status(handler, int(failure), "injected failure")
-            return self._pods(handler, method, pods)
-        match = _SCALE_PATH.match(path)
-        if match is None:
-            return _status(handler, 404, f"the server could not find the requested resource {path}")
-        resource = match["plural"]
         if failure is not None:
             messages = {
-                409: f'Operation cannot be fulfilled on {resource} "{match["name"]}": the object '
+                409: f'Operation cannot be fulfilled on {resource.plural} "{name}": the object '
                 "has been modified; please apply your changes to the latest version and try again",
                 500: "etcdserver: request timed out",
             }
             return _status(handler, int(failure), messages.get(int(failure), "injected failure"))
-        scaled = self.objects.get(path.removesuffix("/scale"))
-        if scaled is None:
-            return _status(handler, 404, f'{resource} "{match["name"]}" not found')
+        if sub is not None and sub not in resource.subresources:
+            # What a real server answers for a subresource the resource does not declare.
+            return _status(
+                handler, 404, f"the server could not find the requested resource {parts.path}"
+            )
+        try:
+            with self._lock:
+                answer = self._serve(method, resource, match, recorded, parts.query)
+        except _Refusal as refusal:
+            return _status(handler, refusal.code, refusal.message)
+        return _json(handler, 200, answer)
+
+    def _serve(self, method, resource: Resource, match, recorded: Recorded, query: str) -> dict:
+        namespace, name, sub = match["ns"], match["name"], match["sub"]
+        collection = f"{_prefix(resource)}/namespaces/{namespace}/{resource.plural}"
+        if name is None:
+            if method != "GET":
+                raise _Refusal(405, f"{method} on a collection is not served here")
+            return self._list(resource, collection, query)
+        parts_path = f"{collection}/{name}"
+        document = self.objects.get(parts_path)
+        if document is None:
+            group = f".{resource.group}" if resource.group else ""
+            raise _Refusal(404, f'{resource.plural}{group} "{name}" not found')
+        if method == "DELETE":
+            del self.objects[parts_path]
+            return document
         if method == "PATCH":
-            body = self.requests[-1].body
-            replicas = body.get("spec", {}).get("replicas") if isinstance(body, dict) else None
-            if not isinstance(replicas, int):
-                return _status(handler, 422, "spec.replicas: Required value")
-            scaled.spec_replicas = replicas
-        scale = {
+            patch = self._patch_body(resource, recorded)
+            if sub == "scale":
+                replicas = _get_path(patch, ".spec.replicas")
+                if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
+                    raise _Refusal(422, "spec.replicas: Invalid value: must be an integer >= 0")
+                updated = copy.deepcopy(document)
+                _set_path(updated, resource.spec_replicas_path, replicas)
+            elif sub is None:
+                updated = merge_patch(document, patch)
+            else:
+                raise _Refusal(405, f"patching {sub} is not served here")
+            self._validate(resource, updated)
+            version = int(document["metadata"].get("resourceVersion", "1")) + 1
+            updated["metadata"]["resourceVersion"] = str(version)
+            self.objects[parts_path] = document = updated
+        if sub == "scale":
+            return self._scale_of(resource, document)
+        return document
+
+    def _list(self, resource: Resource, collection: str, query: str) -> dict:
+        wanted = {}
+        for selector in parse_qs(query).get("labelSelector", []):
+            for term in selector.split(","):
+                label, _, value = term.partition("=")
+                wanted[label] = value
+        items = [
+            document
+            for path, document in sorted(self.objects.items())
+            if path.rsplit("/", 1)[0] == collection
+            and all(
+                (document["metadata"].get("labels") or {}).get(k) == v for k, v in wanted.items()
+            )
+        ]
+        return {
+            "kind": f"{resource.kind}List",
+            "apiVersion": _api_version(resource),
+            "metadata": {},
+            "items": items,
+        }
+
+    def _patch_body(self, resource: Resource, recorded: Recorded) -> dict:
+        content_type = recorded.headers.get("content-type", "").split(";")[0].strip()
+        accepted = [MERGE_PATCH] + ([STRATEGIC_MERGE_PATCH] if resource.builtin else [])
+        if content_type not in accepted:
+            raise _Refusal(
+                415,
+                f"the body of the request was in an unknown format - accepted media types "
+                f"include: {', '.join(accepted)}",
+            )
+        if not isinstance(recorded.body, dict):
+            raise _Refusal(400, "the patch is not a JSON object")
+        # A strategic merge patch of maps (all the actuator sends) merges as a merge patch.
+        return recorded.body
+
+    def _validate(self, resource: Resource, document: dict) -> None:
+        if resource.kind == "HorizontalPodAutoscaler":
+            low = _get_path(document, ".spec.minReplicas")
+            high = _get_path(document, ".spec.maxReplicas")
+            # Without the alpha HPAScaleToZero feature gate (validation of autoscaling/v2).
+            if low is not None and low < 1:
+                raise _Refusal(
+                    422,
+                    f"spec.minReplicas: Invalid value: {low}: must be greater than or equal to 1",
+                )
+            if high is not None and low is not None and high < low:
+                raise _Refusal(
+                    422,
+                    f"spec.maxReplicas: Invalid value: {high}: must be greater than or equal "
+                    "to `minReplicas`",
+                )
+        validator = _validator(resource)
+        if validator is None:
+            return
+        error = next(iter(validator.iter_errors(document)), None)
+        if error is not None:
+            field = ".".join(str(p) for p in error.absolute_path) or "<root>"
+            raise _Refusal(422, f"{field}: Invalid value: {error.message}")
+
+    def _scale_of(self, resource: Resource, document: dict) -> dict:
+        metadata = document["metadata"]
+        return {
             "kind": "Scale",
             "apiVersion": "autoscaling/v1",
-            "metadata": {"name": match["name"], "namespace": match["ns"], "resourceVersion": "7"},
-            "spec": {"replicas": scaled.spec_replicas},
-            "status": {"replicas": scaled.status_replicas, "selector": "app=engine"},
+            "metadata": {
+                "name": metadata["name"],
+                "namespace": metadata["namespace"],
+                "resourceVersion": metadata.get("resourceVersion", "1"),
+            },
+            "spec": {"replicas": _get_path(document, resource.spec_replicas_path) or 0},
+            "status": {
+                "replicas": _get_path(document, resource.status_replicas_path or ".status.x") or 0,
+                "selector": "app=engine",
+            },
         }
-        return _json(handler, 200, scale)
+
+
+def _prefix(resource: Resource) -> str:
+    if not resource.group:
+        return f"/api/{resource.version}"
+    return f"/apis/{resource.group}/{resource.version}"
+
+
+def _api_version(resource: Resource) -> str:
+    return f"{resource.group}/{resource.version}" if resource.group else resource.version
+
+
+def _verb(method: str, name: str | None) -> str:
+    if method == "GET":
+        return "get" if name else "list"
+    return {"PATCH": "patch", "PUT": "update", "DELETE": "delete", "POST": "create"}.get(
+        method, method.lower()
+    )
 
 
 def _status(handler, code: int, message: str) -> None:
@@ -237,6 +591,9 @@ def _handler_for(server: ScaleApiServer) -> type[BaseHTTPRequestHandler]:
 
         def do_DELETE(self):
             server.handle(self, "DELETE")
+
+        def do_PUT(self):
+            server.handle(self, "PUT")
 
         def log_message(self, format, *args):
             pass  # keep pytest output clean

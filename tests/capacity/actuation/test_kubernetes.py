@@ -9,8 +9,11 @@ import socket
 import time
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
+from capacity.actuation.config import validate_actuator_config
 from capacity.actuation.kubernetes import KubernetesActuator
+from controlplane.errors import DomainError
 from tests.capacity.actuation.conftest import apply, scale_request
 from tests.support.scale_api import HANG
 
@@ -40,30 +43,19 @@ def config(scale_api, **overrides) -> dict:
     } | overrides
 
 
+LWS_PATH = "/apis/leaderworkerset.x-k8s.io/v1/namespaces/inference/leaderworkersets/llama-8b"
+STS_PATH = "/apis/apps/v1/namespaces/inference/statefulsets/llama-8b"
+PREDICTOR_PATH = "/apis/apps/v1/namespaces/inference/deployments/llama-8b-predictor"
+HPA_PATH = "/apis/autoscaling/v2/namespaces/inference/horizontalpodautoscalers/llama-8b"
+
+
 @pytest.mark.parametrize(
     ("kind_config", "path", "content_type"),
     [
-        (
-            {"kind": "Deployment"},
-            DEPLOYMENT_PATH,
-            "application/strategic-merge-patch+json",
-        ),
-        (
-            {"kind": "StatefulSet"},
-            "/apis/apps/v1/namespaces/inference/statefulsets/llama-8b",
-            "application/strategic-merge-patch+json",
-        ),
-        (
-            {
-                "kind": "Custom",
-                "group": "serving.kserve.io",
-                "version": "v1beta1",
-                "plural": "inferenceservices",
-            },
-            KSERVE_PATH,
-            # Custom resources take no strategic merge patch; the client sends a merge patch.
-            "application/merge-patch+json",
-        ),
+        ({"kind": "Deployment"}, DEPLOYMENT_PATH, "application/strategic-merge-patch+json"),
+        ({"kind": "StatefulSet"}, STS_PATH, "application/strategic-merge-patch+json"),
+        # A custom resource takes no strategic merge patch (the server answers 415).
+        ({"kind": "LeaderWorkerSet"}, LWS_PATH, "application/merge-patch+json"),
         (
             {
                 "kind": "Custom",
@@ -71,13 +63,13 @@ def config(scale_api, **overrides) -> dict:
                 "version": "v1",
                 "plural": "leaderworkersets",
             },
-            "/apis/leaderworkerset.x-k8s.io/v1/namespaces/inference/leaderworkersets/llama-8b",
+            LWS_PATH,
             "application/merge-patch+json",
         ),
     ],
-    ids=["deployment", "statefulset", "kserve", "leaderworkerset"],
+    ids=["deployment", "statefulset", "leaderworkerset", "custom-with-scale"],
 )
-def test_it_patches_the_scale_subresource_of_each_kind(
+def test_it_patches_the_scale_subresource_of_each_kind_that_has_one(
     local_cluster, scale_api, kind_config, path, content_type
 ):
     scale_api.add(path, replicas=1)
@@ -88,12 +80,185 @@ def test_it_patches_the_scale_subresource_of_each_kind(
     assert (result.attempts, result.applied_replicas) == (1, 3)
     # status.replicas of the answer: the pods that exist, which lag the new spec.
     assert result.observed_replicas == 1
-    assert scale_api.objects[path].spec_replicas == 3
+    assert scale_api.spec_replicas(path) == 3
     [patch] = scale_api.patches()
     assert patch.path == f"{path}/scale"
     assert patch.body == {"spec": {"replicas": 3}}
     assert patch.headers["content-type"] == content_type
     assert patch.headers["authorization"] == "Bearer k8s-token"
+
+
+def test_the_fake_server_has_no_scale_subresource_for_an_inference_service(
+    local_cluster, scale_api
+):
+    """As on a real cluster (KServe's CRD declares `status` only): what the actuator once
+    patched, and a config of kind Custom naming it is refused."""
+    from kubernetes import client
+
+    scale_api.add(KSERVE_PATH, body={"spec": {"predictor": {"minReplicas": 1}}})
+    configuration = client.Configuration(host=scale_api.url)
+    configuration.api_key = {"authorization": "Bearer k8s-token"}
+    api = client.CustomObjectsApi(client.ApiClient(configuration))
+
+    with pytest.raises(client.exceptions.ApiException) as refused:
+        api.patch_namespaced_custom_object_scale(
+            "serving.kserve.io", "v1beta1", "inference", "inferenceservices", "llama-8b",
+            {"spec": {"replicas": 3}},
+        )  # fmt: skip
+
+    assert refused.value.status == 404
+    with pytest.raises(DomainError) as invalid:
+        validate_actuator_config(
+            "kubernetes",
+            config(scale_api, kind="Custom", group="serving.kserve.io", version="v1beta1",
+                   plural="inferenceservices"),
+        )  # fmt: skip
+    assert invalid.value.field == "actuator_config.kind"
+    assert "no scale subresource" in invalid.value.message
+
+
+@pytest.mark.parametrize("deployment_mode", ["Serverless", "RawDeployment"])
+def test_an_inference_service_is_pinned_through_its_predictors_bounds(
+    local_cluster, scale_api, deployment_mode
+):
+    scale_api.add(
+        KSERVE_PATH,
+        body={
+            "metadata": {"annotations": {"serving.kserve.io/deploymentMode": deployment_mode}},
+            "spec": {"predictor": {"minReplicas": 1, "maxReplicas": 2,
+                                   "model": {"modelFormat": {"name": "huggingface"}}}},
+        },
+    )  # fmt: skip
+    if deployment_mode == "RawDeployment":
+        scale_api.add(PREDICTOR_PATH, replicas=1)
+
+    result = apply(KubernetesActuator(), scale_request(config(scale_api, kind="InferenceService")))
+
+    assert result.ok, result.error
+    [patch] = scale_api.patches()
+    assert patch.path == KSERVE_PATH
+    assert patch.headers["content-type"] == "application/merge-patch+json"
+    assert patch.body == {"spec": {"predictor": {"minReplicas": 3, "maxReplicas": 3}}}
+    predictor = scale_api.objects[KSERVE_PATH]["spec"]["predictor"]
+    # A merge patch: the rest of the predictor is untouched.
+    assert predictor["model"] == {"modelFormat": {"name": "huggingface"}}
+    assert not [r for r in scale_api.requests if r.path.endswith("/scale")]
+
+
+def test_an_inference_service_under_an_external_autoscaler_is_scaled_through_its_deployment(
+    local_cluster, scale_api
+):
+    scale_api.add(
+        KSERVE_PATH,
+        body={
+            "metadata": {"annotations": {"serving.kserve.io/autoscalerClass": "external",
+                                         "serving.kserve.io/deploymentMode": "RawDeployment"}},
+            "spec": {"predictor": {"minReplicas": 1}},
+        },
+    )  # fmt: skip
+    scale_api.add(PREDICTOR_PATH, replicas=1)
+
+    result = apply(KubernetesActuator(), scale_request(config(scale_api, kind="InferenceService")))
+
+    assert result.ok, result.error
+    [patch] = scale_api.patches()
+    assert patch.path == f"{PREDICTOR_PATH}/scale"
+    assert scale_api.spec_replicas(PREDICTOR_PATH) == 3
+    # KServe's own bounds are left alone: the outside controller owns the count.
+    assert scale_api.objects[KSERVE_PATH]["spec"]["predictor"] == {"minReplicas": 1}
+
+
+@pytest.mark.parametrize(
+    ("kind", "path", "status", "expected"),
+    [
+        ("Deployment", DEPLOYMENT_PATH, {"readyReplicas": 1}, (4, 1)),
+        ("StatefulSet", STS_PATH, {"readyReplicas": 2}, (4, 2)),
+        ("LeaderWorkerSet", LWS_PATH, {"readyReplicas": 3}, (4, 3)),
+        # A rollout that has not started any pod reports no readyReplicas at all.
+        ("Deployment", DEPLOYMENT_PATH, {"readyReplicas": None}, (4, 0)),
+    ],
+    ids=["deployment", "statefulset", "leaderworkerset", "none-ready"],
+)
+def test_it_observes_spec_and_ready_replicas_from_the_resource_itself(
+    local_cluster, scale_api, kind, path, status, expected
+):
+    scale_api.add(path, replicas=4)
+    scale_api.set_status(path, **status)
+
+    observation = KubernetesActuator().observe(scale_request(config(scale_api, kind=kind)))
+
+    assert (observation.spec_replicas, observation.ready_replicas) == expected
+    assert scale_api.writes() == []
+    assert {r.resource for r in scale_api.requests} == {path.split("/")[-2]}
+
+
+def test_in_hpa_bounds_mode_it_sets_the_hpas_bounds_and_never_the_replicas(
+    local_cluster, scale_api
+):
+    scale_api.add(DEPLOYMENT_PATH, replicas=2)
+    scale_api.add(HPA_PATH, body={"spec": {
+        "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "llama-8b"},
+        "minReplicas": 1, "maxReplicas": 3}})  # fmt: skip
+    settings = config(scale_api, mode="hpa-bounds", hpa_name="llama-8b")
+
+    observed = KubernetesActuator().observe(scale_request(settings))
+    # A floor of 0 (nothing reserved): an HPA refuses minReplicas 0, so 1.
+    result = apply(
+        KubernetesActuator(),
+        scale_request(settings, target_replicas=5, floor_replicas=0, ceiling_replicas=6),
+    )
+
+    assert observed.bounds == (1, 3)
+    assert result.ok, result.error
+    [patch] = scale_api.patches()
+    assert patch.path == HPA_PATH
+    assert patch.body == {"spec": {"minReplicas": 1, "maxReplicas": 6}}
+    assert scale_api.spec_replicas(DEPLOYMENT_PATH) == 2
+
+
+def test_the_fake_hpa_refuses_a_minimum_of_zero_as_a_real_one_does(local_cluster, scale_api):
+    scale_api.add(HPA_PATH, body={"spec": {"maxReplicas": 3, "scaleTargetRef": {
+        "apiVersion": "apps/v1", "kind": "Deployment", "name": "llama-8b"}}})  # fmt: skip
+    scale_api.add(DEPLOYMENT_PATH, replicas=1)
+    from capacity.actuation.kubernetes import _Api, _api_client, _settings
+
+    api = _Api(_api_client(_settings(config(scale_api))), 1.0)
+    try:
+        with pytest.raises(ApiException) as refused:
+            api.patch_hpa("inference", "llama-8b", 0, 3)
+    finally:
+        api.close()
+
+    assert refused.value.status == 422
+    assert "spec.minReplicas" in refused.value.body
+
+
+def test_in_metric_mode_nothing_is_written(local_cluster, scale_api):
+    scale_api.add(DEPLOYMENT_PATH, replicas=2)
+
+    result = apply(KubernetesActuator(), scale_request(config(scale_api, mode="metric")))
+
+    assert result.ok
+    assert scale_api.writes() == []
+
+
+def test_an_inference_service_patch_is_validated_against_kserves_crd(local_cluster, scale_api):
+    """The fake server validates writes against the vendored CRD's schema, as a real API
+    server does: a string where the CRD wants an integer is a 422 naming the field."""
+    scale_api.add(KSERVE_PATH, body={"spec": {"predictor": {"minReplicas": 1}}})
+    from capacity.actuation.kubernetes import KSERVE, _Api, _api_client, _settings
+
+    api = _Api(_api_client(_settings(config(scale_api))), 1.0)
+    try:
+        with pytest.raises(ApiException) as refused:
+            api.patch_custom(
+                "inference", "llama-8b", {"spec": {"predictor": {"minReplicas": "two"}}}, KSERVE
+            )
+    finally:
+        api.close()
+
+    assert refused.value.status == 422
+    assert "spec.predictor.minReplicas" in refused.value.body
 
 
 def test_a_conflict_is_retried_and_then_succeeds(local_cluster, scale_api):
@@ -105,7 +270,7 @@ def test_a_conflict_is_retried_and_then_succeeds(local_cluster, scale_api):
     assert result.ok, result.error
     assert result.attempts == 2
     assert len(scale_api.patches()) == 2
-    assert scale_api.objects[DEPLOYMENT_PATH].spec_replicas == 5
+    assert scale_api.spec_replicas(DEPLOYMENT_PATH) == 5
 
 
 def test_a_server_error_that_persists_fails_after_the_last_attempt(local_cluster, scale_api):
@@ -119,7 +284,7 @@ def test_a_server_error_that_persists_fails_after_the_last_attempt(local_cluster
     assert result.error.startswith("transient: Deployment inference/llama-8b: 500")
     assert "etcdserver: request timed out" in result.error
     assert len(scale_api.patches()) == 3
-    assert scale_api.objects[DEPLOYMENT_PATH].spec_replicas == 2
+    assert scale_api.spec_replicas(DEPLOYMENT_PATH) == 2
 
 
 def test_a_server_that_does_not_answer_times_out_as_a_transient_failure(local_cluster, scale_api):
@@ -155,7 +320,8 @@ def test_a_missing_object_is_a_permanent_failure_tried_once(local_cluster, scale
     assert not result.ok
     assert result.attempts == 1
     assert result.error == (
-        'permanent: Deployment inference/llama-8b: 404 Not Found: deployments "llama-8b" not found'
+        'permanent: Deployment inference/llama-8b: 404 Not Found: deployments.apps "llama-8b" '
+        "not found"
     )
     assert len(scale_api.patches()) == 1
 

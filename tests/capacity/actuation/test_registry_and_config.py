@@ -50,10 +50,11 @@ def test_the_dry_run_touches_nothing_and_observes_nothing(caplog):
 
 
 KSERVE = {"group": "serving.kserve.io", "version": "v1beta1", "plural": "inferenceservices"}
+LWS = {"group": "leaderworkerset.x-k8s.io", "version": "v1", "plural": "leaderworkersets"}
 
 
 def test_a_custom_resource_is_named_by_group_version_and_plural():
-    config = {"namespace": "inference", "name": "llama", "kind": "Custom"} | KSERVE
+    config = {"namespace": "inference", "name": "llama", "kind": "Custom"} | LWS
     assert validate_actuator_config("kubernetes", config) == config | {"cluster": "in-cluster"}
 
 
@@ -64,6 +65,16 @@ def test_a_custom_resource_is_named_by_group_version_and_plural():
         ({"kind": "Custom"} | KSERVE | {"version": "beta"}, "version", "API version"),
         ({"kind": "Deployment", "plural": "deployments"}, "plural", "only to kind Custom"),
         ({"kind": "ReplicaSet"}, "kind", "valid choice"),
+        # Its CRD has no scale subresource: the kind of its own sets its bounds instead.
+        ({"kind": "Custom"} | KSERVE, "kind", "use kind InferenceService"),
+        ({"mode": "hpa-bounds"}, "hpa_name", "is required in mode hpa-bounds"),
+        ({"mode": "replicas", "hpa_name": "llama"}, "hpa_name", "applies only to mode hpa-bounds"),
+        (
+            {"mode": "hpa-bounds", "kind": "InferenceService", "hpa_name": "x"},
+            "hpa_name",
+            "minReplicas/maxReplicas",
+        ),  # fmt: skip
+        ({"mode": "fight"}, "mode", "valid choice"),
         ({"cluster": "nowhere"}, "cluster", "not a cluster profile of the KUBERNETES_CLUSTERS"),
         ({"api_server": "https://k8s.example:6443"}, "api_server", "KUBERNETES_CLUSTERS"),
         ({"kubeconfig": "/k"}, "kubeconfig", "is an operator setting now"),
