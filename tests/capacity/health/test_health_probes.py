@@ -95,6 +95,9 @@ def test_healthy_replicas_answer_and_the_first_answer_becomes_the_fingerprint(
     fingerprint = DeploymentFingerprint.objects.get(deployment=process_deployment)
     assert fingerprint.answer and fingerprint.recorded_from == "process:0"
     assert all(r.last_latency_ms < 1000 for r in replicas)
+    # Read from the engine's own vllm:num_requests_running (idle now): a scale-down takes
+    # the least loaded first.
+    assert [r.running_requests for r in replicas] == [0.0, 0.0]
     # Both replicas give the same answer, again and again.
     for _ in range(2):
         assert probe_round().failed == 0
