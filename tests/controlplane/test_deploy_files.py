@@ -55,26 +55,6 @@ def test_every_celery_queue_is_consumed_by_a_compose_worker():
     assert "health" in declared
 
 
-def test_the_rbac_role_lets_restarts_list_and_delete_pods_and_the_actuator_scale():
-    documents = list(yaml.safe_load_all((DEPLOY / "rbac.yaml").read_text()))
-    role = next(doc for doc in documents if doc["kind"] == "Role")
-    granted: dict[tuple[str, str], set[str]] = {}
-    for rule in role["rules"]:
-        for group in rule["apiGroups"]:
-            for resource in rule["resources"]:
-                granted.setdefault((group, resource), set()).update(rule["verbs"])
-    assert {"get", "list", "delete"} <= granted[("", "pods")]
-    for group, resource in [
-        ("apps", "deployments/scale"),
-        ("apps", "statefulsets/scale"),
-        ("serving.kserve.io", "inferenceservices/scale"),
-        ("leaderworkerset.x-k8s.io", "leaderworkersets/scale"),
-    ]:
-        assert {"get", "patch"} <= granted[(group, resource)], resource
-    # Nothing that rewrites the workloads themselves.
-    assert not any("patch" in verbs for (_, r), verbs in granted.items() if "/" not in r)
-
-
 def test_compose_has_no_default_passwords_or_secrets():
     text = (DEPLOY / "compose.yaml").read_text()
     for name in ("POSTGRES_PASSWORD", "SECRET_KEY"):
