@@ -1,9 +1,12 @@
 """Liveness and readiness for the orchestrator.
 
 /healthz answers as long as the process serves requests: it touches nothing, so a slow
-database never gets a healthy web process killed. /readyz checks what a request needs. Both
-answer anyone: /readyz names the dependency that failed and nothing more; the reason (host
-names, driver messages) goes to the log.
+database never gets a healthy web process killed. /readyz checks what a request needs: the
+database (503 without it). Redis down is reported but still 200 ("degraded"): admission has
+its Redis-down fallback (ADMISSION_FALLBACK_PROCESSES) and the API serves from the database,
+so taking every web pod out of its Service when Redis fails would turn a degraded control
+plane into none at all. Both answer anyone: /readyz names the dependency that failed and
+nothing more; the reason (host names, driver messages) goes to the log.
 """
 
 import logging
@@ -57,8 +60,10 @@ def readyz(request):
         "redis": "ok" if _check_redis() else "unavailable",
     }
     failed = sorted(name for name, state in checks.items() if state != "ok")
-    if failed:
+    if "database" in failed:
         return JsonResponse(
             {"status": "unavailable", "failed": failed, "checks": checks}, status=503
         )
+    if failed:
+        return JsonResponse({"status": "degraded", "failed": failed, "checks": checks})
     return JsonResponse({"status": "ok", "checks": checks})
