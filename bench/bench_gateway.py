@@ -558,6 +558,7 @@ def _start_gateway(folder: Path, usage_url: str) -> tuple[subprocess.Popen, str,
         "GATEWAY_CONTROL_PLANE_URL": usage_url,
         "GATEWAY_SERVICE_KEY": SERVICE_KEY,
         "GATEWAY_LOG_LEVEL": "WARNING",
+        "GATEWAY_SHUTDOWN_GRACE_SECONDS": "5",
     }
     env.pop("DJANGO_SETTINGS_MODULE", None)
     log = folder / "gateway.log"

@@ -91,8 +91,9 @@ pids+=($!)
 
 # The gateway in front of the emulator: reads the contract the control plane publishes to Redis
 # (docs/gateway-contract.md), admits, routes, posts usage to the API.
+# A demo stopped with Ctrl-C need not wait a minute for the traffic generator's streams.
 GATEWAY_HOST="$HOST" GATEWAY_PORT="$GATEWAY_PORT" GATEWAY_REDIS_URL="$REDIS_URL" \
-  GATEWAY_CONTROL_PLANE_URL="http://$HOST:$PORT" \
+  GATEWAY_CONTROL_PLANE_URL="http://$HOST:$PORT" GATEWAY_SHUTDOWN_GRACE_SECONDS=5 \
   $BIN/python -m dataplane.gateway > "$LOG/gateway.log" 2>&1 &
 pids+=($!)
 

@@ -23,6 +23,7 @@ from types import FrameType
 from .settings import Settings, SettingsError
 
 log = logging.getLogger("dataplane.gateway")
+JOIN_AFTER_GRACE_SECONDS = 10
 
 
 def serve(settings: Settings) -> None:
@@ -54,7 +55,9 @@ def serve(settings: Settings) -> None:
         handler_cancellation=True,  # a client that leaves cancels its request upstream
         access_log=None,
         print=None,
-        shutdown_timeout=5.0,
+        # The grace for requests in flight is the app's own (Gateway.drain, on shutdown);
+        # aiohttp then cancels what is left within a second.
+        shutdown_timeout=1.0,
         loop=loop,
     )
 
@@ -110,7 +113,9 @@ def main() -> int:
                     stop(signal.SIGTERM, None)
                     break
         for worker in workers:
-            worker.join(timeout=10)
+            # Its grace for requests in flight, then 10 s to cancel the rest and hand over
+            # its unsent usage.
+            worker.join(timeout=settings.shutdown_grace_seconds + JOIN_AFTER_GRACE_SECONDS)
             if worker.is_alive():
                 worker.kill()
     finally:

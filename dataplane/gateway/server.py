@@ -240,6 +240,10 @@ def _iso(moment: float) -> str:
 class Gateway:
     def __init__(self, settings: Settings):
         self.settings = settings
+        # Requests being answered, for a shutdown that lets them finish (`drain`).
+        self._answering = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
         self.redis = aioredis.Redis.from_url(
             settings.redis_url,
             socket_timeout=settings.redis_timeout_seconds * 4,
@@ -370,10 +374,31 @@ class Gateway:
         return web.json_response({"object": "list", "data": data})
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        return await self.generate(request, CHAT)
+        return await self._answer(request, CHAT)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self.generate(request, COMPLETION)
+        return await self._answer(request, COMPLETION)
+
+    async def _answer(self, request: web.Request, kind: str) -> web.StreamResponse:
+        self._answering += 1
+        self._idle.clear()
+        try:
+            return await self.generate(request, kind)
+        finally:
+            self._answering -= 1
+            if not self._answering:
+                self._idle.set()
+
+    async def drain(self, _app: web.Application) -> None:
+        """On SIGTERM, once the listener is closed: wait up to GATEWAY_SHUTDOWN_GRACE_SECONDS
+        for the requests in flight to end (a rollout should not cut long streams); what is
+        left is cancelled by aiohttp's own shutdown and recorded as cancelled."""
+        if self._answering:
+            log.info("shutting down: waiting for %d request(s) in flight", self._answering)
+            try:
+                await asyncio.wait_for(self._idle.wait(), self.settings.shutdown_grace_seconds)
+            except TimeoutError:
+                log.warning("shutting down: %d request(s) cut at the grace", self._answering)
 
     def _contract(self) -> Contract:
         contract = self.reader.contract
@@ -1088,6 +1113,7 @@ def create_app(settings: Settings) -> web.Application:
     gateway = Gateway(settings)
     app[GATEWAY_KEY] = gateway
     app.on_startup.append(gateway.start)
+    app.on_shutdown.append(gateway.drain)
     app.on_cleanup.append(gateway.stop)
     app.router.add_post("/v1/chat/completions", gateway.chat_completions)
     app.router.add_post("/v1/completions", gateway.completions)

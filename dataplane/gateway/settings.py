@@ -35,6 +35,9 @@ class Settings:
     retries: int = 2
     retry_backoff_seconds: float = 0.05
     cold_start_wait_seconds: float = 90.0
+    # On SIGTERM a worker stops accepting and gives the requests in flight this long to end
+    # (a rollout should not cut a long stream); then the unsent usage goes to web or the spool.
+    shutdown_grace_seconds: float = 60.0
     session_header: str = "X-Session-Id"
     prefix_affinity_bytes: int = 0
     affinity_load_factor: float = 1.5
@@ -77,7 +80,12 @@ class Settings:
         for name in positive:
             if not getattr(self, name) > 0:
                 raise SettingsError(f"GATEWAY_{name.upper()} must be > 0")
-        for name in ("retries", "retry_backoff_seconds", "cold_start_wait_seconds"):
+        for name in (
+            "retries",
+            "retry_backoff_seconds",
+            "cold_start_wait_seconds",
+            "shutdown_grace_seconds",
+        ):
             if getattr(self, name) < 0:
                 raise SettingsError(f"GATEWAY_{name.upper()} must be >= 0")
         if self.usage_batch_max > 5000:

@@ -133,6 +133,8 @@ def gateway_process(tmp_path: Path, **env: str) -> Iterator[Gateway]:
         "GATEWAY_REFRESH_SECONDS": "0.5",
         "GATEWAY_COLD_START_WAIT_SECONDS": "10",
         "GATEWAY_TOKEN_TIMEOUT_SECONDS": "5",
+        # Within stop()'s 15 s, so a test's gateway hands its usage over before the kill.
+        "GATEWAY_SHUTDOWN_GRACE_SECONDS": "3",
         **env,
     }
     full_env.pop("DJANGO_SETTINGS_MODULE", None)

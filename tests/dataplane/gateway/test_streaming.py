@@ -5,6 +5,7 @@ byte."""
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import threading
 import time
@@ -275,3 +276,57 @@ def test_a_replica_silent_before_its_first_byte_is_given_up_after_the_token_time
     assert {e["outcome"] for e in events} == {"completed"}
     assert {e["deployment"] for e in events} == {"tiny-1"}
     assert "gateway_retries_total 0.0" not in http.get(gateway.url + "/metrics").text
+
+
+def test_a_stream_in_flight_finishes_when_the_gateway_is_told_to_stop(
+    world, start_emulator, start_gateway, http, usage_server
+):
+    """A rollout's SIGTERM lets requests in flight end within GATEWAY_SHUTDOWN_GRACE_SECONDS
+    (the pod's terminationGracePeriodSeconds is sized above it), rather than cutting them."""
+    # 20 ms a token: 350 tokens take about 7 s, longer than the 5 s the gateway once gave.
+    url, _ = start_emulator(SLOW)
+    publish_replicas(world, [url])
+    gateway = start_gateway(GATEWAY_SHUTDOWN_GRACE_SECONDS="12")
+    body = {**LONG, "max_tokens": 350, "stream": True}
+
+    with http.stream(
+        "POST", gateway.url + "/v1/completions", json=body, headers=bearer(world.acme)
+    ) as response:
+        lines = response.iter_lines()
+        for line in lines:
+            if line.startswith("data: "):
+                gateway.process.send_signal(signal.SIGTERM)
+                break
+        events, done = sse(lines)
+
+    assert done, events[-1:]
+    assert not [e for e in events if "error" in e]
+    event = wait_for(lambda: usage_events(usage_server))[0]
+    assert (event["outcome"], event["output_tokens"]) == ("completed", 350)
+    assert gateway.process.wait(timeout=10) == 0
+
+
+def test_a_stream_longer_than_the_shutdown_grace_is_cut_and_recorded(
+    world, start_emulator, start_gateway, http, usage_server
+):
+    url, _ = start_emulator(SLOW)
+    publish_replicas(world, [url])
+    gateway = start_gateway(GATEWAY_SHUTDOWN_GRACE_SECONDS="1")
+    body = {**LONG, "max_tokens": 350, "stream": True}
+
+    started = time.monotonic()
+    with http.stream(
+        "POST", gateway.url + "/v1/completions", json=body, headers=bearer(world.acme)
+    ) as response:
+        lines = response.iter_lines()
+        for line in lines:
+            if line.startswith("data: "):
+                gateway.process.send_signal(signal.SIGTERM)
+                break
+        with pytest.raises(httpx.RemoteProtocolError):
+            sse(lines)
+
+    assert time.monotonic() - started < 5  # the grace and aiohttp's second, not 7 s
+    event = wait_for(lambda: usage_events(usage_server))[0]
+    assert event["outcome"] in ("cancelled", "error")
+    assert 0 < event["output_tokens"] < 350
