@@ -6,6 +6,15 @@ reports the highest throughput that met the SLO. Exact shapes: the prompt is a l
 ids and `max_tokens` = `min_tokens` = the output length with `ignore_eos`, which vLLM honours;
 timings come from the streamed response.
 
+A suite's feature shapes also exercise the prefix cache and image inputs, so that the cost
+model's cached-input and image weights can be measured (`ShapeSpec`): every request of a shape
+with a cache-hit share starts with the same prefix of that share of its input (the rest salted,
+so only the prefix can hit), and a shape with images is sent as a chat completion with that
+many distinct inline images. What the engine did is read back, never assumed: the prompt
+tokens from usage (image placeholders and the chat template included), and the cache hits from
+usage's `prompt_tokens_details.cached_tokens` (vLLM with `--enable-prompt-tokens-details`) or
+else from the delta of vLLM's prefix-cache counters on the endpoint's /metrics over the point.
+
 Pure asyncio + httpx; no Django. The service that stores results calls `run_grid`.
 
 Load goes only where the operator allows (BENCHMARK_ALLOWED_HOSTS): every connection of the
@@ -14,20 +23,55 @@ address it is opened to. Connections are pooled, so the check costs nothing per 
 """
 
 import asyncio
+import base64
 import json
 import math
 import ssl
+import struct
 import time
+import zlib
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane import outbound
 
 
 class RunnerError(Exception):
     """The run cannot go on (unreachable endpoint, too many errors): a clear reason."""
+
+
+@dataclass(frozen=True)
+class ShapeSpec:
+    """One request shape: its lengths, and what of it the prefix cache and images make up.
+
+    `input_len` is the prompt's text (or token-id) length; an engine adds each image's
+    placeholder tokens (and, for chat, its template) to the prompt tokens it reports.
+    """
+
+    input_len: int
+    output_len: int
+    # Share of the input that is a prefix shared by every request of the shape, in [0, 1).
+    cache_hit_share: float = 0.0
+    images: int = 0  # images per request
+
+    @property
+    def shared_prefix_len(self) -> int:
+        return round(self.cache_hit_share * self.input_len)
+
+    @property
+    def has_features(self) -> bool:
+        return self.cache_hit_share > 0 or self.images > 0
+
+    def describe(self) -> str:
+        text = f"{self.input_len}/{self.output_len}"
+        if self.cache_hit_share:
+            text += f" ({self.cache_hit_share:.0%} shared prefix)"
+        if self.images:
+            text += f" (+{self.images} image{'s' if self.images > 1 else ''})"
+        return text
 
 
 @dataclass(frozen=True)
@@ -41,6 +85,11 @@ class SuiteSpec:
     min_throughput_growth: float = 0.05
     max_error_rate: float = 0.05
     request_timeout_seconds: float = 120.0
+    # Measured after the grid: shapes with a shared prefix or images.
+    feature_shapes: tuple[ShapeSpec, ...] = ()
+
+    def shapes(self) -> tuple[ShapeSpec, ...]:
+        return tuple(ShapeSpec(i, o) for i, o in self.grid) + self.feature_shapes
 
 
 @dataclass(frozen=True)
@@ -53,6 +102,8 @@ class RequestResult:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     error: str = ""
+    # usage.prompt_tokens_details.cached_tokens; None when the engine did not report it.
+    cached_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -72,6 +123,12 @@ class PointResult:
     error_count: int
     slo_met: bool
     first_error: str = ""
+    cache_hit_share: float = 0.0
+    images: int = 0
+    # Prompt tokens served from the prefix cache, counted like input_tokens_per_s, and where
+    # the count comes from: "usage", "metrics" (the counters' delta), or "" when not measured.
+    cached_input_tokens_per_s: float = 0.0
+    cache_hits_from: str = ""
 
     @property
     def error_rate(self) -> float:
@@ -86,6 +143,8 @@ class ShapeResult:
     points: list[PointResult] = field(default_factory=list)
     sustainable: PointResult | None = None
     stop_reason: str = ""
+    cache_hit_share: float = 0.0
+    images: int = 0
 
 
 def percentile(values: Sequence[float], share: float) -> float | None:
@@ -97,9 +156,115 @@ def percentile(values: Sequence[float], share: float) -> float | None:
     return ordered[rank - 1]
 
 
+# Token ids stay in [100, 30100): below every vocabulary the runner meets (32,000 and up).
+_TOKEN_ID_BASE = 100
+_TOKEN_ID_SPAN = 30000
+
+
 def prompt_token_ids(input_len: int, salt: int) -> list[int]:
-    # Distinct ids per request, so an engine's prefix cache cannot make later requests cheaper.
-    return [100 + (salt * 7919 + index * 104729) % 30000 for index in range(input_len)]
+    """Distinct ids per request, so an engine's prefix cache cannot make later requests cheaper.
+
+    The second id carries the salt's high part: without it the ids would repeat every 30,000
+    requests, within reach of a prefix cache on a long point.
+    """
+    ids = [
+        _TOKEN_ID_BASE + (salt * 7919 + index * 104729) % _TOKEN_ID_SPAN
+        for index in range(input_len)
+    ]
+    if input_len > 1:
+        ids[1] = _TOKEN_ID_BASE + (salt // _TOKEN_ID_SPAN) % _TOKEN_ID_SPAN
+    return ids
+
+
+def shared_prefix_token_ids(length: int, seed: int) -> list[int]:
+    """The prefix every request of one shape shares; another stride than the salted ids', so
+    no run of them can equal a salted run."""
+    return [
+        _TOKEN_ID_BASE + (seed * 48271 + index * 104723) % _TOKEN_ID_SPAN for index in range(length)
+    ]
+
+
+def _shape_seed(shape: ShapeSpec) -> int:
+    # One prefix per shape, so one shape's requests do not hit another shape's prefix.
+    return shape.input_len * 1_000_003 + shape.output_len * 1009 + shape.images * 7 + 1
+
+
+def prompt_words(token_ids: Sequence[int]) -> str:
+    """Chat text standing for token ids: one word per id, which the engine emulator reads as
+    one token each (a real tokenizer's count is read back from usage)."""
+    return " ".join(f"w{token_id}" for token_id in token_ids)
+
+
+# Each image is a small PNG with pixels drawn from the request's salt, so no two requests
+# share an image (vLLM caches encoder outputs and processed inputs by content hash). An
+# engine's placeholder count for it is its own (fixed per image, or by size), read back.
+IMAGE_SIDE_PX = 32
+
+
+def _noise_scanlines(side_px: int) -> bytes:
+    """RGB scanlines of a fixed pattern, each led by its filter byte (0: none)."""
+    rows = bytearray()
+    for y in range(side_px):
+        rows.append(0)
+        for x in range(side_px):
+            rows += ((y * 40503 + x * 9973) * 2654435761 & 0xFFFFFF).to_bytes(3, "big")
+    return bytes(rows)
+
+
+_IMAGE_SCANLINES = _noise_scanlines(IMAGE_SIDE_PX)
+
+
+def _png_chunk(kind: bytes, data: bytes) -> bytes:
+    body = kind + data
+    return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
+
+
+_PNG_HEAD = b"\x89PNG\r\n\x1a\n" + _png_chunk(
+    b"IHDR", struct.pack(">IIBBBBB", IMAGE_SIDE_PX, IMAGE_SIDE_PX, 8, 2, 0, 0, 0)
+)
+_PNG_TAIL = _png_chunk(b"IEND", b"")
+
+
+def image_png(salt: int, index: int) -> bytes:
+    """A valid IMAGE_SIDE_PX² RGB PNG, different for every (salt, index): the first pixels of
+    a fixed pattern carry them (tens of microseconds, not a per-pixel loop per request)."""
+    stamp = struct.pack(">QH", salt & 0xFFFFFFFFFFFFFFFF, index & 0xFFFF)
+    pixels = _IMAGE_SCANLINES[:1] + stamp + _IMAGE_SCANLINES[1 + len(stamp) :]
+    return _PNG_HEAD + _png_chunk(b"IDAT", zlib.compress(pixels, 1)) + _PNG_TAIL
+
+
+def image_part(salt: int, index: int) -> dict:
+    """An OpenAI chat content part with the image inline: vLLM takes base64 data: URLs
+    without fetching anything."""
+    data = base64.b64encode(image_png(salt, index)).decode("ascii")
+    return {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{data}"}}
+
+
+def _has_text(choice: dict) -> bool:
+    # A completion chunk carries "text"; a chat chunk a "delta" with "content".
+    return bool(choice.get("text") or (choice.get("delta") or {}).get("content"))
+
+
+# vLLM V1's prefix-cache counters, in tokens (vllm/v1/metrics/loggers.py), and the names
+# vLLM 0.7–0.9 exposed them under; V0 had only a hit-rate gauge, which is not a count.
+PREFIX_CACHE_COUNTERS = (
+    ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"),
+    ("vllm:gpu_prefix_cache_queries_total", "vllm:gpu_prefix_cache_hits_total"),
+)
+
+
+def prefix_cache_counters(metrics_text: str, model: str) -> tuple[float, float] | None:
+    """(queried tokens, hit tokens) summed over the model's series (every engine of the
+    process), or None when the text has no prefix-cache counters."""
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if sample.labels.get("model_name", model) == model:
+                totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+    for queries, hits in PREFIX_CACHE_COUNTERS:
+        if queries in totals and hits in totals:
+            return totals[queries], totals[hits]
+    return None
 
 
 # httpx's connection pool scans all its connections for every request, so one client with
@@ -145,6 +310,8 @@ class Endpoint:
         clients: Sequence[httpx.AsyncClient] = (),
     ) -> None:
         self.url = base_url.rstrip("/") + "/v1/completions"
+        self.chat_url = base_url.rstrip("/") + "/v1/chat/completions"
+        self.metrics_url = base_url.rstrip("/") + "/metrics"
         self.model = model
         self.clients = list(clients) or ([client] if client is not None else [])
         if not self.clients:
@@ -159,29 +326,61 @@ class Endpoint:
                 f"The endpoint {self.url} cannot serve '{self.model}': {result.error}"
             )
 
-    async def complete(
-        self, *, input_len: int, output_len: int, timeout_seconds: float, lane: int = 0
-    ) -> RequestResult:
+    async def prefix_cache_counters(self) -> tuple[float, float] | None:
+        """The engine's prefix-cache counters now, or None when it exposes none (or /metrics
+        does not answer): then hits are read from usage or not at all."""
+        try:
+            response = await self.clients[0].get(self.metrics_url, timeout=10.0)
+            if response.status_code != 200:
+                return None
+            return prefix_cache_counters(response.text, self.model)
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    def _body(self, shape: ShapeSpec) -> tuple[str, dict]:
+        """Where to send one request of `shape`, and what."""
         self._salt += 1
-        body = {
+        prefix_len = shape.shared_prefix_len
+        if prefix_len:
+            ids = shared_prefix_token_ids(prefix_len, _shape_seed(shape))
+            ids += prompt_token_ids(shape.input_len - prefix_len, self._salt)
+        else:
+            ids = prompt_token_ids(shape.input_len, self._salt)
+        common = {
             "model": self.model,
-            "prompt": prompt_token_ids(input_len, self._salt),
-            "max_tokens": output_len,
-            "min_tokens": output_len,
+            "max_tokens": shape.output_len,
+            "min_tokens": shape.output_len,
             "ignore_eos": True,
             "temperature": 0.0,
             "stream": True,
             "stream_options": {"include_usage": True},
         }
+        if not shape.images:
+            return self.url, {"model": self.model, "prompt": ids, **common}
+        # Images need the chat API (vLLM's completions API takes none): text, then the images,
+        # after the salted text so they never fall in the shared prefix.
+        content = [{"type": "text", "text": prompt_words(ids)}]
+        content += [image_part(self._salt, index) for index in range(shape.images)]
+        return self.chat_url, {**common, "messages": [{"role": "user", "content": content}]}
+
+    async def complete(
+        self,
+        *,
+        input_len: int,
+        output_len: int,
+        timeout_seconds: float,
+        lane: int = 0,
+        cache_hit_share: float = 0.0,
+        images: int = 0,
+    ) -> RequestResult:
+        url, body = self._body(ShapeSpec(input_len, output_len, cache_hit_share, images))
         started = time.perf_counter()
         first_token_at = None
         chunks_with_text = 0
         usage = None
         try:
             client = self.clients[(lane // STREAMS_PER_CLIENT) % len(self.clients)]
-            async with client.stream(
-                "POST", self.url, json=body, timeout=timeout_seconds
-            ) as response:
+            async with client.stream("POST", url, json=body, timeout=timeout_seconds) as response:
                 if response.status_code != 200:
                     detail = (await response.aread())[:200].decode(errors="replace")
                     return RequestResult(
@@ -203,14 +402,14 @@ class Endpoint:
                     if '"prompt_tokens"' in payload:
                         chunk = json.loads(payload)
                         usage = chunk.get("usage") or usage
-                        if not any(c.get("text") for c in chunk.get("choices") or []):
+                        if not any(_has_text(c) for c in chunk.get("choices") or []):
                             continue
                     elif first_token_at is not None:
                         chunks_with_text += 1
                         continue
                     else:
                         chunk = json.loads(payload)
-                    if any(choice.get("text") for choice in chunk.get("choices") or []):
+                    if any(_has_text(choice) for choice in chunk.get("choices") or []):
                         chunks_with_text += 1
                         if first_token_at is None:
                             first_token_at = time.perf_counter()
@@ -224,6 +423,8 @@ class Endpoint:
         finished = time.perf_counter()
         completion_tokens = int(usage["completion_tokens"]) if usage else chunks_with_text
         prompt_tokens = int(usage["prompt_tokens"]) if usage else input_len
+        details = (usage or {}).get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
         if first_token_at is None:
             return RequestResult(
                 ok=False, started_s=started, finished_s=finished, error="no tokens streamed"
@@ -240,7 +441,12 @@ class Endpoint:
             tpot_s=tpot,
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
+            cached_tokens=cached if isinstance(cached, int) else None,
         )
+
+
+# The share of a point's measuring time spent before it, filling the batch.
+WARMUP_SHARE = 0.25
 
 
 async def measure_point(
@@ -250,6 +456,8 @@ async def measure_point(
     output_len: int,
     concurrency: int,
     spec: SuiteSpec,
+    cache_hit_share: float = 0.0,
+    images: int = 0,
 ) -> PointResult:
     """Closed-loop load: `concurrency` workers send back to back.
 
@@ -258,7 +466,7 @@ async def measure_point(
     identical requests started together finish together, so counting whole completions in a
     window would jump by a whole cohort at a time, while lifetime shares flow smoothly.
     """
-    warmup_seconds = spec.duration_per_point_seconds * 0.25
+    warmup_seconds = spec.duration_per_point_seconds * WARMUP_SHARE
     start = time.perf_counter()
     window_start = start + warmup_seconds
     window_end = window_start + spec.duration_per_point_seconds
@@ -272,6 +480,8 @@ async def measure_point(
                     output_len=output_len,
                     timeout_seconds=spec.request_timeout_seconds,
                     lane=lane,
+                    cache_hit_share=cache_hit_share,
+                    images=images,
                 )
             )
 
@@ -282,6 +492,7 @@ async def measure_point(
     request_share = 0.0
     input_tokens = 0.0
     output_tokens = 0.0
+    cached_tokens = 0.0
     for r in ok:
         lifetime = max(r.finished_s - r.started_s, 1e-9)
         overlap = min(r.finished_s, window_end) - max(r.started_s, window_start)
@@ -289,6 +500,7 @@ async def measure_point(
         request_share += share
         input_tokens += share * r.prompt_tokens
         output_tokens += share * r.completion_tokens
+        cached_tokens += share * (r.cached_tokens or 0)
     # Latencies of the requests that finished inside the window: the steady state.
     settled = [r for r in ok if window_start <= r.finished_s <= window_end] or ok
     ttfts = [r.ttft_s * 1000 for r in settled if r.ttft_s is not None]
@@ -317,6 +529,51 @@ async def measure_point(
         error_count=len(errors),
         slo_met=slo_met,
         first_error=errors[0].error if errors else "",
+        cache_hit_share=cache_hit_share,
+        images=images,
+        cached_input_tokens_per_s=cached_tokens / seconds,
+        cache_hits_from="usage" if any(r.cached_tokens is not None for r in ok) else "",
+    )
+
+
+async def _measure_cache_hits(
+    endpoint: Endpoint, shape: ShapeSpec, concurrency: int, spec: SuiteSpec
+) -> PointResult:
+    """A point of a feature shape, its cache hits read back: from usage when the engine
+    reports them per request, else from its prefix-cache counters, read when the measuring
+    window opens and when the point ends: the share of the prompt tokens looked up in that
+    time that hit (after the warm-up, so without the shape's very first prompt, which cannot
+    hit), applied to the point's prompt tokens."""
+
+    async def counters_at_window_start() -> tuple[float, float] | None:
+        await asyncio.sleep(spec.duration_per_point_seconds * WARMUP_SHARE)
+        return await endpoint.prefix_cache_counters()
+
+    window_start = asyncio.ensure_future(counters_at_window_start())
+    try:
+        point = await measure_point(
+            endpoint,
+            input_len=shape.input_len,
+            output_len=shape.output_len,
+            concurrency=concurrency,
+            spec=spec,
+            cache_hit_share=shape.cache_hit_share,
+            images=shape.images,
+        )
+    except BaseException:
+        window_start.cancel()
+        raise
+    before = await window_start
+    if point.cache_hits_from or before is None:
+        return point
+    after = await endpoint.prefix_cache_counters()
+    if after is None or after[0] <= before[0]:
+        return point
+    hit_share = min(1.0, max(0.0, (after[1] - before[1]) / (after[0] - before[0])))
+    return replace(
+        point,
+        cached_input_tokens_per_s=hit_share * point.input_tokens_per_s,
+        cache_hits_from="metrics",
     )
 
 
@@ -327,24 +584,32 @@ async def sweep_shape(
     output_len: int,
     spec: SuiteSpec,
     on_point: Callable[[PointResult], Awaitable[None]] | None = None,
+    cache_hit_share: float = 0.0,
+    images: int = 0,
 ) -> ShapeResult:
-    shape = ShapeResult(input_len=input_len, output_len=output_len)
+    wanted = ShapeSpec(input_len, output_len, cache_hit_share, images)
+    shape = ShapeResult(
+        input_len=input_len, output_len=output_len, cache_hit_share=cache_hit_share, images=images
+    )
     concurrency = spec.concurrency_start
     while True:
-        point = await measure_point(
-            endpoint,
-            input_len=input_len,
-            output_len=output_len,
-            concurrency=concurrency,
-            spec=spec,
-        )
+        if wanted.has_features:
+            point = await _measure_cache_hits(endpoint, wanted, concurrency, spec)
+        else:
+            point = await measure_point(
+                endpoint,
+                input_len=input_len,
+                output_len=output_len,
+                concurrency=concurrency,
+                spec=spec,
+            )
         shape.points.append(point)
         if on_point is not None:
             await on_point(point)
         if point.error_rate > spec.max_error_rate:
             raise RunnerError(
                 f"{point.error_count} of {point.request_count + point.error_count} requests "
-                f"failed at {input_len}/{output_len} with concurrency {concurrency} "
+                f"failed at {wanted.describe()} with concurrency {concurrency} "
                 f"(over the {spec.max_error_rate:.0%} limit); first error: {point.first_error}"
             )
         best = shape.sustainable
@@ -387,9 +652,15 @@ async def run_grid(
         endpoint = Endpoint(base_url, model, clients=clients)
         await endpoint.check()
         shapes = []
-        for input_len, output_len in spec.grid:
+        for wanted in spec.shapes():
             shape = await sweep_shape(
-                endpoint, input_len=input_len, output_len=output_len, spec=spec, on_point=on_point
+                endpoint,
+                input_len=wanted.input_len,
+                output_len=wanted.output_len,
+                spec=spec,
+                on_point=on_point,
+                cache_hit_share=wanted.cache_hit_share,
+                images=wanted.images,
             )
             shapes.append(shape)
             if on_shape is not None:
