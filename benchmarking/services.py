@@ -424,10 +424,11 @@ def run_execute(*, run_id: int) -> BenchmarkRun | None:
         try:
             with transaction.atomic():
                 cost_model = cost_model_fit(run=BenchmarkRun.objects.get(pk=run_id))
+            features = fit_feature_summary(cost_model)
             _append_log(
                 run_id,
                 f"fitted v{cost_model.version}: CV MAPE {cost_model.cv_mape:.1%}, "
-                f"{cost_model.status}",
+                f"{cost_model.status}" + (f"; {features}" if features else ""),
             )
         except DomainError as error:
             BenchmarkRun.objects.filter(pk=run_id).update(fit_error=error.message)
@@ -546,6 +547,45 @@ def _latest_fittable_run(served_model, gpu_type, gpus_per_replica) -> BenchmarkR
     )
 
 
+def _candidate_record(candidate: fitting.CandidateScore) -> dict:
+    record = {
+        "features": list(candidate.features),
+        "cv_mape": candidate.cv_mape,
+        "cv_worst_error": candidate.cv_worst_error,
+    }
+    if candidate.feature_errors:
+        # Held-out error on just the samples with cached tokens / images.
+        record["held_out_by_feature"] = {
+            error.feature: {
+                "samples": error.sample_count,
+                "cv_mape": error.cv_mape,
+                "cv_worst_error": error.cv_worst_error,
+            }
+            for error in candidate.feature_errors
+        }
+    return record
+
+
+FEATURE_SAMPLES_WORDING = {"cached_input_tokens": "cached-token", "images": "image"}
+
+
+def fit_feature_summary(cost_model: CostModel) -> str:
+    """The selected fit's held-out error on its cached-token and image samples, in words
+    ("" when it had none)."""
+    chosen = next(
+        (c for c in cost_model.candidates if c.get("features") == list(cost_model.features)),
+        None,
+    )
+    by_feature = (chosen or {}).get("held_out_by_feature") or {}
+    # In the fit's order: a jsonb column does not keep the keys' order.
+    return "; ".join(
+        f"{FEATURE_SAMPLES_WORDING[name]} samples held out {error['cv_mape']:.1%} "
+        f"(worst {error['cv_worst_error']:.1%}, {error['samples']} samples)"
+        for name in fitting.REPORTED_FEATURES
+        if (error := by_feature.get(name))
+    )
+
+
 def cost_model_fit(
     *,
     run: BenchmarkRun | None = None,
@@ -611,14 +651,7 @@ def cost_model_fit(
         distinct_shapes=result.distinct_shapes,
         cv_mape=result.cv_mape,
         cv_worst_error=result.cv_worst_error,
-        candidates=[
-            {
-                "features": list(candidate.features),
-                "cv_mape": candidate.cv_mape,
-                "cv_worst_error": candidate.cv_worst_error,
-            }
-            for candidate in result.candidates
-        ],
+        candidates=[_candidate_record(candidate) for candidate in result.candidates],
         residuals=[
             {
                 "input_tokens": residual.shape.input_tokens,

@@ -1,13 +1,18 @@
 """Suites with feature shapes (a shared prefix, images): created and changed through the API,
 checked, and measured into samples that carry cached tokens and images."""
 
+import io
+
 import pytest
+from django.core.management import call_command
 
 from benchmarking import services
 from benchmarking.models import BenchmarkRun, BenchmarkSample, BenchmarkSuite
 from benchmarking.runner import PointResult, ShapeResult
+from capacity.pricing.features import predict_replica_seconds
 from dataplane.emulator.background import BackgroundEmulator
 from dataplane.emulator.config import parse_config
+from tests.benchmarking.test_fitting_features import CACHED, PLAIN, WEIGHTS, WITH_IMAGES
 
 # The benchmark path of `make run`'s demo: on SQLite too.
 pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
@@ -176,3 +181,49 @@ def test_a_run_of_feature_shapes_stores_cached_tokens_and_images_on_its_samples(
     # 75 % of 512 shared: 384 tokens, 24 full blocks, hit by every request but the first
     # (which the warm-up holds); 64 text tokens + 2 × 50 placeholders.
     assert shapes == {(128, 0, 0), (512, 0, 0), (512, 384, 0), (164, 0, 2)}
+
+
+def test_a_fit_of_feature_samples_records_and_reports_their_held_out_error(deployment):
+
+    run = BenchmarkRun.objects.create(
+        served_model=deployment.served_model,
+        gpu_type=deployment.gpu_pool.gpu_type,
+        status=BenchmarkRun.Status.SUCCEEDED,
+        source=BenchmarkRun.Source.IMPORT,
+    )
+    for shape in PLAIN + CACHED + WITH_IMAGES:
+        BenchmarkSample.objects.create(
+            run=run,
+            input_len=shape.total_input_tokens,
+            cached_input_len=shape.cached_input_tokens,
+            output_len=shape.output_tokens,
+            images=shape.images,
+            requests_per_s=1 / predict_replica_seconds(WEIGHTS, shape),
+            sustainable=True,
+        )
+
+    cost_model = services.cost_model_fit(run=run)
+
+    chosen = next(c for c in cost_model.candidates if c["features"] == cost_model.features)
+    held_out = chosen["held_out_by_feature"]
+    assert held_out["cached_input_tokens"]["samples"] == len(CACHED)
+    assert held_out["images"]["samples"] == len(WITH_IMAGES)
+    assert cost_model.weights_replica_seconds["images"] == pytest.approx(WEIGHTS["images"], 0.01)
+    assert {r["images"] for r in cost_model.residuals} == {0, 1, 2}
+    summary = services.fit_feature_summary(cost_model)
+    assert summary.startswith("cached-token samples held out ")
+    assert "image samples held out" in summary
+
+    out = io.StringIO()
+    call_command(
+        "fit_cost_model",
+        "--model",
+        deployment.served_model.name,
+        "--gpu",
+        deployment.gpu_pool.gpu_type.name,
+        "--run",
+        str(run.pk),
+        stdout=out,
+    )
+    assert "image samples held out" in out.getvalue()
+    assert "(+2 images)" in out.getvalue()
