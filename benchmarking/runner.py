@@ -24,6 +24,7 @@ address it is opened to. Connections are pooled, so the check costs nothing per 
 
 import asyncio
 import base64
+import functools
 import json
 import math
 import ssl
@@ -176,12 +177,14 @@ def prompt_token_ids(input_len: int, salt: int) -> list[int]:
     return ids
 
 
-def shared_prefix_token_ids(length: int, seed: int) -> list[int]:
+@functools.lru_cache(maxsize=64)
+def shared_prefix_token_ids(length: int, seed: int) -> tuple[int, ...]:
     """The prefix every request of one shape shares; another stride than the salted ids', so
-    no run of them can equal a salted run."""
-    return [
+    no run of them can equal a salted run. Kept per shape: building thousands of ids for every
+    request is client time the closed loop would count against the engine."""
+    return tuple(
         _TOKEN_ID_BASE + (seed * 48271 + index * 104723) % _TOKEN_ID_SPAN for index in range(length)
-    ]
+    )
 
 
 def _shape_seed(shape: ShapeSpec) -> int:
@@ -342,7 +345,7 @@ class Endpoint:
         self._salt += 1
         prefix_len = shape.shared_prefix_len
         if prefix_len:
-            ids = shared_prefix_token_ids(prefix_len, _shape_seed(shape))
+            ids = [*shared_prefix_token_ids(prefix_len, _shape_seed(shape))]
             ids += prompt_token_ids(shape.input_len - prefix_len, self._salt)
         else:
             ids = prompt_token_ids(shape.input_len, self._salt)

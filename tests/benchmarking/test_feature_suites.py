@@ -175,12 +175,15 @@ def test_a_run_of_feature_shapes_stores_cached_tokens_and_images_on_its_samples(
     run.refresh_from_db()
     assert run.status == BenchmarkRun.Status.SUCCEEDED, run.error
     assert run.progress_done == 4
-    shapes = {
+    shapes = sorted(
         (s.input_len, s.cached_input_len, s.images) for s in run.samples.filter(sustainable=True)
-    }
-    # 75 % of 512 shared: 384 tokens, 24 full blocks, hit by every request but the first
-    # (which the warm-up holds); 64 text tokens + 2 × 50 placeholders.
-    assert shapes == {(128, 0, 0), (512, 0, 0), (512, 384, 0), (164, 0, 2)}
+    )
+    # 64 text tokens + 2 × 50 placeholders; 75 % of 512 shared: 384 tokens, 24 full blocks,
+    # hit by every request but the shape's first, which the warm-up holds (unless a loaded
+    # machine admits it late).
+    assert [shape for shape in shapes if shape[1] == 0] == [(128, 0, 0), (164, 0, 2), (512, 0, 0)]
+    (cached_shape,) = [shape for shape in shapes if shape[1] > 0]
+    assert cached_shape[0] == 512 and cached_shape[1] == pytest.approx(384, rel=0.03)
 
 
 def test_a_fit_of_feature_samples_records_and_reports_their_held_out_error(deployment):
