@@ -19,7 +19,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from benchmarking import fitting, runner
+from benchmarking import fitting, isolation, runner
 from benchmarking.csv_import import parse_throughput_csv
 from benchmarking.models import BenchmarkRun, BenchmarkSample, BenchmarkSuite
 from capacity.models import CostModel, Deployment, GpuType, ServedModel
@@ -91,22 +91,31 @@ def run_queue(
     replicas: int = 1,
 ) -> BenchmarkRun:
     """Queue a benchmark of a deployment's endpoint (or of an explicit endpoint)."""
+    # A deployment whose replicas can be told apart (the process supervisor, Kubernetes pods
+    # by selector) is measured on replicas held for the run, out of the customers' rotation
+    # (benchmarking/isolation.py). One that cannot (a webhook, a dry run: one endpoint) is
+    # measured at its endpoint as before, recorded as not isolated, and its fit never
+    # activates by itself. An explicit endpoint is the planner's own choice.
+    isolated = False
     if deployment is not None:
         deployment = Deployment.objects.select_related("served_model", "gpu_pool__gpu_type").get(
             pk=deployment.pk
         )
-        endpoint_url = endpoint_url or deployment.endpoint_url
         served_model = served_model or deployment.served_model
         gpu_type = gpu_type or deployment.gpu_pool.gpu_type
         gpus_per_replica = gpus_per_replica or deployment.gpus_per_replica
-    if not endpoint_url:
+        isolated = not endpoint_url and not isolation.isolation_refusal(deployment)
+        if not isolated:
+            endpoint_url = endpoint_url or deployment.endpoint_url
+    if not endpoint_url and not isolated:
         raise DomainError(
             "Nothing to benchmark: the deployment has no endpoint_url; give one.",
             field="endpoint_url",
         )
-    # Load goes only where the operator allows: refused here with the rule, and again by the
-    # runner's clients on the address they connect to.
-    outbound.check_url(endpoint_url, purpose=outbound.BENCHMARK, field="endpoint_url")
+    if endpoint_url:
+        # Load goes only where the operator allows: refused here with the rule, and again by
+        # the runner's clients on the address they connect to.
+        outbound.check_url(endpoint_url, purpose=outbound.BENCHMARK, field="endpoint_url")
     if served_model is None or gpu_type is None:
         raise DomainError("Give a deployment, or a model and a GPU type.", field="deployment")
     if replicas < 1:
@@ -119,6 +128,7 @@ def run_queue(
         gpus_per_replica=gpus_per_replica or 1,
         replicas=replicas,
         endpoint_url=endpoint_url,
+        isolated=isolated,
         engine_model_id=served_model.engine_model_id,
         source=BenchmarkRun.Source.RUNNER,
         progress_total=len(suite.grid),
@@ -174,6 +184,9 @@ def _record_point(run_id: int, replicas: int, point: runner.PointResult) -> None
         request_count=point.request_count,
         error_count=point.error_count,
         slo_met=point.slo_met,
+        client_ttft_mean_ms=point.client_ttft_mean_ms,
+        engine_ttft_mean_ms=point.engine_ttft_mean_ms,
+        client_lag_mean_ms=point.client_lag_mean_ms,
     )
     BenchmarkRun.objects.filter(pk=run_id).update(
         heartbeat_at=timezone.now(),
@@ -251,7 +264,7 @@ def run_execute(*, run_id: int) -> BenchmarkRun | None:
     if not run_claim(run_id=run_id):
         logger.info("benchmark run %s was not queued; nothing to do", run_id)
         return None
-    run = BenchmarkRun.objects.select_related("suite").get(pk=run_id)
+    run = BenchmarkRun.objects.select_related("suite", "deployment").get(pk=run_id)
     suite = run.suite
     spec = runner.SuiteSpec(
         grid=tuple((int(i), int(o)) for i, o in suite.grid),
@@ -264,7 +277,6 @@ def run_execute(*, run_id: int) -> BenchmarkRun | None:
         max_error_rate=suite.max_error_rate,
         request_timeout_seconds=suite.request_timeout_seconds,
     )
-    _append_log(run_id, f"benchmarking {run.engine_model_id} at {run.endpoint_url}")
     record_point = sync_to_async(_record_point, thread_sensitive=True)
     record_shape = sync_to_async(_record_shape, thread_sensitive=True)
 
@@ -274,13 +286,13 @@ def run_execute(*, run_id: int) -> BenchmarkRun | None:
     async def on_shape(shape):
         await record_shape(run_id, shape)
 
-    try:
+    def measure(base_urls) -> None:
         # async_to_sync runs the loop in a side thread and brings sync_to_async callbacks back
         # to this thread, so progress is written on this thread's database connection.
         async_to_sync(_with_heartbeat)(
             run_id,
             runner.run_grid(
-                base_url=run.endpoint_url,
+                base_url=base_urls,
                 model=run.engine_model_id,
                 spec=spec,
                 host_policy=outbound.policy(outbound.BENCHMARK),
@@ -288,9 +300,38 @@ def run_execute(*, run_id: int) -> BenchmarkRun | None:
                 on_shape=on_shape,
             ),
         )
-    except runner.RunnerError as error:
-        run_fail(run_id=run_id, error=str(error))
+
+    try:
+        if run.isolated and run.deployment is not None:
+            deployment = run.deployment
+            with isolation.held_replicas(
+                run_id=run_id,
+                deployment=deployment,
+                replicas=run.replicas,
+                wait_seconds=deployment.cold_start_seconds
+                + settings.BENCHMARK_REPLICA_WAIT_SECONDS,
+                progress=lambda message: _progress(run_id, message),
+                beat=lambda: _heartbeat(run_id),
+            ) as urls:
+                BenchmarkRun.objects.filter(pk=run_id).update(measured_endpoints=urls)
+                _append_log(
+                    run_id,
+                    f"benchmarking {run.engine_model_id} on {len(urls)} replica(s) held for "
+                    f"the run, out of the customers' rotation: {', '.join(urls)}",
+                )
+                measure(urls)
+        else:
+            shared = (
+                f" (shared with customers' traffic: {isolation.isolation_refusal(run.deployment)})"
+                if run.deployment is not None
+                else ""
+            )
+            _append_log(run_id, f"benchmarking {run.engine_model_id} at {run.endpoint_url}{shared}")
+            measure([run.endpoint_url])
+    except (runner.RunnerError, isolation.IsolationError, DomainError) as error:
+        run_fail(run_id=run_id, error=str(getattr(error, "message", error)))
         return BenchmarkRun.objects.get(pk=run_id)
+    _judge_client_overhead(run_id)
     # The run turns succeeded and its fit lands in one transaction, so nobody sees a succeeded
     # run whose cost model is still missing.
     with transaction.atomic():
@@ -305,6 +346,17 @@ def run_execute(*, run_id: int) -> BenchmarkRun | None:
         if not finished:
             return BenchmarkRun.objects.get(pk=run_id)
         _append_log(run_id, "succeeded")
+        judged = BenchmarkRun.objects.get(pk=run_id)
+        if judged.reliable is False:
+            reason = (
+                f"not fitted: the client added {judged.client_overhead_ms:.1f} ms "
+                f"({judged.client_overhead_share:.0%}) to the TTFT it measured, over the "
+                f"{settings.BENCHMARK_MAX_CLIENT_OVERHEAD_PERCENT} % limit: the run measured "
+                "its own client"
+            )
+            BenchmarkRun.objects.filter(pk=run_id).update(fit_error=reason)
+            _append_log(run_id, reason)
+            return BenchmarkRun.objects.get(pk=run_id)
         try:
             with transaction.atomic():
                 cost_model = cost_model_fit(run=BenchmarkRun.objects.get(pk=run_id))
@@ -317,6 +369,41 @@ def run_execute(*, run_id: int) -> BenchmarkRun | None:
             BenchmarkRun.objects.filter(pk=run_id).update(fit_error=error.message)
             _append_log(run_id, f"no fit: {error.message}")
     return BenchmarkRun.objects.get(pk=run_id)
+
+
+def _progress(run_id: int, message: str) -> None:
+    BenchmarkRun.objects.filter(pk=run_id).update(
+        progress_message=message[:500], heartbeat_at=timezone.now()
+    )
+
+
+def _judge_client_overhead(run_id: int) -> None:
+    """The run's worst client overhead (its event loop's lag) over its sustainable points,
+    and whether it stays within BENCHMARK_MAX_CLIENT_OVERHEAD_PERCENT of the TTFT measured."""
+    worst_ms = worst_share = None
+    for lag_ms, ttft_ms in BenchmarkSample.objects.filter(
+        run_id=run_id,
+        sustainable=True,
+        client_lag_mean_ms__isnull=False,
+        client_ttft_mean_ms__isnull=False,
+    ).values_list("client_lag_mean_ms", "client_ttft_mean_ms"):
+        served_ms = ttft_ms - lag_ms
+        share = lag_ms / served_ms if served_ms > 0 else float("inf")
+        if worst_share is None or share > worst_share:
+            worst_ms, worst_share = lag_ms, share
+    if worst_share is None:
+        return
+    limit = settings.BENCHMARK_MAX_CLIENT_OVERHEAD_PERCENT / 100
+    BenchmarkRun.objects.filter(pk=run_id).update(
+        client_overhead_ms=worst_ms,
+        client_overhead_share=min(worst_share, 1e6),
+        reliable=worst_share <= limit,
+    )
+    _append_log(
+        run_id,
+        f"client overhead: {worst_ms:.2f} ms, {worst_share:.1%} of the TTFT measured "
+        f"(limit {limit:.0%})",
+    )
 
 
 def runs_reap_stale(*, stale_after_seconds: int | None = None) -> list[int]:
@@ -336,6 +423,12 @@ def runs_reap_stale(*, stale_after_seconds: int | None = None) -> list[int]:
             "partial samples are kept for inspection but are never fitted.",
         ):
             reaped.append(run_id)
+            run = BenchmarkRun.objects.get(pk=run_id)
+            if run.isolated and run.deployment_id is not None:
+                # Its worker died holding replicas: give them back to the customers.
+                isolation.release(
+                    run_id=run_id, deployment_id=run.deployment_id, replicas=run.replicas
+                )
     return reaped
 
 
