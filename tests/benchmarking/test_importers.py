@@ -206,6 +206,7 @@ def test_a_csv_table_still_imports_as_before():
 
 
 @pytest.mark.django_db
+@pytest.mark.both_databases
 @pytest.mark.parametrize(
     ("files", "args", "says"),
     [
@@ -238,6 +239,7 @@ def test_a_file_of_the_wrong_kind_is_refused_naming_what_it_lacks(files, args, s
 
 
 @pytest.mark.django_db
+@pytest.mark.both_databases
 @pytest.mark.parametrize(
     ("name", "content", "says"),
     [
@@ -304,6 +306,7 @@ def test_a_bad_file_is_refused_with_the_reason_and_nothing_is_written(
 
 
 @pytest.mark.django_db
+@pytest.mark.both_databases
 def test_files_that_measured_different_models_are_not_mixed(tmp_path):
     other = write(tmp_path, "other.json", vllm_record(model_id="another-model"))
     with pytest.raises(CommandError, match="disagree on the model they measured"):
@@ -312,6 +315,7 @@ def test_files_that_measured_different_models_are_not_mixed(tmp_path):
 
 
 @pytest.mark.django_db
+@pytest.mark.both_databases
 def test_replicas_do_not_apply_to_a_per_replica_csv():
     table = TABLES / "trtllm_llama31-8b_fp8_h100_tp1.csv"
     with pytest.raises(CommandError, match="per replica already"):
@@ -319,6 +323,7 @@ def test_replicas_do_not_apply_to_a_per_replica_csv():
 
 
 @pytest.mark.django_db
+@pytest.mark.both_databases
 def test_a_file_that_fits_no_model_is_imported_but_says_why_it_cannot_be_fitted():
     with pytest.raises(CommandError, match="Imported as run .*at least 6 distinct"):
         run_command("import_benchmark", *map(str, TRTLLM_BENCH[:3]), "--model", "m", "--gpu", "G",
