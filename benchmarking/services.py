@@ -10,6 +10,7 @@ only ever reads a succeeded run.
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from contextlib import suppress
 from datetime import timedelta
 
@@ -19,8 +20,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from benchmarking import fitting, isolation, runner
-from benchmarking.csv_import import parse_throughput_csv
+from benchmarking import fitting, importers, isolation, runner
 from benchmarking.models import BenchmarkRun, BenchmarkSample, BenchmarkSuite
 from capacity.models import CostModel, Deployment, GpuType, ServedModel
 from capacity.pricing.cost_models import cost_model_record
@@ -438,20 +438,50 @@ def runs_reap_stale(*, stale_after_seconds: int | None = None) -> list[int]:
 @transaction.atomic
 def benchmark_import(
     *,
-    csv_text: str,
     model_name: str,
     gpu_name: str,
-    gpus_per_replica: int = 1,
+    csv_text: str | None = None,
+    files: Sequence[tuple[str, str]] | None = None,
+    file_format: str = importers.AUTO,
+    gpus_per_replica: int | None = None,
+    replicas: int = 1,
     source_detail: str = "",
     gpu_memory_gb: int = 80,
     gpu_hourly_cost_usd=0,
     engine_model_id: str = "",
 ) -> tuple[BenchmarkRun, list[str]]:
-    """Store an imported throughput table as a succeeded run. Returns the run and what was
-    created along the way (a served model, a GPU type), so the caller can say so."""
+    """Store imported benchmark results as a succeeded run. Returns the run and what was
+    created along the way (a served model, a GPU type), so the caller can say so.
+
+    `csv_text` is the project's own table (per replica already); `files` are (name, text)
+    pairs of one tool's result files (`benchmarking.importers`), whose throughput is the whole
+    endpoint's and is divided by `replicas`. `gpus_per_replica` defaults to what the files say
+    (a trtllm-bench report's world size), else 1. Every file is read before anything is
+    written, so a bad one writes nothing."""
+    if (csv_text is None) == (files is None):
+        raise DomainError("Give a CSV table or result files, not both.", field="file")
+    if csv_text is not None:
+        files, file_format = [("CSV", csv_text)], importers.CSV
+    if replicas < 1:
+        raise DomainError("replicas must be at least 1.", field="replicas")
+    results = importers.parse_result_files(files, file_format=file_format)
+    if results.file_format == importers.CSV and replicas != 1:
+        raise DomainError(
+            "A CSV table's requests_per_s is per replica already; replicas applies to the "
+            "tools' result files, which measure a whole endpoint.",
+            field="replicas",
+        )
+    if gpus_per_replica is None:
+        gpus_per_replica = results.gpus_per_replica or 1
+    elif results.gpus_per_replica not in (None, gpus_per_replica):
+        raise DomainError(
+            f"The files say a replica ran on {results.gpus_per_replica} GPUs, not "
+            f"{gpus_per_replica}.",
+            field="gpus_per_replica",
+        )
     if gpus_per_replica < 1:
         raise DomainError("gpus_per_replica must be at least 1.", field="gpus_per_replica")
-    rows = parse_throughput_csv(csv_text)
+    samples = results.samples
     created = []
     gpu_type = GpuType.objects.filter(name=gpu_name).first()
     if gpu_type is None:
@@ -461,10 +491,10 @@ def benchmark_import(
         created.append(f"GPU type '{gpu_name}' ({gpu_memory_gb} GB, ${gpu_hourly_cost_usd}/h)")
     served_model = ServedModel.objects.filter(name=model_name).first()
     if served_model is None:
-        context = max(row.input_len + row.output_len for row in rows)
+        context = max(sample.input_len + sample.output_len for sample in samples)
         served_model = ServedModel.objects.create(
             name=model_name,
-            engine_model_id=engine_model_id or model_name,
+            engine_model_id=engine_model_id or results.engine_model_id or model_name,
             parameters_billions=0,
             reference_gpu_type=gpu_type,
             context_length_tokens=context,
@@ -473,16 +503,23 @@ def benchmark_import(
             f"served model '{model_name}' (reference GPU {gpu_name}, context {context} tokens)"
         )
     now = timezone.now()
+    shapes = results.distinct_shapes
     run = BenchmarkRun.objects.create(
         served_model=served_model,
         gpu_type=gpu_type,
         gpus_per_replica=gpus_per_replica,
+        replicas=replicas,
+        engine_model_id=results.engine_model_id,
         source=BenchmarkRun.Source.IMPORT,
         source_detail=source_detail[:500],
         status=BenchmarkRun.Status.SUCCEEDED,
-        progress_done=len(rows),
-        progress_total=len(rows),
-        progress_message=f"imported {len(rows)} rows",
+        progress_done=shapes,
+        progress_total=shapes,
+        progress_message=(
+            f"imported {len(samples)} rows"
+            if results.file_format == importers.CSV
+            else f"imported {len(samples)} {results.file_format} records, {shapes} shapes"
+        ),
         started_at=now,
         finished_at=now,
         heartbeat_at=now,
@@ -490,19 +527,23 @@ def benchmark_import(
     BenchmarkSample.objects.bulk_create(
         BenchmarkSample(
             run=run,
-            input_len=row.input_len,
-            output_len=row.output_len,
-            cached_input_len=row.cached_input_len,
-            concurrency=row.concurrency,
-            requests_per_s=row.requests_per_s,
-            input_tokens_per_s=row.requests_per_s * row.input_len,
-            output_tokens_per_s=row.requests_per_s * row.output_len,
-            ttft_p95_ms=row.ttft_p95_ms,
-            tpot_p95_ms=row.tpot_p95_ms,
-            request_count=0,
-            sustainable=True,
+            input_len=sample.input_len,
+            output_len=sample.output_len,
+            cached_input_len=sample.cached_input_len,
+            concurrency=sample.concurrency,
+            requests_per_s=sample.requests_per_s / replicas,
+            input_tokens_per_s=sample.requests_per_s / replicas * sample.input_len,
+            output_tokens_per_s=sample.requests_per_s / replicas * sample.output_len,
+            ttft_p50_ms=sample.ttft_p50_ms,
+            ttft_p95_ms=sample.ttft_p95_ms,
+            tpot_p50_ms=sample.tpot_p50_ms,
+            tpot_p95_ms=sample.tpot_p95_ms,
+            e2e_p95_ms=sample.e2e_p95_ms,
+            request_count=sample.request_count,
+            error_count=sample.error_count,
+            sustainable=sustainable,
         )
-        for row in rows
+        for sample, sustainable in zip(samples, results.sustainable, strict=True)
     )
     return run, created
 
