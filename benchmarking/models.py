@@ -77,6 +77,18 @@ class BenchmarkRun(models.Model):
         default=1, help_text="Replicas behind the endpoint; throughput is divided by this."
     )
     endpoint_url = models.URLField(max_length=500, blank=True, default="")
+    # Measured on replicas held for the run, out of the customers' rotation
+    # (benchmarking/isolation.py); False: an explicit endpoint the planner gave.
+    isolated = models.BooleanField(default=False)
+    measured_endpoints = models.JSONField(
+        default=list, blank=True, help_text="The replicas' own URLs the run measured."
+    )
+    # The client's own overhead (its event loop's mean lag) and its share of the TTFT it
+    # measured, worst over the sustainable points; above BENCHMARK_MAX_CLIENT_OVERHEAD_PERCENT
+    # the run is unreliable and never fitted.
+    client_overhead_ms = models.FloatField(null=True, blank=True)
+    client_overhead_share = models.FloatField(null=True, blank=True)
+    reliable = models.BooleanField(null=True, help_text="Null: not judged (no samples).")
     engine_model_id = models.CharField(max_length=200, blank=True, default="")
     source = models.CharField(max_length=10, choices=Source.choices, default=Source.RUNNER)
     source_detail = models.CharField(max_length=500, blank=True, default="")
@@ -133,6 +145,11 @@ class BenchmarkSample(models.Model):
     error_count = models.PositiveIntegerField(default=0)
     slo_met = models.BooleanField(default=True)
     sustainable = models.BooleanField(default=False)
+    # Mean TTFT as the runner saw it and as the engines measured it (their own histogram), and
+    # the runner's own event-loop lag over the point (what the client added to each TTFT).
+    client_ttft_mean_ms = models.FloatField(null=True, blank=True)
+    engine_ttft_mean_ms = models.FloatField(null=True, blank=True)
+    client_lag_mean_ms = models.FloatField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

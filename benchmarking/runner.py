@@ -124,12 +124,32 @@ class PointResult:
     error_count: int
     slo_met: bool
     first_error: str = ""
+    # Mean TTFT as the client saw it, and as the engines measured it over the same point (their
+    # vllm:time_to_first_token_seconds histogram, from the request's arrival in the engine:
+    # it leaves out the server's HTTP handling as well as the client's).
+    client_ttft_mean_ms: float | None = None
+    engine_ttft_mean_ms: float | None = None
+    # The client's own overhead: how late its event loop ran what was due (a 5 ms ticker's
+    # lateness), which every response waits behind before its time is read.
+    client_lag_mean_ms: float | None = None
+    client_lag_p99_ms: float | None = None
+    # How many of the endpoints' engines counted requests during the point.
+    engines_measured: int | None = None
+
     cache_hit_share: float = 0.0
     images: int = 0
     # Prompt tokens served from the prefix cache, counted like input_tokens_per_s, and where
     # the count comes from: "usage", "metrics" (the counters' delta), or "" when not measured.
     cached_input_tokens_per_s: float = 0.0
     cache_hits_from: str = ""
+
+    @property
+    def client_overhead_share(self) -> float | None:
+        """What the client's lag adds to the TTFT it measured, as a share of the rest."""
+        if self.client_lag_mean_ms is None or self.client_ttft_mean_ms is None:
+            return None
+        served = self.client_ttft_mean_ms - self.client_lag_mean_ms
+        return self.client_lag_mean_ms / served if served > 0 else None
 
     @property
     def error_rate(self) -> float:
@@ -270,6 +290,8 @@ def prefix_cache_counters(metrics_text: str, model: str) -> tuple[float, float] 
     return None
 
 
+LAG_TICK_SECONDS = 0.005
+
 # httpx's connection pool scans all its connections for every request, so one client with
 # hundreds of streams spends its time in the pool rather than on the wire: workers are spread
 # over clients of this many connections each.
@@ -302,19 +324,24 @@ def make_clients(
 
 
 class Endpoint:
-    """One OpenAI-compatible completions endpoint, reached through a set of clients."""
+    """OpenAI-compatible completions endpoints (one, or each replica a run holds), reached
+    through a set of clients; lanes are spread over the endpoints."""
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | Sequence[str],
         model: str,
         *,
         client: httpx.AsyncClient | None = None,
         clients: Sequence[httpx.AsyncClient] = (),
     ) -> None:
-        self.url = base_url.rstrip("/") + "/v1/completions"
-        self.chat_url = base_url.rstrip("/") + "/v1/chat/completions"
-        self.metrics_url = base_url.rstrip("/") + "/metrics"
+        bases = [base_url] if isinstance(base_url, str) else list(base_url)
+        if not bases:
+            raise ValueError("an Endpoint needs at least one base URL")
+        self.bases = [base.rstrip("/") for base in bases]
+        self.urls = [base + "/v1/completions" for base in self.bases]
+        self.url = self.urls[0]
+        self.chat_urls = [base + "/v1/chat/completions" for base in self.bases]
         self.model = model
         self.clients = list(clients) or ([client] if client is not None else [])
         if not self.clients:
@@ -322,26 +349,59 @@ class Endpoint:
         self._salt = 0
 
     async def check(self) -> None:
-        """Fail fast, with the reason, when the endpoint cannot serve the model at all."""
-        result = await self.complete(input_len=4, output_len=2, timeout_seconds=30.0)
-        if not result.ok:
-            raise RunnerError(
-                f"The endpoint {self.url} cannot serve '{self.model}': {result.error}"
-            )
+        """Fail fast, with the reason, when an endpoint cannot serve the model at all."""
+        for lane, url in enumerate(self.urls):
+            result = await self.complete(input_len=4, output_len=2, timeout_seconds=30.0, lane=lane)
+            if not result.ok:
+                raise RunnerError(f"The endpoint {url} cannot serve '{self.model}': {result.error}")
 
-    async def prefix_cache_counters(self) -> tuple[float, float] | None:
-        """The engine's prefix-cache counters now, or None when it exposes none (or /metrics
-        does not answer): then hits are read from usage or not at all."""
+    async def engine_stats(self) -> list[tuple[float, float, float] | None]:
+        """Per endpoint, from its engine's own /metrics: (requests finished, TTFT seconds
+        summed, TTFTs counted); None where the engine does not say."""
+        return [await self._engine_stats(base) for base in self.bases]
+
+    async def _engine_stats(self, base: str) -> tuple[float, float, float] | None:
         try:
-            response = await self.clients[0].get(self.metrics_url, timeout=10.0)
+            response = await self.clients[0].get(base + "/metrics", timeout=5.0)
             if response.status_code != 200:
                 return None
-            return prefix_cache_counters(response.text, self.model)
+            finished = ttft_sum = ttft_count = 0.0
+            for family in text_string_to_metric_families(response.text):
+                if family.name == "vllm:request_success":
+                    finished = sum(s.value for s in family.samples if s.name.endswith("_total"))
+                elif family.name == "vllm:time_to_first_token_seconds":
+                    for sample in family.samples:
+                        if sample.name.endswith("_sum"):
+                            ttft_sum += sample.value
+                        elif sample.name.endswith("_count"):
+                            ttft_count += sample.value
+            return finished, ttft_sum, ttft_count
         except (httpx.HTTPError, ValueError):
             return None
 
-    def _body(self, shape: ShapeSpec) -> tuple[str, dict]:
-        """Where to send one request of `shape`, and what."""
+    async def prefix_cache_counters(self) -> tuple[float, float] | None:
+        """The engines' prefix-cache counters now, summed over the endpoints, or None when one
+        exposes none (or its /metrics does not answer): then hits are read from usage or not
+        at all."""
+        totals = [0.0, 0.0]
+        for base in self.bases:
+            try:
+                response = await self.clients[0].get(base + "/metrics", timeout=10.0)
+                counters = (
+                    prefix_cache_counters(response.text, self.model)
+                    if response.status_code == 200
+                    else None
+                )
+            except (httpx.HTTPError, ValueError):
+                counters = None
+            if counters is None:
+                return None
+            totals[0] += counters[0]
+            totals[1] += counters[1]
+        return totals[0], totals[1]
+
+    def _body(self, shape: ShapeSpec, lane: int = 0) -> tuple[str, dict]:
+        """Where to send one request of `shape` on `lane`, and what."""
         self._salt += 1
         prefix_len = shape.shared_prefix_len
         if prefix_len:
@@ -359,12 +419,13 @@ class Endpoint:
             "stream_options": {"include_usage": True},
         }
         if not shape.images:
-            return self.url, {"model": self.model, "prompt": ids, **common}
+            return self.urls[lane % len(self.urls)], {"model": self.model, "prompt": ids, **common}
         # Images need the chat API (vLLM's completions API takes none): text, then the images,
         # after the salted text so they never fall in the shared prefix.
         content = [{"type": "text", "text": prompt_words(ids)}]
         content += [image_part(self._salt, index) for index in range(shape.images)]
-        return self.chat_url, {**common, "messages": [{"role": "user", "content": content}]}
+        chat_url = self.chat_urls[lane % len(self.chat_urls)]
+        return chat_url, {**common, "messages": [{"role": "user", "content": content}]}
 
     async def complete(
         self,
@@ -376,7 +437,7 @@ class Endpoint:
         cache_hit_share: float = 0.0,
         images: int = 0,
     ) -> RequestResult:
-        url, body = self._body(ShapeSpec(input_len, output_len, cache_hit_share, images))
+        url, body = self._body(ShapeSpec(input_len, output_len, cache_hit_share, images), lane)
         started = time.perf_counter()
         first_token_at = None
         chunks_with_text = 0
@@ -470,6 +531,8 @@ async def measure_point(
     window would jump by a whole cohort at a time, while lifetime shares flow smoothly.
     """
     warmup_seconds = spec.duration_per_point_seconds * WARMUP_SHARE
+    engines_before = await endpoint.engine_stats()
+    lags_ms: list[float] = []
     start = time.perf_counter()
     window_start = start + warmup_seconds
     window_end = window_start + spec.duration_per_point_seconds
@@ -488,7 +551,17 @@ async def measure_point(
                 )
             )
 
-    await asyncio.gather(*(worker(lane) for lane in range(concurrency)))
+    async def ticker() -> None:
+        # Inside the measuring window only: the warm-up's connection set-up is not the
+        # steady state the TTFTs are read from.
+        while time.perf_counter() < window_end:
+            due = time.perf_counter() + LAG_TICK_SECONDS
+            await asyncio.sleep(LAG_TICK_SECONDS)
+            if due >= window_start:
+                lags_ms.append(max(0.0, time.perf_counter() - due) * 1000)
+
+    await asyncio.gather(ticker(), *(worker(lane) for lane in range(concurrency)))
+    engines_after = await endpoint.engine_stats()
     seconds = spec.duration_per_point_seconds
     ok = [r for r in results if r.ok]
     errors = [r for r in results if not r.ok]
@@ -532,6 +605,9 @@ async def measure_point(
         error_count=len(errors),
         slo_met=slo_met,
         first_error=errors[0].error if errors else "",
+        client_lag_mean_ms=sum(lags_ms) / len(lags_ms) if lags_ms else None,
+        client_lag_p99_ms=percentile(lags_ms, 0.99),
+        **_engine_view(ok, engines_before, engines_after),
         cache_hit_share=cache_hit_share,
         images=images,
         cached_input_tokens_per_s=cached_tokens / seconds,
@@ -580,6 +656,23 @@ async def _measure_cache_hits(
     )
 
 
+def _engine_view(ok: list[RequestResult], before: list, after: list) -> dict:
+    """The point's client and engine mean TTFT over the same requests (all the point's), and
+    how many engines served them; nothing where an engine does not expose its metrics."""
+    if not ok or any(b is None for b in before) or any(a is None for a in after):
+        return {}
+    moved = [(a[0] - b[0], a[1] - b[1], a[2] - b[2]) for b, a in zip(before, after, strict=True)]
+    counted = sum(m[2] for m in moved)
+    client_ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
+    return {
+        "client_ttft_mean_ms": 1000 * sum(client_ttfts) / len(client_ttfts)
+        if client_ttfts
+        else None,
+        "engine_ttft_mean_ms": 1000 * sum(m[1] for m in moved) / counted if counted else None,
+        "engines_measured": sum(1 for m in moved if m[0] > 0),
+    }
+
+
 async def sweep_shape(
     endpoint: Endpoint,
     *,
@@ -609,6 +702,12 @@ async def sweep_shape(
         shape.points.append(point)
         if on_point is not None:
             await on_point(point)
+        if point.engines_measured is not None and point.engines_measured < len(endpoint.urls):
+            raise RunnerError(
+                f"only {point.engines_measured} of the {len(endpoint.urls)} benchmarked "
+                f"replicas' engines counted requests at {wanted.describe()}, concurrency "
+                f"{concurrency}: the measurement would not be per replica"
+            )
         if point.error_rate > spec.max_error_rate:
             raise RunnerError(
                 f"{point.error_count} of {point.request_count + point.error_count} requests "
@@ -639,7 +738,7 @@ async def sweep_shape(
 
 async def run_grid(
     *,
-    base_url: str,
+    base_url: str | Sequence[str],
     model: str,
     spec: SuiteSpec,
     host_policy: outbound.HostPolicy,

@@ -10,6 +10,7 @@ only ever reads a succeeded run.
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from contextlib import suppress
 from datetime import timedelta
 
@@ -19,8 +20,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from benchmarking import fitting, runner
-from benchmarking.csv_import import parse_throughput_csv
+from benchmarking import fitting, importers, isolation, runner
 from benchmarking.models import BenchmarkRun, BenchmarkSample, BenchmarkSuite
 from capacity.models import CostModel, Deployment, GpuType, ServedModel
 from capacity.pricing.cost_models import cost_model_record
@@ -189,22 +189,31 @@ def run_queue(
     replicas: int = 1,
 ) -> BenchmarkRun:
     """Queue a benchmark of a deployment's endpoint (or of an explicit endpoint)."""
+    # A deployment whose replicas can be told apart (the process supervisor, Kubernetes pods
+    # by selector) is measured on replicas held for the run, out of the customers' rotation
+    # (benchmarking/isolation.py). One that cannot (a webhook, a dry run: one endpoint) is
+    # measured at its endpoint as before, recorded as not isolated, and its fit never
+    # activates by itself. An explicit endpoint is the planner's own choice.
+    isolated = False
     if deployment is not None:
         deployment = Deployment.objects.select_related("served_model", "gpu_pool__gpu_type").get(
             pk=deployment.pk
         )
-        endpoint_url = endpoint_url or deployment.endpoint_url
         served_model = served_model or deployment.served_model
         gpu_type = gpu_type or deployment.gpu_pool.gpu_type
         gpus_per_replica = gpus_per_replica or deployment.gpus_per_replica
-    if not endpoint_url:
+        isolated = not endpoint_url and not isolation.isolation_refusal(deployment)
+        if not isolated:
+            endpoint_url = endpoint_url or deployment.endpoint_url
+    if not endpoint_url and not isolated:
         raise DomainError(
             "Nothing to benchmark: the deployment has no endpoint_url; give one.",
             field="endpoint_url",
         )
-    # Load goes only where the operator allows: refused here with the rule, and again by the
-    # runner's clients on the address they connect to.
-    outbound.check_url(endpoint_url, purpose=outbound.BENCHMARK, field="endpoint_url")
+    if endpoint_url:
+        # Load goes only where the operator allows: refused here with the rule, and again by
+        # the runner's clients on the address they connect to.
+        outbound.check_url(endpoint_url, purpose=outbound.BENCHMARK, field="endpoint_url")
     if served_model is None or gpu_type is None:
         raise DomainError("Give a deployment, or a model and a GPU type.", field="deployment")
     if replicas < 1:
@@ -217,6 +226,7 @@ def run_queue(
         gpus_per_replica=gpus_per_replica or 1,
         replicas=replicas,
         endpoint_url=endpoint_url,
+        isolated=isolated,
         engine_model_id=served_model.engine_model_id,
         source=BenchmarkRun.Source.RUNNER,
         progress_total=len(suite.grid) + len(suite.feature_shapes or []),
@@ -290,6 +300,9 @@ def _record_point(run_id: int, replicas: int, point: runner.PointResult) -> None
         request_count=point.request_count,
         error_count=point.error_count,
         slo_met=point.slo_met,
+        client_ttft_mean_ms=point.client_ttft_mean_ms,
+        engine_ttft_mean_ms=point.engine_ttft_mean_ms,
+        client_lag_mean_ms=point.client_lag_mean_ms,
     )
     BenchmarkRun.objects.filter(pk=run_id).update(
         heartbeat_at=timezone.now(),
@@ -378,9 +391,8 @@ def run_execute(*, run_id: int) -> BenchmarkRun | None:
     if not run_claim(run_id=run_id):
         logger.info("benchmark run %s was not queued; nothing to do", run_id)
         return None
-    run = BenchmarkRun.objects.select_related("suite").get(pk=run_id)
+    run = BenchmarkRun.objects.select_related("suite", "deployment").get(pk=run_id)
     spec = suite_spec(run.suite)
-    _append_log(run_id, f"benchmarking {run.engine_model_id} at {run.endpoint_url}")
     record_point = sync_to_async(_record_point, thread_sensitive=True)
     record_shape = sync_to_async(_record_shape, thread_sensitive=True)
 
@@ -390,13 +402,13 @@ def run_execute(*, run_id: int) -> BenchmarkRun | None:
     async def on_shape(shape):
         await record_shape(run_id, shape)
 
-    try:
+    def measure(base_urls) -> None:
         # async_to_sync runs the loop in a side thread and brings sync_to_async callbacks back
         # to this thread, so progress is written on this thread's database connection.
         async_to_sync(_with_heartbeat)(
             run_id,
             runner.run_grid(
-                base_url=run.endpoint_url,
+                base_url=base_urls,
                 model=run.engine_model_id,
                 spec=spec,
                 host_policy=outbound.policy(outbound.BENCHMARK),
@@ -404,9 +416,38 @@ def run_execute(*, run_id: int) -> BenchmarkRun | None:
                 on_shape=on_shape,
             ),
         )
-    except runner.RunnerError as error:
-        run_fail(run_id=run_id, error=str(error))
+
+    try:
+        if run.isolated and run.deployment is not None:
+            deployment = run.deployment
+            with isolation.held_replicas(
+                run_id=run_id,
+                deployment=deployment,
+                replicas=run.replicas,
+                wait_seconds=deployment.cold_start_seconds
+                + settings.BENCHMARK_REPLICA_WAIT_SECONDS,
+                progress=lambda message: _progress(run_id, message),
+                beat=lambda: _heartbeat(run_id),
+            ) as urls:
+                BenchmarkRun.objects.filter(pk=run_id).update(measured_endpoints=urls)
+                _append_log(
+                    run_id,
+                    f"benchmarking {run.engine_model_id} on {len(urls)} replica(s) held for "
+                    f"the run, out of the customers' rotation: {', '.join(urls)}",
+                )
+                measure(urls)
+        else:
+            shared = (
+                f" (shared with customers' traffic: {isolation.isolation_refusal(run.deployment)})"
+                if run.deployment is not None
+                else ""
+            )
+            _append_log(run_id, f"benchmarking {run.engine_model_id} at {run.endpoint_url}{shared}")
+            measure([run.endpoint_url])
+    except (runner.RunnerError, isolation.IsolationError, DomainError) as error:
+        run_fail(run_id=run_id, error=str(getattr(error, "message", error)))
         return BenchmarkRun.objects.get(pk=run_id)
+    _judge_client_overhead(run_id)
     # The run turns succeeded and its fit lands in one transaction, so nobody sees a succeeded
     # run whose cost model is still missing.
     with transaction.atomic():
@@ -421,6 +462,17 @@ def run_execute(*, run_id: int) -> BenchmarkRun | None:
         if not finished:
             return BenchmarkRun.objects.get(pk=run_id)
         _append_log(run_id, "succeeded")
+        judged = BenchmarkRun.objects.get(pk=run_id)
+        if judged.reliable is False:
+            reason = (
+                f"not fitted: the client added {judged.client_overhead_ms:.1f} ms "
+                f"({judged.client_overhead_share:.0%}) to the TTFT it measured, over the "
+                f"{settings.BENCHMARK_MAX_CLIENT_OVERHEAD_PERCENT} % limit: the run measured "
+                "its own client"
+            )
+            BenchmarkRun.objects.filter(pk=run_id).update(fit_error=reason)
+            _append_log(run_id, reason)
+            return BenchmarkRun.objects.get(pk=run_id)
         try:
             with transaction.atomic():
                 cost_model = cost_model_fit(run=BenchmarkRun.objects.get(pk=run_id))
@@ -434,6 +486,41 @@ def run_execute(*, run_id: int) -> BenchmarkRun | None:
             BenchmarkRun.objects.filter(pk=run_id).update(fit_error=error.message)
             _append_log(run_id, f"no fit: {error.message}")
     return BenchmarkRun.objects.get(pk=run_id)
+
+
+def _progress(run_id: int, message: str) -> None:
+    BenchmarkRun.objects.filter(pk=run_id).update(
+        progress_message=message[:500], heartbeat_at=timezone.now()
+    )
+
+
+def _judge_client_overhead(run_id: int) -> None:
+    """The run's worst client overhead (its event loop's lag) over its sustainable points,
+    and whether it stays within BENCHMARK_MAX_CLIENT_OVERHEAD_PERCENT of the TTFT measured."""
+    worst_ms = worst_share = None
+    for lag_ms, ttft_ms in BenchmarkSample.objects.filter(
+        run_id=run_id,
+        sustainable=True,
+        client_lag_mean_ms__isnull=False,
+        client_ttft_mean_ms__isnull=False,
+    ).values_list("client_lag_mean_ms", "client_ttft_mean_ms"):
+        served_ms = ttft_ms - lag_ms
+        share = lag_ms / served_ms if served_ms > 0 else float("inf")
+        if worst_share is None or share > worst_share:
+            worst_ms, worst_share = lag_ms, share
+    if worst_share is None:
+        return
+    limit = settings.BENCHMARK_MAX_CLIENT_OVERHEAD_PERCENT / 100
+    BenchmarkRun.objects.filter(pk=run_id).update(
+        client_overhead_ms=worst_ms,
+        client_overhead_share=min(worst_share, 1e6),
+        reliable=worst_share <= limit,
+    )
+    _append_log(
+        run_id,
+        f"client overhead: {worst_ms:.2f} ms, {worst_share:.1%} of the TTFT measured "
+        f"(limit {limit:.0%})",
+    )
 
 
 def runs_reap_stale(*, stale_after_seconds: int | None = None) -> list[int]:
@@ -453,6 +540,12 @@ def runs_reap_stale(*, stale_after_seconds: int | None = None) -> list[int]:
             "partial samples are kept for inspection but are never fitted.",
         ):
             reaped.append(run_id)
+            run = BenchmarkRun.objects.get(pk=run_id)
+            if run.isolated and run.deployment_id is not None:
+                # Its worker died holding replicas: give them back to the customers.
+                isolation.release(
+                    run_id=run_id, deployment_id=run.deployment_id, replicas=run.replicas
+                )
     return reaped
 
 
@@ -462,20 +555,50 @@ def runs_reap_stale(*, stale_after_seconds: int | None = None) -> list[int]:
 @transaction.atomic
 def benchmark_import(
     *,
-    csv_text: str,
     model_name: str,
     gpu_name: str,
-    gpus_per_replica: int = 1,
+    csv_text: str | None = None,
+    files: Sequence[tuple[str, str]] | None = None,
+    file_format: str = importers.AUTO,
+    gpus_per_replica: int | None = None,
+    replicas: int = 1,
     source_detail: str = "",
     gpu_memory_gb: int = 80,
     gpu_hourly_cost_usd=0,
     engine_model_id: str = "",
 ) -> tuple[BenchmarkRun, list[str]]:
-    """Store an imported throughput table as a succeeded run. Returns the run and what was
-    created along the way (a served model, a GPU type), so the caller can say so."""
+    """Store imported benchmark results as a succeeded run. Returns the run and what was
+    created along the way (a served model, a GPU type), so the caller can say so.
+
+    `csv_text` is the project's own table (per replica already); `files` are (name, text)
+    pairs of one tool's result files (`benchmarking.importers`), whose throughput is the whole
+    endpoint's and is divided by `replicas`. `gpus_per_replica` defaults to what the files say
+    (a trtllm-bench report's world size), else 1. Every file is read before anything is
+    written, so a bad one writes nothing."""
+    if (csv_text is None) == (files is None):
+        raise DomainError("Give a CSV table or result files, not both.", field="file")
+    if csv_text is not None:
+        files, file_format = [("CSV", csv_text)], importers.CSV
+    if replicas < 1:
+        raise DomainError("replicas must be at least 1.", field="replicas")
+    results = importers.parse_result_files(files, file_format=file_format)
+    if results.file_format == importers.CSV and replicas != 1:
+        raise DomainError(
+            "A CSV table's requests_per_s is per replica already; replicas applies to the "
+            "tools' result files, which measure a whole endpoint.",
+            field="replicas",
+        )
+    if gpus_per_replica is None:
+        gpus_per_replica = results.gpus_per_replica or 1
+    elif results.gpus_per_replica not in (None, gpus_per_replica):
+        raise DomainError(
+            f"The files say a replica ran on {results.gpus_per_replica} GPUs, not "
+            f"{gpus_per_replica}.",
+            field="gpus_per_replica",
+        )
     if gpus_per_replica < 1:
         raise DomainError("gpus_per_replica must be at least 1.", field="gpus_per_replica")
-    rows = parse_throughput_csv(csv_text)
+    samples = results.samples
     created = []
     gpu_type = GpuType.objects.filter(name=gpu_name).first()
     if gpu_type is None:
@@ -485,10 +608,10 @@ def benchmark_import(
         created.append(f"GPU type '{gpu_name}' ({gpu_memory_gb} GB, ${gpu_hourly_cost_usd}/h)")
     served_model = ServedModel.objects.filter(name=model_name).first()
     if served_model is None:
-        context = max(row.input_len + row.output_len for row in rows)
+        context = max(sample.input_len + sample.output_len for sample in samples)
         served_model = ServedModel.objects.create(
             name=model_name,
-            engine_model_id=engine_model_id or model_name,
+            engine_model_id=engine_model_id or results.engine_model_id or model_name,
             parameters_billions=0,
             reference_gpu_type=gpu_type,
             context_length_tokens=context,
@@ -497,16 +620,23 @@ def benchmark_import(
             f"served model '{model_name}' (reference GPU {gpu_name}, context {context} tokens)"
         )
     now = timezone.now()
+    shapes = results.distinct_shapes
     run = BenchmarkRun.objects.create(
         served_model=served_model,
         gpu_type=gpu_type,
         gpus_per_replica=gpus_per_replica,
+        replicas=replicas,
+        engine_model_id=results.engine_model_id,
         source=BenchmarkRun.Source.IMPORT,
         source_detail=source_detail[:500],
         status=BenchmarkRun.Status.SUCCEEDED,
-        progress_done=len(rows),
-        progress_total=len(rows),
-        progress_message=f"imported {len(rows)} rows",
+        progress_done=shapes,
+        progress_total=shapes,
+        progress_message=(
+            f"imported {len(samples)} rows"
+            if results.file_format == importers.CSV
+            else f"imported {len(samples)} {results.file_format} records, {shapes} shapes"
+        ),
         started_at=now,
         finished_at=now,
         heartbeat_at=now,
@@ -514,19 +644,23 @@ def benchmark_import(
     BenchmarkSample.objects.bulk_create(
         BenchmarkSample(
             run=run,
-            input_len=row.input_len,
-            output_len=row.output_len,
-            cached_input_len=row.cached_input_len,
-            concurrency=row.concurrency,
-            requests_per_s=row.requests_per_s,
-            input_tokens_per_s=row.requests_per_s * row.input_len,
-            output_tokens_per_s=row.requests_per_s * row.output_len,
-            ttft_p95_ms=row.ttft_p95_ms,
-            tpot_p95_ms=row.tpot_p95_ms,
-            request_count=0,
-            sustainable=True,
+            input_len=sample.input_len,
+            output_len=sample.output_len,
+            cached_input_len=sample.cached_input_len,
+            concurrency=sample.concurrency,
+            requests_per_s=sample.requests_per_s / replicas,
+            input_tokens_per_s=sample.requests_per_s / replicas * sample.input_len,
+            output_tokens_per_s=sample.requests_per_s / replicas * sample.output_len,
+            ttft_p50_ms=sample.ttft_p50_ms,
+            ttft_p95_ms=sample.ttft_p95_ms,
+            tpot_p50_ms=sample.tpot_p50_ms,
+            tpot_p95_ms=sample.tpot_p95_ms,
+            e2e_p95_ms=sample.e2e_p95_ms,
+            request_count=sample.request_count,
+            error_count=sample.error_count,
+            sustainable=sustainable,
         )
-        for row in rows
+        for sample, sustainable in zip(samples, results.sustainable, strict=True)
     )
     return run, created
 

@@ -296,6 +296,13 @@ LOGGING = {
 # --- Cost models and benchmarks ---------------------------------------------------------------
 # A fit whose cross-validated MAPE is at most this becomes active by itself (DESIGN §1).
 COST_MODEL_MAX_ACTIVE_MAPE = env_int("COST_MODEL_MAX_ACTIVE_MAPE_PERCENT", 10, minimum=0) / 100
+# A run whose client adds more than this share to the TTFT the engines measure is unreliable:
+# it measures itself, and is never fitted (issue 21).
+BENCHMARK_MAX_CLIENT_OVERHEAD_PERCENT = env_int(
+    "BENCHMARK_MAX_CLIENT_OVERHEAD_PERCENT", 10, minimum=1
+)
+# How long an isolated run waits for its held replicas to serve, beyond the cold start.
+BENCHMARK_REPLICA_WAIT_SECONDS = env_int("BENCHMARK_REPLICA_WAIT_SECONDS", 120, minimum=10)
 # A running benchmark whose worker has not reported for this long is failed by the reaper.
 BENCHMARK_STALE_AFTER_SECONDS = env_int("BENCHMARK_STALE_AFTER_SECONDS", 180, minimum=10)
 BENCHMARK_TASK_TIME_LIMIT_SECONDS = env_int(

@@ -33,7 +33,14 @@ def leaving_pods(config: dict, replicas: list[Replica], count: int) -> list[Repl
     """The `count` serving pods to remove first, from the deployment's Replica rows."""
     if count <= 0:
         return []
-    pods = [r for r in replicas if r.key.startswith("pod:") and r.state == Replica.State.HEALTHY]
+    pods = [
+        r
+        for r in replicas
+        if r.key.startswith("pod:")
+        and r.state == Replica.State.HEALTHY
+        # A benchmark's replica stays until its run ends (the target includes it).
+        and r.held_by_benchmark_run_id is None
+    ]
     kind = config.get("kind", "Deployment")
     if kind in _ORDINAL_KINDS:
         return sorted(pods, key=lambda r: _ordinal(config, r), reverse=True)[:count]

@@ -78,9 +78,10 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
     unhealthy = unhealthy_replicas_by_deployment()
     held_gpus: dict[int, int] = defaultdict(int)
     for d in deployments:
-        held_gpus[d.gpu_pool_id] += min(unhealthy.get(d.pk, 0), d.current_replicas) * (
-            d.gpus_per_replica
-        )
+        # Benchmark-held replicas (`with_holds`) hold their GPUs too, started or not yet.
+        held_gpus[d.gpu_pool_id] += (
+            min(unhealthy.get(d.pk, 0), d.current_replicas) + d.benchmark_held_replicas
+        ) * d.gpus_per_replica
     pools = [
         allocation.PoolState(pool.pk, pool.name, max(0, pool.gpu_count - held_gpus[pool.pk]))
         for pool in GpuPool.objects.all()
@@ -195,6 +196,11 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
         for d in model_deployments:
             own = active.get((model_id, d.gpu_pool.gpu_type_id, d.gpus_per_replica))
             broken = min(unhealthy.get(d.pk, 0), d.current_replicas)
+            # Benchmark-held replicas are no capacity: the running ones leave current, all of
+            # them leave the room under max (`with_holds` adds them back to the target).
+            held = d.benchmark_held_replicas
+            running_held = min(held, d.current_replicas - broken)
+            room = max(0, d.max_replicas - broken - held)
             ready, starting, draining = readiness[d.pk]
             states.append(
                 allocation.DeploymentState(
@@ -203,12 +209,12 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
                     pool_id=d.gpu_pool_id,
                     gpus_per_replica=d.gpus_per_replica,
                     mu_per_minute_per_replica=_replica_mu(references.get(model_id), own, mix),
-                    current_replicas=d.current_replicas - broken,
+                    current_replicas=d.current_replicas - broken - running_held,
                     ready_replicas=ready,
                     starting_replicas=starting,
                     draining_replicas=draining,
-                    min_replicas=min(d.min_replicas, max(0, d.max_replicas - broken)),
-                    max_replicas=max(0, d.max_replicas - broken),
+                    min_replicas=min(d.min_replicas, room),
+                    max_replicas=room,
                     cold_start_seconds=d.cold_start_seconds,
                     scale_to_zero_after_seconds=d.scale_to_zero_after_seconds,
                     target_utilisation=d.target_utilisation,
@@ -309,6 +315,37 @@ def with_replacements(
     return replace(decisions, deployments=tuple(result))
 
 
+def with_holds(decisions: allocation.Decisions, deployments: dict) -> allocation.Decisions:
+    """Add the replicas benchmark runs hold back to what the policy planned without them
+    (benchmarking/isolation.py): the target includes them, started or still to start, so the
+    policy never counts them as capacity and never scales them away. Call after
+    `with_replacements` (which has added the unhealthy ones back)."""
+    result = []
+    for decision in decisions.deployments:
+        deployment = deployments[decision.deployment_id]
+        held = deployment.benchmark_held_replicas
+        if held:
+            decision = replace(
+                decision,
+                # The policy planned without the held replicas already running. Its
+                # recommendation stays the customers' own: the stabilisation window reads
+                # past recommendations, and must not hold the extra replicas after the run.
+                current_replicas=deployment.current_replicas,
+                target_replicas=decision.target_replicas + held,
+                reasons=(
+                    *decision.reasons,
+                    allocation.Reason(
+                        "benchmark_hold",
+                        f"{held} replica(s) held by a benchmark run: outside the gateways' "
+                        "rotation and the capacity, kept until the run ends",
+                        {"held": held},
+                    ),
+                ),
+            )
+        result.append(decision)
+    return replace(decisions, deployments=tuple(result))
+
+
 def _current_use(now: datetime) -> dict[tuple[int, int], tuple[float, float, float]]:
     """(model, customer) → MU/min over the last CURRENT_USE_WINDOW, from raw events: (used,
     refused in the guaranteed class, refused best-effort)."""
@@ -393,7 +430,12 @@ def _readiness(
 ) -> dict[int, tuple[int, int, int]]:
     """Deployment → (ready, starting, draining) replicas as observed (the module docstring)."""
     serving = dict(
-        Replica.objects.filter(state=Replica.State.HEALTHY, last_ok_at__isnull=False)
+        # A replica a benchmark holds serves no customer.
+        Replica.objects.filter(
+            state=Replica.State.HEALTHY,
+            last_ok_at__isnull=False,
+            held_by_benchmark_run_id__isnull=True,
+        )
         .values("deployment_id")
         .annotate(n=Count("id"))
         .values_list("deployment_id", "n")
@@ -420,6 +462,7 @@ def _readiness(
     readiness = {}
     for d in deployments:
         running = d.current_replicas - min(unhealthy.get(d.pk, 0), d.current_replicas)
+        running -= min(d.benchmark_held_replicas, running)
         observed = d.replicas_observed_at is not None and now - d.replicas_observed_at <= fresh
         if d.actuator_kind == ActuatorKind.DRY_RUN:
             ready = running

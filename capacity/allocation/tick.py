@@ -35,7 +35,7 @@ from capacity.actuation.push import Abandoned, BoundedActuator, push_all
 from capacity.admission.gate import publish_limits
 from capacity.allocation import policy as allocation
 from capacity.allocation.circuits import record_applied, record_failure
-from capacity.allocation.snapshot import build_snapshot, digest, with_replacements
+from capacity.allocation.snapshot import build_snapshot, digest, with_holds, with_replacements
 from capacity.metering.history import record_capacity
 from capacity.models import (
     ActuatorCircuit,
@@ -88,7 +88,9 @@ def allocation_tick(*, dry_run: bool = False, now: datetime | None = None) -> Ti
         # database).
         observations = {} if dry_run else observe_fleet(list(Deployment.objects.all()), now)
         snapshot, deployments, unhealthy = build_snapshot(now=now)
-        decisions = with_replacements(allocation.decide(snapshot), unhealthy, deployments)
+        decisions = with_holds(
+            with_replacements(allocation.decide(snapshot), unhealthy, deployments), deployments
+        )
         result.models = [asdict(outcome) for outcome in decisions.models]
         result.allowances = (
             [asdict(a) for a in decisions.allowances] if dry_run else len(decisions.allowances)

@@ -58,6 +58,8 @@ class UsageEventIn(BaseModel):
     customer: _identifier(64) | None = None
     model: _identifier(100)
     deployment: _identifier(100) | None = None
+    # The engine endpoint (its base URL) the gateway sent the request to.
+    replica: _identifier(500) | None = None
     started_at: Instant
     finished_at: Instant
     input_tokens: TokenCount

@@ -180,6 +180,12 @@ class Deployment(models.Model):
     observed_starting_replicas = models.PositiveIntegerField(null=True, blank=True)
     observed_draining_replicas = models.PositiveIntegerField(null=True, blank=True)
     replicas_observed_at = models.DateTimeField(null=True, blank=True)
+    # Replicas a benchmark run holds (benchmarking/isolation.py): started beside the ones that
+    # serve customers, taken out of the gateways' rotation, not counted as capacity; the tick's
+    # target includes them, so neither the policy nor drift correction scales them away.
+    benchmark_held_replicas = models.PositiveIntegerField(
+        default=0, help_text="Replicas held by a running benchmark (not customer capacity)."
+    )
     # What the data plane is asked to run, as the tick read it from the workload itself
     # (Kubernetes' spec.replicas, whoever set it): a difference from the target is drift.
     observed_spec_replicas = models.PositiveIntegerField(null=True, blank=True)

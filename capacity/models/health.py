@@ -32,6 +32,9 @@ class Replica(models.Model):
     # Real traffic: the engine's own request counter, and when it last moved.
     completions_total = models.FloatField(null=True, blank=True)
     completions_moved_at = models.DateTimeField(null=True, blank=True)
+    # Taken out of the gateways' rotation for a benchmark run (its id: benchmarking may not be
+    # referenced from here, the dependency order); null: serves customers.
+    held_by_benchmark_run_id = models.PositiveIntegerField(null=True, blank=True)
     # The engine's requests in flight at the last probe (vllm:num_requests_running): a
     # scale-down removes the least loaded first.
     running_requests = models.FloatField(null=True, blank=True)

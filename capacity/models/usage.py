@@ -47,6 +47,9 @@ class UsageEvent(models.Model):
     deployment = models.ForeignKey(
         Deployment, on_delete=models.SET_NULL, null=True, blank=True, related_name="usage_events"
     )
+    # The engine endpoint that served it, as the gateway routed it: which replica did the work
+    # (a benchmark's replicas must never appear here for a customer's request).
+    replica = models.CharField(max_length=500, blank=True, default="", db_default="")
     started_at = models.DateTimeField()
     finished_at = models.DateTimeField()
     minute = models.DateTimeField(help_text="finished_at truncated to the minute (UTC).")

@@ -89,7 +89,12 @@ def model_documents(*, now: datetime) -> dict[str, dict]:
     cost_models = _pricing_cost_models(served_models)
     replicas: dict[int, list[dict]] = defaultdict(list)
     ready = (
-        Replica.objects.filter(state=Replica.State.HEALTHY, last_ok_at__isnull=False)
+        # A replica a benchmark run holds is out of the rotation (benchmarking/isolation.py).
+        Replica.objects.filter(
+            state=Replica.State.HEALTHY,
+            last_ok_at__isnull=False,
+            held_by_benchmark_run_id__isnull=True,
+        )
         .select_related("deployment__gpu_pool__gpu_type")
         .order_by("deployment__name", "key")
     )

@@ -170,6 +170,7 @@ class Usage:
     admission_class: str | None = None
     outcome: str = "error"
     deployment: str | None = None
+    replica: str | None = None  # the endpoint that served it
     cached_input_tokens: int = 0
     output_tokens: int = 0
     ttft_ms: float | None = None
@@ -206,6 +207,8 @@ class Usage:
         }
         if self.deployment:
             event["deployment"] = self.deployment
+        if self.replica:
+            event["replica"] = self.replica
         if self.admission_class in (GUARANTEED, BEST_EFFORT):
             event["admission_class"] = self.admission_class
         if self.ttft_ms is not None:
@@ -697,6 +700,7 @@ class Gateway:
                     body, current, admission_class if replica.priority_scheduling else None
                 )
             usage.deployment = replica.deployment or None
+            usage.replica = replica.endpoint
             if attempt == 0:
                 OVERHEAD.observe(time.perf_counter() - arrived)
             self.router.add(replica.endpoint, usage.estimated_mu)

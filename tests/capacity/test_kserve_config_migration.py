@@ -37,10 +37,12 @@ def _migrate(targets):
 def test_stored_kserve_configs_take_their_own_kind_and_the_change_is_audited():
     from tests.support.factories import DeploymentFactory
 
+    # Stored at the latest schema (the factory's), then the database goes back to before the
+    # data migration, which runs again on the way forward.
+    kserve = DeploymentFactory(actuator_kind="kubernetes", actuator_config=KSERVE_CUSTOM)
+    lws = DeploymentFactory(actuator_kind="kubernetes", actuator_config=LWS_CUSTOM)
     old = _migrate(BEFORE)
     try:
-        kserve = DeploymentFactory(actuator_kind="kubernetes", actuator_config=KSERVE_CUSTOM)
-        lws = DeploymentFactory(actuator_kind="kubernetes", actuator_config=LWS_CUSTOM)
         assert old.get_model("capacity", "Deployment").objects.count() == 2
 
         new = _migrate(AFTER)

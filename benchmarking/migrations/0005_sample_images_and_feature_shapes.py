@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('benchmarking', '0003_delete_whatifrun'),
+        ('benchmarking', '0004_benchmark_isolation'),
     ]
 
     operations = [
