@@ -166,3 +166,19 @@ def test_an_image_shapes_prompt_tokens_count_the_placeholders_the_engine_added(e
     prompt_tokens, cached_tokens = per_request(point)
     assert prompt_tokens == pytest.approx(100 + 2 * 50)
     assert cached_tokens == 0  # distinct images, after the salted text: nothing to hit
+
+
+def test_the_counters_of_every_held_replica_are_summed():
+    config = parse_config({"seed": 1, "models": [MODEL]})
+    with BackgroundEmulator(config) as first, BackgroundEmulator(config) as second:
+        (shape,) = asyncio.run(
+            runner.run_grid(
+                host_policy=LOOPBACK,
+                base_url=[first.url, second.url],
+                model="tiny",
+                spec=spec(runner.ShapeSpec(256, 8, cache_hit_share=0.5)),
+            )
+        )
+    point = shape.sustainable
+    assert point.cache_hits_from == "metrics" and point.engines_measured == 2
+    assert per_request(point)[1] == pytest.approx(128, rel=0.02)
