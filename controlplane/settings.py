@@ -296,6 +296,10 @@ LOGGING = {
 # --- Cost models and benchmarks ---------------------------------------------------------------
 # A fit whose cross-validated MAPE is at most this becomes active by itself (DESIGN §1).
 COST_MODEL_MAX_ACTIVE_MAPE = env_int("COST_MODEL_MAX_ACTIVE_MAPE_PERCENT", 10, minimum=0) / 100
+# ... and only when, priced on the last 7 days of real request shapes, it changes the total by at
+# most this share of what the active version charges; a larger change waits for a planner, so
+# prices never drift night to night without review (capacity.pricing.review).
+COST_MODEL_MAX_AUTO_CHANGE = env_float("COST_MODEL_MAX_AUTO_CHANGE_PERCENT", 5.0, minimum=0) / 100
 # A running benchmark whose worker has not reported for this long is failed by the reaper.
 BENCHMARK_STALE_AFTER_SECONDS = env_int("BENCHMARK_STALE_AFTER_SECONDS", 180, minimum=10)
 BENCHMARK_TASK_TIME_LIMIT_SECONDS = env_int(
