@@ -13,8 +13,8 @@ from capacity.pricing import review
 from capacity.pricing.cost_models import cost_model_record
 from capacity.pricing.features import mu_coefficients
 from controlplane.models import AuditEntry
-from tests.capacity.pricing.conftest import replica_seconds, scaled
 from tests.conftest import SIMPLE_WEIGHTS, make_cost_model
+from tests.support.usage import replica_seconds, scaled
 
 pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
 

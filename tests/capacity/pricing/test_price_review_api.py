@@ -8,8 +8,9 @@ import pytest
 from capacity.models import UsageEvent
 from capacity.pricing.cost_models import cost_model_activate, cost_model_reject
 from controlplane.models import AuditEntry
-from tests.capacity.pricing.conftest import COST_MODELS, post_usage, replica_seconds, scaled
+from tests.capacity.pricing.conftest import COST_MODELS
 from tests.conftest import SIMPLE_WEIGHTS, make_cost_model
+from tests.support.usage import post_usage, replica_seconds, scaled
 
 pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
 
