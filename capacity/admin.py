@@ -161,17 +161,19 @@ class CostModelAdmin(AuditedAdminMixin, admin.ModelAdmin):
         "alpha_mu_per_input_token",
         "beta_mu_per_output_token",
         "gamma_mu_per_request",
+        "price_change_percent",
+        "approved_by",
         "created_at",
     ]
     list_filter = ["status", "served_model", "gpu_type"]
-    search_fields = ["served_model__name", "gpu_type__name"]
+    search_fields = ["served_model__name", "gpu_type__name", "approved_by", "rejected_by"]
     list_select_related = ["served_model", "gpu_type"]
-    # A fitted version is evidence for the usage it priced: read only, except its status,
-    # which moves through activate / retire.
-    readonly_fields = [
-        field.name for field in CostModel._meta.fields if field.name not in {"id", "status"}
-    ]
-    actions = ["activate_selected", "retire_selected"]
+    # A fitted version is evidence for the usage it priced, and its review the evidence for
+    # its activation: all read only; its status moves only through the actions below, which
+    # call the services the API and the planner use (so each records its approver and is
+    # audited).
+    readonly_fields = [field.name for field in CostModel._meta.fields if field.name != "id"]
+    actions = ["activate_selected", "reject_selected", "retire_selected"]
 
     def has_add_permission(self, request) -> bool:
         return False
@@ -179,19 +181,42 @@ class CostModelAdmin(AuditedAdminMixin, admin.ModelAdmin):
     def has_change_permission(self, request, obj=None) -> bool:
         return False
 
-    @admin.action(description="Activate (retires the version it replaces)")
+    @admin.display(description="price change")
+    def price_change_percent(self, cost_model: CostModel) -> str:
+        change = (cost_model.price_change or {}).get("change")
+        return "—" if change is None else f"{change * 100:+.1f} %"
+
+    def _each(self, request, queryset, service, done: str) -> None:
+        changed = 0
+        for cost_model in queryset:
+            try:
+                service(cost_model=cost_model)
+            except DomainError as error:
+                self.message_user(request, f"{cost_model}: {error.message}", level="error")
+            else:
+                changed += 1
+        if changed:
+            self.message_user(request, f"{changed} version(s) {done}.")
+
+    @admin.action(description="Activate (retires the version it replaces; you approve it)")
     def activate_selected(self, request, queryset):
         from capacity.pricing.cost_models import cost_model_activate
 
-        for cost_model in queryset:
-            cost_model_activate(cost_model=cost_model)
+        self._each(request, queryset, cost_model_activate, "activated")
+
+    @admin.action(description="Reject (candidates only)")
+    def reject_selected(self, request, queryset):
+        from capacity.pricing.cost_models import cost_model_reject
+
+        self._each(request, queryset, cost_model_reject, "rejected")
 
     @admin.action(description="Retire")
     def retire_selected(self, request, queryset):
         from capacity.pricing.cost_models import cost_model_retire
 
-        for cost_model in queryset.exclude(status=CostModel.Status.RETIRED):
-            cost_model_retire(cost_model=cost_model)
+        self._each(
+            request, queryset.exclude(status=CostModel.Status.RETIRED), cost_model_retire, "retired"
+        )
 
 
 class ReservationChangeInline(admin.TabularInline):

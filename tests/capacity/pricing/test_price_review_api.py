@@ -113,3 +113,34 @@ def test_rejecting_needs_a_candidate_and_the_service_says_so(last_week):
 
     with pytest.raises(ConflictError, match="Version 1 is active; only a candidate is rejected"):
         cost_model_reject(cost_model=last_week, actor="user:planner")
+
+
+def test_the_admin_decides_through_the_same_services_and_shows_the_review(
+    client, django_user_model, last_week, served_model, gpu_type
+):
+    from django.urls import reverse
+
+    root = django_user_model.objects.create_superuser("root", "root@example.com", "pw")
+    client.force_login(root)
+    v2 = make_cost_model(served_model, gpu_type, weights=scaled(1.3))
+    v3 = make_cost_model(served_model, gpu_type, weights=scaled(1.5))
+    changelist = reverse("admin:capacity_costmodel_changelist")
+    assert "+30.0 %" in client.get(changelist).content.decode()
+    page = client.get(reverse("admin:capacity_costmodel_change", args=[v2.pk])).content.decode()
+    assert "Waits for a planner: v1 → v2 moves prices by +30.0 %" in page
+
+    response = client.post(
+        changelist,
+        {"action": "reject_selected", "_selected_action": [v2.pk, last_week.pk]},
+        follow=True,
+    )
+    assert "1 version(s) rejected." in response.content.decode()
+    assert "only a candidate is rejected" in response.content.decode()  # v1 is active
+    v2.refresh_from_db()
+    assert (v2.status, v2.rejected_by) == ("rejected", "user:root")
+
+    client.post(changelist, {"action": "activate_selected", "_selected_action": [v3.pk]})
+    v3.refresh_from_db()
+    assert (v3.status, v3.approved_by) == ("active", "user:root")
+    entry = AuditEntry.objects.get(action="cost_model.activate", object_id=str(v3.pk))
+    assert entry.actor == "user:root" and entry.after["price_change"] == pytest.approx(0.5)
