@@ -1,9 +1,15 @@
 from django import forms
 from django.contrib import admin
+from django.db import transaction
 
 from capacity.actuation.config import validate_actuator_config
 from capacity.catalog.engine_profile import validate_engine_profile
-from capacity.catalog.services import DEPLOYMENT_FIELDS, check_fits_pool
+from capacity.catalog.services import (
+    DEPLOYMENT_FIELDS,
+    NIGHTLY_FIELDS,
+    check_fits_pool,
+    check_nightly,
+)
 from capacity.models import (
     ActuatorCircuit,
     AdmissionAllowance,
@@ -30,6 +36,7 @@ from capacity.models import (
     UsageMinute,
 )
 from capacity.publication import publish_after_commit
+from capacity.schedules import deployment_schedule_delete, deployment_schedule_sync
 from capacity.selling.entitlements import entitlement_grant, entitlement_withdraw
 from capacity.telemetry.prometheus import validate_selector
 from controlplane import outbound
@@ -84,6 +91,8 @@ class DeploymentAdminForm(forms.ModelForm):
                 self.instance.actuator_config_problem = ""
             if cleaned.get("endpoint_url") and "endpoint_url" in self.changed_data:
                 outbound.check_url(cleaned["endpoint_url"], field="endpoint_url")
+            if NIGHTLY_FIELDS & set(self.changed_data):
+                check_nightly(cleaned)
         except DomainError as error:
             field = error.field.split(".")[0] if error.field else None
             self.add_error(field if field in self.fields else None, error.message)
@@ -147,6 +156,24 @@ class DeploymentAdmin(PublishedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
     @admin.display(boolean=True, description="config refused")
     def actuator_config_refused(self, deployment: Deployment) -> bool:
         return bool(deployment.actuator_config_problem)
+
+    # The admin saves the model itself; its nightly-benchmark beat row follows in the same
+    # transaction (the admin wraps each save in one), as the services' writes do.
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        deployment_schedule_sync(deployment=obj)
+
+    def delete_model(self, request, obj):
+        pk = obj.pk
+        super().delete_model(request, obj)
+        deployment_schedule_delete(deployment_pk=pk)
+
+    @transaction.atomic
+    def delete_queryset(self, request, queryset):
+        pks = list(queryset.values_list("pk", flat=True))
+        super().delete_queryset(request, queryset)
+        for pk in pks:
+            deployment_schedule_delete(deployment_pk=pk)
 
 
 @admin.register(CostModel)
