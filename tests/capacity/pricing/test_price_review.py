@@ -164,3 +164,32 @@ def test_a_fit_above_the_mape_threshold_says_why_it_waits(last_week, served_mode
         "COST_MODEL_MAX_ACTIVE_MAPE_PERCENT (10 %)."
     )
     assert poor.price_change["change"] == pytest.approx(0.0)
+
+
+def test_fit_cost_model_says_why_a_fit_waits(tmp_path):
+    import csv
+    import io
+
+    from django.core.management import call_command
+
+    def run(*args) -> str:
+        out = io.StringIO()
+        call_command(*args, stdout=out)
+        return out.getvalue()
+
+    run("import_benchmark", str(TABLE), "--model", "m", "--gpu", "H100", "--fit")
+    # The same engine 30 % slower: every shape takes 1.3 × the replica time.
+    rows = list(csv.DictReader(TABLE.open()))
+    for row in rows:
+        row["requests_per_s"] = str(float(row["requests_per_s"]) / 1.3)
+    slower = tmp_path / "slower.csv"
+    with slower.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    run("import_benchmark", str(slower), "--model", "m", "--gpu", "H100")
+
+    report = run("fit_cost_model", "--model", "m", "--gpu", "H100")
+
+    assert "version 2, candidate" in report
+    assert "Waits for a planner: v1 → v2 moves prices by +30.0 % on the benchmark's" in report
