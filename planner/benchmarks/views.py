@@ -177,6 +177,7 @@ def cost_models(request):
                 "gpus_per_replica": group["gpus_per_replica"],
                 "versions": group["versions"],
                 "latest_version": group["latest_version"],
+                "waiting_version": group["waiting_version"],
                 "active": current,
                 "alpha": sig(current.alpha_mu_per_input_token) if current else None,
                 "beta": sig(current.beta_mu_per_output_token) if current else None,

@@ -6,7 +6,7 @@ import pytest
 from django.test import Client
 
 from capacity.models import CostModel, UsageEvent
-from capacity.pricing.cost_models import cost_model_retire
+from capacity.pricing.cost_models import cost_model_reject, cost_model_retire
 from controlplane.models import AuditEntry
 from tests.conftest import make_cost_model
 from tests.support.usage import gateway_client, last_week_of_traffic, post_usage, scaled
@@ -143,3 +143,13 @@ def test_a_candidate_with_no_active_version_says_nothing_is_repriced(
     page = text(planner_client.get(page_of(served_model, gpu_type, 1)))
     assert "is active, so there is nothing to compare with" in page
     assert "Activate v1</button>" in page
+
+
+def test_the_overview_points_at_the_version_waiting_for_review(planner_client, held):
+    _, v2, _ = held
+    page = text(planner_client.get("/planner/benchmarks/cost-models/"))
+    assert "v2 waits for review</span></a>" in page
+    assert f"?version={v2.version}#review" in page
+    cost_model_reject(cost_model=v2, actor="user:planner")
+    page = text(planner_client.get("/planner/benchmarks/cost-models/"))
+    assert "waits for review" not in page
