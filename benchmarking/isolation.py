@@ -50,6 +50,8 @@ QUIESCE_SECONDS = 30.0
 # documents every GATEWAY_REFRESH_SECONDS (1 s by default), and may route one more request
 # to the taken replica until it does.
 GATEWAY_REFRESH_GRACE_SECONDS = 2.0
+# ... and the replicas' engines must have counted no request for this long.
+IDLE_SECONDS = 1.0
 _INDEX = re.compile(r"(\d+)$")
 
 
@@ -202,15 +204,26 @@ def held_replicas(
 
 
 def _quiesce(urls: list[str], progress: Callable[[str], None]) -> None:
-    """Wait until customers' requests already on the taken replicas have ended."""
+    """Wait until the taken replicas are idle: no request running and none finished for a
+    second, and at least GATEWAY_REFRESH_GRACE_SECONDS since the republication (a gateway
+    that has not re-read its documents yet still routes there, and its requests show in the
+    engines' own counters)."""
     started = time.monotonic()
     deadline = started + QUIESCE_SECONDS
+    last: list | None = None
+    quiet_since = started
     while time.monotonic() < deadline:
-        running = [engine_counters(url, timeout_seconds=2.0)[1] for url in urls]
-        settled = time.monotonic() - started >= GATEWAY_REFRESH_GRACE_SECONDS
-        if settled and all(r is not None and r == 0 for r in running):
+        counters = [engine_counters(url, timeout_seconds=2.0) for url in urls]
+        now = time.monotonic()
+        if counters != last:
+            last, quiet_since = counters, now
+        idle = all(running is not None and running == 0 for _, running in counters)
+        if (
+            idle
+            and now - quiet_since >= IDLE_SECONDS
+            and now - started >= GATEWAY_REFRESH_GRACE_SECONDS
+        ):
             return
         progress("waiting for customers' requests on the benchmark replicas to end")
-        time.sleep(0.5)
-    logger.warning("benchmark replicas %s still had requests running after %.0f s", urls,
-                   QUIESCE_SECONDS)  # fmt: skip
+        time.sleep(0.25)
+    logger.warning("benchmark replicas %s were still busy after %.0f s", urls, QUIESCE_SECONDS)

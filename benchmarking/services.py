@@ -171,6 +171,10 @@ def suite_create(**values) -> BenchmarkSuite:
 # --- Queuing and executing runs --------------------------------------------------------------
 
 
+# A run of a deployment whose replicas cannot be told apart, measured at its endpoint.
+SHARED_ENDPOINT = "shared endpoint"
+
+
 def _queue_task(run_id: int) -> None:
     from benchmarking.tasks import run_benchmark
 
@@ -195,6 +199,7 @@ def run_queue(
     # measured at its endpoint as before, recorded as not isolated, and its fit never
     # activates by itself. An explicit endpoint is the planner's own choice.
     isolated = False
+    shared = ""
     if deployment is not None:
         deployment = Deployment.objects.select_related("served_model", "gpu_pool__gpu_type").get(
             pk=deployment.pk
@@ -203,8 +208,9 @@ def run_queue(
         gpu_type = gpu_type or deployment.gpu_pool.gpu_type
         gpus_per_replica = gpus_per_replica or deployment.gpus_per_replica
         isolated = not endpoint_url and not isolation.isolation_refusal(deployment)
-        if not isolated:
-            endpoint_url = endpoint_url or deployment.endpoint_url
+        if not isolated and not endpoint_url:
+            endpoint_url = deployment.endpoint_url
+            shared = f"{SHARED_ENDPOINT}: {isolation.isolation_refusal(deployment)}"[:500]
     if not endpoint_url and not isolated:
         raise DomainError(
             "Nothing to benchmark: the deployment has no endpoint_url; give one.",
@@ -229,6 +235,7 @@ def run_queue(
         isolated=isolated,
         engine_model_id=served_model.engine_model_id,
         source=BenchmarkRun.Source.RUNNER,
+        source_detail=shared,
         progress_total=len(suite.grid) + len(suite.feature_shapes or []),
         progress_message="queued",
     )
@@ -774,7 +781,15 @@ def cost_model_fit(
         raise DomainError(str(error), field="run", code="cannot_fit") from None
     replica_mu_per_minute = REPLICA_MU_PER_MINUTE
     mu_per_unit = mu_coefficients(result.weights_replica_seconds, replica_mu_per_minute)
+    held_because = ""
+    if run.source_detail.startswith(SHARED_ENDPOINT):
+        # Its throughput may include customers' requests: a planner decides, never the fit.
+        held_because = (
+            "measured at the deployment's endpoint, shared with customers' traffic, not on "
+            "replicas held for the run"
+        )
     return cost_model_record(
+        held_because=held_because,
         served_model=run.served_model,
         gpu_type=run.gpu_type,
         gpus_per_replica=run.gpus_per_replica,

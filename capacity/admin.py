@@ -1,9 +1,15 @@
 from django import forms
 from django.contrib import admin
+from django.db import transaction
 
 from capacity.actuation.config import validate_actuator_config
 from capacity.catalog.engine_profile import validate_engine_profile
-from capacity.catalog.services import DEPLOYMENT_FIELDS, check_fits_pool
+from capacity.catalog.services import (
+    DEPLOYMENT_FIELDS,
+    NIGHTLY_FIELDS,
+    check_fits_pool,
+    check_nightly,
+)
 from capacity.models import (
     ActuatorCircuit,
     AdmissionAllowance,
@@ -30,6 +36,7 @@ from capacity.models import (
     UsageMinute,
 )
 from capacity.publication import publish_after_commit
+from capacity.schedules import deployment_schedule_delete, deployment_schedule_sync
 from capacity.selling.entitlements import entitlement_grant, entitlement_withdraw
 from capacity.telemetry.prometheus import validate_selector
 from controlplane import outbound
@@ -84,6 +91,8 @@ class DeploymentAdminForm(forms.ModelForm):
                 self.instance.actuator_config_problem = ""
             if cleaned.get("endpoint_url") and "endpoint_url" in self.changed_data:
                 outbound.check_url(cleaned["endpoint_url"], field="endpoint_url")
+            if NIGHTLY_FIELDS & set(self.changed_data):
+                check_nightly(cleaned)
         except DomainError as error:
             field = error.field.split(".")[0] if error.field else None
             self.add_error(field if field in self.fields else None, error.message)
@@ -148,6 +157,24 @@ class DeploymentAdmin(PublishedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
     def actuator_config_refused(self, deployment: Deployment) -> bool:
         return bool(deployment.actuator_config_problem)
 
+    # The admin saves the model itself; its nightly-benchmark beat row follows in the same
+    # transaction (the admin wraps each save in one), as the services' writes do.
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        deployment_schedule_sync(deployment=obj)
+
+    def delete_model(self, request, obj):
+        pk = obj.pk
+        super().delete_model(request, obj)
+        deployment_schedule_delete(deployment_pk=pk)
+
+    @transaction.atomic
+    def delete_queryset(self, request, queryset):
+        pks = list(queryset.values_list("pk", flat=True))
+        super().delete_queryset(request, queryset)
+        for pk in pks:
+            deployment_schedule_delete(deployment_pk=pk)
+
 
 @admin.register(CostModel)
 class CostModelAdmin(AuditedAdminMixin, admin.ModelAdmin):
@@ -161,17 +188,19 @@ class CostModelAdmin(AuditedAdminMixin, admin.ModelAdmin):
         "alpha_mu_per_input_token",
         "beta_mu_per_output_token",
         "gamma_mu_per_request",
+        "price_change_percent",
+        "approved_by",
         "created_at",
     ]
     list_filter = ["status", "served_model", "gpu_type"]
-    search_fields = ["served_model__name", "gpu_type__name"]
+    search_fields = ["served_model__name", "gpu_type__name", "approved_by", "rejected_by"]
     list_select_related = ["served_model", "gpu_type"]
-    # A fitted version is evidence for the usage it priced: read only, except its status,
-    # which moves through activate / retire.
-    readonly_fields = [
-        field.name for field in CostModel._meta.fields if field.name not in {"id", "status"}
-    ]
-    actions = ["activate_selected", "retire_selected"]
+    # A fitted version is evidence for the usage it priced, and its review the evidence for
+    # its activation: all read only; its status moves only through the actions below, which
+    # call the services the API and the planner use (so each records its approver and is
+    # audited).
+    readonly_fields = [field.name for field in CostModel._meta.fields if field.name != "id"]
+    actions = ["activate_selected", "reject_selected", "retire_selected"]
 
     def has_add_permission(self, request) -> bool:
         return False
@@ -179,19 +208,42 @@ class CostModelAdmin(AuditedAdminMixin, admin.ModelAdmin):
     def has_change_permission(self, request, obj=None) -> bool:
         return False
 
-    @admin.action(description="Activate (retires the version it replaces)")
+    @admin.display(description="price change")
+    def price_change_percent(self, cost_model: CostModel) -> str:
+        change = (cost_model.price_change or {}).get("change")
+        return "—" if change is None else f"{change * 100:+.1f} %"
+
+    def _each(self, request, queryset, service, done: str) -> None:
+        changed = 0
+        for cost_model in queryset:
+            try:
+                service(cost_model=cost_model)
+            except DomainError as error:
+                self.message_user(request, f"{cost_model}: {error.message}", level="error")
+            else:
+                changed += 1
+        if changed:
+            self.message_user(request, f"{changed} version(s) {done}.")
+
+    @admin.action(description="Activate (retires the version it replaces; you approve it)")
     def activate_selected(self, request, queryset):
         from capacity.pricing.cost_models import cost_model_activate
 
-        for cost_model in queryset:
-            cost_model_activate(cost_model=cost_model)
+        self._each(request, queryset, cost_model_activate, "activated")
+
+    @admin.action(description="Reject (candidates only)")
+    def reject_selected(self, request, queryset):
+        from capacity.pricing.cost_models import cost_model_reject
+
+        self._each(request, queryset, cost_model_reject, "rejected")
 
     @admin.action(description="Retire")
     def retire_selected(self, request, queryset):
         from capacity.pricing.cost_models import cost_model_retire
 
-        for cost_model in queryset.exclude(status=CostModel.Status.RETIRED):
-            cost_model_retire(cost_model=cost_model)
+        self._each(
+            request, queryset.exclude(status=CostModel.Status.RETIRED), cost_model_retire, "retired"
+        )
 
 
 class ReservationChangeInline(admin.TabularInline):

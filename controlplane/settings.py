@@ -296,6 +296,10 @@ LOGGING = {
 # --- Cost models and benchmarks ---------------------------------------------------------------
 # A fit whose cross-validated MAPE is at most this becomes active by itself (DESIGN §1).
 COST_MODEL_MAX_ACTIVE_MAPE = env_int("COST_MODEL_MAX_ACTIVE_MAPE_PERCENT", 10, minimum=0) / 100
+# ... and only when, priced on the last 7 days of real request shapes, it changes the total by at
+# most this share of what the active version charges; a larger change waits for a planner, so
+# prices never drift night to night without review (capacity.pricing.review).
+COST_MODEL_MAX_AUTO_CHANGE = env_float("COST_MODEL_MAX_AUTO_CHANGE_PERCENT", 5.0, minimum=0) / 100
 # A run whose client adds more than this share to the TTFT the engines measure is unreliable:
 # it measures itself, and is never fitted (issue 21).
 BENCHMARK_MAX_CLIENT_OVERHEAD_PERCENT = env_int(

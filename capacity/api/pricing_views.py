@@ -1,22 +1,48 @@
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, viewsets
 from rest_framework.decorators import action
+from rest_framework.permissions import SAFE_METHODS
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from accounts.permissions import ReadScope, scoped_permission
+from accounts.permissions import OPERATORS, ReadScope, scoped_permission
+from accounts.principals import principal_of
 from capacity.metering.events import MAX_TOKENS, context_problems
 from capacity.models import CostModel, GpuType, ServedModel
 from capacity.pricing import cost_models
 from capacity.pricing.estimates import price_shapes
 from controlplane.api.serializers import StrictSerializer
+from controlplane.errors import ConflictError
 
 CostModelPermission = scoped_permission(
-    "CostModelPermission", message="Only planners activate or retire cost models.", write_scope=None
+    "CostModelPermission",
+    message="Only planners activate, reject or retire cost models.",
+    write_scope=None,
+)
+# A price review names every customer's usage: the operator's side only.
+PriceChangePermission = scoped_permission(
+    "PriceChangePermission",
+    message="Only planners and platform services see a version's price change per customer.",
+    write_scope=None,
+    readers=OPERATORS,
 )
 
+# What planners and platform services see beyond the public fields: how a version came to be
+# in force (or not), and who decided.
+REVIEW_FIELDS = [
+    "review_reason",
+    "price_change",
+    "approved_by",
+    "approval_reason",
+    "rejected_at",
+    "rejected_by",
+    "rejection_reason",
+]
 
-class CostModelSerializer(serializers.ModelSerializer):
+
+class CostModelPublicSerializer(serializers.ModelSerializer):
+    """What everyone signed in reads of a version: its prices and how good the fit is."""
+
     served_model = serializers.SlugRelatedField(slug_field="name", read_only=True)
     gpu_type = serializers.SlugRelatedField(slug_field="name", read_only=True)
 
@@ -50,6 +76,74 @@ class CostModelSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class CostModelSerializer(CostModelPublicSerializer):
+    price_change = serializers.JSONField(
+        read_only=True,
+        allow_null=True,
+        help_text=(
+            "How the version moved prices when it was fitted, against the version then active "
+            "(totals only; GET …/price-change/ for the figures of now, per customer and shape)."
+        ),
+    )
+
+    class Meta(CostModelPublicSerializer.Meta):
+        fields = [*CostModelPublicSerializer.Meta.fields, *REVIEW_FIELDS]
+        read_only_fields = fields
+
+
+class CostModelDecisionSerializer(StrictSerializer):
+    reason = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        max_length=2000,
+        help_text="Why: kept on the version and in the audit log.",
+    )
+
+
+class ChangeRowSerializer(serializers.Serializer):
+    key = serializers.CharField(help_text="The customer's slug, or the shape bucket.")
+    label = serializers.CharField()
+    requests = serializers.IntegerField()
+    current_mu = serializers.FloatField(help_text="MU under the active version.")
+    candidate_mu = serializers.FloatField(help_text="MU under this version.")
+    change = serializers.FloatField(
+        allow_null=True,
+        help_text="candidate ÷ current − 1 (0.072 = +7.2 %); null when only this one charges.",
+    )
+
+
+class PriceChangeSerializer(serializers.Serializer):
+    basis = serializers.ChoiceField(
+        choices=["traffic", "benchmark_shapes", "default_mix"],
+        help_text=(
+            "What was priced: the model's requests of the last window_days days, or without "
+            "any, the benchmark's shapes (each once), or failing those a typical request."
+        ),
+    )
+    compared_with_id = serializers.IntegerField()
+    compared_with_version = serializers.IntegerField()
+    window_days = serializers.IntegerField()
+    computed_at = serializers.DateTimeField()
+    requests = serializers.IntegerField()
+    events_in_window = serializers.IntegerField()
+    sample_one_in = serializers.IntegerField(help_text="1: every request was priced.")
+    customers = serializers.IntegerField()
+    prices_usage = serializers.BooleanField(
+        help_text=(
+            "True on the model's reference GPU type: the MU are customers' usage charges. "
+            "Else they are this GPU type's replica time, i.e. what its replicas mint."
+        )
+    )
+    current_mu = serializers.FloatField()
+    candidate_mu = serializers.FloatField()
+    change = serializers.FloatField(allow_null=True)
+    largest_customer_change = serializers.FloatField(allow_null=True)
+    description = serializers.CharField()
+    total = ChangeRowSerializer()
+    by_customer = ChangeRowSerializer(many=True)
+    by_shape = ChangeRowSerializer(many=True)
+
+
 class CostModelViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """Fitted cost-model versions. Everyone signed in reads them (prices are public to
     customers); planners activate and retire."""
@@ -65,10 +159,35 @@ class CostModelViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewset
     }
     ordering_fields = ["created_at", "version", "cv_mape"]
 
-    @extend_schema(request=None, responses=CostModelSerializer)
+    def get_serializer_class(self):
+        if not getattr(self, "swagger_fake_view", False) and self.request.method in SAFE_METHODS:
+            principal = principal_of(self.request)
+            if not (principal.is_planner or principal.is_service):
+                return CostModelPublicSerializer
+        return CostModelSerializer
+
+    def _decision(self, request) -> str:
+        body = CostModelDecisionSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        return body.validated_data.get("reason", "")
+
+    @extend_schema(request=CostModelDecisionSerializer, responses=CostModelSerializer)
     @action(detail=True, methods=["post"])
     def activate(self, request, pk=None):
-        cost_model = cost_models.cost_model_activate(cost_model=self.get_object())
+        """Put the version in force (retiring the active one); the caller is recorded as its
+        approver, with the reason given."""
+        cost_model = cost_models.cost_model_activate(
+            cost_model=self.get_object(), reason=self._decision(request)
+        )
+        return Response(CostModelSerializer(cost_model).data)
+
+    @extend_schema(request=CostModelDecisionSerializer, responses=CostModelSerializer)
+    @action(detail=True, methods=["post"])
+    def reject(self, request, pk=None):
+        """Turn a candidate down after review (409 for any other status)."""
+        cost_model = cost_models.cost_model_reject(
+            cost_model=self.get_object(), reason=self._decision(request)
+        )
         return Response(CostModelSerializer(cost_model).data)
 
     @extend_schema(request=None, responses=CostModelSerializer)
@@ -76,6 +195,32 @@ class CostModelViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewset
     def retire(self, request, pk=None):
         cost_model = cost_models.cost_model_retire(cost_model=self.get_object())
         return Response(CostModelSerializer(cost_model).data)
+
+    @extend_schema(responses=PriceChangeSerializer)
+    @action(
+        detail=True,
+        methods=["get"],
+        url_path="price-change",
+        permission_classes=[PriceChangePermission],
+    )
+    def price_change(self, request, pk=None):
+        """What activating this version would do to prices now: the last 7 days of the
+        model's requests priced under the active version and under this one, in total, per
+        customer and per shape bucket. 409 when it is the active version or none is active."""
+        cost_model = self.get_object()
+        change = cost_models.cost_model_price_change(cost_model=cost_model)
+        if change is None:
+            raise ConflictError(
+                f"Version {cost_model.version} has nothing to be compared with: "
+                + (
+                    "it is the active version."
+                    if cost_model.status == CostModel.Status.ACTIVE
+                    else "no version of its model, GPU type and size is active."
+                ),
+                field="status",
+                code="nothing_to_compare",
+            )
+        return Response(PriceChangeSerializer(change.as_dict()).data)
 
 
 class ShapeSerializer(StrictSerializer):

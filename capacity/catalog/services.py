@@ -2,6 +2,8 @@
 
 Placing a deployment reads its pool's size and writes against it, so the pool row is locked
 (`select_for_update`) for the check: a pool cannot shrink under a deployment being created.
+A deployment's nightly-benchmark beat row is written with it, in the same transaction
+(capacity.schedules).
 """
 
 from django.db import transaction
@@ -10,6 +12,7 @@ from capacity.actuation.config import validate_actuator_config
 from capacity.catalog.engine_profile import validate_engine_profile
 from capacity.models import Deployment, GpuPool, GpuType, ServedModel
 from capacity.publication import publish_after_commit
+from capacity.schedules import deployment_schedule_delete, deployment_schedule_sync
 from capacity.telemetry.prometheus import validate_selector
 from controlplane import outbound
 from controlplane.audit import all_fields, audit_change, audit_record, snapshot
@@ -34,6 +37,7 @@ DEPLOYMENT_FIELDS = (
     "prometheus_selector",
     "benchmark_suite",
     "benchmark_nightly",
+    "benchmark_hour_utc",
     "priority_scheduling",
     "engine_profile",
 )
@@ -74,6 +78,28 @@ def _check_shape(values: dict) -> None:
     values["engine_profile"] = validate_engine_profile(values.get("engine_profile"))
 
 
+# What the nightly benchmark is made of: a write that changes one is checked; one that changes
+# one of these or the name re-syncs the beat row.
+NIGHTLY_FIELDS = frozenset({"benchmark_suite", "benchmark_nightly", "benchmark_hour_utc"})
+SCHEDULE_FIELDS = NIGHTLY_FIELDS | {"name"}
+
+
+def check_nightly(values: dict) -> None:
+    """A nightly benchmark runs the deployment's suite: without one, ticking the flag would
+    schedule a run that does nothing, every night."""
+    if values.get("benchmark_nightly") and values.get("benchmark_suite") is None:
+        raise DomainError(
+            "benchmark_nightly needs a benchmark_suite: the nightly run measures that suite.",
+            field="benchmark_nightly",
+        )
+    hour = values.get("benchmark_hour_utc")
+    if hour is not None and not 0 <= hour <= 23:
+        raise DomainError(
+            f"benchmark_hour_utc must be an hour of the day, 0 to 23 (UTC); got {hour}.",
+            field="benchmark_hour_utc",
+        )
+
+
 def _check_endpoint(url: str | None) -> None:
     # Health probes connect to it (OUTBOUND_ALLOWED_HOSTS); benchmark runs check it again
     # against BENCHMARK_ALLOWED_HOSTS when they are queued.
@@ -105,12 +131,14 @@ def deployment_create(**values) -> Deployment:
     values = defaults | values
     _check_shape(values)
     _check_current(values)
+    check_nightly(values)
     _check_fits_its_pool(values)
     values["actuator_config"] = validate_actuator_config(
         values["actuator_kind"], values.get("actuator_config")
     )
     _check_endpoint(values.get("endpoint_url"))
     deployment = Deployment.objects.create(**values)
+    deployment_schedule_sync(deployment=deployment)
     _audit_created("deployment", deployment)
     publish_after_commit("deployment created")
     return deployment
@@ -137,6 +165,8 @@ def deployment_update(*, deployment: Deployment, **changes) -> Deployment:
     _check_shape(values)
     if changes.get("current_replicas", deployment.current_replicas) != deployment.current_replicas:
         _check_current(values)
+    if NIGHTLY_FIELDS & set(changes):
+        check_nightly(values)
     _check_fits_its_pool(values)
     if "actuator_kind" in changes or "actuator_config" in changes:
         values["actuator_config"] = validate_actuator_config(
@@ -149,6 +179,8 @@ def deployment_update(*, deployment: Deployment, **changes) -> Deployment:
     for name, value in values.items():
         setattr(deployment, name, value)
     deployment.save()
+    if SCHEDULE_FIELDS & set(changes):
+        deployment_schedule_sync(deployment=deployment)
     _audit_updated("deployment", deployment, before)
     publish_after_commit("deployment changed")  # e.g. priority_scheduling, a new pool's GPU
     return deployment
@@ -231,6 +263,8 @@ def catalog_delete(*, instance) -> None:
     label = str(instance)
     pk = instance.pk
     instance.delete()
+    if isinstance(instance, Deployment):
+        deployment_schedule_delete(deployment_pk=pk)
     audit_record(
         action=f"{_AUDIT_NAMES[type(instance)]}.delete",
         object_type=instance._meta.label_lower,

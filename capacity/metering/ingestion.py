@@ -35,7 +35,7 @@ from capacity.admission.redis_buckets import (
 from capacity.metering.events import UsageEventIn, context_problems, minute_of, reasons_from
 from capacity.models import CostModel, Deployment, ServedModel, UsageEvent, Verification
 from capacity.pricing.cost_models import active_cost_model
-from capacity.pricing.features import FEATURES, feature_columns, mu_of, uncached_input_tokens
+from capacity.pricing.estimates import mu_per_request
 from capacity.telemetry import metrics
 from controlplane.errors import DomainError
 
@@ -96,15 +96,13 @@ def _mu_per_event(cost_model: CostModel, events: list[UsageEventIn]) -> np.ndarr
         ],
         dtype=float,
     ).reshape(-1, 4)  # fmt: skip
-    weights = np.array([cost_model.weights_replica_seconds.get(name, 0.0) for name in FEATURES])
-    matrix = feature_columns(
-        input_tokens=uncached_input_tokens(counts[:, 0], counts[:, 1]),
+    return mu_per_request(
+        cost_model,
+        input_tokens=counts[:, 0],
         cached_input_tokens=counts[:, 1],
         output_tokens=counts[:, 2],
         images=counts[:, 3],
-        features=FEATURES,
     )
-    return mu_of(matrix @ weights, cost_model.replica_mu_per_minute)
 
 
 def usage_ingest(*, events, customer: Customer | None, may_name_customer: bool) -> IngestResult:

@@ -1,6 +1,6 @@
 from decimal import Decimal
 
-from django.core.validators import MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import F, Q
 
@@ -161,8 +161,16 @@ class Deployment(models.Model):
         related_name="deployments",
         help_text="The suite the nightly benchmark runs against this deployment.",
     )
+    # The deployment's beat row (capacity.schedules) follows these two in the transaction that
+    # writes them: ticking the flag is what schedules the run.
     benchmark_nightly = models.BooleanField(
-        default=False, help_text="Benchmark this deployment every night (setup_periodic_tasks)."
+        default=False,
+        help_text="Benchmark this deployment every night, at benchmark_hour_utc, with its suite.",
+    )
+    benchmark_hour_utc = models.PositiveSmallIntegerField(
+        default=2,
+        validators=[MaxValueValidator(23)],
+        help_text="The hour (0–23, UTC) the nightly benchmark starts, on the hour.",
     )
     # vLLM answers 400 to any non-zero `priority` unless started with `--scheduling-policy
     # priority`, and its default is fcfs: so probes and gateways send `priority` only when set.
@@ -220,6 +228,11 @@ class Deployment(models.Model):
                 condition=Q(target_utilisation__gt=0) & Q(target_utilisation__lte=1),
                 name="deployment_target_utilisation_range",
                 violation_error_message="target_utilisation must be in (0, 1].",
+            ),
+            models.CheckConstraint(
+                condition=Q(benchmark_hour_utc__lte=23),
+                name="deployment_benchmark_hour_utc_range",
+                violation_error_message="benchmark_hour_utc must be an hour of the day, 0 to 23.",
             ),
         ]
 

@@ -18,6 +18,8 @@ class CostModel(models.Model):
         CANDIDATE = "candidate", "Candidate"
         ACTIVE = "active", "Active"
         RETIRED = "retired", "Retired"
+        # A planner reviewed its price change and turned it down: it never activates itself.
+        REJECTED = "rejected", "Rejected"
 
     served_model = models.ForeignKey(
         ServedModel, on_delete=models.PROTECT, related_name="cost_models"
@@ -51,6 +53,30 @@ class CostModel(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     activated_at = models.DateTimeField(null=True, blank=True)
     retired_at = models.DateTimeField(null=True, blank=True)
+    # The review (capacity.pricing.review): how the fit moved prices against the version active
+    # when it was recorded, and why it waits for a planner when it did not activate itself.
+    price_change = models.JSONField(
+        null=True,
+        blank=True,
+        help_text=(
+            "How this version moved prices, when it was fitted, against the version then active: "
+            "the share by which it changes the total MU of the last days' traffic (or of the "
+            "benchmark's shapes when there was none), without per-customer figures."
+        ),
+    )
+    review_reason = models.CharField(
+        max_length=500,
+        blank=True,
+        default="",
+        help_text="Why this version did not activate itself; empty when it did.",
+    )
+    # Who put it in force (audit actor: "user:<name>", "key:<prefix> (<owner>)" or
+    # "system:auto") and why, for its latest activation; the audit log keeps every one.
+    approved_by = models.CharField(max_length=200, blank=True, default="")
+    approval_reason = models.CharField(max_length=2000, blank=True, default="")
+    rejected_at = models.DateTimeField(null=True, blank=True)
+    rejected_by = models.CharField(max_length=200, blank=True, default="")
+    rejection_reason = models.CharField(max_length=2000, blank=True, default="")
 
     class Meta:
         ordering = ["served_model__name", "gpu_type__name", "gpus_per_replica", "-version"]

@@ -1,10 +1,16 @@
 """Writes and reads of versioned cost models (DESIGN §1).
 
-A new fit is recorded as the next version; it becomes active at once when its cross-validated
-error is under the threshold (COST_MODEL_MAX_ACTIVE_MAPE, default 10 %), retiring the previous
-active version; otherwise it waits, as a candidate, for a planner. The (model, GPU type, GPUs
-per replica) row of the served model is locked while versions change, and a partial unique
-constraint keeps a single active version even if that lock were bypassed.
+A new fit is recorded as the next version. It becomes active at once, retiring the previous
+active version, only when its cross-validated error is under COST_MODEL_MAX_ACTIVE_MAPE_PERCENT
+(default 10 %) *and*, priced on the model's last week of real request shapes, it changes the
+total by at most COST_MODEL_MAX_AUTO_CHANGE_PERCENT (default 5 %) of what the active version
+charges (capacity.pricing.review): otherwise it waits, as a candidate with the reason and the
+price change stored on it, for a planner to activate or reject it. Every activation records who
+approved it (a user, a key, or "system:auto" and why), on the version and in the audit log.
+
+The (model, GPU type, GPUs per replica) row of the served model is locked while versions
+change, and a partial unique constraint keeps a single active version even if that lock were
+bypassed.
 """
 
 from collections.abc import Mapping, Sequence
@@ -16,9 +22,12 @@ from django.utils import timezone
 
 from capacity.models import CostModel, GpuType, ServedModel
 from capacity.pricing.features import REPLICA_MU_PER_MINUTE
+from capacity.pricing.review import PriceChange, price_change
 from capacity.publication import publish_after_commit
-from controlplane.audit import audit_record
+from controlplane.audit import audit_record, current_actor
 from controlplane.errors import ConflictError, DomainError
+
+AUTO = "system:auto"
 
 FEATURE_FOR_ALPHA = "input_tokens"
 FEATURE_FOR_BETA = "output_tokens"
@@ -43,7 +52,10 @@ def cost_model_record(
     replica_mu_per_minute: float = REPLICA_MU_PER_MINUTE,
     source_run=None,
     auto_activate: bool = True,
+    held_because: str = "",
 ) -> CostModel:
+    """A new version; with `auto_activate` it activates when accurate and close enough to the
+    active one, unless `held_because` says why it must wait for a planner whatever its fit."""
     # Serialise version numbering per served model.
     ServedModel.objects.select_for_update().get(pk=served_model.pk)
     latest = CostModel.objects.filter(
@@ -69,26 +81,98 @@ def cost_model_record(
         residuals=residuals,
         source_run=source_run,
     )
-    if auto_activate and cv_mape <= settings.COST_MODEL_MAX_ACTIVE_MAPE:
-        cost_model = cost_model_activate(
-            cost_model=cost_model,
-            actor="system:auto",
-            reason=(
-                f"cross-validated MAPE {cv_mape:.1%} is within "
-                f"COST_MODEL_MAX_ACTIVE_MAPE_PERCENT ({settings.COST_MODEL_MAX_ACTIVE_MAPE:.0%})"
-            ),
-        )
+    if auto_activate:
+        cost_model = _activate_or_hold(cost_model, held_because=held_because)
     return cost_model
+
+
+def _activate_or_hold(cost_model: CostModel, *, held_because: str = "") -> CostModel:
+    """Activate a new fit when it is accurate enough and moves prices little enough; else
+    keep it a candidate with the reason, for a planner."""
+    max_mape = settings.COST_MODEL_MAX_ACTIVE_MAPE
+    max_change = settings.COST_MODEL_MAX_AUTO_CHANGE
+    mape = (
+        f"cross-validated MAPE {cost_model.cv_mape * 100:.1f} % is "
+        f"{'within' if cost_model.cv_mape <= max_mape else 'above'} "
+        f"COST_MODEL_MAX_ACTIVE_MAPE_PERCENT ({max_mape * 100:g} %)"
+    )
+    current = active_version_of_group(cost_model)
+    change = price_change(candidate=cost_model, current=current) if current else None
+    if change is not None:
+        cost_model.price_change = change.summary()
+        cost_model.save(update_fields=["price_change"])
+    if held_because:
+        return _hold(cost_model, reason=held_because, change=change)
+    if cost_model.cv_mape > max_mape:
+        return _hold(cost_model, reason=mape, change=change)
+    if change is None:
+        return cost_model_activate(
+            cost_model=cost_model,
+            actor=AUTO,
+            reason=f"{mape}; no version was active, so it reprices nothing that was priced",
+        )
+    moved = f"v{change.current_version} → v{cost_model.version} moves prices by {change.describe()}"
+    limit = f"COST_MODEL_MAX_AUTO_CHANGE_PERCENT ({max_change * 100:g} %)"
+    if change.exceeds(max_change):
+        return _hold(cost_model, reason=f"{moved}, more than {limit}", change=change)
+    return cost_model_activate(
+        cost_model=cost_model, actor=AUTO, reason=f"{mape}; {moved}, within {limit}"
+    )
+
+
+def _hold(cost_model: CostModel, *, reason: str, change: PriceChange | None) -> CostModel:
+    cost_model.review_reason = f"Waits for a planner: {reason}."[:500]
+    cost_model.save(update_fields=["review_reason"])
+    audit_record(
+        actor=AUTO,
+        action="cost_model.hold",
+        obj=cost_model,
+        after={"status": cost_model.status, "cv_mape": cost_model.cv_mape}
+        | ({"price_change": change.change} if change is not None else {}),
+        reason=cost_model.review_reason,
+    )
+    return cost_model
+
+
+def active_version_of_group(cost_model: CostModel) -> CostModel | None:
+    """The active version of the same model, GPU type and size (None when none is, or when
+    this is it)."""
+    return (
+        CostModel.objects.filter(
+            served_model_id=cost_model.served_model_id,
+            gpu_type_id=cost_model.gpu_type_id,
+            gpus_per_replica=cost_model.gpus_per_replica,
+            status=CostModel.Status.ACTIVE,
+        )
+        .exclude(pk=cost_model.pk)
+        .first()
+    )
+
+
+def cost_model_price_change(*, cost_model: CostModel) -> PriceChange | None:
+    """What activating this version would do to prices now, against the active version of its
+    group; None when it is the active one or none is active."""
+    current = active_version_of_group(cost_model)
+    if current is None or cost_model.status == CostModel.Status.ACTIVE:
+        return None
+    return price_change(candidate=cost_model, current=current)
 
 
 @transaction.atomic
 def cost_model_activate(
     *, cost_model: CostModel, actor: str | None = None, reason: str = ""
 ) -> CostModel:
+    """Put a version in force, retiring the active one; `actor` approved it (default: whoever
+    the current request or job is) for `reason`. The price change it makes at this moment is
+    written to the audit entry with them."""
     ServedModel.objects.select_for_update().get(pk=cost_model.served_model_id)
     cost_model = CostModel.objects.select_for_update().get(pk=cost_model.pk)
     if cost_model.status == CostModel.Status.ACTIVE:
         return cost_model
+    actor = actor or current_actor()
+    # An automatic activation was just measured by _activate_or_hold; a planner's is measured
+    # now, on the traffic of the moment they approved it.
+    change = cost_model_price_change(cost_model=cost_model) if actor != AUTO else None
     now = timezone.now()
     previous = CostModel.objects.filter(
         served_model_id=cost_model.served_model_id,
@@ -102,16 +186,57 @@ def cost_model_activate(
     cost_model.status = CostModel.Status.ACTIVE
     cost_model.activated_at = now
     cost_model.retired_at = None
-    cost_model.save(update_fields=["status", "activated_at", "retired_at"])
+    cost_model.approved_by = actor[:200]
+    cost_model.approval_reason = reason[:2000]
+    cost_model.save(
+        update_fields=["status", "activated_at", "retired_at", "approved_by", "approval_reason"]
+    )
+    after = {"status": cost_model.status, "cv_mape": cost_model.cv_mape, "approved_by": actor}
+    if change is not None:
+        after |= {"price_change": change.change, "price_change_on": change.describe()}
     audit_record(
         actor=actor,
         action="cost_model.activate",
         obj=cost_model,
         before=before | {"active_versions": [version for _, version in retired]},
-        after={"status": cost_model.status, "cv_mape": cost_model.cv_mape},
+        after=after,
         reason=reason,
     )
     publish_after_commit("cost model activated")  # gateways estimate MU with its weights
+    return cost_model
+
+
+@transaction.atomic
+def cost_model_reject(
+    *, cost_model: CostModel, actor: str | None = None, reason: str = ""
+) -> CostModel:
+    """Turn a candidate down after review: it stays on record, never activates itself, and a
+    planner may still activate it later."""
+    cost_model = CostModel.objects.select_for_update().get(pk=cost_model.pk)
+    if cost_model.status != CostModel.Status.CANDIDATE:
+        raise ConflictError(
+            f"Version {cost_model.version} is {cost_model.status}; only a candidate is rejected"
+            + (" (retire an active version instead)." if cost_model.status == "active" else "."),
+            field="status",
+        )
+    actor = actor or current_actor()
+    change = cost_model_price_change(cost_model=cost_model)
+    cost_model.status = CostModel.Status.REJECTED
+    cost_model.rejected_at = timezone.now()
+    cost_model.rejected_by = actor[:200]
+    cost_model.rejection_reason = reason[:2000]
+    cost_model.save(update_fields=["status", "rejected_at", "rejected_by", "rejection_reason"])
+    after = {"status": cost_model.status, "rejected_by": actor}
+    if change is not None:
+        after |= {"price_change": change.change, "price_change_on": change.describe()}
+    audit_record(
+        actor=actor,
+        action="cost_model.reject",
+        obj=cost_model,
+        before={"status": CostModel.Status.CANDIDATE},
+        after=after,
+        reason=reason,
+    )
     return cost_model
 
 

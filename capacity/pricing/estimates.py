@@ -6,8 +6,18 @@ by the fit and by pricing so that the two can never disagree.
 
 from collections.abc import Iterable, Mapping
 
+import numpy as np
+
 from capacity.models import CostModel
-from capacity.pricing.features import Shape, mu_of, predict_replica_seconds
+from capacity.pricing.features import (
+    FEATURES,
+    FloatArray,
+    Shape,
+    feature_columns,
+    mu_of,
+    predict_replica_seconds,
+    uncached_input_tokens,
+)
 
 
 def shape_from(row: Mapping) -> Shape:
@@ -44,3 +54,28 @@ def price_shapes(cost_model: CostModel, rows: Iterable[Mapping]) -> list[dict]:
             }
         )
     return priced
+
+
+def mu_per_request(
+    cost_model: CostModel,
+    *,
+    input_tokens: np.ndarray,
+    cached_input_tokens: np.ndarray,
+    output_tokens: np.ndarray,
+    images: np.ndarray,
+) -> FloatArray:
+    """MU of each request under `cost_model`, from arrays of the API's counts (input_tokens
+    includes the cached ones): usage ingestion prices a batch this way, and a price review
+    prices a week of requests under two versions."""
+    input_tokens = np.asarray(input_tokens, dtype=float)
+    cached_input_tokens = np.asarray(cached_input_tokens, dtype=float)
+    weights = np.array([cost_model.weights_replica_seconds.get(name, 0.0) for name in FEATURES])
+    matrix = feature_columns(
+        input_tokens=uncached_input_tokens(input_tokens, cached_input_tokens),
+        cached_input_tokens=cached_input_tokens,
+        output_tokens=np.asarray(output_tokens, dtype=float),
+        images=np.asarray(images, dtype=float),
+        features=FEATURES,
+    )
+    mu: FloatArray = mu_of(matrix @ weights, cost_model.replica_mu_per_minute)
+    return mu

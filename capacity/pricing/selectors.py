@@ -2,7 +2,7 @@
 version that prices a model is `capacity.pricing.cost_models.active_cost_model` /
 `pricing_cost_model`."""
 
-from django.db.models import Count, Exists, Max, OuterRef, QuerySet
+from django.db.models import Count, Exists, Max, OuterRef, Q, QuerySet
 
 from capacity.models import CostModel, Deployment, GpuType, ServedModel
 
@@ -12,7 +12,9 @@ GroupKey = tuple[int, int, int]
 
 def cost_model_groups() -> QuerySet:
     """One row per (model, GPU type, GPUs per replica) with a version: its names, number of
-    versions and latest version, by model and GPU name (values rows, for a paginator)."""
+    versions, latest version and newest version waiting for a planner's review (None when
+    none waits), by model and GPU name (values rows, for a paginator)."""
+    waiting = Q(status=CostModel.Status.CANDIDATE) & ~Q(review_reason="")
     return (
         CostModel.objects.values(
             "served_model_id",
@@ -21,7 +23,11 @@ def cost_model_groups() -> QuerySet:
             "gpu_type__name",
             "gpus_per_replica",
         )
-        .annotate(versions=Count("id"), latest_version=Max("version"))
+        .annotate(
+            versions=Count("id"),
+            latest_version=Max("version"),
+            waiting_version=Max("version", filter=waiting),
+        )
         .order_by("served_model__name", "gpu_type__name", "gpus_per_replica")
     )
 

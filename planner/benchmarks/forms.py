@@ -1,5 +1,5 @@
-"""The "Run now" form of a cost model's page; it validates shape only, run_queue decides the
-rest."""
+"""The forms of a cost model's page: "Run now" (it validates shape only, run_queue decides
+the rest) and the reason of a decision on a version."""
 
 from django import forms
 
@@ -44,3 +44,13 @@ class RunNowForm(forms.Form):
                 )
             cleaned["suite"] = deployment.benchmark_suite
         return cleaned
+
+
+class DecisionForm(forms.Form):
+    """Why a planner activates or rejects a version: kept on it and in the audit log."""
+
+    reason = forms.CharField(
+        required=False,
+        max_length=2000,
+        widget=forms.TextInput(attrs={"size": 40, "placeholder": "Why (kept in the audit log)"}),
+    )

@@ -25,5 +25,6 @@ urlpatterns = [
         views.version_activate,
         name="version_activate",
     ),
+    path("cost-model-versions/<int:pk>/reject/", views.version_reject, name="version_reject"),
     path("cost-model-versions/<int:pk>/retire/", views.version_retire, name="version_retire"),
 ]

@@ -1,15 +1,17 @@
 """Benchmarks: runs (live while they measure), their samples and log; cost models per (model,
-GPU type, GPUs per replica) with the fit chart, the coefficient history, activate / retire and
-"Run now".
+GPU type, GPUs per replica) with the fit chart, the coefficient history, the price review of a
+version that is not in force (its change per customer and per shape against the active one),
+activate / reject / retire and "Run now".
 
 Every write goes through the services the API uses (benchmarking.services.run_queue,
-capacity.pricing.cost_models.cost_model_activate / cost_model_retire); a refusal (DomainError) is
-shown
-as a message on the page, never as a server error.
+capacity.pricing.cost_models.cost_model_activate / cost_model_reject / cost_model_retire); a
+refusal (DomainError) is shown as a message on the page, never as a server error.
 """
 
 import math
+from functools import partial
 
+from django.conf import settings
 from django.contrib import messages
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
@@ -28,8 +30,14 @@ from benchmarking.selectors import runs as benchmark_runs
 from benchmarking.services import run_queue
 from capacity.catalog.selectors import any_deployments_of_group, deployments_of_group
 from capacity.models import CostModel, GpuType, ServedModel
-from capacity.pricing.cost_models import cost_model_activate, cost_model_retire
+from capacity.pricing.cost_models import (
+    cost_model_activate,
+    cost_model_price_change,
+    cost_model_reject,
+    cost_model_retire,
+)
 from capacity.pricing.features import Shape, predict_replica_seconds
+from capacity.pricing.review import BENCHMARK_SHAPES, TRAFFIC, PriceChange
 from capacity.pricing.selectors import (
     active_cost_models_of_groups,
     cost_model_groups,
@@ -43,7 +51,7 @@ from capacity.pricing.selectors import (
 from controlplane.audit import entries_about
 from controlplane.errors import DomainError
 from planner.access import planner_required
-from planner.benchmarks.forms import RunNowForm
+from planner.benchmarks.forms import DecisionForm, RunNowForm
 from planner.charts import PALETTE, line_chart, scatter_chart
 from planner.paging import page_of, query_without
 
@@ -169,6 +177,7 @@ def cost_models(request):
                 "gpus_per_replica": group["gpus_per_replica"],
                 "versions": group["versions"],
                 "latest_version": group["latest_version"],
+                "waiting_version": group["waiting_version"],
                 "active": current,
                 "alpha": sig(current.alpha_mu_per_input_token) if current else None,
                 "beta": sig(current.beta_mu_per_output_token) if current else None,
@@ -392,6 +401,9 @@ def cost_model(request, model: str, gpu_type: int, gpus: int):
         for c in reversed(versions)
     ]
     deployments = _group_deployments(served_model, gpu, gpus)
+    review = None
+    if selected is not None and selected.status != CostModel.Status.ACTIVE:
+        review = review_context(selected, cost_model_price_change(cost_model=selected), gpu)
     context = {
         "served_model": served_model,
         "gpu": gpu,
@@ -411,12 +423,52 @@ def cost_model(request, model: str, gpu_type: int, gpus: int):
         "run_now_url": reverse(
             "planner:benchmarks:run_now", args=[served_model.name, gpu.pk, gpus]
         ),
+        "review": review,
+        # Two forms on one page: their fields need distinct ids.
+        "activate_form": DecisionForm(auto_id="activate-%s"),
+        "reject_form": DecisionForm(auto_id="reject-%s"),
         "history": entries_about(("capacity.costmodel", [c.pk for c in versions]), limit=20),
         "latest_runs": latest_runs_of_group(
             served_model=served_model, gpu_type=gpu, gpus_per_replica=gpus, limit=5
         ),
     }
     return render(request, "planner/benchmarks/cost_model.html", context)
+
+
+REVIEW_CUSTOMERS_SHOWN = 100
+
+
+def review_context(cost_model: CostModel, change: PriceChange | None, gpu) -> dict:
+    """The price review of a version not in force, in words: per customer "this version would
+    change acme's usage charge by +7.2 % on last week's traffic", and per shape bucket."""
+    if change is None:
+        return {"change": None}
+    # Off the reference GPU type the MU are this GPU's replica time: what its replicas mint.
+    what = "usage charge" if change.prices_usage else f"replica time on {gpu.name}"
+    on = {
+        TRAFFIC: "last week's traffic",
+        BENCHMARK_SHAPES: "the benchmark's shapes",
+    }.get(change.basis, "a typical request")
+    customers = [
+        {
+            "row": row,
+            "sentence": (
+                f"This version would change {row.key}'s {what} by {row.change_text} on {on}."
+            ),
+        }
+        for row in change.by_customer[:REVIEW_CUSTOMERS_SHOWN]
+    ]
+    threshold = settings.COST_MODEL_MAX_AUTO_CHANGE
+    return {
+        "change": change,
+        "what": what,
+        "on": on,
+        "exceeds": change.exceeds(threshold),
+        "threshold": f"{threshold * 100:g} %",
+        "customers": customers,
+        "more_customers": max(0, len(change.by_customer) - REVIEW_CUSTOMERS_SHOWN),
+        "api_url": reverse("cost-model-price-change", args=[cost_model.pk]),
+    }
 
 
 @planner_required
@@ -469,17 +521,34 @@ def _version_action(request, pk: int, action, done: str):
     return redirect(back)
 
 
+def _reason(request) -> str:
+    form = DecisionForm(request.POST)
+    return form.cleaned_data["reason"] if form.is_valid() else ""
+
+
 @planner_required
 @require_POST
 def version_activate(request, pk: int):
+    """The planner approves the version: they are recorded as its approver, with the reason."""
     return _version_action(
         request,
         pk,
-        cost_model_activate,
+        partial(cost_model_activate, reason=_reason(request)),
         lambda c: (
             "is active: prices and capacity use it from now on, and the version that was "
             "active is retired."
         ),
+    )
+
+
+@planner_required
+@require_POST
+def version_reject(request, pk: int):
+    return _version_action(
+        request,
+        pk,
+        partial(cost_model_reject, reason=_reason(request)),
+        lambda c: "is rejected: it stays on record and never activates itself.",
     )
 
 

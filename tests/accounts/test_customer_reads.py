@@ -14,6 +14,7 @@ HIDDEN_DEPLOYMENT_FIELDS = {
     "prometheus_selector",
     "benchmark_suite",
     "benchmark_nightly",
+    "benchmark_hour_utc",
 }
 
 

@@ -81,7 +81,8 @@ def test_a_benchmark_through_a_real_worker_fits_a_model_that_predicts_unseen_sha
 
         response = planner_client.post(
             "/api/v1/benchmark-runs/",
-            {"suite": "fit", "deployment": deployment.name},
+            # One emulator behind the endpoint, and no customer: the planner names it.
+            {"suite": "fit", "deployment": deployment.name, "endpoint_url": url},
             format="json",
         )
         assert response.status_code == 201, response.json()

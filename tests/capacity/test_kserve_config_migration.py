@@ -35,15 +35,27 @@ def _migrate(targets):
 
 
 def test_stored_kserve_configs_take_their_own_kind_and_the_change_is_audited():
-    from tests.support.factories import DeploymentFactory
+    from tests.support.factories import GpuPoolFactory, ServedModelFactory
 
-    # Stored at the latest schema (the factory's), then the database goes back to before the
-    # data migration, which runs again on the way forward.
-    kserve = DeploymentFactory(actuator_kind="kubernetes", actuator_config=KSERVE_CUSTOM)
-    lws = DeploymentFactory(actuator_kind="kubernetes", actuator_config=LWS_CUSTOM)
     old = _migrate(BEFORE)
     try:
-        assert old.get_model("capacity", "Deployment").objects.count() == 2
+        # Rows as the schema stood at 0021: today's model has columns later migrations add.
+        OldDeployment = old.get_model("capacity", "Deployment")
+        pool = GpuPoolFactory()
+        served_model = ServedModelFactory(reference_gpu_type=pool.gpu_type)
+
+        def stored(name, config):
+            return OldDeployment.objects.create(
+                name=name,
+                served_model_id=served_model.pk,
+                gpu_pool_id=pool.pk,
+                actuator_kind="kubernetes",
+                actuator_config=config,
+            )
+
+        kserve = stored("kserve", KSERVE_CUSTOM)
+        lws = stored("lws", LWS_CUSTOM)
+        assert OldDeployment.objects.count() == 2
 
         new = _migrate(AFTER)
 

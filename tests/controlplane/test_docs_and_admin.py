@@ -108,6 +108,7 @@ def test_the_admin_checks_an_engine_profile_as_the_api_does(
         "target_utilisation": 0.8,
         "actuator_kind": "dry_run",
         "actuator_config": "{}",
+        "benchmark_hour_utc": 2,
     }
     refused = client.post(
         reverse("admin:capacity_deployment_add"), form | {"engine_profile": '{"max_seqs": 64}'}

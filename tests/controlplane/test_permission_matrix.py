@@ -121,7 +121,9 @@ PUT /api/v1/deployments/{name}/                          | 401  403   403    403
 GET /api/v1/cost-models/                                 | 401  ok    ok     ok       ok     403     403     403   ok     403     403     403   403    403   403    ok
 GET /api/v1/cost-models/{pk}/                            | 401  ok    ok     ok       ok     403     403     403   ok     403     403     403   403    403   403    ok
 POST /api/v1/cost-models/{pk}/activate/                  | 401  403   403    403      403    403     403     403   403    403     403     403   403    403   403    ok
+POST /api/v1/cost-models/{pk}/reject/                    | 401  403   403    403      403    403     403     403   403    403     403     403   403    403   403    ok
 POST /api/v1/cost-models/{pk}/retire/                    | 401  403   403    403      403    403     403     403   403    403     403     403   403    403   403    ok
+GET /api/v1/cost-models/{pk}/price-change/               | 401  403   403    403      403    403     403     403   ok     403     403     403   403    403   403    ok
 GET /api/v1/reservations/                                | 401  ok    ok     ok       ok     403     403     403   ok     403     403     403   403    403   403    ok
 POST /api/v1/reservations/                               | 401  403   403    403      403    403     403     403   403    403     403     403   ok     403   403    ok
 GET /api/v1/reservations/{pk}/                           | 401  ok    ok     404      ok     403     403     403   ok     403     403     403   403    403   403    ok

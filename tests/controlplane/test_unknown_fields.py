@@ -33,6 +33,7 @@ def rows(served_model, acme, sellable):
             served_model=served_model, effective_from=datetime(2026, 1, 1, tzinfo=UTC),
             reserved_price_per_mu_minute_hour=Decimal(1), best_effort_price_per_1000_mu=Decimal(1),
         ).pk,
+        "cost-models": sellable.pk,  # activate and reject take a reason, and nothing else
     }  # fmt: skip
 
 

@@ -26,6 +26,10 @@ def cost_model_dict(cost_model: CostModel) -> dict:
         "candidates": cost_model.candidates,
         "residuals": cost_model.residuals,
         "source_run": cost_model.source_run_id,
+        "price_change": cost_model.price_change,
+        "review_reason": cost_model.review_reason,
+        "approved_by": cost_model.approved_by,
+        "approval_reason": cost_model.approval_reason,
     }
 
 
@@ -47,6 +51,12 @@ def print_fit_report(stdout, cost_model: CostModel) -> None:
         f"{cost_model.served_model.name} on {cost_model.gpu_type.name}×"
         f"{cost_model.gpus_per_replica}: version {cost_model.version}, {cost_model.status}"
     )
+    # Why it is in force, or why it waits: the operator running the fit should not have to open
+    # the planner to learn that a price change is waiting for review.
+    if cost_model.review_reason:
+        stdout.write(f"  {cost_model.review_reason}")
+    elif cost_model.approved_by:
+        stdout.write(f"  approved by {cost_model.approved_by}: {cost_model.approval_reason}")
     stdout.write(
         f"  features: {', '.join(cost_model.features)}; {cost_model.sample_count} samples; "
         f"CV MAPE {cost_model.cv_mape:.2%}, worst {cost_model.cv_worst_error:.2%}"

@@ -10,7 +10,9 @@ from controlplane.errors import DomainError
 class Command(BaseCommand):
     help = (
         "Fit a new cost-model version from a succeeded benchmark run (default: the latest for "
-        "the model and GPU type). It becomes active when its CV MAPE is under the threshold."
+        "the model and GPU type). It becomes active when its CV MAPE is under the threshold "
+        "and it changes prices on the last 7 days of traffic by little enough; otherwise it "
+        "waits for a planner, and the report says why."
     )
 
     def add_arguments(self, parser):

@@ -8,14 +8,11 @@ from capacity.schedules import sync_capacity_schedules
 class Command(BaseCommand):
     help = (
         "Create or update the periodic tasks (nightly benchmarks of deployments that enable "
-        "them, the stale-run reaper). Idempotent; times stay editable in the admin."
+        "them, each at its benchmark_hour_utc; the stale-run reaper). Idempotent."
     )
 
-    def add_arguments(self, parser):
-        parser.add_argument("--nightly-hour-utc", type=int, default=2, choices=range(24))
-
-    def handle(self, *args, nightly_hour_utc, **options):
-        counts = sync_benchmark_schedules(hour_utc=nightly_hour_utc)
+    def handle(self, *args, **options):
+        counts = sync_benchmark_schedules()
         capacity_tasks = sync_capacity_schedules()
         billing_schedules_sync()
         self.stdout.write(
