@@ -24,10 +24,12 @@ run_pass() { "$@" || { status=$?; [ "$status" -eq 5 ] || exit "$status"; }; }
 # settings, so it is a plugin (-p) and the repository is on the path.
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 echo "== pytest (PostgreSQL, ${TEST_WORKERS:-3} workers)"
-run_pass $BIN/pytest -p tests.support.worker_env -n "${TEST_WORKERS:-3}" --create-db -m "not serial" "$@"
+# The slowest tests are printed: the budget of make test is ten minutes.
+run_pass $BIN/pytest -p tests.support.worker_env -n "${TEST_WORKERS:-3}" --create-db -m "not serial" \
+  --durations=15 "$@"
 # Tests that measure real throughput or latency would measure the other worker's load too.
 echo "== pytest (PostgreSQL, timing-sensitive tests alone)"
-run_pass $BIN/pytest --create-db -m serial "$@"
+run_pass $BIN/pytest --create-db -m serial --durations=10 "$@"
 # `make run` uses SQLite: the paths its demo exercises run again there (an in-memory test
 # database), so a query that only PostgreSQL gets right cannot hide behind the test database.
 echo "== pytest (SQLite: the paths the demo uses)"

@@ -35,7 +35,13 @@ from tests.dataplane.supervisor.support import (  # noqa: F401 - fixtures
 )
 from tests.support.processes import celery_beat_process, celery_worker_process, free_port
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgresql_only]
+# Timing-sensitive: it compares two runs' throughput and the runner's own lag, which another
+# worker's load would change.
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.postgresql_only,
+    pytest.mark.serial,
+]
 
 # Paced by simulated time (20 ms a decode step), not by this machine's two cores: what the
 # benchmark finds per replica must not depend on the CPU the customer's replica takes.

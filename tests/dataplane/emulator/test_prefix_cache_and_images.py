@@ -140,6 +140,8 @@ def test_without_prefix_caching_nothing_hits_and_the_counters_stay_at_zero(start
     assert metric(samples, "vllm:prefix_cache_hits_total", model_name="tiny") == 0
 
 
+# It times the engine's prefill: another worker's load would be timed too.
+@pytest.mark.serial
 def test_a_cache_hit_costs_the_configured_share_of_its_prefill(start_emulator, http):
     # 1,000 prompt tokens at 0.2 ms: a 200 ms prefill; its 992 cached tokens at a quarter of
     # that cost 49.6 ms, the 8 others 1.6 ms, beside a 2 ms decode step.
