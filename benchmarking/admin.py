@@ -21,8 +21,6 @@ class BenchmarkSuiteAdmin(AuditedAdminMixin, admin.ModelAdmin):
 SAMPLE_POINT_FIELDS = [
     "input_len",
     "output_len",
-    "cached_input_len",
-    "images",
     "concurrency",
     "requests_per_s",
     "ttft_p95_ms",

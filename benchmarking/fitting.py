@@ -16,12 +16,6 @@ min Σ (x_i·w / t_i − 1)², i.e. least squares on relative errors.
 Why cross-validated feature selection: with ten-odd shapes a fit with more features always looks
 better in-sample; only the error on shapes the fit has not seen says whether the io / o² terms
 describe the engine or merely the noise.
-
-Cached input tokens and images get weights when the samples vary them (a benchmark's feature
-shapes, or an imported table's cached column), and each candidate also reports its held-out
-error on just the samples with cached tokens, and with images (`FeatureError`): the overall
-MAPE is an average over mostly plain shapes, which could hide a cached or image weight that
-misprices exactly the requests it is for.
 """
 
 from __future__ import annotations
@@ -61,28 +55,11 @@ class Residual:
     relative_error: float  # signed: (predicted − measured) / measured
 
 
-# The features whose shapes are reported apart: a sample exercises one when it has any of it.
-REPORTED_FEATURES: tuple[str, ...] = ("cached_input_tokens", "images")
-
-
-@dataclass(frozen=True)
-class FeatureError:
-    """Held-out error on the samples that exercise one feature (cached tokens, images), each
-    predicted by a fit that did not see its shape."""
-
-    feature: str
-    sample_count: int
-    cv_mape: float  # as a fraction
-    cv_worst_error: float  # as a fraction
-
-
 @dataclass(frozen=True)
 class CandidateScore:
     features: tuple[str, ...]
     cv_mape: float  # mean |pred − meas| / meas over held-out samples, as a fraction
     cv_worst_error: float  # max |pred − meas| / meas over held-out samples, as a fraction
-    # Per REPORTED_FEATURES feature some sample has; empty when none does.
-    feature_errors: tuple[FeatureError, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -95,14 +72,6 @@ class FitResult:
     distinct_shapes: int
     residuals: tuple[Residual, ...]  # in-sample, of the final fit on all data, one per sample
     candidates: tuple[CandidateScore, ...]  # every feature set tried, with its CV score
-
-    @property
-    def feature_errors(self) -> tuple[FeatureError, ...]:
-        """The selected feature set's held-out error on the cached-token and image samples."""
-        for candidate in self.candidates:
-            if candidate.features == self.features:
-                return candidate.feature_errors
-        return ()
 
 
 # --- validation ---------------------------------------------------------------------------------
@@ -218,19 +187,6 @@ def _default_candidate_sets(shapes: Sequence[Shape]) -> list[tuple[str, ...]]:
     return base + ([(*features, *extra) for features in base] if extra else [])
 
 
-def _feature_errors(shapes: Sequence[Shape], abs_errors: np.ndarray) -> tuple[FeatureError, ...]:
-    """Held-out |relative error| restricted to the samples with each reported feature."""
-    reported = []
-    for name in REPORTED_FEATURES:
-        mask = np.array([getattr(shape, name) > 0 for shape in shapes], dtype=bool)
-        if mask.any():
-            errors = abs_errors[mask]
-            reported.append(
-                FeatureError(name, int(mask.sum()), float(errors.mean()), float(errors.max()))
-            )
-    return tuple(reported)
-
-
 def _meaningfully_better(larger_mape: float, smaller_mape: float) -> bool:
     improvement = smaller_mape - larger_mape
     return (
@@ -288,14 +244,7 @@ def fit_cost_model(
     for features in feature_sets:
         x = full_x[:, [FEATURES.index(name) for name in features]]
         errors = np.abs(_held_out_relative_errors(x, replica_seconds, splits))
-        candidates.append(
-            CandidateScore(
-                features,
-                float(errors.mean()),
-                float(errors.max()),
-                _feature_errors(shapes, errors),
-            )
-        )
+        candidates.append(CandidateScore(features, float(errors.mean()), float(errors.max())))
     chosen = _select(candidates)
 
     columns = [FEATURES.index(name) for name in chosen.features]
@@ -341,18 +290,3 @@ def held_out_errors(
         _held_out_relative_errors(feature_matrix(shapes, names), replica_seconds, splits)
     )
     return float(errors.mean()), float(errors.max())
-
-
-def held_out_feature_errors(
-    shapes: Sequence[Shape], requests_per_s: Sequence[float], features: Sequence[str]
-) -> tuple[FeatureError, ...]:
-    """Leave-one-shape-out error of a fit with exactly `features`, on the samples with cached
-    tokens and on those with images (`held_out_errors`, restricted to them)."""
-    replica_seconds = _validated_targets(shapes, requests_per_s)
-    groups = _shape_groups(shapes)
-    splits = _group_splits(groups, int(groups.max()) + 1, seed=None)
-    names = canonical_features(features)
-    errors = np.abs(
-        _held_out_relative_errors(feature_matrix(shapes, names), replica_seconds, splits)
-    )
-    return _feature_errors(shapes, errors)

@@ -12,14 +12,6 @@ class BenchmarkSuite(models.Model):
     name = models.SlugField(max_length=100, unique=True)
     description = models.TextField(blank=True, default="")
     grid = models.JSONField(help_text="Request shapes: [[input_len, output_len], ...].")
-    # Shapes that exercise the prefix cache and image inputs, measured after the grid, so the
-    # cost model's cached-input and image weights have data (benchmarking.runner.ShapeSpec).
-    feature_shapes = models.JSONField(
-        default=list,
-        blank=True,
-        help_text='Shapes with a shared prefix or images: [{"input_len", "output_len", '
-        '"cache_hit_share", "images"}, ...].',
-    )
     slo_ttft_p95_ms = models.FloatField(validators=[MinValueValidator(0.001)])
     slo_tpot_p95_ms = models.FloatField(validators=[MinValueValidator(0.001)])
     duration_per_point_seconds = models.FloatField(
@@ -131,7 +123,6 @@ class BenchmarkSample(models.Model):
     input_len = models.PositiveIntegerField()
     output_len = models.PositiveIntegerField()
     cached_input_len = models.PositiveIntegerField(default=0)
-    images = models.PositiveIntegerField(default=0, help_text="Images per request.")
     concurrency = models.PositiveIntegerField(null=True, blank=True)
     requests_per_s = models.FloatField(help_text="Per replica.")
     input_tokens_per_s = models.FloatField(default=0.0)
@@ -160,7 +151,7 @@ class BenchmarkSample(models.Model):
             ),
             # serves: sustainable_samples_of_run and the fit (a run's sustainable samples)
             models.UniqueConstraint(
-                fields=["run", "input_len", "output_len", "cached_input_len", "images"],
+                fields=["run", "input_len", "output_len", "cached_input_len"],
                 condition=Q(sustainable=True),
                 name="sample_one_sustainable_per_shape",
             ),

@@ -58,107 +58,9 @@ def validate_grid(grid) -> list[list[int]]:
     return shapes
 
 
-# A feature shape's keys; cache_hit_share and images default to 0.
-FEATURE_SHAPE_KEYS = ("input_len", "output_len", "cache_hit_share", "images")
-MAX_IMAGES_PER_REQUEST = 64
-
-
-def _feature_shape(index: int, raw) -> dict:
-    where = f"feature_shapes[{index}]"
-    if not isinstance(raw, dict):
-        raise DomainError(
-            f"{where} must be an object with input_len, output_len and optionally "
-            f"cache_hit_share and images; got {raw!r}.",
-            field="feature_shapes",
-        )
-    unknown = sorted(set(raw) - set(FEATURE_SHAPE_KEYS))
-    if unknown:
-        raise DomainError(
-            f"{where} has unknown key(s) {', '.join(unknown)}; known: "
-            f"{', '.join(FEATURE_SHAPE_KEYS)}.",
-            field="feature_shapes",
-        )
-    shape = {}
-    for key in ("input_len", "output_len"):
-        value = raw.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise DomainError(
-                f"{where}.{key} must be a positive integer; got {value!r}.", field="feature_shapes"
-            )
-        shape[key] = value
-    share = raw.get("cache_hit_share", 0)
-    if isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share < 1:
-        raise DomainError(
-            f"{where}.cache_hit_share must be a number from 0 up to (not including) 1; "
-            f"got {share!r}.",
-            field="feature_shapes",
-        )
-    images = raw.get("images", 0)
-    if (
-        not isinstance(images, int)
-        or isinstance(images, bool)
-        or not 0 <= images <= MAX_IMAGES_PER_REQUEST
-    ):
-        raise DomainError(
-            f"{where}.images must be an integer from 0 to {MAX_IMAGES_PER_REQUEST}; "
-            f"got {images!r}.",
-            field="feature_shapes",
-        )
-    shape["cache_hit_share"] = float(share)
-    shape["images"] = images
-    return shape
-
-
-def validate_feature_shapes(feature_shapes, grid=()) -> list[dict]:
-    """Shapes with a shared prefix or images: each an object, none repeated, none a plain
-    repeat of a grid shape."""
-    if feature_shapes is None:
-        return []
-    if not isinstance(feature_shapes, list):
-        raise DomainError(
-            "feature_shapes must be a list of {input_len, output_len, cache_hit_share, images}.",
-            field="feature_shapes",
-        )
-    shapes = [_feature_shape(index, raw) for index, raw in enumerate(feature_shapes)]
-    seen = {(i, o, 0.0, 0) for i, o in grid}
-    for index, shape in enumerate(shapes):
-        key = tuple(shape[k] for k in FEATURE_SHAPE_KEYS)
-        if key in seen:
-            raise DomainError(
-                f"feature_shapes[{index}] repeats a shape of the suite.", field="feature_shapes"
-            )
-        seen.add(key)
-    return shapes
-
-
-def suite_spec(suite: BenchmarkSuite) -> runner.SuiteSpec:
-    """What the runner measures for a suite: its grid, then its feature shapes."""
-    return runner.SuiteSpec(
-        grid=tuple((int(i), int(o)) for i, o in suite.grid),
-        slo_ttft_p95_ms=suite.slo_ttft_p95_ms,
-        slo_tpot_p95_ms=suite.slo_tpot_p95_ms,
-        duration_per_point_seconds=suite.duration_per_point_seconds,
-        concurrency_start=suite.concurrency_start,
-        max_concurrency=suite.max_concurrency,
-        min_throughput_growth=suite.min_throughput_growth,
-        max_error_rate=suite.max_error_rate,
-        request_timeout_seconds=suite.request_timeout_seconds,
-        feature_shapes=tuple(
-            runner.ShapeSpec(
-                input_len=int(shape["input_len"]),
-                output_len=int(shape["output_len"]),
-                cache_hit_share=float(shape.get("cache_hit_share", 0.0)),
-                images=int(shape.get("images", 0)),
-            )
-            for shape in suite.feature_shapes or []
-        ),
-    )
-
-
 @transaction.atomic
 def suite_create(**values) -> BenchmarkSuite:
     values["grid"] = validate_grid(values.get("grid"))
-    values["feature_shapes"] = validate_feature_shapes(values.get("feature_shapes"), values["grid"])
     if BenchmarkSuite.objects.filter(name=values["name"]).exists():
         raise ConflictError(f"A suite named '{values['name']}' already exists.", field="name")
     if values.get("max_concurrency", 256) < values.get("concurrency_start", 1):
@@ -236,7 +138,7 @@ def run_queue(
         engine_model_id=served_model.engine_model_id,
         source=BenchmarkRun.Source.RUNNER,
         source_detail=shared,
-        progress_total=len(suite.grid) + len(suite.feature_shapes or []),
+        progress_total=len(suite.grid),
         progress_message="queued",
     )
     run_id = run.pk
@@ -269,32 +171,14 @@ def _still_running(run_id: int) -> bool:
     return BenchmarkRun.objects.filter(pk=run_id, status=BenchmarkRun.Status.RUNNING).exists()
 
 
-def _sample_shape(point: runner.PointResult) -> dict:
-    """The request shape a point measured, as the engine counted it.
-
-    A grid shape's prompt is exact token ids: its input is the asked length. A feature shape's
-    input is the mean prompt tokens the engine reported (image placeholders and a chat
-    template included) and its cached part the mean hits read back, per request, weighted as
-    the point's throughput is.
-    """
-    shape = {"input_len": point.input_len, "output_len": point.output_len}
-    has_features = point.cache_hit_share > 0 or point.images > 0
-    if has_features and point.requests_per_s > 0:
-        prompt_tokens = point.input_tokens_per_s / point.requests_per_s
-        cached_tokens = point.cached_input_tokens_per_s / point.requests_per_s
-        shape["input_len"] = max(1, round(prompt_tokens))
-        shape["cached_input_len"] = min(shape["input_len"] - 1, max(0, round(cached_tokens)))
-    shape["images"] = point.images
-    return shape
-
-
 def _record_point(run_id: int, replicas: int, point: runner.PointResult) -> None:
     if not _still_running(run_id):
         # The reaper failed this run (or a planner did); stop writing into it.
         raise runner.RunnerError("the run was ended while it was measuring")
     BenchmarkSample.objects.create(
         run_id=run_id,
-        **_sample_shape(point),
+        input_len=point.input_len,
+        output_len=point.output_len,
         concurrency=point.concurrency,
         requests_per_s=point.requests_per_s / replicas,
         input_tokens_per_s=point.input_tokens_per_s / replicas,
@@ -322,34 +206,23 @@ def _record_point(run_id: int, replicas: int, point: runner.PointResult) -> None
 
 
 def _record_shape(run_id: int, shape: runner.ShapeResult) -> None:
-    sustainable = shape.sustainable
-    if sustainable is not None:
+    if shape.sustainable is not None:
         BenchmarkSample.objects.filter(
-            run_id=run_id, **_sample_shape(sustainable), concurrency=sustainable.concurrency
+            run_id=run_id,
+            input_len=shape.input_len,
+            output_len=shape.output_len,
+            concurrency=shape.sustainable.concurrency,
         ).update(sustainable=True)
     BenchmarkRun.objects.filter(pk=run_id).update(
         progress_done=F("progress_done") + 1, heartbeat_at=timezone.now()
     )
     verdict = (
-        f"sustainable {sustainable.requests_per_s:.3g} req/s at concurrency "
-        f"{sustainable.concurrency}"
-        if sustainable
+        f"sustainable {shape.sustainable.requests_per_s:.3g} req/s at concurrency "
+        f"{shape.sustainable.concurrency}"
+        if shape.sustainable
         else "no concurrency met the SLO"
     )
-    wanted = runner.ShapeSpec(
-        shape.input_len, shape.output_len, shape.cache_hit_share, shape.images
-    ).describe()
-    if sustainable is not None and wanted != f"{shape.input_len}/{shape.output_len}":
-        measured = _sample_shape(sustainable)
-        hits = {
-            "usage": "cache hits from usage",
-            "metrics": "cache hits from the prefix-cache counters",
-        }.get(sustainable.cache_hits_from, "no cache hits read back")
-        verdict += (
-            f"; measured {measured['input_len']} prompt tokens, "
-            f"{measured.get('cached_input_len', 0)} cached ({hits})"
-        )
-    _append_log(run_id, f"{wanted}: {verdict} ({shape.stop_reason})")
+    _append_log(run_id, f"{shape.input_len}/{shape.output_len}: {verdict} ({shape.stop_reason})")
 
 
 def _heartbeat(run_id: int) -> bool:
@@ -399,7 +272,18 @@ def run_execute(*, run_id: int) -> BenchmarkRun | None:
         logger.info("benchmark run %s was not queued; nothing to do", run_id)
         return None
     run = BenchmarkRun.objects.select_related("suite", "deployment").get(pk=run_id)
-    spec = suite_spec(run.suite)
+    suite = run.suite
+    spec = runner.SuiteSpec(
+        grid=tuple((int(i), int(o)) for i, o in suite.grid),
+        slo_ttft_p95_ms=suite.slo_ttft_p95_ms,
+        slo_tpot_p95_ms=suite.slo_tpot_p95_ms,
+        duration_per_point_seconds=suite.duration_per_point_seconds,
+        concurrency_start=suite.concurrency_start,
+        max_concurrency=suite.max_concurrency,
+        min_throughput_growth=suite.min_throughput_growth,
+        max_error_rate=suite.max_error_rate,
+        request_timeout_seconds=suite.request_timeout_seconds,
+    )
     record_point = sync_to_async(_record_point, thread_sensitive=True)
     record_shape = sync_to_async(_record_shape, thread_sensitive=True)
 
@@ -483,11 +367,10 @@ def run_execute(*, run_id: int) -> BenchmarkRun | None:
         try:
             with transaction.atomic():
                 cost_model = cost_model_fit(run=BenchmarkRun.objects.get(pk=run_id))
-            features = fit_feature_summary(cost_model)
             _append_log(
                 run_id,
                 f"fitted v{cost_model.version}: CV MAPE {cost_model.cv_mape:.1%}, "
-                f"{cost_model.status}" + (f"; {features}" if features else ""),
+                f"{cost_model.status}",
             )
         except DomainError as error:
             BenchmarkRun.objects.filter(pk=run_id).update(fit_error=error.message)
@@ -688,45 +571,6 @@ def _latest_fittable_run(served_model, gpu_type, gpus_per_replica) -> BenchmarkR
     )
 
 
-def _candidate_record(candidate: fitting.CandidateScore) -> dict:
-    record = {
-        "features": list(candidate.features),
-        "cv_mape": candidate.cv_mape,
-        "cv_worst_error": candidate.cv_worst_error,
-    }
-    if candidate.feature_errors:
-        # Held-out error on just the samples with cached tokens / images.
-        record["held_out_by_feature"] = {
-            error.feature: {
-                "samples": error.sample_count,
-                "cv_mape": error.cv_mape,
-                "cv_worst_error": error.cv_worst_error,
-            }
-            for error in candidate.feature_errors
-        }
-    return record
-
-
-FEATURE_SAMPLES_WORDING = {"cached_input_tokens": "cached-token", "images": "image"}
-
-
-def fit_feature_summary(cost_model: CostModel) -> str:
-    """The selected fit's held-out error on its cached-token and image samples, in words
-    ("" when it had none)."""
-    chosen = next(
-        (c for c in cost_model.candidates if c.get("features") == list(cost_model.features)),
-        None,
-    )
-    by_feature = (chosen or {}).get("held_out_by_feature") or {}
-    # In the fit's order: a jsonb column does not keep the keys' order.
-    return "; ".join(
-        f"{FEATURE_SAMPLES_WORDING[name]} samples held out {error['cv_mape']:.1%} "
-        f"(worst {error['cv_worst_error']:.1%}, {error['samples']} samples)"
-        for name in fitting.REPORTED_FEATURES
-        if (error := by_feature.get(name))
-    )
-
-
 def cost_model_fit(
     *,
     run: BenchmarkRun | None = None,
@@ -767,11 +611,10 @@ def cost_model_fit(
         )
     samples = list(run.samples.filter(sustainable=True, requests_per_s__gt=0))
     shapes = [
-        Shape.from_api(
-            input_tokens=s.input_len,
-            cached_input_tokens=s.cached_input_len,
+        Shape(
+            input_tokens=s.input_len - s.cached_input_len,
             output_tokens=s.output_len,
-            images=s.images,
+            cached_input_tokens=s.cached_input_len,
         )
         for s in samples
     ]
@@ -800,13 +643,19 @@ def cost_model_fit(
         distinct_shapes=result.distinct_shapes,
         cv_mape=result.cv_mape,
         cv_worst_error=result.cv_worst_error,
-        candidates=[_candidate_record(candidate) for candidate in result.candidates],
+        candidates=[
+            {
+                "features": list(candidate.features),
+                "cv_mape": candidate.cv_mape,
+                "cv_worst_error": candidate.cv_worst_error,
+            }
+            for candidate in result.candidates
+        ],
         residuals=[
             {
                 "input_tokens": residual.shape.input_tokens,
                 "cached_input_tokens": residual.shape.cached_input_tokens,
                 "output_tokens": residual.shape.output_tokens,
-                "images": residual.shape.images,
                 "measured_replica_seconds": residual.measured_replica_seconds,
                 "predicted_replica_seconds": residual.predicted_replica_seconds,
                 "relative_error": residual.relative_error,

@@ -11,31 +11,6 @@ MAX_SLO_MS = 3_600_000
 MAX_INT = 2_147_483_647
 
 
-def _below_one(value: float) -> float:
-    if value >= 1:
-        raise serializers.ValidationError("must be below 1: some of every prompt is salted.")
-    return value
-
-
-class FeatureShapeSerializer(StrictSerializer):
-    """A shape with a shared prefix or images (benchmarking.runner.ShapeSpec)."""
-
-    input_len = serializers.IntegerField(
-        min_value=1, max_value=MAX_TOKENS, help_text="Prompt text tokens (images add theirs)."
-    )
-    output_len = serializers.IntegerField(min_value=1, max_value=MAX_TOKENS)
-    cache_hit_share = serializers.FloatField(
-        min_value=0.0,
-        max_value=1.0,
-        default=0.0,
-        validators=[_below_one],
-        help_text="Share of the input every request of the shape starts with (0 to below 1).",
-    )
-    images = serializers.IntegerField(
-        min_value=0, max_value=64, default=0, help_text="Images per request."
-    )
-
-
 class BenchmarkSuiteSerializer(StrictModelSerializer):
     description = FreeTextField()
     grid = serializers.ListField(
@@ -48,12 +23,6 @@ class BenchmarkSuiteSerializer(StrictModelSerializer):
         max_length=400,
         help_text="[[input_len, output_len], ...]",
     )
-    feature_shapes = FeatureShapeSerializer(
-        many=True,
-        required=False,
-        max_length=400,
-        help_text="Measured after the grid: shapes with a shared prefix or images.",
-    )
 
     class Meta:
         model = BenchmarkSuite
@@ -62,7 +31,6 @@ class BenchmarkSuiteSerializer(StrictModelSerializer):
             "name",
             "description",
             "grid",
-            "feature_shapes",
             "slo_ttft_p95_ms",
             "slo_tpot_p95_ms",
             "duration_per_point_seconds",
@@ -85,14 +53,6 @@ class BenchmarkSuiteSerializer(StrictModelSerializer):
             "slo_ttft_p95_ms": {"min_value": 0.001, "max_value": MAX_SLO_MS},
             "slo_tpot_p95_ms": {"min_value": 0.001, "max_value": MAX_SLO_MS},
         }
-
-    def update(self, instance, validated_data):
-        # ModelSerializer.update refuses nested serializers' data; feature_shapes is a JSON
-        # column (validated by the view through services), so it is set like any field.
-        for name, value in validated_data.items():
-            setattr(instance, name, value)
-        instance.save()
-        return instance
 
 
 class BenchmarkRunSerializer(serializers.ModelSerializer):
@@ -157,7 +117,6 @@ class BenchmarkSampleSerializer(serializers.ModelSerializer):
             "input_len",
             "output_len",
             "cached_input_len",
-            "images",
             "concurrency",
             "requests_per_s",
             "input_tokens_per_s",

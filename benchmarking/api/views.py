@@ -36,17 +36,9 @@ class BenchmarkSuiteViewSet(viewsets.ModelViewSet):
         serializer.instance = services.suite_create(**serializer.validated_data)
 
     def perform_update(self, serializer):
-        data = serializer.validated_data
-        if "grid" in data:
-            services.validate_grid(data["grid"])
-        extra = {}
-        if "feature_shapes" in data or "grid" in data:
-            grid = data.get("grid", serializer.instance.grid)
-            shapes = data.get("feature_shapes", serializer.instance.feature_shapes)
-            extra["feature_shapes"] = services.validate_feature_shapes(
-                [dict(shape) for shape in shapes], grid
-            )
-        serializer.save(**extra)
+        if "grid" in serializer.validated_data:
+            services.validate_grid(serializer.validated_data["grid"])
+        serializer.save()
 
 
 class BenchmarkRunViewSet(

@@ -4,11 +4,6 @@ Per deployment, over a rate window (default 60 s):
 
 - requests/s, prompt tokens/s and generation tokens/s: `sum(rate(...))` of
   `vllm:request_success_total`, `vllm:prompt_tokens_total` and `vllm:generation_tokens_total`;
-- cached prompt tokens/s: `sum(rate(vllm:prefix_cache_hits_total))`, the prompt tokens served
-  from the prefix cache (vLLM V1 counts hits in tokens, vllm/v1/metrics/loggers.py; vLLM 0.7
-  to 0.9 named it `vllm:gpu_prefix_cache_hits_total`, read as a fallback; V0's
-  `vllm:gpu_prefix_cache_hit_rate` is a gauge of a block ratio, not read). Optional: an engine
-  without prefix caching exposes no hits, and its prompts are then all uncached;
 - MU/min: those rates priced with the model's pricing cost model (below);
 - concurrency: `vllm:num_requests_running` + `vllm:num_requests_waiting`, summed over replicas;
 - KV-cache usage: the mean of `vllm:kv_cache_usage_perc` over replicas (0–1; vLLM before the
@@ -35,12 +30,9 @@ requests/s, mean output tokens likewise):
 That is exact for the per-token and per-request terms of the cost model, which are linear, and
 an approximation for the input×output and output² terms, which are not: a mix of short and long
 requests costs more than as many requests of its mean shape (by Σ w·Var / 1000 per request).
-`vllm:prompt_tokens_total` counts whole prompts, cache hits included (vLLM adds each request's
-prompt length when its first token comes), so the mean shape's uncached input is prompt − hits
-and its cached input the hits, priced with the cost model's cached-input weight as usage
-metering prices a request's cached tokens. Tokens processed in a window in which no request
-finished (requests longer than the window) are priced by their per-token weights alone, a lower
-bound, rather than reported as no load.
+Prompt tokens are priced as uncached input tokens, which overprices prefix-cache hits. Tokens
+processed in a window in which no request finished (requests longer than the window) are priced
+by their per-token weights alone, a lower bound, rather than reported as no load.
 """
 
 from __future__ import annotations
@@ -63,7 +55,6 @@ from urllib3.util.retry import Retry
 from capacity.models import CostModel, Deployment
 from capacity.pricing.cost_models import pricing_cost_model
 from capacity.pricing.exchange import MeanShape
-from capacity.pricing.features import uncached_input_tokens
 from controlplane.errors import DomainError
 
 logger = logging.getLogger(__name__)
@@ -72,9 +63,6 @@ logger = logging.getLogger(__name__)
 REQUEST_SUCCESS_METRIC = "vllm:request_success_total"
 PROMPT_TOKENS_METRIC = "vllm:prompt_tokens_total"
 GENERATION_TOKENS_METRIC = "vllm:generation_tokens_total"
-PREFIX_CACHE_HITS_METRIC = "vllm:prefix_cache_hits_total"
-# The name before vLLM 0.9's rename (both were exposed until 0.10).
-LEGACY_PREFIX_CACHE_HITS_METRIC = "vllm:gpu_prefix_cache_hits_total"
 RUNNING_METRIC = "vllm:num_requests_running"
 WAITING_METRIC = "vllm:num_requests_waiting"
 KV_CACHE_USAGE_METRIC = "vllm:kv_cache_usage_perc"
@@ -88,7 +76,6 @@ QUANTITIES = (
     "running",
     "waiting",
     "kv_cache_usage",
-    "cached_prompt_tokens_per_s",
 )
 _METRIC_OF: dict[str, str] = {
     "requests_per_s": REQUEST_SUCCESS_METRIC,
@@ -97,13 +84,10 @@ _METRIC_OF: dict[str, str] = {
     "running": RUNNING_METRIC,
     "waiting": WAITING_METRIC,
     "kv_cache_usage": KV_CACHE_USAGE_METRIC,
-    "cached_prompt_tokens_per_s": PREFIX_CACHE_HITS_METRIC,
 }
 # KV-cache usage is informational (allocation runs on MU/min and concurrency), and engines
-# other than vLLM may not expose it: without it the load is still known. Cache hits are
-# absent where prefix caching is off (or the engine predates the counter): no hits.
-_OPTIONAL = ("kv_cache_usage", "cached_prompt_tokens_per_s")
-_REQUIRED = tuple(quantity for quantity in QUANTITIES if quantity not in _OPTIONAL)
+# other than vLLM may not expose it: without it the load is still known.
+_REQUIRED = tuple(quantity for quantity in QUANTITIES if quantity != "kv_cache_usage")
 
 # The label the fleet query puts on each deployment's result, to tell them apart.
 _DEPLOYMENT_LABEL = "mucp_deployment_id"
@@ -136,7 +120,7 @@ class DeploymentLoad:
     known: bool
     reason: str  # why the load is unknown; "" when known
     requests_per_s: float | None
-    prompt_tokens_per_s: float | None  # whole prompts, cache hits included
+    prompt_tokens_per_s: float | None
     generation_tokens_per_s: float | None
     mu_per_minute: float | None  # model units per minute, in the model's MU (reference GPU)
     concurrency: float | None  # running + waiting requests, all replicas
@@ -144,8 +128,6 @@ class DeploymentLoad:
     waiting: float | None
     kv_cache_usage: float | None  # fraction 0..1, mean over replicas; None when not exposed
     window_seconds: int
-    # Of prompt_tokens_per_s, those served from the prefix cache; None when not exposed.
-    cached_prompt_tokens_per_s: float | None = None
 
     @classmethod
     def unknown(
@@ -241,33 +223,20 @@ def mu_per_minute_of(
     requests_per_s: float,
     prompt_tokens_per_s: float,
     generation_tokens_per_s: float,
-    cached_prompt_tokens_per_s: float = 0.0,
 ) -> float:
-    """MU per minute of traffic given by its rates, priced as requests of the mean shape.
-
-    `prompt_tokens_per_s` counts whole prompts, of which `cached_prompt_tokens_per_s` hit the
-    prefix cache: those are priced with the cached-input weight, the rest as input tokens.
-    """
+    """MU per minute of traffic given by its rates, priced as requests of the mean shape."""
     weights = cost_model.weights_replica_seconds
-    # Hits are counted when a prompt is looked up, prompt tokens when its first token comes:
-    # over a window they agree but for the edges, so hits beyond the prompts are edge noise.
-    cached_per_s = min(max(0.0, cached_prompt_tokens_per_s), prompt_tokens_per_s)
     if requests_per_s > 0:
         # The window's mean request, at its fractional token counts (capacity.pricing.exchange).
-        mean = MeanShape.of_totals(
-            requests=requests_per_s,
-            input_tokens=prompt_tokens_per_s,
-            output_tokens=generation_tokens_per_s,
-            cached_input_tokens=cached_per_s,
-        )
-        assert mean is not None  # requests_per_s > 0
-        replica_seconds_per_s = requests_per_s * mean.replica_seconds(weights)
+        replica_seconds_per_request = MeanShape(
+            input_tokens=prompt_tokens_per_s / requests_per_s,
+            output_tokens=generation_tokens_per_s / requests_per_s,
+        ).replica_seconds(weights)
+        replica_seconds_per_s = requests_per_s * replica_seconds_per_request
     else:
         # No request finished in the window, yet tokens may have been processed (requests
         # longer than the window): their per-token cost is a lower bound on the load.
-        uncached_per_s = uncached_input_tokens(prompt_tokens_per_s, cached_per_s)
-        replica_seconds_per_s = float(weights.get("input_tokens", 0.0)) * uncached_per_s
-        replica_seconds_per_s += float(weights.get("cached_input_tokens", 0.0)) * cached_per_s
+        replica_seconds_per_s = float(weights.get("input_tokens", 0.0)) * prompt_tokens_per_s
         replica_seconds_per_s += float(weights.get("output_tokens", 0.0)) * generation_tokens_per_s
     # R MU per replica-minute: one replica-second per second is R MU per minute.
     return replica_seconds_per_s * cost_model.replica_mu_per_minute
@@ -292,10 +261,6 @@ def _promql(quantity: str, selector: str, window_seconds: int) -> str:
         "waiting": f"sum({WAITING_METRIC}{matchers})",
         "kv_cache_usage": (
             f"avg({KV_CACHE_USAGE_METRIC}{matchers} or {LEGACY_KV_CACHE_USAGE_METRIC}{matchers})"
-        ),
-        "cached_prompt_tokens_per_s": (
-            f"sum(rate({PREFIX_CACHE_HITS_METRIC}{matchers}{window})) or "
-            f"sum(rate({LEGACY_PREFIX_CACHE_HITS_METRIC}{matchers}{window}))"
         ),
     }[quantity]
 
@@ -425,7 +390,6 @@ def _load_from(
         requests_per_s=read["requests_per_s"],
         prompt_tokens_per_s=read["prompt_tokens_per_s"],
         generation_tokens_per_s=read["generation_tokens_per_s"],
-        cached_prompt_tokens_per_s=read["cached_prompt_tokens_per_s"] or 0.0,
     )
     return DeploymentLoad(
         deployment_id=deployment_id,

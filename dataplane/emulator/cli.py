@@ -24,17 +24,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "waiting one that does not fit (vLLM V0's behaviour).",
     )
     parser.add_argument(
-        "--enable-prefix-caching",
-        action="store_true",
-        help="vLLM's automatic prefix caching for every model (vLLM V1 has it on by default; "
-        "the emulator only when a model's enable_prefix_caching or this flag says so).",
-    )
-    parser.add_argument(
-        "--enable-prompt-tokens-details",
-        action="store_true",
-        help="As vLLM's flag: usage reports prompt_tokens_details.cached_tokens.",
-    )
-    parser.add_argument(
         "--fault",
         action="append",
         default=[],
@@ -50,8 +39,6 @@ def apply_arguments(
     scheduling_policy: str | None,
     priority_preemption: bool,
     fault: list[str],
-    enable_prefix_caching: bool = False,
-    enable_prompt_tokens_details: bool = False,
 ) -> EmulatorConfig:
     """The config with the flags applied; raises ConfigError naming the flag."""
     try:
@@ -63,6 +50,4 @@ def apply_arguments(
         scheduling_policy=scheduling_policy,
         priority_preemption=priority_preemption,
         faults=faults,
-        enable_prefix_caching=enable_prefix_caching,
-        enable_prompt_tokens_details=enable_prompt_tokens_details,
     )

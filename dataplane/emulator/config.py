@@ -67,9 +67,6 @@ class EmulatorConfig:
     models: tuple[ModelConfig, ...] = field(default_factory=tuple)
     # Faults to inject, `at_seconds` after the emulator starts (see faults.py).
     faults: tuple[FaultSpec, ...] = field(default_factory=tuple)
-    # vLLM's `--enable-prompt-tokens-details` (off by default, as in vLLM): usage carries
-    # `prompt_tokens_details.cached_tokens`.
-    enable_prompt_tokens_details: bool = False
 
     def model(self, name: str) -> ModelConfig | None:
         for model in self.models:
@@ -99,16 +96,11 @@ def with_overrides(
     scheduling_policy: str | None = None,
     priority_preemption: bool = False,
     faults: tuple[FaultSpec, ...] = (),
-    enable_prefix_caching: bool = False,
-    enable_prompt_tokens_details: bool = False,
 ) -> EmulatorConfig:
     """The config with command-line flags applied to every model (`--scheduling-policy`,
-    `--priority-preemption`, `--enable-prefix-caching`), to the server
-    (`--enable-prompt-tokens-details`) and `--fault`s added to its schedule."""
+    `--priority-preemption`) and `--fault`s added to its schedule."""
     models = []
     for i, model in enumerate(config.models):
-        if enable_prefix_caching:
-            model = replace(model, enable_prefix_caching=True)
         if scheduling_policy is not None:
             if scheduling_policy not in SCHEDULING_POLICIES:
                 raise ConfigError(
@@ -124,13 +116,7 @@ def with_overrides(
                     f"(models[{i}] has {model.scheduling_policy!r})"
                 )
         models.append(model)
-    return replace(
-        config,
-        models=tuple(models),
-        faults=config.faults + tuple(faults),
-        enable_prompt_tokens_details=config.enable_prompt_tokens_details
-        or enable_prompt_tokens_details,
-    )
+    return replace(config, models=tuple(models), faults=config.faults + tuple(faults))
 
 
 def parse_config(raw: Any) -> EmulatorConfig:

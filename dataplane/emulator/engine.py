@@ -3,12 +3,8 @@
 Each step admits waiting sequences (in arrival order, or with the priority scheduling
 policy lowest `priority` first, then arrival order) while the batch has room
 (`max_num_seqs`), the KV budget allows (prompt + output tokens reserved on admission) and
-the step's prompt budget (`max_num_batched_tokens` of computed tokens, prefix-cache hits
-not counted, as in vLLM; at least one sequence) lasts, sleeps for the ground-truth step
-time, then gives every running sequence one token. With prefix caching a prompt's leading
-blocks cached on the replica cost `cached_prefill_fraction` of their prefill
-(prefix_cache.py), and an image costs `prefill_seconds_per_image` in the step that
-prefills it, unless its placeholders were all cached. With priority
+the step's prompt budget (`max_num_batched_tokens`; at least one sequence) lasts, sleeps for
+the ground-truth step time, then gives every running sequence one token. With priority
 preemption a waiting sequence that does not fit preempts running ones of a worse
 (priority, arrival) (vLLM's recompute preemption: they keep their tokens, go back to the
 waiting queue and prefill prompt + generated tokens again when readmitted).
@@ -32,7 +28,6 @@ from simulation.engine.profile import step_seconds
 from .config import PRIORITY, ModelConfig
 from .faults import Faults, corrupt_token
 from .metrics import ModelMetrics
-from .prefix_cache import ImageSpan, PrefixCache, block_hashes
 
 STARTING = "starting"
 READY = "ready"
@@ -131,9 +126,6 @@ class Sequence:
         "finished_seconds",
         "order",
         "num_preemptions",
-        "images",
-        "block_hashes",
-        "num_cached_tokens",
     )
 
     def __init__(
@@ -149,7 +141,6 @@ class Sequence:
         vocab_size: int,
         listener: Listener,
         arrival_seconds: float,
-        images: tuple[ImageSpan, ...] = (),
     ):
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
@@ -172,11 +163,6 @@ class Sequence:
         self.finished_seconds: float | None = None
         self.order = next(_ARRIVALS)
         self.num_preemptions = 0
-        self.images = images
-        self.block_hashes: list[bytes] | None = None  # computed once, when a cache asks
-        # Prompt tokens served from the prefix cache when first scheduled (vLLM's
-        # `Request.num_cached_tokens`, reported as usage.prompt_tokens_details.cached_tokens).
-        self.num_cached_tokens = 0
 
     @property
     def done(self) -> bool:
@@ -245,27 +231,6 @@ def _resolve(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-class _Admission:
-    """What one step admitted, and what its prefill costs."""
-
-    __slots__ = (
-        "admitted",
-        "computed_tokens",
-        "new_prompt_tokens",
-        "recomputed_tokens",
-        "cached_tokens",
-        "images",
-    )
-
-    def __init__(self) -> None:
-        self.admitted: list[Sequence] = []
-        self.computed_tokens = 0  # prompt (and recomputed) tokens the step prefills
-        self.new_prompt_tokens = 0  # whole prompts of first admissions, cache hits included
-        self.recomputed_tokens = 0  # computed tokens of readmitted (preempted) sequences
-        self.cached_tokens = 0  # prompt tokens served from the prefix cache
-        self.images = 0  # images whose encoder runs in the step
-
-
 class Replica:
     def __init__(
         self,
@@ -291,14 +256,6 @@ class Replica:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._on_stopped = on_stopped
-        self.prefix_cache = (
-            PrefixCache(
-                block_tokens=model.prefix_cache_block_tokens,
-                capacity_blocks=model.kv_cache_tokens // model.prefix_cache_block_tokens,
-            )
-            if model.enable_prefix_caching
-            else None
-        )
 
     # -- state seen by the fleet ----------------------------------------------------------
 
@@ -364,35 +321,24 @@ class Replica:
             and self.kv_reserved_tokens + seq.kv_reservation_tokens <= self.model.kv_cache_tokens
         )
 
-    def _admit(self, now_seconds: float) -> _Admission:
-        """Admit what fits, in order, within the step's budget of computed prompt tokens.
+    def _admit(self, now_seconds: float) -> tuple[list[Sequence], int, int]:
+        """Admit what fits; returns (admitted, tokens to prefill, of which new prompt tokens).
 
         A readmitted (preempted) sequence prefills its prompt and its generated tokens again.
         """
-        admission = _Admission()
-        admitted = admission.admitted
+        admitted: list[Sequence] = []
         model = self.model
-        cache = self.prefix_cache
+        prefill_tokens = 0
+        new_prompt_tokens = 0
         while self._waiting:
             _key, _order, seq = self._waiting[0]
             if seq.state != WAITING:
                 heapq.heappop(self._waiting)
                 continue
             tokens = seq.context_tokens
-            cached = 0
-            hashes: list[bytes] = []
-            if cache is not None:
-                if seq.block_hashes is None:
-                    seq.block_hashes = block_hashes(
-                        seq.prompt_token_ids, cache.block_tokens, seq.images
-                    )
-                hashes = seq.block_hashes
-                cached = cache.hit_tokens(hashes, tokens)
-            computed = tokens - cached
-            # The step's prompt budget counts computed tokens only (vLLM's token budget is
-            # spent on `num_new_tokens`, after the cache hit); a prompt larger than the budget
-            # goes alone (vLLM would chunk it over several steps, which costs the same time).
-            if admitted and admission.computed_tokens + computed > model.max_num_batched_tokens:
+            # The step's prompt budget; a prompt larger than the budget goes alone (vLLM would
+            # chunk it over several steps, which costs the same prefill time).
+            if admitted and prefill_tokens + tokens > model.max_num_batched_tokens:
                 break
             # Strict order: a large head-of-line request is not overtaken by smaller ones,
             # as in vLLM, so priority means what it says.
@@ -400,22 +346,9 @@ class Replica:
                 if self._priority_preemption and self._preempt_one_for(seq):
                     continue
                 break
-            admission.computed_tokens += computed
-            admission.cached_tokens += cached
-            if seq.output_token_ids:
-                admission.recomputed_tokens += computed
-            else:
-                admission.new_prompt_tokens += seq.prompt_tokens
-            if seq.images:
-                # vLLM skips the encoder for an item whose placeholders the cache covers.
-                admission.images += sum(1 for image in seq.images if image.end > cached)
-            if cache is not None:
-                # Cached on scheduling, so the next sequence of this very step hits them.
-                cache.insert(hashes)
-                if seq.admitted_seconds is None:
-                    seq.num_cached_tokens = cached
-                if self.metrics is not None:
-                    self.metrics.record_prefix_cache(queried_tokens=tokens, hit_tokens=cached)
+            prefill_tokens += tokens
+            if not seq.output_token_ids:
+                new_prompt_tokens += seq.prompt_tokens
             heapq.heappop(self._waiting)
             self._waiting_count -= 1
             seq.state = RUNNING
@@ -425,7 +358,7 @@ class Replica:
             self.kv_reserved_tokens += seq.kv_reservation_tokens
             self.context_tokens += tokens
             admitted.append(seq)
-        return admission
+        return admitted, prefill_tokens, new_prompt_tokens
 
     def _preempt_one_for(self, seq: Sequence) -> bool:
         """Preempt the running sequence that comes last in (priority, arrival) order if it
@@ -470,23 +403,21 @@ class Replica:
                 now_seconds = loop.time()
                 step_start_seconds = now_seconds if deadline_seconds is None else deadline_seconds
                 self.step_lag_seconds = max(0.0, now_seconds - step_start_seconds)
-                admission = self._admit(now_seconds)
+                _admitted, prefill_tokens, new_prompt_tokens = self._admit(now_seconds)
                 if not self.running:
                     continue
                 deadline_seconds = step_start_seconds + faults.slow_factor * step_seconds(
                     model,
-                    prefill_tokens=admission.computed_tokens,
+                    prefill_tokens=prefill_tokens,
                     running_sequences=len(self.running),
                     context_tokens=self.context_tokens,
-                    cached_tokens=admission.cached_tokens,
-                    images=admission.images,
                 )
                 await sleep_until(loop, deadline_seconds)
                 now_seconds = loop.time()
                 self._emit(
                     now_seconds,
-                    admission.new_prompt_tokens,
-                    admission.recomputed_tokens,
+                    new_prompt_tokens,
+                    prefill_tokens - new_prompt_tokens,
                     now_seconds - last_emit_seconds,
                 )
                 last_emit_seconds = now_seconds

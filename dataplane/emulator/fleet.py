@@ -31,7 +31,6 @@ from .engine import (
 )
 from .faults import Faults, exit_process
 from .metrics import ModelGauges, ModelMetrics
-from .prefix_cache import ImageSpan
 
 
 def prompt_digest(prompt_token_ids: list[int]) -> str:
@@ -115,7 +114,6 @@ class ModelFleet:
         prompt_index: int,
         listener: Listener,
         greedy: bool = False,
-        images: tuple[ImageSpan, ...] = (),
     ) -> Sequence:
         """A sequence whose output (ids and length) depends only on the seeds, not timing.
 
@@ -125,15 +123,10 @@ class ModelFleet:
         function of the model, the prompt and that seed. Otherwise it is keyed by the config
         `seed` and this model's arrival counter.
         """
-        if greedy or request_seed is not None:
-            digest = prompt_digest(prompt_token_ids)
-            if images:
-                # Images are part of the prompt: their placeholder ids alone do not tell two apart.
-                digest += "|" + "|".join(image.digest.hex() for image in images)
         if greedy:
-            key = f"greedy|{self.model.name}|{digest}"
+            key = f"greedy|{self.model.name}|{prompt_digest(prompt_token_ids)}"
         elif request_seed is not None:
-            key = f"seed={request_seed}|{self.model.name}|{digest}"
+            key = f"seed={request_seed}|{self.model.name}|{prompt_digest(prompt_token_ids)}"
         else:
             key = f"{self.seed}|{self.model.name}|{next(self._request_index)}"
         rng = random.Random(key)  # noqa: S311 - reproducible test data, not secrets
@@ -155,7 +148,6 @@ class ModelFleet:
             vocab_size=self.model.vocab_size,
             listener=listener,
             arrival_seconds=asyncio.get_running_loop().time(),
-            images=images,
         )
 
     def submit(self, seq: Sequence) -> None:

@@ -97,10 +97,6 @@ class ModelMetrics:
         self.generation_tokens = 0
         self.request_success = dict.fromkeys(FINISH_REASONS, 0)
         self.preemptions = 0
-        # In tokens, as vLLM counts them (PrefixCacheStats: queries += num_tokens,
-        # hits += cached tokens, per lookup).
-        self.prefix_cache_queries = 0
-        self.prefix_cache_hits = 0
         token_buckets = token_count_buckets(context_length)
         self.ttft_seconds = WeightedHistogram(TTFT_BUCKETS_SECONDS)
         self.inter_token_latency_seconds = WeightedHistogram(TOKEN_LATENCY_BUCKETS_SECONDS)
@@ -139,10 +135,6 @@ class ModelMetrics:
 
     def record_preemption(self) -> None:
         self.preemptions += 1
-
-    def record_prefix_cache(self, *, queried_tokens: int, hit_tokens: int) -> None:
-        self.prefix_cache_queries += queried_tokens
-        self.prefix_cache_hits += hit_tokens
 
     def record_finished(
         self,
@@ -295,15 +287,6 @@ class EmulatorCollector:
             "vllm:num_preemptions", "Cumulative number of preemption from the engine.",
             labels=labels,
         )  # fmt: skip
-        # vLLM registers both whether or not prefix caching is on (0 when it is off).
-        cache_queries = CounterMetricFamily(
-            "vllm:prefix_cache_queries",
-            "Prefix cache queries, in terms of number of queried tokens.", labels=labels,
-        )  # fmt: skip
-        cache_hits = CounterMetricFamily(
-            "vllm:prefix_cache_hits",
-            "Prefix cache hits, in terms of number of cached tokens.", labels=labels,
-        )  # fmt: skip
         for m in models:
             prompt.add_metric([m.model_name], m.prompt_tokens)
             generation.add_metric([m.model_name], m.generation_tokens)
@@ -311,9 +294,7 @@ class EmulatorCollector:
                 success.add_metric([m.model_name, reason], n)
             # KV is reserved on admission, so only priority preemption ever happens.
             preemptions.add_metric([m.model_name], m.preemptions)
-            cache_queries.add_metric([m.model_name], m.prefix_cache_queries)
-            cache_hits.add_metric([m.model_name], m.prefix_cache_hits)
-        yield from (prompt, generation, success, preemptions, cache_queries, cache_hits)
+        yield from (prompt, generation, success, preemptions)
 
         for name, documentation, attribute in _HISTOGRAMS:
             family = HistogramMetricFamily(name, documentation, labels=labels)

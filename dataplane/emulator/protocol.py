@@ -9,15 +9,11 @@ Streamed chunks are assembled from pre-escaped string pieces rather than
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any, NotRequired, TypedDict, TypeGuard
+from typing import Any, TypedDict, TypeGuard
 
 from .config import ModelConfig
-from .prefix_cache import ImageSpan
 from .tokens import text_to_token_ids, token_text
 
 COMPLETION = "completion"
@@ -48,18 +44,10 @@ class ErrorBody(TypedDict):
     error: ErrorDetail
 
 
-class PromptTokensDetails(TypedDict):
-    cached_tokens: int
-
-
 class Usage(TypedDict):
     prompt_tokens: int
     total_tokens: int
     completion_tokens: int
-    # Only with --enable-prompt-tokens-details (vLLM's serving code: `if
-    # self.enable_prompt_tokens_details and num_cached_tokens is not None`, so 0 is reported
-    # too; vLLM before late 2025 left a 0 out).
-    prompt_tokens_details: NotRequired[PromptTokensDetails]
 
 
 class RequestError(Exception):
@@ -87,27 +75,10 @@ def error_body(message: str, *, status: int, param: str | None = None) -> ErrorB
 
 
 @dataclass(frozen=True)
-class ImageInput:
-    """An image of a chat message, as decoded from its data: URL (never fetched)."""
-
-    digest: bytes  # of the decoded bytes: what the prefix cache tells images apart by
-
-
-@dataclass(frozen=True)
-class MultimodalPrompt:
-    """A chat prompt with images: its text pieces and images, in order."""
-
-    parts: tuple[str | ImageInput, ...]
-
-
-Prompt = str | tuple[int, ...] | MultimodalPrompt
-
-
-@dataclass(frozen=True)
 class GenerationRequest:
     kind: str  # COMPLETION or CHAT
     model: str
-    prompts: tuple[Prompt, ...]
+    prompts: tuple[str | tuple[int, ...], ...]
     max_tokens: int | None
     min_tokens: int
     ignore_eos: bool
@@ -159,7 +130,7 @@ def _bool(body: dict[str, Any], name: str, default: bool = False) -> bool:
 
 
 def _parse_common(
-    body: dict[str, Any], kind: str, prompts: tuple[Prompt, ...]
+    body: dict[str, Any], kind: str, prompts: tuple[str | tuple[int, ...], ...]
 ) -> GenerationRequest:
     max_tokens = _optional_int(body, "max_tokens", minimum=1)
     if kind == CHAT and max_tokens is None:
@@ -233,7 +204,7 @@ def _token_id_list(value: list[Any], param: str) -> tuple[int, ...]:
 def parse_completion_request(body: object) -> GenerationRequest:
     body = _check_model(body)
     prompt = body.get("prompt")
-    prompts: tuple[Prompt, ...]
+    prompts: tuple[str | tuple[int, ...], ...]
     if isinstance(prompt, str):
         prompts = (prompt,)
     elif isinstance(prompt, list) and prompt and _all_ints(prompt):
@@ -250,67 +221,15 @@ def parse_completion_request(body: object) -> GenerationRequest:
     return _parse_common(body, COMPLETION, prompts)
 
 
-def _image_input(url: object, param: str) -> ImageInput:
-    """An `image_url` part's image, from a base64 data: URL (vLLM's MediaConnector rules).
-
-    vLLM also fetches http(s) URLs (from any host unless `--allowed-media-domains` limits
-    them) and reads file:// URLs under `--allowed-local-media-path`; a test double makes no
-    outbound requests and reads no files, so it refuses both. The bytes are not decoded as an
-    image: the emulator's image costs do not depend on its pixels.
-    """
-    if not isinstance(url, str) or not url:
-        raise RequestError(f"'{param}.image_url.url' must be a non-empty string.", param=param)
-    scheme = url.partition(":")[0].lower()
-    if scheme == "data":
-        # RFC 2397: data:[<mediatype>][;<param>=<value>]*[;base64],<data>
-        spec, comma, data = url[5:].partition(",")
-        if not comma:
-            raise RequestError(
-                f"Invalid data URL {url[:32]!r}: missing ',' separator.", param=param
-            )
-        media_type, semicolon, encoding = spec.rpartition(";")
-        if not semicolon or encoding != "base64":
-            raise RequestError("Only base64 data URLs are supported for now.", param=param)
-        if not media_type.partition(";")[0].lower().startswith("image/"):
-            raise RequestError(
-                f"'{param}.image_url.url' must be an image/* data URL, got "
-                f"{media_type.partition(';')[0]!r}.",
-                param=param,
-            )
-        try:
-            content = base64.b64decode(data, validate=True)
-        except (binascii.Error, ValueError):
-            raise RequestError(
-                f"'{param}.image_url.url' is not valid base64.", param=param
-            ) from None
-        if not content:
-            raise RequestError(f"'{param}.image_url.url' holds no image data.", param=param)
-        return ImageInput(digest=hashlib.blake2b(content, digest_size=16).digest())
-    if scheme == "file":
-        # vLLM's text (MediaConnector._load_file_url), without that flag.
-        raise RequestError(
-            "Cannot load local files without `--allowed-local-media-path`.", param=param
-        )
-    if scheme in ("http", "https"):
-        raise RequestError(
-            "The engine emulator does not fetch remote media; send the image inline as a "
-            "base64 data: URL.",
-            param=param,
-        )
-    raise RequestError("The URL must be either a HTTP, data or file URL.", param=param)
-
-
-def _message_parts(index: int, message: object) -> list[str | ImageInput]:
-    """A message's content: its text pieces and its images, in order."""
+def _message_text(index: int, message: object) -> str:
     param = f"messages[{index}]"
     if not isinstance(message, dict) or not isinstance(message.get("role"), str):
         raise RequestError(f"'{param}' must be an object with a string 'role'.", param=param)
     content = message.get("content")
     if content is None or isinstance(content, str):
-        return [content or ""]
+        return content or ""
     if isinstance(content, list):
-        parts: list[str | ImageInput] = []
-        texts: list[str] = []
+        parts = []
         for part in content:
             if not isinstance(part, dict) or not isinstance(part.get("type"), str):
                 raise RequestError(
@@ -323,16 +242,8 @@ def _message_parts(index: int, message: object) -> list[str | ImageInput]:
                         f"'{param}.content' text parts need a string 'text'.",
                         param=f"{param}.content",
                     )
-                texts.append(part["text"])
-            elif part["type"] == "image_url":
-                # OpenAI's shape, which vLLM takes: {"type": "image_url", "image_url": {"url"}}.
-                image_url = part.get("image_url")
-                url = image_url.get("url") if isinstance(image_url, dict) else None
-                parts.append(" ".join(texts))
-                texts = []
-                parts.append(_image_input(url, f"{param}.content"))
-        parts.append(" ".join(texts))
-        return parts
+                parts.append(part["text"])
+        return " ".join(parts)
     raise RequestError(
         f"'{param}.content' must be a string, a list of parts or null.", param=f"{param}.content"
     )
@@ -343,54 +254,18 @@ def parse_chat_request(body: object) -> GenerationRequest:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError("'messages' is required and must be a non-empty list.", param="messages")
-    # The stand-in chat template: message contents joined by whitespace, images in place.
-    parts = [part for i, m in enumerate(messages) for part in _message_parts(i, m)]
-    prompt: Prompt
-    if any(isinstance(part, ImageInput) for part in parts):
-        prompt = MultimodalPrompt(tuple(parts))
-    else:
-        prompt = " ".join(part for part in parts if isinstance(part, str))
-    return _parse_common(body, CHAT, (prompt,))
+    # The stand-in chat template: message contents joined by whitespace.
+    text = " ".join(_message_text(i, m) for i, m in enumerate(messages))
+    return _parse_common(body, CHAT, (text,))
 
 
-def _multimodal_token_ids(
-    prompt: MultimodalPrompt, model: ModelConfig
-) -> tuple[list[int], tuple[ImageSpan, ...]]:
-    """Token ids of a prompt with images: each image is `image_placeholder_tokens` placeholder
-    tokens where it stands, as vLLM's multimodal processor expands it (so they count in
-    `prompt_tokens`, take KV and are prefilled like any token)."""
-    if model.image_placeholder_tokens <= 0:
-        raise RequestError(
-            f"The model `{model.name}` takes no image inputs (its image_placeholder_tokens is 0).",
-            param="messages",
-        )
-    # The model's image token: any fixed id; the images differ in their digests.
-    placeholder = model.vocab_size - 1
-    ids: list[int] = []
-    spans: list[ImageSpan] = []
-    for part in prompt.parts:
-        if isinstance(part, str):
-            ids.extend(text_to_token_ids(part, model.vocab_size))
-        else:
-            spans.append(ImageSpan(len(ids), model.image_placeholder_tokens, part.digest))
-            ids.extend([placeholder] * model.image_placeholder_tokens)
-    return ids, tuple(spans)
-
-
-def prepare_prompts(
-    request: GenerationRequest, model: ModelConfig
-) -> tuple[list[list[int]], list[tuple[ImageSpan, ...]], int]:
-    """Token ids of every prompt, its images, and the effective `max_tokens`, checked against
-    the model."""
+def prepare_prompts(request: GenerationRequest, model: ModelConfig) -> tuple[list[list[int]], int]:
+    """Token ids of every prompt and the effective `max_tokens`, checked against the model."""
     prompt_param = "messages" if request.kind == CHAT else "prompt"
     prompts: list[list[int]] = []
-    images: list[tuple[ImageSpan, ...]] = []
     for prompt in request.prompts:
-        spans: tuple[ImageSpan, ...] = ()
         if isinstance(prompt, str):
             ids = text_to_token_ids(prompt, model.vocab_size)
-        elif isinstance(prompt, MultimodalPrompt):
-            ids, spans = _multimodal_token_ids(prompt, model)
         else:
             ids = list(prompt)
             if ids and max(ids) >= model.vocab_size:
@@ -402,7 +277,6 @@ def prepare_prompts(
         if not ids:
             raise RequestError(f"'{prompt_param}' cannot be empty.", param=prompt_param)
         prompts.append(ids)
-        images.append(spans)
     longest = max(len(ids) for ids in prompts)
     if longest >= model.context_length:
         raise RequestError(
@@ -428,23 +302,19 @@ def prepare_prompts(
             f"'max_tokens' ({max_tokens}).",
             param="min_tokens",
         )
-    return prompts, images, max_tokens
+    return prompts, max_tokens
 
 
 def output_text(token_ids: list[int]) -> str:
     return "".join(token_text(t) for t in token_ids)
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> Usage:
-    """`cached_tokens`: None unless the server reports prompt token details."""
-    body: Usage = {
+def usage(prompt_tokens: int, completion_tokens: int) -> Usage:
+    return {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
     }
-    if cached_tokens is not None:
-        body["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
-    return body
 
 
 @dataclass(frozen=True)
@@ -461,7 +331,6 @@ def completion_response(
     request_id: str,
     created: int,
     choices: list[Choice],
-    cached_tokens: int | None = None,
 ) -> dict[str, Any]:
     prompt_tokens = sum(len(c.prompt_token_ids) for c in choices)
     completion_tokens = sum(len(c.token_ids) for c in choices)
@@ -495,7 +364,7 @@ def completion_response(
         "created": created,
         "model": request.model,
         "choices": body_choices,
-        "usage": usage(prompt_tokens, completion_tokens, cached_tokens),
+        "usage": usage(prompt_tokens, completion_tokens),
     }
     if request.return_token_ids and request.kind == CHAT:
         body["prompt_token_ids"] = choices[0].prompt_token_ids
@@ -538,11 +407,8 @@ class StreamFormatter:
             f'"finish_reason":{finish},"stop_reason":null{ids}}}]{self._tail}'
         )
 
-    def usage_chunk(
-        self, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None
-    ) -> str:
-        body = json.dumps(usage(prompt_tokens, completion_tokens, cached_tokens))
-        return f'{self._head}],"usage":{body}}}\n\n'
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> str:
+        return f'{self._head}],"usage":{json.dumps(usage(prompt_tokens, completion_tokens))}}}\n\n'
 
     @staticmethod
     def error_chunk(message: str, status: int) -> str:

@@ -148,7 +148,7 @@ async def _generate(request: web.Request, gen: GenerationRequest) -> web.StreamR
         raise RequestError(
             f"Got priority {gen.priority} but Priority scheduling is not enabled.", status=400
         )
-    prompts, images, max_tokens = prepare_prompts(gen, model_fleet.model)
+    prompts, max_tokens = prepare_prompts(gen, model_fleet.model)
     listener = Listener(streaming=gen.stream)
     request_id = ("chatcmpl-" if gen.kind == CHAT else "cmpl-") + uuid.uuid4().hex
     seqs = [
@@ -163,17 +163,15 @@ async def _generate(request: web.Request, gen: GenerationRequest) -> web.StreamR
             prompt_index=i,
             listener=listener,
             greedy=gen.greedy,
-            images=images[i],
         )
         for i, ids in enumerate(prompts)
     ]
     for seq in seqs:
         model_fleet.submit(seq)
     try:
-        details = request.app[FLEET_KEY].config.enable_prompt_tokens_details
         if gen.stream:
-            return await _stream(request, gen, request_id, seqs, listener, details)
-        return await _unary(gen, request_id, seqs, listener, details)
+            return await _stream(request, gen, request_id, seqs, listener)
+        return await _unary(gen, request_id, seqs, listener)
     finally:
         # The client went away (or the handler failed): free the batch slot and KV budget.
         for seq in seqs:
@@ -186,11 +184,7 @@ def _unavailable(message: str) -> web.Response:
 
 
 async def _unary(
-    gen: GenerationRequest,
-    request_id: str,
-    seqs: list[Sequence],
-    listener: Listener,
-    prompt_tokens_details: bool = False,
+    gen: GenerationRequest, request_id: str, seqs: list[Sequence], listener: Listener
 ) -> web.Response:
     while not all(seq.done for seq in seqs):
         await listener.wait()
@@ -201,17 +195,8 @@ async def _unary(
         Choice(i, seq.output_token_ids, seq.finish_reason, seq.prompt_token_ids)
         for i, seq in enumerate(seqs)
     ]
-    # vLLM reports the last prompt's cached tokens for a unary request, the first one's for a
-    # stream (request_output_to_completion_response / completion_stream_generator).
-    cached_tokens = seqs[-1].num_cached_tokens if prompt_tokens_details else None
     return web.json_response(
-        completion_response(
-            gen,
-            request_id=request_id,
-            created=int(time.time()),
-            choices=choices,
-            cached_tokens=cached_tokens,
-        )
+        completion_response(gen, request_id=request_id, created=int(time.time()), choices=choices)
     )
 
 
@@ -221,7 +206,6 @@ async def _stream(
     request_id: str,
     seqs: list[Sequence],
     listener: Listener,
-    prompt_tokens_details: bool = False,
 ) -> web.StreamResponse:
     fmt = StreamFormatter(gen, request_id=request_id, created=int(time.time()))
     sent = [0] * len(seqs)
@@ -272,7 +256,6 @@ async def _stream(
                 fmt.usage_chunk(
                     sum(seq.prompt_tokens for seq in seqs),
                     sum(len(seq.output_token_ids) for seq in seqs),
-                    seqs[0].num_cached_tokens if prompt_tokens_details else None,
                 )
             )
         tail.append(fmt.DONE)

@@ -238,7 +238,6 @@ def sample_shape(sample: BenchmarkSample) -> Shape:
         input_tokens=sample.input_len - sample.cached_input_len,
         output_tokens=sample.output_len,
         cached_input_tokens=sample.cached_input_len,
-        images=sample.images,
     )
 
 

@@ -64,11 +64,6 @@ DEFAULT_DECODE_SECONDS_PER_CONTEXT_TOKEN = 5.0e-8
 DEFAULT_MEAN_OUTPUT_TOKENS = 200
 DEFAULT_VOCAB_SIZE = 128_256
 DEFAULT_PENDING_TIMEOUT_SECONDS = 60.0
-# vLLM's KV block size on CUDA (`CacheConfig.DEFAULT_BLOCK_SIZE`): prefix-cache hits are whole
-# blocks of this many tokens.
-DEFAULT_PREFIX_CACHE_BLOCK_TOKENS = 16
-# LLaVA-1.5's image: (336 px / 14 px patches)² = 576 placeholder tokens in the prompt.
-DEFAULT_IMAGE_PLACEHOLDER_TOKENS = 576
 MAX_REPLICAS = 1024
 # vLLM's `--scheduling-policy`: fcfs (its default) or priority.
 FCFS = "fcfs"
@@ -86,9 +81,6 @@ class ModelConfig:
 
     A decode step of a replica takes
         prefill_seconds_per_token × (prompt tokens prefilled in the step)
-        + prefill_seconds_per_token × cached_prefill_fraction × (prompt tokens that hit the
-          prefix cache in the step)
-        + prefill_seconds_per_image × (images encoded in the step)
         + decode_step_base_seconds
         + decode_seconds_per_sequence × (running sequences)
         + decode_seconds_per_context_token × (context tokens of the running sequences)
@@ -117,21 +109,6 @@ class ModelConfig:
     # With the priority policy, also preempt running sequences of a worse priority when
     # the best waiting one does not fit (vLLM V0's priority preemption; V1 does not).
     priority_preemption: bool = False
-    # vLLM's automatic prefix caching (`--enable-prefix-caching`). vLLM V1 turns it on by
-    # default (`CacheConfig.enable_prefix_caching = True`); here it is off unless asked for,
-    # because the profiles and tests written before the cache existed send identical prompts
-    # and were calibrated without hits.
-    enable_prefix_caching: bool = False
-    prefix_cache_block_tokens: int = DEFAULT_PREFIX_CACHE_BLOCK_TOKENS
-    # What a prompt token served from the prefix cache costs, as a share of an uncached one's
-    # prefill (0: free; its KV is only read by the decode steps, as the context terms price).
-    cached_prefill_fraction: float = 0.0
-    # Multimodal input: each image of a chat request is this many placeholder tokens of the
-    # prompt (counted in `prompt_tokens` and prefilled like any token, as in vLLM), plus the
-    # vision encoder's time in the step that prefills it. 0 placeholder tokens: the model takes
-    # no images (a text-only model, which vLLM refuses images for).
-    image_placeholder_tokens: int = 0
-    prefill_seconds_per_image: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -158,8 +135,6 @@ _INT_BOUNDS: dict[str, int] = {
     "context_length": 1,
     "mean_output_tokens": 1,
     "vocab_size": 2,
-    "prefix_cache_block_tokens": 1,
-    "image_placeholder_tokens": 0,
 }
 _FLOAT_MINIMUMS: dict[str, float] = {
     "cold_start_seconds": 0.0,
@@ -168,12 +143,7 @@ _FLOAT_MINIMUMS: dict[str, float] = {
     "decode_seconds_per_sequence": 0.0,
     "decode_seconds_per_context_token": 0.0,
     "pending_timeout_seconds": 0.0,
-    "cached_prefill_fraction": 0.0,
-    "prefill_seconds_per_image": 0.0,
 }
-# Inclusive maximum of the fields that have one.
-_FLOAT_MAXIMUMS: dict[str, float] = {"cached_prefill_fraction": 1.0}
-_BOOL_FIELDS = ("priority_preemption", "enable_prefix_caching")
 
 
 def _is_int(value: Any) -> TypeGuard[int]:
@@ -214,9 +184,6 @@ def parse_model(index: int, raw: Any) -> ModelConfig:
             values[key] = _int_field(f"{path}.{key}", value, _INT_BOUNDS[key])
         elif key in _FLOAT_MINIMUMS:
             values[key] = _float_field(f"{path}.{key}", value, _FLOAT_MINIMUMS[key])
-            maximum = _FLOAT_MAXIMUMS.get(key)
-            if maximum is not None and values[key] > maximum:
-                raise ConfigError(f"{path}.{key}: must be <= {maximum}, got {value!r}")
         elif key == "scheduling_policy":
             if value not in SCHEDULING_POLICIES:
                 raise ConfigError(
@@ -224,9 +191,9 @@ def parse_model(index: int, raw: Any) -> ModelConfig:
                     f", got {value!r}"
                 )
             values[key] = value
-        elif key in _BOOL_FIELDS:
+        elif key == "priority_preemption":
             if not isinstance(value, bool):
-                raise ConfigError(f"{path}.{key}: must be a boolean, got {value!r}")
+                raise ConfigError(f"{path}.priority_preemption: must be a boolean, got {value!r}")
             values[key] = value
     model = ModelConfig(**values)
     _check_policy(path, model)
@@ -278,27 +245,16 @@ def parse_config(raw: Any) -> ProfileConfig:
 
 
 def step_seconds(
-    model: ModelConfig,
-    *,
-    prefill_tokens: int,
-    running_sequences: int,
-    context_tokens: int,
-    cached_tokens: int = 0,
-    images: int = 0,
+    model: ModelConfig, *, prefill_tokens: int, running_sequences: int, context_tokens: int
 ) -> float:
     """Duration of one engine step.
 
-    `prefill_tokens`: prompt tokens of the sequences admitted in this step that are computed
-    (not served from the prefix cache);
+    `prefill_tokens`: prompt tokens of the sequences admitted in this step;
     `running_sequences`: sequences in the batch, newly admitted ones included;
-    `context_tokens`: prompt + tokens generated so far, summed over those sequences;
-    `cached_tokens`: prompt tokens of the admitted sequences that hit the prefix cache;
-    `images`: images of the admitted sequences whose encoder output is needed.
+    `context_tokens`: prompt + tokens generated so far, summed over those sequences.
     """
     return (
         model.prefill_seconds_per_token * prefill_tokens
-        + model.prefill_seconds_per_token * model.cached_prefill_fraction * cached_tokens
-        + model.prefill_seconds_per_image * images
         + model.decode_step_base_seconds
         + model.decode_seconds_per_sequence * running_sequences
         + model.decode_seconds_per_context_token * context_tokens
@@ -306,71 +262,36 @@ def step_seconds(
 
 
 def ground_truth_replica_seconds(
-    model: ModelConfig,
-    input_tokens: int,
-    output_tokens: int,
-    batch_size: float,
-    *,
-    cached_input_tokens: int = 0,
-    images: int = 0,
+    model: ModelConfig, input_tokens: int, output_tokens: int, batch_size: float
 ) -> float:
     """Replica-seconds one request consumes when the replica steadily runs `batch_size` sequences.
 
         prefill × input
-        + prefill × cached_prefill_fraction × cached
-        + prefill_seconds_per_image × images
         + output × (base / B + per_sequence)
-        + per_context_token × ((input + cached) × output + output² / 2)
+        + per_context_token × (input × output + output² / 2)
 
-    `input_tokens` are the prompt tokens computed (the cost model's uncached input, image
-    placeholder tokens included), `cached_input_tokens` those served from the prefix cache.
     Each of a request's `output` steps costs the batch `base`, shared by B sequences, plus its
-    own per-sequence cost and the read of its context (cached tokens included), which grows
-    from the prompt to prompt + output - 1. The engine's exact context sum is
-    prompt×output + output(output-1)/2; the formula uses output²/2 to match the cost model's
-    features, a difference of per_context_token × output / 2, well under 1 % for realistic
-    constants.
+    own per-sequence cost and the read of its context, which grows from `input` to
+    `input + output - 1`. The engine's exact context sum is input×output + output(output-1)/2;
+    the formula uses output²/2 to match the cost model's features, a difference of
+    per_context_token × output / 2, well under 1 % for realistic constants.
 
-    In cost-model weights: `ground_truth_weights`.
-    """
-    if batch_size <= 0:
-        raise ValueError(f"batch_size must be > 0, got {batch_size}")
-    if min(input_tokens, output_tokens, cached_input_tokens, images) < 0:
-        raise ValueError("token and image counts must be >= 0")
-    prompt_tokens = input_tokens + cached_input_tokens
-    return (
-        model.prefill_seconds_per_token * input_tokens
-        + model.prefill_seconds_per_token * model.cached_prefill_fraction * cached_input_tokens
-        + model.prefill_seconds_per_image * images
-        + output_tokens * (model.decode_step_base_seconds / batch_size)
-        + output_tokens * model.decode_seconds_per_sequence
-        + model.decode_seconds_per_context_token
-        * (prompt_tokens * output_tokens + output_tokens * output_tokens / 2)
-    )
-
-
-def ground_truth_weights(model: ModelConfig, batch_size: float) -> dict[str, float]:
-    """`ground_truth_replica_seconds` as cost-model weights (DESIGN.md §1): replica-seconds per
-    unit of each feature of capacity.pricing.features, keyed by its name. It is what a cost model
-    fitted to benchmarks of the emulator at batch `batch_size` should recover.
-
-    w_input = prefill, w_cached_input = prefill × cached_prefill_fraction,
-    w_output = base/B + per_sequence, w_input×output/1000 = 1000 × per_context_token,
-    w_output²/1000 = 500 × per_context_token, w_images = prefill_seconds_per_image,
+    In cost-model weights (DESIGN.md §1, features per token and per thousand tokens):
+    w_input = prefill, w_output = base/B + per_sequence,
+    w_input×output/1000 = 1000 × per_context_token, w_output²/1000 = 500 × per_context_token,
     w_request = 0.
     """
     if batch_size <= 0:
         raise ValueError(f"batch_size must be > 0, got {batch_size}")
-    return {
-        "input_tokens": model.prefill_seconds_per_token,
-        "cached_input_tokens": model.prefill_seconds_per_token * model.cached_prefill_fraction,
-        "output_tokens": model.decode_step_base_seconds / batch_size
-        + model.decode_seconds_per_sequence,
-        "input_x_output_per_1000": 1000.0 * model.decode_seconds_per_context_token,
-        "output_sq_per_1000": 500.0 * model.decode_seconds_per_context_token,
-        "images": model.prefill_seconds_per_image,
-        "request": 0.0,
-    }
+    if input_tokens < 0 or output_tokens < 0:
+        raise ValueError("input_tokens and output_tokens must be >= 0")
+    return (
+        model.prefill_seconds_per_token * input_tokens
+        + output_tokens * (model.decode_step_base_seconds / batch_size)
+        + output_tokens * model.decode_seconds_per_sequence
+        + model.decode_seconds_per_context_token
+        * (input_tokens * output_tokens + output_tokens * output_tokens / 2)
+    )
 
 
 # The emulator's split of a decoded token's cost at a full batch: the step's base (the weights,

@@ -175,10 +175,12 @@ def test_a_benchmark_beside_customer_traffic_measures_what_an_idle_one_does_on_h
     # From the moment the run measured its replica (its log line; the replica was a
     # customers' one until the run took it and the gateways re-read their documents).
     measuring_from = _logged_at(busy.log, "benchmarking ") + timedelta(seconds=1)
+    # ... until its last shape was measured: right after, the replica returns to the rotation.
+    measured_until = _logged_at(busy.log, "128/16: sustainable")
     during = UsageEvent.objects.filter(
         customer__slug="acme",
         started_at__gte=max(measuring_from, _aware(busy_started)),
-        started_at__lte=_aware(busy_finished),
+        started_at__lte=min(measured_until, _aware(busy_finished)),
         outcome="completed",
     )
     served_by = set(during.values_list("replica", flat=True))

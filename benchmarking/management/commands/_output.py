@@ -2,7 +2,6 @@
 
 import json
 
-from benchmarking.services import fit_feature_summary
 from capacity.models import CostModel
 
 
@@ -37,15 +36,6 @@ def print_json(stdout, payload) -> None:
     stdout.write(json.dumps(payload, indent=2, sort_keys=False))
 
 
-def _residual_features(residual: dict) -> str:
-    text = ""
-    if residual.get("cached_input_tokens"):
-        text += f" ({residual['cached_input_tokens']} cached)"
-    if residual.get("images"):
-        text += f" (+{residual['images']} images)"
-    return text
-
-
 def print_fit_report(stdout, cost_model: CostModel) -> None:
     stdout.write(
         f"{cost_model.served_model.name} on {cost_model.gpu_type.name}×"
@@ -69,9 +59,6 @@ def print_fit_report(stdout, cost_model: CostModel) -> None:
     for name, weight in cost_model.weights_replica_seconds.items():
         if weight:
             stdout.write(f"  w[{name}] = {weight:.6g} replica-s")
-    features = fit_feature_summary(cost_model)
-    if features:
-        stdout.write(f"  {features}")
     stdout.write("  candidates (CV MAPE):")
     for candidate in cost_model.candidates:
         stdout.write(f"    {candidate['cv_mape']:.2%}  {', '.join(candidate['features'])}")
@@ -79,8 +66,7 @@ def print_fit_report(stdout, cost_model: CostModel) -> None:
     for residual in cost_model.residuals:
         stdout.write(
             f"    {residual['input_tokens'] + residual['cached_input_tokens']}/"
-            f"{residual['output_tokens']}{_residual_features(residual)}: "
-            f"measured {residual['measured_replica_seconds']:.5g} s, "
+            f"{residual['output_tokens']}: measured {residual['measured_replica_seconds']:.5g} s, "
             f"predicted {residual['predicted_replica_seconds']:.5g} s "
             f"({residual['relative_error']:+.1%})"
         )
