@@ -25,8 +25,8 @@ run_pass() { "$@" || { status=$?; [ "$status" -eq 5 ] || exit "$status"; }; }
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 echo "== pytest (PostgreSQL, ${TEST_WORKERS:-3} workers)"
 # The slowest tests are printed: the budget of make test is ten minutes.
-run_pass $BIN/pytest -p tests.support.worker_env -n "${TEST_WORKERS:-3}" --create-db -m "not serial" \
-  --durations=15 "$@"
+run_pass $BIN/pytest -p tests.support.worker_env -n "${TEST_WORKERS:-3}" --maxschedchunk 1 --create-db \
+  -m "not serial" --durations=15 "$@"
 # Tests that measure real throughput or latency would measure the other worker's load too.
 echo "== pytest (PostgreSQL, timing-sensitive tests alone)"
 run_pass $BIN/pytest --create-db -m serial --durations=10 "$@"

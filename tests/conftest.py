@@ -225,6 +225,19 @@ def sellable(served_model, pool, gpu_type):
     return cost_model
 
 
+def pytest_collection_modifyitems(items):
+    """The `slow` tests first, longest first (`slow(seconds=…)`, 30 unless told): pytest-xdist
+    hands tests out in this order (two at a time, `--maxschedchunk 1` in scripts/test.sh), so a
+    2-minute test started last would otherwise add its whole length to the pass. The sort is
+    stable, and every worker collects the same order."""
+
+    def longest_first(item) -> float:
+        slow = item.get_closest_marker("slow")
+        return 0.0 if slow is None else -float(slow.kwargs.get("seconds", 30))
+
+    items.sort(key=longest_first)
+
+
 def pytest_runtest_setup(item):
     # `make test` runs the tests marked both_databases again on SQLite (`make run`'s
     # database); the few among them that need PostgreSQL itself say so.

@@ -12,7 +12,11 @@ from benchmarking.models import BenchmarkRun
 from benchmarking.services import suite_create
 from tests.support.processes import celery_beat_process, celery_worker_process, emulator_process
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgresql_only]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.postgresql_only,
+    pytest.mark.slow,
+]
 
 ENGINE = {
     "replicas": 1,

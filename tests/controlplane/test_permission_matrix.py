@@ -33,7 +33,7 @@ from capacity.health.services import degradation_policy_save
 from capacity.models import AllocationDecision, CostModel, Reservation
 from tests.conftest import make_cost_model
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.slow(seconds=40)]
 
 CALLERS = (
     "anon",

@@ -30,7 +30,7 @@ from capacity.models import Reservation
 from controlplane.wsgi import application
 from tests.conftest import make_cost_model
 
-pytestmark = pytest.mark.django_db(transaction=False)
+pytestmark = [pytest.mark.django_db(transaction=False), pytest.mark.slow]
 
 EXAMPLES_PER_OPERATION = 15
 CHECKS = [not_a_server_error, status_code_conformance, response_schema_conformance]

@@ -403,6 +403,7 @@ def test_the_admission_fallback_is_shared_by_every_web_process(rendered):
     assert processes == web["spec"]["replicas"] * workers
 
 
+@pytest.mark.slow
 def test_the_settings_pass_djangos_deployment_checks_but_the_redirect(production):
     """The ConfigMap's values load (a malformed one fails the start) and pass `check --deploy`,
     except the HTTPS redirect, which the Ingress does instead of Django."""

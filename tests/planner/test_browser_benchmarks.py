@@ -16,7 +16,7 @@ from tests.support.factories import (
     ServedModelFactory,
 )
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
 def test_a_planner_watches_a_run_and_reads_the_fit_of_its_cost_model(site, page, planner_user):

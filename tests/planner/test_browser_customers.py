@@ -15,7 +15,7 @@ from capacity.models import AllocationDecision, Reservation, UsageMinute
 from capacity.selling.reservations import reservation_create
 from tests.support.browser import log_in, screenshot
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
 def test_customer_key_once_and_a_refused_reservation(site, page, planner_user, sellable):

@@ -17,6 +17,7 @@ import time
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+import pytest
 import redis
 
 from tests.dataplane.supervisor.support import free_port_range
@@ -133,6 +134,7 @@ def red_boxes(page) -> list[str]:
     return [text.strip() for text in page.locator(RED).all_inner_texts()]
 
 
+@pytest.mark.slow(seconds=90)
 def test_a_fresh_demo_shows_data_decisions_and_no_red_box_within_two_minutes(chromium, tmp_path):
     started = time.monotonic()
     deadline = started + WITHIN_SECONDS

@@ -8,7 +8,7 @@ import pytest
 from tests.support.browser import log_in, screenshot
 from tests.support.processes import celery_worker_process
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 POLICIES = ["static-peak", "kpa", "hpa-rps", "oracle", "modelunit"]
 

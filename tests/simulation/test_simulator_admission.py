@@ -58,6 +58,7 @@ def conversation():
     return requests, report
 
 
+@pytest.mark.slow
 def test_on_azures_conversation_trace_the_live_policy_keeps_the_reservation_and_its_slo(
     conversation,
 ):
@@ -74,6 +75,7 @@ def test_on_azures_conversation_trace_the_live_policy_keeps_the_reservation_and_
     assert modelunit["gpu_hours"] < report["static-peak"]["gpu_hours"]
 
 
+@pytest.mark.slow
 def test_most_of_the_reserved_customers_requests_are_within_its_reservation(conversation):
     # The figure above is over many requests: acme reserves about its mean, so most of its
     # requests are within the reservation and those of its busiest minutes are not.

@@ -372,6 +372,7 @@ def test_on_azures_bursty_code_trace_only_the_live_policy_keeps_the_slo():
     assert report["hpa-rps"]["slo_attainment"] < 0.99
 
 
+@pytest.mark.slow(seconds=45)
 def test_on_azures_conversation_trace_the_live_policy_is_the_cheapest_at_the_slo():
     requests = load_trace(AZURE / "AzureLLMInferenceTrace_conv_2023.csv", scale=5.8, seed=0)
     report = compare(

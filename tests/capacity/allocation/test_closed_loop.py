@@ -30,7 +30,7 @@ from tests.dataplane.supervisor.support import (  # noqa: F401 - fixtures
     wait_until,
 )
 
-pytestmark = [pytest.mark.django_db]
+pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
 
 @pytest.fixture

@@ -40,7 +40,11 @@ from tests.support.processes import celery_beat_process, celery_worker_process, 
 from .conftest import gateway_process, wait_for
 from .control_plane import cancel_mid_stream, complete, control_plane
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgresql_only]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.postgresql_only,
+    pytest.mark.slow(seconds=70),
+]
 
 OUTAGE_SECONDS = 30
 TICK_EVERY_SECONDS = 2

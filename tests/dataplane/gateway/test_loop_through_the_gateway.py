@@ -46,7 +46,11 @@ from tests.support.processes import celery_beat_process, celery_worker_process, 
 from .conftest import gateway_process, wait_for
 from .control_plane import control_plane
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgresql_only]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.postgresql_only,
+    pytest.mark.slow(seconds=120),
+]
 
 STARTUP_SECONDS = 3  # each replica loads this long before it serves
 TICK_SECONDS = 15  # the beat's schedule, as shipped

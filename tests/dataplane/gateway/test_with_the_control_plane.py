@@ -22,7 +22,11 @@ from tests.support.processes import free_port
 from .conftest import gateway_process, tiny_model
 from .control_plane import complete, control_plane
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgresql_only]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.postgresql_only,
+    pytest.mark.slow,
+]
 
 
 @pytest.fixture
