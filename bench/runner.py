@@ -48,7 +48,7 @@ def _format_number(value: float) -> str:
 
 
 def format_table(rows: list[tuple[str, object]]) -> str:
-    header = ("benchmark", "figure", "value", "unit", "baseline (what)", "ratio")
+    header = ("benchmark", "figure", "value", "unit", "baseline (what)", "ratio", "target")
     lines = [header]
     for benchmark, figure in rows:
         lines.append(
@@ -59,6 +59,7 @@ def format_table(rows: list[tuple[str, object]]) -> str:
                 figure.unit,
                 f"{_format_number(figure.baseline)} ({figure.baseline_name})",
                 f"{figure.ratio:.2f}x",
+                figure.target,
             )
         )
     widths = [max(len(line[column]) for line in lines) for column in range(len(header))]

@@ -6,7 +6,7 @@ reports the highest throughput that met the SLO. Exact shapes: the prompt is a l
 ids and `max_tokens` = `min_tokens` = the output length with `ignore_eos`, which vLLM honours;
 timings come from the streamed response.
 
-Pure asyncio + httpx; no Django. The service that stores results calls `run_grid`.
+Pure asyncio + aiohttp; no Django. The service that stores results calls `run_grid`.
 
 Load goes only where the operator allows (BENCHMARK_ALLOWED_HOSTS): every connection of the
 runner's clients is checked by a `controlplane.outbound.HostPolicy` when it is opened, on the
@@ -16,12 +16,14 @@ address it is opened to. Connections are pooled, so the check costs nothing per 
 import asyncio
 import json
 import math
-import ssl
+import multiprocessing
+import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
-import httpx
+import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane import outbound
@@ -73,6 +75,7 @@ class PointResult:
     error_count: int
     slo_met: bool
     first_error: str = ""
+    e2e_p99_ms: float | None = None
     # Mean TTFT as the client saw it, and as the engines measured it over the same point (their
     # vllm:time_to_first_token_seconds histogram, from the request's arrival in the engine:
     # it leaves out the server's HTTP handling as well as the client's).
@@ -126,60 +129,86 @@ def prompt_token_ids(input_len: int, salt: int) -> list[int]:
 # process (the tests run the emulator in-process).
 LAG_TICK_SECONDS = 0.02
 
-# httpx's connection pool scans all its connections for every request, so one client with
-# hundreds of streams spends its time in the pool rather than on the wire: workers are spread
-# over clients of this many connections each.
-STREAMS_PER_CLIENT = 32
 
-
-def client_count(concurrency: int) -> int:
-    return max(1, math.ceil(concurrency / STREAMS_PER_CLIENT))
-
-
-def make_clients(
+def make_session(
     concurrency: int, *, timeout_seconds: float, host_policy: outbound.HostPolicy
-) -> list[httpx.AsyncClient]:
-    """Clients whose connections `host_policy` vets; no redirects, no proxies."""
-    limits = httpx.Limits(
-        max_connections=STREAMS_PER_CLIENT + 2, max_keepalive_connections=STREAMS_PER_CLIENT
+) -> aiohttp.ClientSession:
+    """One aiohttp session for every stream, whose connections `host_policy` vets (no
+    redirects, no proxies). aiohttp rather than httpx: at 512 streams httpx's per-request
+    pool bookkeeping made the client, not the engine, the limit (make bench, runner figures)."""
+    return outbound.aiohttp_session(
+        host_policy, timeout_seconds=timeout_seconds, connections=concurrency + 2
     )
-    tls = ssl.create_default_context()  # loading CA certificates once, not per client
-    # A plain AsyncClient over the guarded transport: the runner never asks for redirects,
-    # and the guard lives where connections open, not on the per-request path.
-    return [
-        httpx.AsyncClient(
-            transport=outbound.AsyncGuardedTransport(host_policy, limits=limits, verify=tls),
-            timeout=timeout_seconds,
-            follow_redirects=False,
-            trust_env=False,
-        )
-        for _ in range(client_count(concurrency))
-    ]
 
 
 class Endpoint:
     """OpenAI-compatible completions endpoints (one, or each replica a run holds), reached
-    through a set of clients; lanes are spread over the endpoints."""
+    through one session; lanes are spread over the endpoints."""
 
     def __init__(
         self,
         base_url: str | Sequence[str],
         model: str,
         *,
-        client: httpx.AsyncClient | None = None,
-        clients: Sequence[httpx.AsyncClient] = (),
+        session: aiohttp.ClientSession,
+        processes: int = 1,
+        host_policy: outbound.HostPolicy | None = None,
     ) -> None:
         bases = [base_url] if isinstance(base_url, str) else list(base_url)
         if not bases:
             raise ValueError("an Endpoint needs at least one base URL")
+        if processes > 1 and host_policy is None:
+            raise ValueError("client processes open their own connections: give the host_policy")
         self.bases = [base.rstrip("/") for base in bases]
         self.urls = [base + "/v1/completions" for base in self.bases]
         self.url = self.urls[0]
         self.model = model
-        self.clients = list(clients) or ([client] if client is not None else [])
-        if not self.clients:
-            raise ValueError("an Endpoint needs at least one httpx client")
+        self.session = session
+        self.processes = max(1, processes)
+        self.host_policy = host_policy
+        self._pool: ProcessPoolExecutor | None = None
         self._salt = 0
+
+    def lane_shares(self, concurrency: int) -> list[tuple[int, ...]]:
+        """The lanes each event loop drives: this one alone at low concurrency; else spread
+        over the client processes, every endpoint's lanes in each (lane i goes to endpoint
+        i mod n whichever process drives it)."""
+        count = min(self.processes, concurrency // MIN_STREAMS_PER_PROCESS) or 1
+        return [tuple(range(index, concurrency, count)) for index in range(count)]
+
+    def pool(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            raise RuntimeError("start_processes() first")
+        return self._pool
+
+    async def start_processes(self) -> None:
+        """Start the client processes before any point, so no window pays their start-up.
+        spawn, not fork: the caller may be a threaded Celery worker."""
+        if self.processes <= 1 or self._pool is not None:
+            return
+        self._pool = ProcessPoolExecutor(
+            max_workers=self.processes, mp_context=multiprocessing.get_context("spawn")
+        )
+        loop = asyncio.get_running_loop()
+        await asyncio.gather(
+            *(loop.run_in_executor(self._pool, _warm, i) for i in range(self.processes))
+        )
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        await self.session.close()
+
+    def reserve_salts(self, count: int) -> int:
+        """The first of `count` prompt salts for lanes driven by another process, so that its
+        prompts differ from this endpoint's and the other processes'."""
+        first = self._salt + 1
+        self._salt += count
+        return first
+
+    def skip_salts(self, salt: int) -> None:
+        self._salt = salt
 
     async def check(self) -> None:
         """Fail fast, with the reason, when an endpoint cannot serve the model at all."""
@@ -195,11 +224,14 @@ class Endpoint:
 
     async def _engine_stats(self, base: str) -> tuple[float, float, float] | None:
         try:
-            response = await self.clients[0].get(base + "/metrics", timeout=5.0)
-            if response.status_code != 200:
-                return None
+            async with self.session.get(
+                base + "/metrics", allow_redirects=False, timeout=aiohttp.ClientTimeout(total=5)
+            ) as response:
+                if response.status != 200:
+                    return None
+                text = await response.text()
             finished = ttft_sum = ttft_count = 0.0
-            for family in text_string_to_metric_families(response.text):
+            for family in text_string_to_metric_families(text):
                 if family.name == "vllm:request_success":
                     finished = sum(s.value for s in family.samples if s.name.endswith("_total"))
                 elif family.name == "vllm:time_to_first_token_seconds":
@@ -209,7 +241,7 @@ class Endpoint:
                         elif sample.name.endswith("_count"):
                             ttft_count += sample.value
             return finished, ttft_sum, ttft_count
-        except (httpx.HTTPError, ValueError):
+        except (aiohttp.ClientError, TimeoutError, ValueError):
             return None
 
     async def complete(
@@ -231,42 +263,56 @@ class Endpoint:
         chunks_with_text = 0
         usage = None
         try:
-            client = self.clients[(lane // STREAMS_PER_CLIENT) % len(self.clients)]
             url = self.urls[lane % len(self.urls)]
-            async with client.stream("POST", url, json=body, timeout=timeout_seconds) as response:
-                if response.status_code != 200:
-                    detail = (await response.aread())[:200].decode(errors="replace")
+            async with self.session.post(
+                url,
+                json=body,
+                allow_redirects=False,
+                timeout=aiohttp.ClientTimeout(total=timeout_seconds),
+            ) as response:
+                if response.status != 200:
+                    detail = (await response.read())[:200].decode(errors="replace")
                     return RequestResult(
                         ok=False,
                         started_s=started,
                         finished_s=time.perf_counter(),
-                        error=f"HTTP {response.status_code}: {detail}",
+                        error=f"HTTP {response.status}: {detail}",
                     )
-                async for line in response.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    payload = line[5:].strip()
-                    if payload == "[DONE]":
-                        break
-                    # Decoding every chunk would make the client, not the engine, the limit at
-                    # high concurrency: only the first token's chunk and the usage chunk are
-                    # parsed. A quoted "prompt_tokens" key appears only in a usage object
-                    # (inside generated text the quotes would be escaped).
-                    if '"prompt_tokens"' in payload:
-                        chunk = json.loads(payload)
-                        usage = chunk.get("usage") or usage
-                        if not any(c.get("text") for c in chunk.get("choices") or []):
+                # Whatever has arrived is split into lines at once (not one readline per
+                # line): at hundreds of streams the client's per-line work is what shows.
+                pending = b""
+                done = False
+                async for data in response.content.iter_any():
+                    lines = (pending + data).split(b"\n")
+                    pending = lines.pop()
+                    for line in lines:
+                        if not line.startswith(b"data:"):
                             continue
-                    elif first_token_at is not None:
-                        chunks_with_text += 1
-                        continue
-                    else:
-                        chunk = json.loads(payload)
-                    if any(choice.get("text") for choice in chunk.get("choices") or []):
-                        chunks_with_text += 1
-                        if first_token_at is None:
-                            first_token_at = time.perf_counter()
-        except (httpx.HTTPError, json.JSONDecodeError) as error:
+                        payload = line[5:].strip()
+                        if payload == b"[DONE]":
+                            done = True
+                            break
+                        # Decoding every chunk would make the client, not the engine, the
+                        # limit at high concurrency: only the first token's chunk and the
+                        # usage chunk are parsed. A quoted "prompt_tokens" key appears only
+                        # in a usage object (inside generated text the quotes are escaped).
+                        if b'"prompt_tokens"' in payload:
+                            chunk = json.loads(payload)
+                            usage = chunk.get("usage") or usage
+                            if not any(c.get("text") for c in chunk.get("choices") or []):
+                                continue
+                        elif first_token_at is not None:
+                            chunks_with_text += 1
+                            continue
+                        else:
+                            chunk = json.loads(payload)
+                        if any(choice.get("text") for choice in chunk.get("choices") or []):
+                            chunks_with_text += 1
+                            if first_token_at is None:
+                                first_token_at = time.perf_counter()
+                    if done:
+                        break
+        except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as error:
             return RequestResult(
                 ok=False,
                 started_s=started,
@@ -295,6 +341,109 @@ class Endpoint:
         )
 
 
+# Each client process is told when to start, this long ahead: it is already running (the pool
+# is started before the first point), so only the hand-over is paid.
+DISPATCH_SECONDS = 0.2
+# Below this many streams per process a second process costs more than it saves.
+MIN_STREAMS_PER_PROCESS = 64
+SALTS_PER_SHARE = 1_000_000  # prompts per process and point: far more than a point sends
+
+
+@dataclass(frozen=True)
+class _Window:
+    start: float  # perf_counter (CLOCK_MONOTONIC: one clock for every process of the machine)
+    window_start: float
+    window_end: float
+
+
+@dataclass(frozen=True)
+class _ProcessShare:
+    bases: tuple[str, ...]
+    model: str
+    host_policy: outbound.HostPolicy
+    lanes: tuple[int, ...]
+    salt_from: int
+    input_len: int
+    output_len: int
+    timeout_seconds: float
+    window: _Window
+
+
+async def _drive(
+    endpoint: Endpoint,
+    *,
+    lanes: Sequence[int],
+    input_len: int,
+    output_len: int,
+    timeout_seconds: float,
+    window: _Window,
+) -> tuple[list[RequestResult], list[float]]:
+    """This event loop's lanes, back to back until the window ends; the loop's lag ticks."""
+    results: list[RequestResult] = []
+    lags_ms: list[float] = []
+    await asyncio.sleep(max(0.0, window.start - time.perf_counter()))
+
+    async def worker(lane: int) -> None:
+        while time.perf_counter() < window.window_end:
+            results.append(
+                await endpoint.complete(
+                    input_len=input_len,
+                    output_len=output_len,
+                    timeout_seconds=timeout_seconds,
+                    lane=lane,
+                )
+            )
+
+    async def ticker() -> None:
+        # Inside the measuring window only: the warm-up's connection set-up is not the
+        # steady state the TTFTs are read from.
+        while time.perf_counter() < window.window_end:
+            due = time.perf_counter() + LAG_TICK_SECONDS
+            await asyncio.sleep(LAG_TICK_SECONDS)
+            if due >= window.window_start:
+                lags_ms.append(max(0.0, time.perf_counter() - due) * 1000)
+
+    await asyncio.gather(ticker(), *(worker(lane) for lane in lanes))
+    return results, lags_ms
+
+
+def _drive_in_process(share: _ProcessShare) -> tuple[list[RequestResult], list[float]]:
+    """One client process's share of a point: its own event loop and connections."""
+
+    async def drive() -> tuple[list[RequestResult], list[float]]:
+        session = make_session(
+            len(share.lanes), timeout_seconds=share.timeout_seconds, host_policy=share.host_policy
+        )
+        try:
+            endpoint = Endpoint(list(share.bases), share.model, session=session)
+            endpoint.skip_salts(share.salt_from)
+            return await _drive(
+                endpoint,
+                lanes=share.lanes,
+                input_len=share.input_len,
+                output_len=share.output_len,
+                timeout_seconds=share.timeout_seconds,
+                window=share.window,
+            )
+        finally:
+            await session.close()
+
+    return _event_loop_run(drive())
+
+
+def _event_loop_run(coroutine):
+    try:  # uvloop where installed: its loop costs a client a fraction of asyncio's per event
+        import uvloop
+    except ImportError:  # pragma: no cover - a dependency on Linux
+        return asyncio.run(coroutine)
+    return uvloop.run(coroutine)
+
+
+def _warm(_: int) -> int:
+    time.sleep(0.2)  # long enough that each of the pool's processes takes one
+    return os.getpid()
+
+
 async def measure_point(
     endpoint: Endpoint,
     *,
@@ -315,33 +464,44 @@ async def measure_point(
     # The ticker's own lateness with nothing else to run (the timer's granularity): what the
     # load adds on top of it is the client's overhead.
     idle_lag_ms = await _idle_lag_ms()
-    lags_ms: list[float] = []
-    start = time.perf_counter()
+    start = time.perf_counter() + DISPATCH_SECONDS
     window_start = start + warmup_seconds
     window_end = window_start + spec.duration_per_point_seconds
-    results: list[RequestResult] = []
-
-    async def worker(lane: int) -> None:
-        while time.perf_counter() < window_end:
-            results.append(
-                await endpoint.complete(
-                    input_len=input_len,
-                    output_len=output_len,
-                    timeout_seconds=spec.request_timeout_seconds,
-                    lane=lane,
+    window = _Window(start, window_start, window_end)
+    shares = endpoint.lane_shares(concurrency)
+    if len(shares) == 1:
+        results, lags_ms = await _drive(
+            endpoint,
+            lanes=shares[0],
+            input_len=input_len,
+            output_len=output_len,
+            timeout_seconds=spec.request_timeout_seconds,
+            window=window,
+        )
+    else:
+        loop = asyncio.get_running_loop()
+        answers = await asyncio.gather(
+            *(
+                loop.run_in_executor(
+                    endpoint.pool(),
+                    _drive_in_process,
+                    _ProcessShare(
+                        bases=tuple(endpoint.bases),
+                        model=endpoint.model,
+                        host_policy=endpoint.host_policy,
+                        lanes=lanes,
+                        salt_from=endpoint.reserve_salts(SALTS_PER_SHARE),
+                        input_len=input_len,
+                        output_len=output_len,
+                        timeout_seconds=spec.request_timeout_seconds,
+                        window=window,
+                    ),
                 )
+                for index, lanes in enumerate(shares)
             )
-
-    async def ticker() -> None:
-        # Inside the measuring window only: the warm-up's connection set-up is not the
-        # steady state the TTFTs are read from.
-        while time.perf_counter() < window_end:
-            due = time.perf_counter() + LAG_TICK_SECONDS
-            await asyncio.sleep(LAG_TICK_SECONDS)
-            if due >= window_start:
-                lags_ms.append(max(0.0, time.perf_counter() - due) * 1000)
-
-    await asyncio.gather(ticker(), *(worker(lane) for lane in range(concurrency)))
+        )
+        results = [result for share_results, _ in answers for result in share_results]
+        lags_ms = [lag for _, share_lags in answers for lag in share_lags]
     engines_after = await endpoint.engine_stats()
     seconds = spec.duration_per_point_seconds
     ok = [r for r in results if r.ok]
@@ -380,6 +540,7 @@ async def measure_point(
         tpot_p50_ms=percentile(tpots, 0.5),
         tpot_p95_ms=tpot_p95,
         e2e_p95_ms=percentile(e2es, 0.95),
+        e2e_p99_ms=percentile(e2es, 0.99),
         request_count=len(ok),
         error_count=len(errors),
         slo_met=slo_met,
@@ -479,17 +640,24 @@ async def run_grid(
     model: str,
     spec: SuiteSpec,
     host_policy: outbound.HostPolicy,
+    processes: int = 1,
     on_point: Callable[[PointResult], Awaitable[None]] | None = None,
     on_shape: Callable[[ShapeResult], Awaitable[None]] | None = None,
 ) -> list[ShapeResult]:
-    clients = make_clients(
+    """`processes`: client processes for points of MIN_STREAMS_PER_PROCESS streams or more
+    each (BENCHMARK_CLIENT_PROCESSES); one event loop is the client's limit at hundreds."""
+    session = make_session(
         spec.max_concurrency,
         timeout_seconds=spec.request_timeout_seconds,
         host_policy=host_policy,
     )
+    endpoint = Endpoint(
+        base_url, model, session=session, processes=processes, host_policy=host_policy
+    )
     try:
-        endpoint = Endpoint(base_url, model, clients=clients)
         await endpoint.check()
+        if spec.max_concurrency >= 2 * MIN_STREAMS_PER_PROCESS:
+            await endpoint.start_processes()
         shapes = []
         for input_len, output_len in spec.grid:
             shape = await sweep_shape(
@@ -500,5 +668,4 @@ async def run_grid(
                 await on_shape(shape)
         return shapes
     finally:
-        for client in clients:
-            await client.aclose()
+        await endpoint.close()

@@ -303,6 +303,7 @@ def run_execute(*, run_id: int) -> BenchmarkRun | None:
                 model=run.engine_model_id,
                 spec=spec,
                 host_policy=outbound.policy(outbound.BENCHMARK),
+                processes=settings.BENCHMARK_CLIENT_PROCESSES,
                 on_point=on_point,
                 on_shape=on_shape,
             ),

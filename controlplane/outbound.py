@@ -9,7 +9,8 @@ only chooses among what the operator allowed, and this module is the one home of
   `client()` / `async_client()` check again at connect time, on the *resolved* address, and
   connect to the address they checked, so a name that resolves elsewhere later (DNS rebinding)
   gains nothing. They follow no redirect and read no proxy from the environment (a proxy
-  would connect on our behalf, unchecked).
+  would connect on our behalf, unchecked). `aiohttp_session()` is the same guard for aiohttp
+  (the load runner), vetting each address where its socket is made.
 - **Link-local and cloud-metadata addresses** (169.254.0.0/16, fe80::/10, 100.100.100.200,
   fd00:ec2::254) hold instance credentials; they are refused even when a broad entry such as
   0.0.0.0/0 covers them, and opened only by an entry that lies inside those ranges.
@@ -26,6 +27,7 @@ at start-up, and the load runner uses them without Django. Only `policy()` and
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import ipaddress
 import json
@@ -37,6 +39,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from urllib.parse import urlsplit
 
+import aiohttp
+import aiohttp.abc
 import anyio
 import httpcore
 import httpx
@@ -600,3 +604,72 @@ def parse_kubernetes_clusters(text_or_value, *, secret_env_patterns: typing.Iter
                 raise ValueError(f"{where}: token_env: {refusal}")
         profiles[name] = dict(profile)
     return profiles
+
+
+# --- Guarded aiohttp sessions (the load runner: many streams, little per-request overhead) -----
+
+
+class AddressRefused(ConnectionRefusedError):
+    """A connection the policy refuses, raised where aiohttp makes the socket; aiohttp reports
+    it as a ClientConnectorError carrying this message (its strerror)."""
+
+
+class _AiohttpGuard(aiohttp.abc.AbstractResolver):
+    """Vets every address an aiohttp connector connects to, on the address itself.
+
+    Host names go through this resolver, which vets the answer (a name on the allow-list may
+    resolve anywhere but the metadata ranges). aiohttp never resolves an IP literal, so the
+    socket factory vets every address again when the socket is made: literals against the
+    networks, resolved addresses as the resolver vetted them (it remembers what it let
+    through; a literal equal to an allowed name's address is that host, and allowed too)."""
+
+    def __init__(self, host_policy: HostPolicy) -> None:
+        self._policy = host_policy
+        self._inner = aiohttp.ThreadedResolver()
+        self._vetted: set[IPAddress] = set()
+
+    async def resolve(self, host: str, port: int = 0, family: int = socket.AF_INET):
+        answers = await self._inner.resolve(host, port, family)
+        addresses = [ipaddress.ip_address(answer["host"]) for answer in answers]
+        try:
+            self._policy.vet(host, addresses, allowed_by_name=self._policy.allows_name(host))
+        except OutboundRefused as refused:
+            # An OSError, so aiohttp reports it as the connection's error, as it does below.
+            raise AddressRefused(errno.ECONNREFUSED, str(refused)) from refused
+        self._vetted.update(addresses)
+        return answers
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+    def socket(self, addr_info) -> socket.socket:
+        family, kind, proto, _canonname, sockaddr = addr_info
+        address = ipaddress.ip_address(sockaddr[0])
+        if address not in self._vetted:
+            refusal = self._policy.address_refusal(address)
+            if refusal:
+                raise AddressRefused(errno.ECONNREFUSED, f"{refusal} (an operator setting)")
+        return socket.socket(family=family, type=kind, proto=proto)
+
+
+def aiohttp_session(
+    host_policy: HostPolicy, *, timeout_seconds: float, connections: int = 0
+) -> aiohttp.ClientSession:
+    """An aiohttp session whose every connection `host_policy` vets; no proxy from the
+    environment (trust_env off). Callers pass allow_redirects=False on each request: a
+    redirect would be the server choosing where we connect next."""
+    guard = _AiohttpGuard(host_policy)
+    connector = aiohttp.TCPConnector(
+        limit=connections,
+        resolver=guard,
+        socket_factory=guard.socket,
+        ssl=_default_ssl_context(),
+        ttl_dns_cache=60,
+    )
+    return aiohttp.ClientSession(
+        connector=connector,
+        timeout=aiohttp.ClientTimeout(total=timeout_seconds),
+        trust_env=False,
+        # Nothing a server sets is sent back: load is not a browsing session.
+        cookie_jar=aiohttp.DummyCookieJar(),
+    )

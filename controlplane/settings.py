@@ -1,5 +1,6 @@
 """Settings for every environment. Only environment variables change behaviour (DESIGN §5)."""
 
+import os
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -304,6 +305,11 @@ COST_MODEL_MAX_AUTO_CHANGE = env_float("COST_MODEL_MAX_AUTO_CHANGE_PERCENT", 5.0
 # it measures itself, and is never fitted (issue 21).
 BENCHMARK_MAX_CLIENT_OVERHEAD_PERCENT = env_int(
     "BENCHMARK_MAX_CLIENT_OVERHEAD_PERCENT", 10, minimum=1
+)
+# Client processes the load runner drives a point of 128 streams or more with (one event loop
+# is the client's own limit at hundreds of streams): by default one per core, at most 8.
+BENCHMARK_CLIENT_PROCESSES = env_int(
+    "BENCHMARK_CLIENT_PROCESSES", min(os.cpu_count() or 1, 8), minimum=1
 )
 # How long an isolated run waits for its held replicas to serve, beyond the cold start.
 BENCHMARK_REPLICA_WAIT_SECONDS = env_int("BENCHMARK_REPLICA_WAIT_SECONDS", 120, minimum=10)

@@ -13,5 +13,5 @@ export SECURE_SSL_REDIRECT=0
 # The benches measure the code path, not the per-key limits a production deployment sets.
 export API_THROTTLE_WRITES=none API_THROTTLE_USAGE=none
 
-$BIN/python scripts/services.py test
+$BIN/python scripts/services.py bench
 $BIN/python -m bench "$@"

@@ -4,6 +4,7 @@
                                       # the Prometheus binary the tests start and the Chromium
                                       # the browser tests drive (both installed with apt-get
                                       # when missing)
+    python scripts/services.py bench  # PostgreSQL, Redis, and wrk (apt-get)
     python scripts/services.py redis  # Redis only; starts a private one under var/ if needed
 
 Uses the start commands of this project's machines (see README, "Services").
@@ -248,6 +249,11 @@ def ensure_chromium() -> None:
     _ensure_debian_package(CHROMIUM_BINARY, "chromium")
 
 
+def ensure_wrk() -> None:
+    """make bench measures the load runner against wrk's ceiling (bench/bench_runner.py)."""
+    _ensure_debian_package(Path("/usr/bin/wrk"), "wrk")
+
+
 def main() -> None:
     mode = sys.argv[1] if len(sys.argv) > 1 else "test"
     redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -256,10 +262,14 @@ def main() -> None:
         ensure_redis(redis_url, private_dir=None)
         ensure_prometheus()
         ensure_chromium()
+    elif mode == "bench":
+        ensure_postgres(os.environ["DATABASE_URL"])
+        ensure_redis(redis_url, private_dir=None)
+        ensure_wrk()
     elif mode == "redis":
         ensure_redis(redis_url, private_dir=ROOT / "var" / "redis")
     else:
-        sys.exit(f"unknown mode {mode!r}: use 'test' or 'redis'")
+        sys.exit(f"unknown mode {mode!r}: use 'test', 'bench' or 'redis'")
 
 
 if __name__ == "__main__":

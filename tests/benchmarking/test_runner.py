@@ -59,12 +59,14 @@ class _FlakyServer:
         self.fail_every = fail_every
         self.hang = hang
         self.count = 0
+        self.prompts: set[tuple[int, ...]] = set()
         self.url = ""
         self._ready = threading.Event()
 
     async def completions(self, request):
         body = await request.json()
         self.count += 1
+        self.prompts.add(tuple(body["prompt"]))
         if self.count > 1 and self.count % self.fail_every == 0:
             if self.hang:
                 await asyncio.sleep(2)
@@ -179,12 +181,46 @@ def test_the_runner_sends_no_load_where_its_policy_refuses():
 
     with (
         _FlakyServer(fail_every=1000) as server,
-        pytest.raises(runner.RunnerError, match="OutboundRefused.*127.0.0.1 is not in"),
+        pytest.raises(
+            runner.RunnerError, match=r"127.0.0.1 is not in BENCHMARK_ALLOWED_HOSTS=10\.0\.0\.0/8"
+        ),
     ):
         asyncio.run(
             runner.run_grid(host_policy=only_the_lab, base_url=server.url, model="m", spec=spec())
         )
     assert server.count == 0
+
+
+def test_a_point_of_hundreds_of_streams_is_spread_over_client_processes_counting_each_once():
+    # 128 streams over 2 processes (64 each, the least a process is given): every request the
+    # server answered is counted once, and every prompt differs (no prefix cache could help).
+    async def measure(url):
+        session = runner.make_session(128, timeout_seconds=10, host_policy=LOOPBACK)
+        endpoint = runner.Endpoint(url, "m", session=session, processes=2, host_policy=LOOPBACK)
+        try:
+            await endpoint.start_processes()
+            assert [len(lanes) for lanes in endpoint.lane_shares(128)] == [64, 64]
+            return await runner.measure_point(
+                endpoint, input_len=16, output_len=4, concurrency=128, spec=spec()
+            )
+        finally:
+            await endpoint.close()
+
+    with _FlakyServer(fail_every=10**9) as server:
+        point = asyncio.run(measure(server.url))
+
+    assert point.error_count == 0 and point.request_count > 128
+    assert server.count == point.request_count
+    assert len(server.prompts) == server.count
+    assert point.client_lag_p99_ms is not None  # both processes' event loops were watched
+
+
+def test_few_streams_stay_in_the_callers_event_loop():
+    session = None
+    endpoint = runner.Endpoint("http://127.0.0.1:1", "m", session=session, processes=8,
+                               host_policy=LOOPBACK)  # fmt: skip
+    assert endpoint.lane_shares(32) == [tuple(range(32))]
+    assert [len(lanes) for lanes in endpoint.lane_shares(512)] == [64] * 8
 
 
 def test_percentiles_are_nearest_rank():

@@ -6,6 +6,7 @@ import asyncio
 import ipaddress
 import socket
 
+import aiohttp
 import httpx
 import pytest
 
@@ -222,3 +223,55 @@ def test_a_cluster_profile_that_cannot_work_is_refused(profiles, says):
     with pytest.raises(ValueError) as refused:
         outbound.parse_kubernetes_clusters(profiles, secret_env_patterns=["MU_ACTUATOR_*"])
     assert says in str(refused.value)
+
+
+# --- The aiohttp session (the load runner) ------------------------------------------------
+
+
+async def _aiohttp_get(host_policy: outbound.HostPolicy, url: str) -> int:
+    async with (
+        outbound.aiohttp_session(host_policy, timeout_seconds=2) as session,
+        session.get(url, allow_redirects=False) as response,
+    ):
+        return response.status
+
+
+def test_the_aiohttp_session_allows_what_the_default_allow_list_names(listener):
+    default = policy(*outbound.DEFAULT_ALLOWED_HOSTS)
+
+    by_address = asyncio.run(_aiohttp_get(default, f"{listener.url}/a"))
+    by_name = asyncio.run(_aiohttp_get(default, listener.url.replace("127.0.0.1", "localhost")))
+
+    assert (by_address, by_name) == (200, 200)
+    assert len(listener.requests) == 2
+
+
+@pytest.mark.parametrize("by", ["address", "name"])
+def test_the_aiohttp_session_refuses_an_address_outside_the_allow_list_naming_it(listener, by):
+    # An IP literal never reaches aiohttp's resolver: the socket factory refuses it; a name
+    # (`localhost` really resolves to 127.0.0.1) is refused on its answer.
+    url = listener.url if by == "address" else listener.url.replace("127.0.0.1", "localhost")
+
+    with pytest.raises(
+        aiohttp.ClientError, match=r"127\.0\.0\.1 is not in BENCHMARK_ALLOWED_HOSTS=10\.0\.0\.0/8"
+    ):
+        asyncio.run(_aiohttp_get(policy("10.0.0.0/8", setting="BENCHMARK_ALLOWED_HOSTS"), url))
+    assert listener.requests == []
+
+
+def test_the_aiohttp_session_refuses_metadata_even_when_everything_is_allowed():
+    everything = policy("0.0.0.0/0", "::/0")
+
+    with pytest.raises(aiohttp.ClientError, match="link-local or cloud-metadata"):
+        asyncio.run(_aiohttp_get(everything, "http://169.254.169.254/latest/meta-data/"))
+
+
+def test_the_aiohttp_session_refuses_a_listed_name_that_rebinds_to_metadata(monkeypatch):
+    hooks = policy("*.hooks.internal")
+
+    def rebinding_resolver(host, port, *args, **kwargs):
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("169.254.169.254", port))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", rebinding_resolver)
+    with pytest.raises(aiohttp.ClientError, match="169.254.169.254 is a link-local"):
+        asyncio.run(_aiohttp_get(hooks, "http://scale.hooks.internal/"))

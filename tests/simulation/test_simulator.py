@@ -159,15 +159,14 @@ def test_saturated_throughput_matches_the_engine_emulator():
 
     async def measure(url):
         loopback = outbound.HostPolicy.parse("BENCHMARK_ALLOWED_HOSTS", ["127.0.0.0/8"])
-        clients = runner.make_clients(8, timeout_seconds=10, host_policy=loopback)
+        session = runner.make_session(8, timeout_seconds=10, host_policy=loopback)
         try:
-            endpoint = runner.Endpoint(url, "slow", clients=clients)
+            endpoint = runner.Endpoint(url, "slow", session=session)
             return await runner.measure_point(
                 endpoint, input_len=256, output_len=32, concurrency=8, spec=spec
             )
         finally:
-            for client in clients:
-                await client.aclose()
+            await session.close()
 
     with BackgroundEmulator(config) as emulator:
         point = asyncio.run(measure(emulator.url))
