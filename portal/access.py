@@ -55,7 +55,6 @@ def portal_page(view=None, *, owners_only: bool = False):
             access = PortalAccess(customer=membership.customer, role=membership.role)
             if owners_only and not access.manages_keys:
                 raise PermissionDenied("Only the customer's owners manage its API keys.")
-            request.portal = access
             return view(request, access, *args, **kwargs)
 
         wrapped.portal_page = True

@@ -10,7 +10,7 @@ from django.contrib.auth.views import redirect_to_login
 from django.http import Http404
 from django.shortcuts import redirect, render
 from django.utils import timezone
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_POST, require_safe
 
 from accounts.principals import user_is_planner
 from accounts.selectors import (
@@ -52,6 +52,7 @@ def home(request):
 
 
 @portal_page
+@require_safe
 def overview(request, access):
     context = {
         "access": access,
@@ -64,6 +65,7 @@ def overview(request, access):
 
 
 @portal_page
+@require_safe
 def usage(request, access):
     events = usage_events_of_customer_newest_first(access.customer, limit=RECEIPTS_LIMIT)
     context = {
@@ -88,11 +90,12 @@ def _keys_page(request, access, *, status=200, **extra):
 
 
 @portal_page
+@require_safe
 def keys(request, access):
     return _keys_page(request, access)
 
 
-# Membership first (404 for anyone else, whatever the method), then the method, then the role.
+# Membership first (404 for anyone else, whatever the method), then the role, then the method.
 @portal_page(owners_only=True)
 @require_POST
 def key_new(request, access):
@@ -126,6 +129,7 @@ def key_revoke(request, access, pk):
 
 
 @portal_page
+@require_safe
 def limits(request, access):
     customer = access.customer
     context = {
@@ -142,6 +146,7 @@ def limits(request, access):
 
 
 @portal_page
+@require_safe
 def invoices(request, access):
     context = {
         "access": access,
@@ -160,6 +165,7 @@ def _invoice_of(access, pk):
 
 
 @portal_page
+@require_safe
 def invoice(request, access, pk):
     invoice = _invoice_of(access, pk)
     context = {
@@ -173,6 +179,7 @@ def invoice(request, access, pk):
 
 
 @portal_page
+@require_safe
 def invoice_file(request, access, pk, format_name):
     invoice = _invoice_of(access, pk)
     if format_name not in INVOICE_FORMATS:
