@@ -3,7 +3,7 @@
 from django.db.models import Q, QuerySet
 
 from accounts import scopes as S
-from accounts.models import ApiKey, Customer
+from accounts.models import ApiKey, Customer, Membership
 from accounts.principals import Principal
 
 
@@ -58,3 +58,21 @@ def membership_ids_of_customer(customer: Customer) -> QuerySet:
 def api_key_of_customer(customer: Customer, pk: int) -> ApiKey | None:
     """The customer's key with this id; None when it has none (or it is another's)."""
     return ApiKey.objects.filter(customer=customer, pk=pk).first()
+
+
+# --- The customer portal (a user sees the customers it is a member of, nothing else) --------
+
+
+def memberships_of_user(user) -> QuerySet[Membership]:
+    """The user's memberships with their customers, by customer slug."""
+    return (
+        Membership.objects.filter(user=user).select_related("customer").order_by("customer__slug")
+    )
+
+
+def membership_of_user(user, slug: str) -> Membership | None:
+    """The user's membership of the customer with this slug; None when it is not a member
+    (or no such customer exists: the portal answers both alike, 404)."""
+    return (
+        Membership.objects.filter(user=user, customer__slug=slug).select_related("customer").first()
+    )

@@ -91,6 +91,19 @@ def membership_set(*, user, customer: Customer, role: str) -> Membership:
     return membership
 
 
+@transaction.atomic
+def customer_user_set(*, username: str, password: str, customer: Customer, role: str):
+    """A person of the customer's (the portal's users): the user made or its password reset,
+    and its role in the customer set (audited as membership.set). A new user is not staff."""
+    User = get_user_model()
+    user, created = User.objects.get_or_create(username=username)
+    user.is_active = True
+    user.set_password(password)
+    user.save()
+    membership_set(user=user, customer=customer, role=role)
+    return user, created
+
+
 @dataclass(frozen=True)
 class CreatedKey:
     api_key: ApiKey

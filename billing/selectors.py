@@ -40,3 +40,13 @@ def lines_of_invoice(invoice: Invoice) -> QuerySet[InvoiceLine]:
 
 def recent_invoices_of_customer(customer, *, limit: int = 12) -> QuerySet[Invoice]:
     return customer.invoices.order_by("-period_start", "-id")[:limit]
+
+
+def invoices_of_customer(customer) -> QuerySet[Invoice]:
+    """All of the customer's invoices, the newest period first."""
+    return customer.invoices.order_by("-period_start", "-id")
+
+
+def invoice_of_customer(customer, pk: int) -> Invoice | None:
+    """The customer's invoice with this id; None when it has none (or it is another's)."""
+    return Invoice.objects.filter(customer=customer, pk=pk).select_related("customer").first()

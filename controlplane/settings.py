@@ -91,6 +91,7 @@ INSTALLED_APPS = [
     "billing",
     "simulation",
     "planner",
+    "portal",
 ]
 
 MIDDLEWARE = [
@@ -183,7 +184,8 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
-# Planners log in to the web UI here (the admin keeps its own login page).
+# Planners (the planner UI) and customers' owners and members (the portal) log in here; the
+# admin keeps its own login page.
 LOGIN_URL = "login"
 # Password logins (the planner's /login/ and the admin's) go through django-axes first, which
 # refuses a (username, client address) pair after too many failures. API keys do not pass
@@ -192,7 +194,9 @@ AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
-LOGIN_REDIRECT_URL = "planner:fleet"
+# Planners and customers' users log in at the same page; the portal's home sends each where
+# it belongs (planners to the planner UI, a customer's users to their customer's pages).
+LOGIN_REDIRECT_URL = "portal:home"
 LOGOUT_REDIRECT_URL = "login"
 
 LANGUAGE_CODE = "en-us"

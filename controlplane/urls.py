@@ -27,6 +27,7 @@ urlpatterns = [
     ),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("planner/", include("planner.urls")),
+    path("portal/", include("portal.urls")),
     path("", RedirectView.as_view(pattern_name="planner:fleet", permanent=False)),
     path("api/v1/", include(api_v1)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

@@ -16,6 +16,8 @@ GATEWAY_PORT="${GATEWAY_PORT:-8080}"
 HOST="${HOST:-127.0.0.1}"
 DEMO_PLANNER="${DEMO_PLANNER:-planner}"
 export PLANNER_PASSWORD="${DEMO_PLANNER_PASSWORD:-demo-planner-password}"
+# acme's owner and member in the customer portal (seed_demo makes them with this password).
+export DEMO_PORTAL_PASSWORD="${DEMO_PORTAL_PASSWORD:-demo-portal-password}"
 # The traffic generator: 0 turns it off; DEMO_TRAFFIC_SCALE multiplies its request rates.
 DEMO_TRAFFIC="${DEMO_TRAFFIC:-1}"
 DEMO_TRAFFIC_SCALE="${DEMO_TRAFFIC_SCALE:-1}"
@@ -134,6 +136,7 @@ cat <<MSG
 
 Model-Unit Control Plane is running (logs in $LOG/):
   Planner UI   http://$HOST:$PORT/planner/   user: $DEMO_PLANNER  password: $PLANNER_PASSWORD
+  Portal       http://$HOST:$PORT/portal/   user: acme-owner (or acme-member, read-only)  password: $DEMO_PORTAL_PASSWORD
   API docs     http://$HOST:$PORT/api/docs/
   API          http://$HOST:$PORT/api/v1/
   Admin        http://$HOST:$PORT/admin/   user: $DEMO_PLANNER  password: $PLANNER_PASSWORD

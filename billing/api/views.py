@@ -1,11 +1,8 @@
 """Invoices for customers (their own) and planners (all); the live month-to-date estimate;
 CSV and JSON exports."""
 
-import csv
-import io
 from decimal import Decimal
 
-from django.http import HttpResponse
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from django_filters import rest_framework as filters
@@ -21,6 +18,7 @@ from accounts import scopes as S
 from accounts.permissions import scoped_permission
 from accounts.principals import principal_of
 from accounts.selectors import customers_visible_to
+from billing.exports import invoice_download
 from billing.generation import invoice_estimate, invoice_issue, period_bounds
 from billing.margin import model_margins
 from billing.models import Invoice, InvoiceLine, RateCard
@@ -113,7 +111,7 @@ class InvoiceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
     def get_queryset(self):
         visible = customers_visible_to(principal_of(self.request))
         queryset = Invoice.objects.filter(customer__in=visible).select_related("customer")
-        if self.action in ("retrieve", "csv"):
+        if self.action == "retrieve":
             queryset = queryset.prefetch_related("lines__served_model")
         return queryset.order_by("-period_start", "customer__slug", "pk")
 
@@ -123,16 +121,8 @@ class InvoiceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
     @extend_schema(responses={(200, "text/csv"): str})
     @action(detail=True, methods=["get"])
     def csv(self, request, pk=None):
-        invoice = self.get_object()
-        buffer = io.StringIO()
-        writer = csv.writer(buffer)
-        writer.writerow([f for f in LINE_FIELDS if f != "evidence"])
-        for line in InvoiceLineSerializer(invoice.lines.all(), many=True).data:
-            writer.writerow([line[f] for f in LINE_FIELDS if f != "evidence"])
-        response = HttpResponse(buffer.getvalue(), content_type="text/csv")
-        filename = f"invoice-{invoice.customer.slug}-{invoice.period_start:%Y-%m}-{invoice.pk}.csv"
-        response["Content-Disposition"] = f'attachment; filename="{filename}"'
-        return response
+        # The rendering is billing.exports' (the portal downloads the same file).
+        return invoice_download(self.get_object(), "csv")
 
     @extend_schema(request=None, responses=InvoiceSerializer)
     @action(detail=True, methods=["post"])

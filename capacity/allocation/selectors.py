@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 from django.db.models import Avg, F, Max, Min, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Trunc
 
-from capacity.models import ActuatorCircuit, AllocationDecision, Deployment
+from capacity.models import ActuatorCircuit, AdmissionAllowance, AllocationDecision, Deployment
 
 
 def latest_decision_per_deployment() -> QuerySet[AllocationDecision]:
@@ -106,3 +106,12 @@ def replica_counts_per_step(
         slot["recommended"] = max(slot["recommended"], row["recommended"])
         slot["current"].append(row["current"])
     return buckets
+
+
+def admission_allowances_of_customer(customer) -> QuerySet[AdmissionAllowance]:
+    """The latest tick's admission limits of the customer, per model (by model name)."""
+    return (
+        AdmissionAllowance.objects.filter(customer=customer)
+        .select_related("served_model")
+        .order_by("served_model__name")
+    )

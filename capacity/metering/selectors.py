@@ -5,9 +5,9 @@
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db.models import Sum
+from django.db.models import QuerySet, Sum
 
-from capacity.models import UsageMinute
+from capacity.models import UsageEvent, UsageMinute
 
 
 @dataclass(frozen=True)
@@ -51,4 +51,14 @@ def used_model_ids_of_customer(customer) -> set[int]:
         UsageMinute.objects.filter(customer=customer)
         .values_list("served_model_id", flat=True)
         .distinct()
+    )
+
+
+def usage_events_of_customer_newest_first(customer, *, limit: int) -> QuerySet[UsageEvent]:
+    """The customer's newest `limit` usage events (with their model), the newest first: its
+    receipts, one per request metered."""
+    return (
+        UsageEvent.objects.filter(customer=customer)
+        .select_related("served_model")
+        .order_by("-finished_at", "-id")[:limit]
     )

@@ -20,13 +20,10 @@ from accounts.selectors import (
 )
 from accounts.services import api_key_create, api_key_revoke, customer_create
 from billing.selectors import recent_invoices_of_customer
-from capacity.catalog.selectors import served_models_with_ids
 from capacity.metering.selectors import (
     NO_USAGE,
     usage_totals_by_customer,
-    used_model_ids_of_customer,
 )
-from capacity.metering.utilisation import customer_utilisation
 from capacity.models import Reservation
 from capacity.selling.entitlements import entitled_model_names
 from capacity.selling.reservations import reservation_amend, reservation_cancel, reservation_create
@@ -34,14 +31,13 @@ from capacity.selling.selectors import (
     reservation_ids_of_customer,
     reservation_of_customer,
     reservations_of_customer,
-    reserved_model_ids_of_customer,
     reserved_mu_per_minute_by_customer,
 )
 from controlplane.audit import actor_of, entries_about
 from controlplane.errors import DomainError
 from planner.access import planner_required
 from planner.audit.views import audit_link
-from planner.charts import chart_range, chart_window, line_chart, time_label
+from planner.customers.charts import utilisation_context
 from planner.customers.forms import AmendForm, ApiKeyForm, CustomerForm, ReservationForm
 from planner.paging import page_of, query_without
 
@@ -97,57 +93,7 @@ def customer_list(request):
     return _list_page(request, CustomerForm())
 
 
-def _utilisation_chart(request, customer, served_model):
-    range_name, span, step = chart_range(request)
-    start, end = chart_window(timezone.now(), span, step)
-    buckets = customer_utilisation(
-        customer=customer, served_model=served_model, start=start, end=end, step=step
-    )
-    if not any(b["reserved_mu_per_minute"] or b["used_mu"] for b in buckets):
-        return range_name, None
-    labels = [time_label(start + i * step, span) for i in range(len(buckets))]
-    chart = line_chart(
-        labels,
-        [
-            {
-                "label": "Reserved MU/min",
-                "data": [round(b["reserved_mu_per_minute"], 2) for b in buckets],
-                "color": "#2563eb",
-                "stepped": True,
-            },
-            {
-                "label": "Used MU/min",
-                "data": [round(b["used_mu_per_minute_mean"], 2) for b in buckets],
-                "color": "#dc2626",
-                "fill": "origin",
-            },
-        ],
-        y_title="MU per minute",
-    )
-    return range_name, chart
-
-
-def _models_of(customer):
-    """The customer's models: those it reserves or used, reservations first."""
-    reserved = reserved_model_ids_of_customer(customer)
-    used = used_model_ids_of_customer(customer)
-    return sorted(
-        served_models_with_ids(reserved | used),
-        key=lambda m: (m.pk not in reserved, m.name),
-    )
-
-
 def detail_context(request, customer, **extra):
-    models_used = _models_of(customer)
-    chosen = None
-    wanted = request.GET.get("model")
-    for served_model in models_used:
-        if served_model.name == wanted:
-            chosen = served_model
-    chosen = chosen or (models_used[0] if models_used else None)
-    range_name, chart = (
-        _utilisation_chart(request, customer, chosen) if chosen else (chart_range(request)[0], None)
-    )
     reservations = reservations_of_customer(customer)
     keys = api_keys_of_customer_newest_first(customer)
     history = entries_about(
@@ -160,11 +106,7 @@ def detail_context(request, customer, **extra):
     context = {
         "customer": customer,
         "entitled_models": entitled_model_names(customer),
-        "models": models_used,
-        "model": chosen,
-        "range": range_name,
-        "range_extra": f"model={chosen.name}" if chosen else "",
-        "chart": chart,
+        **utilisation_context(request, customer),
         "reservations": page_of(request, reservations, param="reservations_page", per_page=20),
         "keys": page_of(request, keys, param="keys_page", per_page=20),
         "invoices": recent_invoices_of_customer(customer, limit=12),

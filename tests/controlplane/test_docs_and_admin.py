@@ -31,7 +31,15 @@ def test_every_model_of_our_apps_has_an_admin_page_that_loads(
     make_key(customer=acme)
     superuser = django_user_model.objects.create_superuser("root", "root@example.com", "pw")
     client.force_login(superuser)
-    for app_label in ("controlplane", "accounts", "capacity", "benchmarking", "billing", "planner"):
+    for app_label in (
+        "controlplane",
+        "accounts",
+        "capacity",
+        "benchmarking",
+        "billing",
+        "planner",
+        "portal",
+    ):
         for model in apps.get_app_config(app_label).get_models():
             assert model in admin.site._registry, f"{model.__name__} has no admin page"
             opts = model._meta

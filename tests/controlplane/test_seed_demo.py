@@ -19,6 +19,7 @@ from capacity.models import (
 )
 from capacity.pricing.cost_models import active_cost_model
 from capacity.selling.sellable import model_capacity
+from controlplane.management.commands.seed_demo import DEMO_PORTAL_PASSWORD
 from controlplane.models import AuditEntry
 
 pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
@@ -97,8 +98,8 @@ def test_every_deployment_is_priced_a_week_is_simulated_and_last_month_invoiced(
     assert Invoice.objects.filter(status=Invoice.Status.ISSUED).count() == 1
 
 
-def test_seeding_again_adds_nothing_and_the_planner_says_what_is_simulated(
-    seeded, capsys, planner_client
+def test_seeding_again_adds_nothing_and_the_planner_and_portal_say_what_is_simulated(
+    seeded, capsys, planner_client, client
 ):
     before = counts()
     call_command("seed_demo")
@@ -110,3 +111,21 @@ def test_seeding_again_adds_nothing_and_the_planner_says_what_is_simulated(
         assert 'data-testid="demo-history"' in page, path
         assert "Demo data." in page and "seed_demo" in page
         assert 'class="problem"' not in page, path
+
+    # acme's owner logs in to the portal with the password run.sh prints, and finds its
+    # week of use charted and last month's invoice, both marked as demo data.
+    assert "Portal: acme-owner (owner of acme) logs in at /portal/" in out
+    assert DEMO_PORTAL_PASSWORD not in out  # the output is logged; run.sh shows it
+    login = {"username": "acme-owner", "password": DEMO_PORTAL_PASSWORD}
+    assert client.post("/login/", login, follow=True).redirect_chain[-1][0] == "/portal/acme/"
+    overview = client.get("/portal/acme/?range=7d").content.decode()
+    assert 'data-testid="demo-history"' in overview
+    assert '<script id="utilisation" type="application/json">' in overview
+    assert "globex" not in overview.lower()
+    invoices = client.get("/portal/acme/invoices/").content.decode()
+    assert "Issued" in invoices and "/download/csv" in invoices
+    # Its member reads and creates no key.
+    client.logout()
+    client.post("/login/", {"username": "acme-member", "password": DEMO_PORTAL_PASSWORD})
+    assert client.get("/portal/acme/keys/").status_code == 200
+    assert client.post("/portal/acme/keys/new", {"name": "x"}).status_code == 403

@@ -13,7 +13,7 @@ from billing.models import Invoice, InvoiceLine
 from capacity.metering.history import record_capacity
 from capacity.models import AllocationDecision, Reservation, UsageMinute
 from capacity.selling.reservations import reservation_create
-from tests.support.browser import log_in, screenshot
+from tests.support.browser import chart_points, log_in, screenshot
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -118,19 +118,6 @@ def _fleet_with_history(sellable):
         amount=Decimal("480.00"),
     )
     return deployment, invoice
-
-
-def chart_points(page, selector="canvas[data-chart]") -> list[int]:
-    """Points Chart.js drew per dataset of the first chart: proof the chart rendered."""
-    page.wait_for_function(
-        "s => { const c = document.querySelector(s); return c && Chart.getChart(c); }",
-        arg=selector,
-    )
-    return page.evaluate(
-        "s => Chart.getChart(document.querySelector(s)).data.datasets"
-        ".map(d => d.data.filter(v => v !== null).length)",
-        selector,
-    )
 
 
 def test_every_section_with_data(site, page, planner_user, sellable):

@@ -1,5 +1,6 @@
 """A fresh `make run`, as a new user meets it: the fleet, customer and allocation pages show data
-in every chart, at least one scaling decision, and no red box, within two minutes.
+in every chart, at least one scaling decision, and no red box, within two minutes; and acme's
+owner finds its chart and its live requests' receipts in the customer portal.
 
 The real demo: `scripts/run.sh` itself (migrate, seed_demo with its week of simulated history,
 gunicorn, the Celery workers and beat, the process supervisor and its emulator replicas, the
@@ -25,6 +26,7 @@ from tests.support.browser import log_in, screenshot
 from tests.support.processes import ROOT, free_port
 
 DEMO_PASSWORD = "demo-planner-password"
+DEMO_PORTAL_PASSWORD = "demo-portal-password"
 WITHIN_SECONDS = 120
 # What a planner reads as trouble: the planner's problem boxes, error messages, failed pushes.
 RED = ".problem, .messages li.error, .badge.failed"
@@ -210,6 +212,24 @@ def test_a_fresh_demo_shows_data_decisions_and_no_red_box_within_two_minutes(chr
         # The live traffic went through the gateway and was answered.
         acme = wait_until(traffic_answered, deadline=deadline, what="acme's traffic answered")
         timeline["acme answered"] = time.monotonic() - started
+
+        # acme's owner, in the customer portal, with the password run.sh printed: its chart,
+        # and receipts of the live requests the gateway metered.
+        page.get_by_role("button", name="Log out").click()
+        log_in(page, site, "acme-owner", DEMO_PORTAL_PASSWORD)
+
+        def portal_ready():
+            page.goto(site + "/portal/acme/")
+            charts = charts_with_data(page)
+            assert len(charts) == 1 and all(charts.values()), charts
+            page.goto(site + "/portal/acme/usage/")
+            assert page.get_by_test_id("receipts").locator("tbody tr").count() > 0
+            assert not red_boxes(page), red_boxes(page)
+            return True
+
+        wait_until(portal_ready, deadline=deadline, what="acme's portal")
+        timeline["portal"] = time.monotonic() - started
+        screenshot(page, "portal-acme-usage")
         print(
             "demo: "
             + ", ".join(f"{k} at {v:.0f} s" for k, v in timeline.items())

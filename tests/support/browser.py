@@ -122,3 +122,16 @@ def log_in(page, site: str, username: str, password: str = PLANNER_PASSWORD) -> 
     page.get_by_label("Password").fill(password)
     page.get_by_role("button", name="Log in").click()
     page.wait_for_load_state("networkidle")
+
+
+def chart_points(page, selector="canvas[data-chart]") -> list[int]:
+    """Points Chart.js drew per dataset of the first chart: proof the chart rendered."""
+    page.wait_for_function(
+        "s => { const c = document.querySelector(s); return c && Chart.getChart(c); }",
+        arg=selector,
+    )
+    return page.evaluate(
+        "s => Chart.getChart(document.querySelector(s)).data.datasets"
+        ".map(d => d.data.filter(v => v !== null).length)",
+        selector,
+    )

@@ -1,11 +1,13 @@
 """A small demo fleet: GPU types, pools, models, deployments, two customers and their keys,
-a cost model for every deployment, and a week of simulated history with one issued invoice.
+a cost model for every deployment, a week of simulated history with one issued invoice, and
+acme's portal users (an owner and a member, password DEMO_PORTAL_PASSWORD).
 
 Safe to run again: the catalog is updated in place, each run revokes the previous demo keys and
 prints fresh ones (a key's secret cannot be shown twice), and the cost models, the history and
 the invoice are made once.
 """
 
+import os
 from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -16,8 +18,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from accounts import scopes as S
-from accounts.models import ApiKey, Customer
-from accounts.services import api_key_create
+from accounts.models import ApiKey, Customer, Membership
+from accounts.services import api_key_create, customer_user_set
 from benchmarking.models import BenchmarkSuite
 from benchmarking.services import benchmark_import, cost_model_fit, suite_create
 from billing.generation import invoice_generate, invoice_issue
@@ -97,6 +99,14 @@ DEMO_TABLES = [
     ("qwen2.5-72b", "A100-80GB", 4, DATA / "emulator" / "qwen25-72b_a100_tp4.csv"),
 ]
 DEMO_RESERVATION_MU_PER_MINUTE = 300
+# acme's people in the customer portal (/portal/): the owner manages its keys, the member reads.
+# scripts/run.sh prints the password beside the planner's (the same environment variable).
+DEMO_PORTAL_USERS = [
+    ("acme-owner", "acme", Membership.Role.OWNER),
+    ("acme-member", "acme", Membership.Role.MEMBER),
+]
+DEMO_PORTAL_PASSWORD_ENV = "DEMO_PORTAL_PASSWORD"
+DEMO_PORTAL_PASSWORD = "demo-portal-password"
 
 
 class Command(BaseCommand):
@@ -280,6 +290,20 @@ class Command(BaseCommand):
                 f"kept warm, from {first:%Y-%m-%d}."
             )
         self._history(first)
+        self._portal_users()
+
+    def _portal_users(self) -> None:
+        password = os.environ.get(DEMO_PORTAL_PASSWORD_ENV) or DEMO_PORTAL_PASSWORD
+        customers = {c.slug: c for c in Customer.objects.filter(slug__in=["acme", "globex"])}
+        for username, slug, role in DEMO_PORTAL_USERS:
+            customer_user_set(
+                username=username, password=password, customer=customers[slug], role=role
+            )
+            # The password is not printed here (this output is logged); run.sh shows it.
+            self.stdout.write(
+                f"Portal: {username} ({role} of {slug}) logs in at /portal/ with "
+                f"{DEMO_PORTAL_PASSWORD_ENV}."
+            )
 
     def _history(self, first) -> None:
         """A week of demo traffic replayed through the simulator, then last month's invoice
