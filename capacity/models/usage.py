@@ -104,6 +104,9 @@ class UsageEvent(models.Model):
             models.Index(fields=["started_at"], name="usage_started_at"),
             # serves: capacity.metering.rollups: a pass picks events not rolled up, by id
             models.Index(fields=["id"], name="usage_not_rolled_up", condition=Q(rolled_up=False)),
+            # serves: capacity.metering.selectors.usage_receipts, a customer's receipts newest
+            # first, paged by (finished_at, id): each page is one range of this index
+            models.Index(fields=["customer", "finished_at", "id"], name="usage_receipts"),
         ]
 
     def __str__(self) -> str:
