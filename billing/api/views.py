@@ -22,6 +22,7 @@ from accounts.permissions import scoped_permission
 from accounts.principals import principal_of
 from accounts.selectors import customers_visible_to
 from billing.generation import invoice_estimate, invoice_issue, period_bounds
+from billing.latency import MAX_TTFT_OBJECTIVE_MS
 from billing.margin import model_margins
 from billing.models import Invoice, InvoiceLine, RateCard
 from billing.rates import rate_card_create, rate_card_update
@@ -212,6 +213,24 @@ class RateCardSerializer(StrictModelSerializer):
         "reserved price; billed as its own invoice line (kind keep_warm). Default 0.",
     )
     currency = serializers.RegexField(r"^[A-Za-z]{3}$", required=False, default="USD")
+    ttft_objective_ms = serializers.IntegerField(
+        min_value=1,
+        max_value=MAX_TTFT_OBJECTIVE_MS,
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="The latency SLA: time-to-first-token objective of guaranteed requests, in "
+        "ms (null: none). Comes with latency_credit_tiers.",
+    )
+    latency_credit_tiers = serializers.JSONField(
+        required=False,
+        default=list,
+        help_text='Attainment to credit: [{"below_attainment_percent": 99, "credit_percent": '
+        '10}, {"below_attainment_percent": 95, "credit_percent": 25}] credits 10 % of the '
+        "month's commitment when fewer than 99 % of a customer's guaranteed requests got "
+        "their first token within the objective, 25 % below 95 %. Requests without a TTFT "
+        "are counted on the credit's evidence, not in the attainment.",
+    )
 
     class Meta:
         model = RateCard
@@ -223,6 +242,8 @@ class RateCardSerializer(StrictModelSerializer):
             "reserved_price_per_mu_minute_hour",
             "best_effort_price_per_1000_mu",
             "keep_warm_price_per_mu_minute_hour",
+            "ttft_objective_ms",
+            "latency_credit_tiers",
             "created_at",
         ]
         read_only_fields = ["id", "created_at"]
@@ -266,6 +287,8 @@ class RateCardViewSet(
                 "keep_warm_price_per_mu_minute_hour", Decimal(0)
             ),
             currency=data.get("currency", "USD"),
+            ttft_objective_ms=data.get("ttft_objective_ms"),
+            latency_credit_tiers=data.get("latency_credit_tiers") or [],
         )
 
     def perform_update(self, serializer):

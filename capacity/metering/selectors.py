@@ -1,17 +1,19 @@
 """Reads of metered usage: the minute rollups for the planner's pages; the raw events as
-receipts (`usage_receipts`, the API's `GET /api/v1/usage/events` and the portal). A
+receipts (`usage_receipts`, the API's `GET /api/v1/usage/events` and the portal); guaranteed
+requests against a TTFT objective (`guaranteed_ttft_counts`, the latency SLA of billing). A
 model's usage now is `capacity.metering.utilisation.used_now`; a customer's over time,
 `capacity.metering.utilisation.customer_utilisation`."""
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from django.db.models import Case, F, FloatField, QuerySet, Sum, Value, When
+from django.db.models import Case, Count, F, FloatField, Q, QuerySet, Sum, Value, When
 
 from accounts.models import Customer
 from capacity.models import (
     AdmissionClass,
     CostModel,
+    Outcome,
     ServedModel,
     UsageEvent,
     UsageMinute,
@@ -219,3 +221,45 @@ RECEIPT_COLUMNS = (
     "cost_model_id",
     "cost_model_version",
 )
+
+
+# --- Latency: how many guaranteed requests got their first token in time -------------------
+
+
+@dataclass(frozen=True)
+class TtftCounts:
+    """A customer's guaranteed requests that ran in a window, against a TTFT objective."""
+
+    counted: int  # that reported a ttft_ms: the attainment's denominator
+    within: int  # of those, ttft_ms at or under the objective
+    without_ttft: int  # that reported none: shown, never guessed
+
+
+def guaranteed_ttft_counts(
+    *, served_model_id: int, customer_ids, start: datetime, end: datetime, objective_ms: float
+) -> dict[int, TtftCounts]:
+    """Per customer, its guaranteed requests of the model that ran (refused ones are the
+    refusal credit's) in the minutes [start, end), counted against `objective_ms`; one
+    grouped query on the events (index: customer, model, minute). A customer without any is
+    absent."""
+    rows = (
+        UsageEvent.objects.filter(
+            customer_id__in=customer_ids,
+            served_model_id=served_model_id,
+            minute__gte=start,
+            minute__lt=end,
+            admission_class=AdmissionClass.GUARANTEED,
+        )
+        .exclude(outcome=Outcome.REFUSED)
+        .values("customer_id")
+        .annotate(
+            counted=Count("id", filter=Q(ttft_ms__isnull=False)),
+            within=Count("id", filter=Q(ttft_ms__lte=objective_ms)),
+            without_ttft=Count("id", filter=Q(ttft_ms__isnull=True)),
+        )
+        .order_by()
+    )
+    return {
+        row["customer_id"]: TtftCounts(row["counted"], row["within"], row["without_ttft"])
+        for row in rows
+    }
