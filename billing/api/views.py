@@ -1,14 +1,13 @@
 """Invoices for customers (their own) and planners (all); the live month-to-date estimate;
-CSV and JSON exports."""
+CSV, PDF and JSON exports."""
 
-import csv
-import io
 from decimal import Decimal
 
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from django_filters import rest_framework as filters
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import mixins, serializers, viewsets
 from rest_framework.decorators import action
@@ -21,10 +20,12 @@ from accounts import scopes as S
 from accounts.permissions import scoped_permission
 from accounts.principals import principal_of
 from accounts.selectors import customers_visible_to
+from billing.exports import export_filename, invoice_csv
 from billing.generation import invoice_estimate, invoice_issue, period_bounds
 from billing.latency import MAX_TTFT_OBJECTIVE_MS
 from billing.margin import model_margins
 from billing.models import Invoice, InvoiceLine, RateCard
+from billing.pdf import invoice_pdf
 from billing.rates import rate_card_create, rate_card_update
 from capacity.models import ServedModel
 from controlplane.api.serializers import InstantField, StrictModelSerializer
@@ -106,7 +107,8 @@ class InvoiceFilter(filters.FilterSet):
 
 class InvoiceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """A customer's invoices (customers see their own; planners all). `GET .../{id}/csv` exports
-    the lines as CSV; the detail is the JSON export. Planners issue drafts (`POST .../issue`)."""
+    the lines as CSV and `GET .../{id}/pdf` as a PDF of the same lines; the detail is the JSON
+    export. Planners issue drafts (`POST .../issue`)."""
 
     permission_classes = [ReadPermission]
     filterset_class = InvoiceFilter
@@ -114,7 +116,7 @@ class InvoiceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
     def get_queryset(self):
         visible = customers_visible_to(principal_of(self.request))
         queryset = Invoice.objects.filter(customer__in=visible).select_related("customer")
-        if self.action in ("retrieve", "csv"):
+        if self.action == "retrieve":
             queryset = queryset.prefetch_related("lines__served_model")
         return queryset.order_by("-period_start", "customer__slug", "pk")
 
@@ -125,13 +127,21 @@ class InvoiceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
     @action(detail=True, methods=["get"])
     def csv(self, request, pk=None):
         invoice = self.get_object()
-        buffer = io.StringIO()
-        writer = csv.writer(buffer)
-        writer.writerow([f for f in LINE_FIELDS if f != "evidence"])
-        for line in InvoiceLineSerializer(invoice.lines.all(), many=True).data:
-            writer.writerow([line[f] for f in LINE_FIELDS if f != "evidence"])
-        response = HttpResponse(buffer.getvalue(), content_type="text/csv")
-        filename = f"invoice-{invoice.customer.slug}-{invoice.period_start:%Y-%m}-{invoice.pk}.csv"
+        response = HttpResponse(invoice_csv(invoice), content_type="text/csv")
+        filename = export_filename(invoice, "csv")
+        response["Content-Disposition"] = f'attachment; filename="{filename}"'
+        return response
+
+    @extend_schema(
+        description="The invoice as PDF: the CSV's lines, the totals, and each credit with "
+        "its evidence.",
+        responses={(200, "application/pdf"): OpenApiTypes.BINARY},
+    )
+    @action(detail=True, methods=["get"])
+    def pdf(self, request, pk=None):
+        invoice = self.get_object()
+        response = HttpResponse(invoice_pdf(invoice), content_type="application/pdf")
+        filename = export_filename(invoice, "pdf")
         response["Content-Disposition"] = f'attachment; filename="{filename}"'
         return response
 

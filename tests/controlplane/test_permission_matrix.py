@@ -150,6 +150,7 @@ GET /api/v1/billing/margin                               | 401  403   403    403
 GET /api/v1/invoices/                                    | 401  ok    ok     ok       ok     403     403     403   ok     403     403     403   403    403   403    ok
 GET /api/v1/invoices/{pk}/                               | 401  ok    ok     404      ok     403     403     403   ok     403     403     403   403    403   403    ok
 GET /api/v1/invoices/{pk}/csv/                           | 401  ok    ok     404      ok     403     403     403   ok     403     403     403   403    403   403    ok
+GET /api/v1/invoices/{pk}/pdf/                           | 401  ok    ok     404      ok     403     403     403   ok     403     403     403   403    403   403    ok
 POST /api/v1/invoices/{pk}/issue/                        | 401  403   403    403      403    403     403     403   403    403     403     403   403    403   403    ok
 GET /api/v1/rate-cards/                                  | 401  ok    ok     ok       ok     403     403     403   ok     403     403     403   403    403   403    ok
 POST /api/v1/rate-cards/                                 | 401  403   403    403      403    403     403     403   403    403     403     403   403    ok    403    ok
