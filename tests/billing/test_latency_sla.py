@@ -7,7 +7,7 @@ from decimal import Decimal
 import pytest
 
 from billing.generation import invoice_generate
-from billing.models import Invoice
+from billing.models import Invoice, RateCard
 from billing.rates import rate_card_create
 from capacity.models import Reservation
 from tests.conftest import make_cost_model
@@ -219,3 +219,29 @@ def test_the_latency_sla_is_set_on_the_rate_card_and_bad_tables_are_refused(
     cleared = planner_client.patch(url, {"ttft_objective_ms": None}, format="json")
     assert cleared.status_code == 400
     assert list(cleared.json()["error"]["fields"]) == ["latency_credit_tiers"]
+
+
+def test_the_admin_holds_the_latency_sla_to_the_same_rules(served_model, client, django_user_model):
+    client.force_login(django_user_model.objects.create_superuser("root", "r@example.com", "pw"))
+    form = {
+        "served_model": served_model.pk,
+        "effective_from_0": "2026-12-01",
+        "effective_from_1": "00:00:00",
+        "currency": "USD",
+        "reserved_price_per_mu_minute_hour": "0.10",
+        "best_effort_price_per_1000_mu": "2.00",
+        "keep_warm_price_per_mu_minute_hour": "0",
+        "ttft_objective_ms": "500",
+        "latency_credit_tiers": '[{"below_attainment_percent": 95, "credit_percent": 5}, '
+        '{"below_attainment_percent": 99, "credit_percent": 10}]',
+    }
+    refused = client.post("/admin/billing/ratecard/add/", form)
+    assert refused.status_code == 200  # the form again, with its error
+    assert "must credit more than" in refused.content.decode()
+    assert not RateCard.objects.exists()
+    form["latency_credit_tiers"] = form["latency_credit_tiers"].replace(
+        '"credit_percent": 5', '"credit_percent": 25'
+    )
+    assert client.post("/admin/billing/ratecard/add/", form).status_code == 302
+    card = RateCard.objects.get()
+    assert (card.ttft_objective_ms, card.latency_credit_tiers) == (500, TIERS)
