@@ -1,13 +1,16 @@
 from django import forms
 from django.contrib import admin
 
+from billing.latency import latency_sla_clean
 from billing.models import Invoice, InvoiceLine, RateCard
 from billing.rates import issued_through, rate_card_used
 from controlplane.audit import AuditedAdminMixin
+from controlplane.errors import DomainError
 
 
 class RateCardAdminForm(forms.ModelForm):
-    """The API's rules: no card takes effect inside an issued period."""
+    """The API's rules: no card takes effect inside an issued period; a latency SLA is an
+    objective with well-formed tiers."""
 
     class Meta:
         model = RateCard
@@ -18,10 +21,19 @@ class RateCardAdminForm(forms.ModelForm):
             "reserved_price_per_mu_minute_hour",
             "best_effort_price_per_1000_mu",
             "keep_warm_price_per_mu_minute_hour",
+            "ttft_objective_ms",
+            "latency_credit_tiers",
         ]
 
     def clean(self):
         cleaned = super().clean()
+        try:
+            cleaned["latency_credit_tiers"] = latency_sla_clean(
+                ttft_objective_ms=cleaned.get("ttft_objective_ms"),
+                latency_credit_tiers=cleaned.get("latency_credit_tiers"),
+            )
+        except DomainError as error:
+            self.add_error(error.field, error.message)
         effective_from = cleaned.get("effective_from")
         frozen_until = issued_through()
         changed_date = self.instance.pk is None or "effective_from" in self.changed_data
@@ -44,6 +56,7 @@ class RateCardAdmin(AuditedAdminMixin, admin.ModelAdmin):
         "reserved_price_per_mu_minute_hour",
         "best_effort_price_per_1000_mu",
         "keep_warm_price_per_mu_minute_hour",
+        "ttft_objective_ms",
     )
     list_filter = ("served_model", "currency")
     list_select_related = ("served_model",)

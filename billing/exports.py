@@ -1,7 +1,10 @@
-"""The files an invoice downloads as: THE list of formats (`INVOICE_FORMATS`), each rendered
-from the invoice's stored lines. The API's `GET /api/v1/invoices/{id}/csv/` and the customer
-portal's download links both come from here, so a new format (a PDF, billing/pdf.py) is one
-entry below and appears wherever invoices are downloaded.
+"""The files an invoice downloads as: THE list of formats (`INVOICE_FORMATS`), and an invoice's
+lines as rows of text, the one source of its CSV and its PDF (billing.pdf), so the two can never
+show different lines or amounts. The API's downloads and the customer portal's links both come
+from here, so a new format is one entry below and appears wherever invoices are downloaded.
+
+Formats are the API's: instants in ISO 8601 UTC with a Z, decimals at their stored places
+(quantity and unit price to 6, amounts to cents), a model by name, a reservation by id.
 """
 
 import csv
@@ -13,11 +16,11 @@ from decimal import Decimal
 
 from django.http import HttpResponse
 
-from billing.models import Invoice
+from billing.models import Invoice, InvoiceLine
 
 # The CSV's columns, in order: the JSON export's line fields without `evidence` (a nested
-# object; the JSON detail carries it).
-CSV_COLUMNS = [
+# object; the JSON detail and the PDF carry it).
+LINE_COLUMNS = (
     "kind",
     "model",
     "reservation",
@@ -28,43 +31,62 @@ CSV_COLUMNS = [
     "unit",
     "unit_price",
     "amount",
-]
+)
+
+_PLACES = {"quantity": 6, "unit_price": 6, "amount": 2}
 
 
-def _instant(moment: datetime | None) -> str:
-    # As the JSON export writes instants (DRF's ISO 8601, UTC as Z).
-    if moment is None:
-        return ""
-    text = moment.astimezone(UTC).isoformat()
-    return text[:-6] + "Z" if text.endswith("+00:00") else text
-
-
-def _fixed(value: Decimal, places: int) -> str:
+def _decimal(value: Decimal, places: int) -> str:
     # As the JSON export writes decimals: the column's places, never an exponent.
     return f"{value.quantize(Decimal(1).scaleb(-places)):f}"
 
 
+def _instant(value: datetime | None) -> str:
+    # As the JSON export writes instants (DRF's ISO 8601, UTC as Z).
+    if value is None:
+        return ""
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def line_row(line: InvoiceLine) -> dict[str, str]:
+    return {
+        "kind": line.kind,
+        "model": line.served_model.name if line.served_model_id else "",
+        "reservation": str(line.reservation_id) if line.reservation_id else "",
+        "description": line.description,
+        "starts_at": _instant(line.starts_at),
+        "ends_at": _instant(line.ends_at),
+        "quantity": _decimal(line.quantity, _PLACES["quantity"]),
+        "unit": line.unit,
+        "unit_price": _decimal(line.unit_price, _PLACES["unit_price"]),
+        "amount": _decimal(line.amount, _PLACES["amount"]),
+    }
+
+
+def invoice_lines(invoice: Invoice) -> list[InvoiceLine]:
+    """The invoice's lines in the order every export shows them (kind, then as made)."""
+    return list(invoice.lines.select_related("served_model").order_by("kind", "pk"))
+
+
+def invoice_rows(invoice: Invoice) -> list[dict[str, str]]:
+    return [line_row(line) for line in invoice_lines(invoice)]
+
+
 def invoice_csv(invoice: Invoice) -> bytes:
-    """One row per line, in the invoice's order (kind, then as made)."""
+    """One row per line, in the invoice's order."""
     buffer = io.StringIO()
     writer = csv.writer(buffer)
-    writer.writerow(CSV_COLUMNS)
-    for line in invoice.lines.select_related("served_model").order_by("kind", "pk"):
-        writer.writerow(
-            [
-                line.kind,
-                line.served_model.name if line.served_model_id else "",
-                line.reservation_id or "",
-                line.description,
-                _instant(line.starts_at),
-                _instant(line.ends_at),
-                _fixed(line.quantity, 6),
-                line.unit,
-                _fixed(line.unit_price, 6),
-                _fixed(line.amount, 2),
-            ]
-        )
+    writer.writerow(LINE_COLUMNS)
+    for row in invoice_rows(invoice):
+        writer.writerow([row[column] for column in LINE_COLUMNS])
     return buffer.getvalue().encode()
+
+
+def _invoice_pdf(invoice: Invoice) -> bytes:
+    # billing.pdf builds on the rows above, and loads Pango when it renders.
+    from billing.pdf import invoice_pdf
+
+    return invoice_pdf(invoice)
 
 
 @dataclass(frozen=True)
@@ -75,18 +97,17 @@ class InvoiceFormat:
     render: Callable[[Invoice], bytes]
 
 
-# Every format an invoice downloads as, in the order links show them. billing/pdf.py adds
-# "pdf" here.
+# Every format an invoice downloads as, in the order links show them.
 INVOICE_FORMATS: dict[str, InvoiceFormat] = {
     "csv": InvoiceFormat(name="csv", label="CSV", content_type="text/csv", render=invoice_csv),
+    "pdf": InvoiceFormat(
+        name="pdf", label="PDF", content_type="application/pdf", render=_invoice_pdf
+    ),
 }
 
 
-def invoice_filename(invoice: Invoice, invoice_format: InvoiceFormat) -> str:
-    return (
-        f"invoice-{invoice.customer.slug}-{invoice.period_start:%Y-%m}-{invoice.pk}"
-        f".{invoice_format.name}"
-    )
+def export_filename(invoice: Invoice, extension: str) -> str:
+    return f"invoice-{invoice.customer.slug}-{invoice.period_start:%Y-%m}-{invoice.pk}.{extension}"
 
 
 def invoice_download(invoice: Invoice, format_name: str) -> HttpResponse:
@@ -96,6 +117,6 @@ def invoice_download(invoice: Invoice, format_name: str) -> HttpResponse:
     response = HttpResponse(
         invoice_format.render(invoice), content_type=invoice_format.content_type
     )
-    filename = invoice_filename(invoice, invoice_format)
+    filename = export_filename(invoice, invoice_format.name)
     response["Content-Disposition"] = f'attachment; filename="{filename}"'
     return response

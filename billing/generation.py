@@ -1,5 +1,7 @@
 """Monthly invoices from reservations (commitment, prorated to the minute, per rate card in
-force), metered best-effort MU (per rate card in force) and SLA credits.
+force), metered best-effort MU (per rate card in force) and SLA credits: for guaranteed
+requests refused below the reservation (here), and for guaranteed requests' time to first
+token against the card's objective (billing.latency).
 
 Idempotent: a run replaces the period's draft invoices and never touches issued ones; issuing
 freezes an invoice (`invoice_issue`). A run reads what it bills and replaces the drafts in one
@@ -22,6 +24,7 @@ from django.utils import timezone
 
 from accounts.models import Customer
 from billing.commitments import commitment_segments, keep_warm_segments
+from billing.latency import latency_counts, latency_credit_lines
 from billing.models import Invoice, InvoiceLine
 from billing.money import money
 from billing.rates import cards_by_model, rate_segments
@@ -99,13 +102,20 @@ def build_lines(period: str | date, *, customers=None, until: datetime | None = 
     segments = {m: rate_segments(cards.get(m, []), start, end) for m in model_ids}
     best_effort = _best_effort_mu(segments)
     credits = _credit_minutes(start, end)
+    reserved_customers: dict[int, set[int]] = defaultdict(set)
+    for customer_id in customer_ids:
+        for reservation in reservations[customer_id]:
+            reserved_customers[reservation.served_model_id].add(customer_id)
+    ttft = latency_counts(segments, reserved_customers)
     lines_by_customer = {}
     for customer_id in sorted(customer_ids):
         own = reservations[customer_id]
-        lines = _commitment_lines(own, changes, segments, start, end, result)
+        commitments = _commitment_lines(own, changes, segments, start, end, result)
+        lines = list(commitments)
         lines += _keep_warm_lines(own, changes, segments, start, end)
         lines += _best_effort_lines(customer_id, best_effort, segments)
         lines += _credit_lines(customer_id, credits, own, changes, segments, start, end)
+        lines += latency_credit_lines(customer_id, ttft, commitments)
         lines += late.get(customer_id, [])
         lines_by_customer[customer_id] = lines
     return first, lines_by_customer, result

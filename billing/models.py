@@ -44,6 +44,22 @@ class RateCard(models.Model):
         help_text="Premium of 1 MU/min reserved with keep-warm for one hour, on top of the "
         "reserved price (0: keep-warm is not charged).",
     )
+    # The latency SLA (billing.latency): the share of guaranteed requests whose first token
+    # comes within the objective, per customer and month, and the credit each shortfall earns.
+    ttft_objective_ms = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Time-to-first-token objective of guaranteed requests, in ms (empty: no "
+        "latency SLA).",
+    )
+    latency_credit_tiers = models.JSONField(
+        default=list,
+        blank=True,
+        help_text='Attainment to credit, e.g. [{"below_attainment_percent": 99, '
+        '"credit_percent": 10}, {"below_attainment_percent": 95, "credit_percent": 25}]: '
+        "below 99 % of guaranteed requests within the objective, 10 % of the month's "
+        "commitment is credited; below 95 %, 25 %.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -1,4 +1,5 @@
-"""Rate cards: which version prices a model when, and versioning instead of editing."""
+"""Rate cards: which version prices a model when, and versioning instead of editing. A card
+holds the prices and the latency SLA (billing.latency: TTFT objective, attainment → credit)."""
 
 from dataclasses import dataclass
 from datetime import datetime
@@ -7,6 +8,7 @@ from decimal import Decimal
 from django.db import transaction
 from django.db.models import Max
 
+from billing.latency import latency_sla_clean
 from billing.models import Invoice, InvoiceLine, RateCard
 from capacity.models import ServedModel
 from controlplane.audit import all_fields, audit_change, audit_record, snapshot
@@ -61,6 +63,8 @@ def rate_card_create(
     best_effort_price_per_1000_mu: Decimal,
     keep_warm_price_per_mu_minute_hour: Decimal = Decimal(0),
     currency: str = "USD",
+    ttft_objective_ms: int | None = None,
+    latency_credit_tiers: list | None = None,
 ) -> RateCard:
     if RateCard.objects.filter(served_model=served_model, effective_from=effective_from).exists():
         raise ConflictError(
@@ -86,6 +90,9 @@ def rate_card_create(
     ):
         if price < 0:
             raise DomainError("Prices cannot be negative.", field=name)
+    tiers = latency_sla_clean(
+        ttft_objective_ms=ttft_objective_ms, latency_credit_tiers=latency_credit_tiers
+    )
     card = RateCard.objects.create(
         served_model=served_model,
         effective_from=effective_from,
@@ -93,6 +100,8 @@ def rate_card_create(
         reserved_price_per_mu_minute_hour=reserved_price_per_mu_minute_hour,
         best_effort_price_per_1000_mu=best_effort_price_per_1000_mu,
         keep_warm_price_per_mu_minute_hour=keep_warm_price_per_mu_minute_hour,
+        ttft_objective_ms=ttft_objective_ms,
+        latency_credit_tiers=tiers,
     )
     audit_record(action="rate_card.create", obj=card, after=snapshot(card, all_fields(card)))
     return card
@@ -105,7 +114,8 @@ def rate_card_used(card: RateCard) -> bool:
 
 @transaction.atomic
 def rate_card_update(*, rate_card: RateCard, **prices) -> RateCard:
-    """Change an unused card's prices; a used one is refused (publish a new version)."""
+    """Change an unused card's prices (and latency SLA); a used one is refused (publish a new
+    version)."""
     card = RateCard.objects.select_for_update().get(pk=rate_card.pk)
     if rate_card_used(card):
         raise ConflictError(
@@ -116,6 +126,9 @@ def rate_card_update(*, rate_card: RateCard, **prices) -> RateCard:
     before = snapshot(card, all_fields(card))
     for name, value in prices.items():
         setattr(card, name, value)
+    card.latency_credit_tiers = latency_sla_clean(
+        ttft_objective_ms=card.ttft_objective_ms, latency_credit_tiers=card.latency_credit_tiers
+    )
     card.save()
     audit_change(
         action="rate_card.update", obj=card, before=before, after=snapshot(card, all_fields(card))

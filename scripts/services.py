@@ -2,14 +2,15 @@
 
     python scripts/services.py test   # PostgreSQL at DATABASE_URL and Redis at REDIS_URL,
                                       # the Prometheus binary the tests start and the Chromium
-                                      # the browser tests drive (both installed with apt-get
-                                      # when missing)
+                                      # the browser tests drive, Pango (invoice PDFs) and
+                                      # pdftotext (all installed with apt-get when missing)
     python scripts/services.py bench  # PostgreSQL, Redis, and wrk (apt-get)
     python scripts/services.py redis  # Redis only; starts a private one under var/ if needed
 
 Uses the start commands of this project's machines (see README, "Services").
 """
 
+import ctypes.util
 import glob
 import os
 import shutil
@@ -30,6 +31,8 @@ WAIT_SECONDS = 30
 # `prometheus` package puts it here.
 PROMETHEUS_BINARY = Path("/usr/bin/prometheus")
 CHROMIUM_BINARY = Path(os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium"))
+PDFTOTEXT_BINARY = Path("/usr/bin/pdftotext")
+DEJAVU_FONT = Path("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")
 
 
 def _redis_answers(url: str) -> bool:
@@ -204,13 +207,16 @@ def _stop_packaged_prometheus() -> None:
             subprocess.run(["update-rc.d", "prometheus", "disable"], **quiet)
 
 
-def _ensure_debian_package(binary: Path, package: str, *, after_install=None) -> None:
-    """Installs a Debian package when its binary is missing.
+def _ensure_debian_package(
+    binary: Path, package: str, *, after_install=None, installed=None
+) -> None:
+    """Installs a Debian package when its binary is missing (or `installed()` says it is not).
 
-    The tests that need it (a real Prometheus, a real browser) fail rather than skip without
-    it, so that a fresh machine does not pass by testing less.
+    The tests that need it (a real Prometheus, a real browser, pdftotext) fail rather than
+    skip without it, so that a fresh machine does not pass by testing less.
     """
-    if binary.exists():
+    present = installed if installed is not None else binary.exists
+    if present():
         print(f"{package} is installed ({binary}).")
         return
     if not shutil.which("apt-get"):
@@ -235,7 +241,7 @@ def _ensure_debian_package(binary: Path, package: str, *, after_install=None) ->
             sys.exit(f"apt-get could not install {package}; see its output above.")
     if after_install is not None:
         after_install()
-    if not binary.exists():
+    if not present():
         sys.exit(f"the {package} package is installed but {binary} is not there.")
 
 
@@ -254,6 +260,25 @@ def ensure_wrk() -> None:
     _ensure_debian_package(Path("/usr/bin/wrk"), "wrk")
 
 
+def ensure_fonts() -> None:
+    """The invoice PDF names DejaVu Sans; without any font Pango would lay out no glyphs."""
+    _ensure_debian_package(DEJAVU_FONT, "fonts-dejavu-core")
+
+
+def ensure_pdftotext() -> None:
+    """The invoice PDF tests read what they rendered back with poppler's pdftotext."""
+    _ensure_debian_package(PDFTOTEXT_BINARY, "poppler-utils")
+
+
+def ensure_pango() -> None:
+    """WeasyPrint (invoice PDFs, billing/pdf.py) lays text out with the system's Pango."""
+    _ensure_debian_package(
+        Path("libpangoft2-1.0.so.0"),
+        "libpangoft2-1.0-0",
+        installed=lambda: ctypes.util.find_library("pangoft2-1.0") is not None,
+    )
+
+
 def main() -> None:
     mode = sys.argv[1] if len(sys.argv) > 1 else "test"
     redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -262,6 +287,9 @@ def main() -> None:
         ensure_redis(redis_url, private_dir=None)
         ensure_prometheus()
         ensure_chromium()
+        ensure_pango()
+        ensure_fonts()
+        ensure_pdftotext()
     elif mode == "bench":
         ensure_postgres(os.environ["DATABASE_URL"])
         ensure_redis(redis_url, private_dir=None)

@@ -1,11 +1,12 @@
 """Invoices for customers (their own) and planners (all); the live month-to-date estimate;
-CSV and JSON exports."""
+CSV, PDF and JSON exports."""
 
 from decimal import Decimal
 
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from django_filters import rest_framework as filters
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import mixins, serializers, viewsets
 from rest_framework.decorators import action
@@ -20,6 +21,7 @@ from accounts.principals import principal_of
 from accounts.selectors import customers_visible_to
 from billing.exports import invoice_download
 from billing.generation import invoice_estimate, invoice_issue, period_bounds
+from billing.latency import MAX_TTFT_OBJECTIVE_MS
 from billing.margin import model_margins
 from billing.models import Invoice, InvoiceLine, RateCard
 from billing.rates import rate_card_create, rate_card_update
@@ -103,7 +105,8 @@ class InvoiceFilter(filters.FilterSet):
 
 class InvoiceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """A customer's invoices (customers see their own; planners all). `GET .../{id}/csv` exports
-    the lines as CSV; the detail is the JSON export. Planners issue drafts (`POST .../issue`)."""
+    the lines as CSV and `GET .../{id}/pdf` as a PDF of the same lines; the detail is the JSON
+    export. Planners issue drafts (`POST .../issue`)."""
 
     permission_classes = [ReadPermission]
     filterset_class = InvoiceFilter
@@ -123,6 +126,15 @@ class InvoiceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
     def csv(self, request, pk=None):
         # The rendering is billing.exports' (the portal downloads the same file).
         return invoice_download(self.get_object(), "csv")
+
+    @extend_schema(
+        description="The invoice as PDF: the CSV's lines, the totals, and each credit with "
+        "its evidence.",
+        responses={(200, "application/pdf"): OpenApiTypes.BINARY},
+    )
+    @action(detail=True, methods=["get"])
+    def pdf(self, request, pk=None):
+        return invoice_download(self.get_object(), "pdf")
 
     @extend_schema(request=None, responses=InvoiceSerializer)
     @action(detail=True, methods=["post"])
@@ -202,6 +214,24 @@ class RateCardSerializer(StrictModelSerializer):
         "reserved price; billed as its own invoice line (kind keep_warm). Default 0.",
     )
     currency = serializers.RegexField(r"^[A-Za-z]{3}$", required=False, default="USD")
+    ttft_objective_ms = serializers.IntegerField(
+        min_value=1,
+        max_value=MAX_TTFT_OBJECTIVE_MS,
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="The latency SLA: time-to-first-token objective of guaranteed requests, in "
+        "ms (null: none). Comes with latency_credit_tiers.",
+    )
+    latency_credit_tiers = serializers.JSONField(
+        required=False,
+        default=list,
+        help_text='Attainment to credit: [{"below_attainment_percent": 99, "credit_percent": '
+        '10}, {"below_attainment_percent": 95, "credit_percent": 25}] credits 10 % of the '
+        "month's commitment when fewer than 99 % of a customer's guaranteed requests got "
+        "their first token within the objective, 25 % below 95 %. Requests without a TTFT "
+        "are counted on the credit's evidence, not in the attainment.",
+    )
 
     class Meta:
         model = RateCard
@@ -213,6 +243,8 @@ class RateCardSerializer(StrictModelSerializer):
             "reserved_price_per_mu_minute_hour",
             "best_effort_price_per_1000_mu",
             "keep_warm_price_per_mu_minute_hour",
+            "ttft_objective_ms",
+            "latency_credit_tiers",
             "created_at",
         ]
         read_only_fields = ["id", "created_at"]
@@ -256,6 +288,8 @@ class RateCardViewSet(
                 "keep_warm_price_per_mu_minute_hour", Decimal(0)
             ),
             currency=data.get("currency", "USD"),
+            ttft_objective_ms=data.get("ttft_objective_ms"),
+            latency_credit_tiers=data.get("latency_credit_tiers") or [],
         )
 
     def perform_update(self, serializer):

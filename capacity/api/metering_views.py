@@ -1,11 +1,18 @@
+import csv
+import io
 from datetime import UTC, timedelta
 
+from django.http import StreamingHttpResponse
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
+from django_filters import rest_framework as filters
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.exceptions import PermissionDenied
+from rest_framework.generics import GenericAPIView
+from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -15,9 +22,17 @@ from accounts.principals import principal_of
 from accounts.selectors import customers_visible_to
 from accounts.throttling import UsageThrottle
 from capacity.metering.ingestion import MAX_BATCH_EVENTS, usage_ingest
+from capacity.metering.selectors import (
+    RECEIPT_COLUMNS,
+    RECEIPT_ORDERING,
+    receipts_of,
+    usage_receipts,
+)
 from capacity.metering.utilisation import MAX_RANGE, customer_utilisation, model_capacity_summary
-from capacity.models import ServedModel
+from capacity.models import AdmissionClass, Outcome, ServedModel
 from controlplane.api.errors import error_body
+from controlplane.api.filters import BoundedFilterBackend
+from controlplane.api.pagination import KeysetPagination, keyset_after
 from controlplane.bounds import INSTANT_RULE, has_control_characters, plausible_instant
 from controlplane.errors import DomainError
 
@@ -34,21 +49,142 @@ IngestResponse = inline_serializer(
 )
 
 
-class UsageEventsView(APIView):
-    """Post a batch of usage events (up to 5,000).
+class ReceiptSerializer(serializers.Serializer):
+    """One usage event as its customer audits it (the schema of a receipt; rows are built by
+    capacity.metering.selectors.receipts_of)."""
 
-    `{"events": [...]}` or a bare list. Answers 200 when every event was stored or was a
-    duplicate, 207 when some were rejected and others stored, 400 when all were rejected;
-    the body always says which: accepted, duplicates (ignored, never counted twice) and
-    rejected (by index, with reasons).
-    """
+    event_id = serializers.CharField(help_text="The request id the gateway sent.")
+    customer = serializers.CharField(help_text="The customer's slug.")
+    model = serializers.CharField()
+    started_at = serializers.DateTimeField()
+    finished_at = serializers.DateTimeField(help_text="When it is billed (its minute's month).")
+    input_tokens = serializers.IntegerField(help_text="All prompt tokens, cached included.")
+    cached_input_tokens = serializers.IntegerField()
+    output_tokens = serializers.IntegerField()
+    images = serializers.IntegerField()
+    outcome = serializers.ChoiceField(choices=Outcome.choices)
+    admission_class = serializers.ChoiceField(
+        choices=AdmissionClass.choices, help_text="The class its admission record decided."
+    )
+    verification = serializers.CharField(help_text="Where the class came from.")
+    self_reported = serializers.BooleanField(help_text="Posted by the customer's own key.")
+    ttft_ms = serializers.FloatField(allow_null=True, help_text="Time to first token, if sent.")
+    mu = serializers.FloatField(help_text="MU the request used (0 for a refused request).")
+    guaranteed_mu = serializers.FloatField(help_text="Of mu: the part admitted as guaranteed.")
+    best_effort_mu = serializers.FloatField(
+        help_text="Of mu: the part billed as best-effort (the invoice's best-effort lines sum "
+        "these)."
+    )
+    estimated_mu = serializers.FloatField(
+        allow_null=True, help_text="A refused request: what it would have cost."
+    )
+    cost_model_id = serializers.IntegerField(help_text="The cost model that priced it.")
+    cost_model_version = serializers.IntegerField(help_text="That cost model's version.")
 
-    # Batches count against API_THROTTLE_USAGE, not the write limit.
-    throttle_classes = [UsageThrottle]
+
+def _visible_customers(request):
+    return customers_visible_to(principal_of(request))
+
+
+class UsageReceiptFilter(filters.FilterSet):
+    """The filters of the receipts and their CSV: model, finished_at range, outcome, class;
+    `customer` narrows a planner's (or platform key's) view to one customer."""
+
+    customer = filters.ModelChoiceFilter(
+        field_name="customer",
+        to_field_name="slug",
+        queryset=_visible_customers,
+        help_text="A customer's slug (planners and platform keys; a customer sees its own).",
+    )
+    model = filters.ModelChoiceFilter(
+        field_name="served_model",
+        to_field_name="name",
+        queryset=ServedModel.objects.all(),
+        help_text="A model's name.",
+    )
+    outcome = filters.ChoiceFilter(choices=Outcome.choices)
+    admission_class = filters.ChoiceFilter(choices=AdmissionClass.choices)
+
+    class Meta:
+        fields = ["customer", "model", "outcome", "admission_class"]
+
+
+# `from` is a Python keyword: the range filters are added by name.
+UsageReceiptFilter.base_filters["from"] = filters.IsoDateTimeFilter(
+    field_name="finished_at",
+    lookup_expr="gte",
+    label="Finished at or after (ISO 8601; no offset: UTC).",
+)
+UsageReceiptFilter.base_filters["to"] = filters.IsoDateTimeFilter(
+    field_name="finished_at", lookup_expr="lt", label="Finished before (ISO 8601; no offset: UTC)."
+)
+
+
+class _ReceiptsMixin:
+    """What the receipts list and their CSV share: who may read them, and the filters."""
+
+    permission_classes = [ReadScope]
+    filter_backends = [BoundedFilterBackend]
+    filterset_class = UsageReceiptFilter
+    keyset_ordering = RECEIPT_ORDERING
+
+    def get_queryset(self):
+        principal = principal_of(self.request)
+        # The ids themselves, not a subquery: `customer_id = 5` lets the database read one
+        # customer's receipts in order from the index instead of sorting all of them.
+        visible = None if principal.sees_all_customers else sorted(principal.customer_ids)
+        return usage_receipts(customer_ids=visible)
+
+
+RECEIPTS_DESCRIPTION = """The caller's usage receipts: one per request, newest first, by cursor.
+
+Each event with its MU, its guaranteed and best-effort parts (the invoice's best-effort lines
+sum `best_effort_mu`) and the cost-model version that priced it. Filter by `model`,
+`from`/`to` (on `finished_at`, the time it is billed at: from inclusive, to exclusive),
+`outcome` and `admission_class`. A customer (its members and keys with `read`) reads only its
+own; planners and platform keys with `read` read every customer's, narrowed with `customer`.
+Page with the `next` and `previous` links (`page_size` up to 1,000): pages continue after the
+last row of the one before, so the millionth row costs what the first does and events arriving
+meanwhile never shift a page. `GET /api/v1/usage/events/csv` exports the same rows."""
+
+INGEST_DESCRIPTION = """Post a batch of usage events (up to 5,000; keys with `usage:write`).
+
+`{"events": [...]}` or a bare list. Answers 200 when every event was stored or was a
+duplicate, 207 when some were rejected and others stored, 400 when all were rejected;
+the body always says which: accepted, duplicates (ignored, never counted twice) and
+rejected (by index, with reasons)."""
+
+
+class UsageEventsView(_ReceiptsMixin, GenericAPIView):
+    """GET: a customer's usage receipts (RECEIPTS_DESCRIPTION); POST: a gateway's batch of
+    usage events (INGEST_DESCRIPTION)."""
+
+    pagination_class = KeysetPagination
+    serializer_class = ReceiptSerializer
+
+    def get_permissions(self):
+        # POST checks its own scope (usage:write) in the view: a gateway's key need not read.
+        if self.request.method == "POST":
+            return [IsAuthenticated()]
+        return super().get_permissions()
+
+    def get_throttles(self):
+        # Batches count against API_THROTTLE_USAGE, not the write limit; reads are not counted.
+        return [UsageThrottle()]
+
+    @extend_schema(
+        summary="Usage receipts", description=RECEIPTS_DESCRIPTION,
+        responses=ReceiptSerializer(many=True),
+    )  # fmt: skip
+    def get(self, request):
+        queryset = self.filter_queryset(self.get_queryset())
+        rows = self.paginate_queryset(queryset)
+        return self.get_paginated_response(receipts_of(rows))
 
     @extend_schema(request=inline_serializer("UsageBatch", {"events": serializers.ListField(
         child=serializers.DictField(), max_length=MAX_BATCH_EVENTS)}),
-        responses={200: IngestResponse, 207: IngestResponse})  # fmt: skip
+        responses={200: IngestResponse, 207: IngestResponse}, filters=False,
+        summary="Post usage events", description=INGEST_DESCRIPTION)  # fmt: skip
     def post(self, request):
         principal = principal_of(request)
         if not (principal.is_planner or principal.has_scope(S.USAGE_WRITE)):
@@ -85,6 +221,56 @@ class UsageEventsView(APIView):
         else:
             code = status.HTTP_200_OK
         return Response(body, status=code)
+
+
+CSV_CHUNK_ROWS = 5_000
+
+
+def _csv_value(value) -> str:
+    return "" if value is None else str(value)
+
+
+class UsageEventsCsvView(_ReceiptsMixin, GenericAPIView):
+    """The receipts as CSV, with the list's filters: every matching row, newest first,
+    streamed in chunks (each chunk one keyset range, so no query holds the table open)."""
+
+    @extend_schema(
+        summary="Usage receipts as CSV",
+        responses={(200, "text/csv"): OpenApiTypes.STR},
+        filters=True,
+        operation_id="v1_usage_events_csv",
+    )
+    def get(self, request):
+        queryset = self.filter_queryset(self.get_queryset())
+        response = StreamingHttpResponse(self._lines(queryset), content_type="text/csv")
+        response["Content-Disposition"] = 'attachment; filename="usage-events.csv"'
+        return response
+
+    def _lines(self, queryset):
+        buffer = io.StringIO()
+        writer = csv.writer(buffer)
+
+        def flush() -> str:
+            text = buffer.getvalue()
+            buffer.seek(0)
+            buffer.truncate()
+            return text
+
+        writer.writerow(RECEIPT_COLUMNS)
+        yield flush()
+        position = None
+        while True:
+            chunk = (
+                queryset if position is None else keyset_after(queryset, RECEIPT_ORDERING, position)
+            )
+            rows = list(chunk[:CSV_CHUNK_ROWS])
+            for receipt in receipts_of(rows):
+                writer.writerow([_csv_value(receipt[column]) for column in RECEIPT_COLUMNS])
+            if rows:
+                yield flush()
+            if len(rows) < CSV_CHUNK_ROWS:
+                return
+            position = (rows[-1]["finished_at"], rows[-1]["id"])
 
 
 def _parse_time(value: str | None, *, field: str, default):

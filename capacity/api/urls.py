@@ -21,7 +21,12 @@ from capacity.api.health_views import (
     ReplicaListView,
     ResetFingerprintView,
 )
-from capacity.api.metering_views import CustomerUtilisationView, ModelCapacityView, UsageEventsView
+from capacity.api.metering_views import (
+    CustomerUtilisationView,
+    ModelCapacityView,
+    UsageEventsCsvView,
+    UsageEventsView,
+)
 from capacity.api.pricing_views import CostEstimateView, CostModelViewSet
 from capacity.api.selling_views import CustomerEntitlementsView, ReservationViewSet
 
@@ -38,6 +43,7 @@ router.register("allocation/allowances", AllowanceViewSet, basename="allocation-
 urlpatterns = [
     path("cost-models/estimate", CostEstimateView.as_view(), name="cost-estimate"),
     path("usage/events", UsageEventsView.as_view(), name="usage-events"),
+    path("usage/events/csv", UsageEventsCsvView.as_view(), name="usage-events-csv"),
     path("admission", AdmissionView.as_view(), name="admission"),
     path("allocation/wake", AllocationWakeView.as_view(), name="allocation-wake"),
     path(

@@ -1,13 +1,23 @@
-"""Reads of metered usage (the minute rollups) for the planner's pages. A model's usage now is
-`capacity.metering.utilisation.used_now`; a customer's over time,
+"""Reads of metered usage: the minute rollups for the planner's pages; the raw events as
+receipts (`usage_receipts`, the API's `GET /api/v1/usage/events` and the portal); guaranteed
+requests against a TTFT objective (`guaranteed_ttft_counts`, the latency SLA of billing). A
+model's usage now is `capacity.metering.utilisation.used_now`; a customer's over time,
 `capacity.metering.utilisation.customer_utilisation`."""
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
-from django.db.models import QuerySet, Sum
+from django.db.models import Case, Count, F, FloatField, Q, QuerySet, Sum, Value, When
 
-from capacity.models import UsageEvent, UsageMinute
+from accounts.models import Customer
+from capacity.models import (
+    AdmissionClass,
+    CostModel,
+    Outcome,
+    ServedModel,
+    UsageEvent,
+    UsageMinute,
+)
 
 
 @dataclass(frozen=True)
@@ -62,3 +72,204 @@ def usage_events_of_customer_newest_first(customer, *, limit: int) -> QuerySet[U
         .select_related("served_model")
         .order_by("-finished_at", "-id")[:limit]
     )
+
+
+# --- Receipts: the usage events an invoice is built on, one per request ---------------------
+
+# Newest first; (finished_at, id) is unique, so a page can continue strictly after the last row
+# of the one before (keyset paging, index `usage_customer_newest`), whatever the number of events.
+RECEIPT_ORDERING = ("-finished_at", "-id")
+
+# An event's guaranteed and best-effort parts, as billing splits them: the MU of an event
+# admitted as guaranteed is guaranteed; everything else (best-effort, or no class) is billed
+# as best-effort (billing.generation bills UsageMinute.mu − guaranteed_mu).
+_GUARANTEED_MU = Case(
+    When(admission_class=AdmissionClass.GUARANTEED, then=F("mu")),
+    default=Value(0.0),
+    output_field=FloatField(),
+)
+_BEST_EFFORT_MU = Case(
+    When(admission_class=AdmissionClass.GUARANTEED, then=Value(0.0)),
+    default=F("mu"),
+    output_field=FloatField(),
+)
+
+# What one receipt holds; the internal replica and deployment are not the customer's business.
+# Names (customer, model, cost-model version) are looked up per page by receipts_of, so the
+# page itself reads one table, in the order of its index.
+RECEIPT_FIELDS = (
+    "id",
+    "event_id",
+    "customer_id",
+    "served_model_id",
+    "started_at",
+    "finished_at",
+    "input_tokens",
+    "cached_input_tokens",
+    "output_tokens",
+    "images",
+    "outcome",
+    "admission_class",
+    "verification",
+    "self_reported",
+    "ttft_ms",
+    "mu",
+    "receipt_guaranteed_mu",
+    "receipt_best_effort_mu",
+    "estimated_mu",
+    "cost_model_id",
+)
+
+
+def usage_receipts(
+    *,
+    customer_ids=None,
+    served_model=None,
+    finished_from: datetime | None = None,
+    finished_before: datetime | None = None,
+    outcome: str | None = None,
+) -> QuerySet:
+    """Usage events as receipt rows (dicts with RECEIPT_FIELDS), newest first; `receipts_of`
+    turns a page of them into receipts: each with its MU, its guaranteed and best-effort parts
+    and the cost-model version that priced it.
+
+    `customer_ids` limits them to those customers (None: every customer; callers pass the ids
+    the principal may see, as a list: one id lets the database read that customer's receipts
+    in order from the index). The time range is on `finished_at`, the time a request is billed
+    at, from inclusive to before exclusive. The API narrows the same queryset with its
+    filters (capacity.api.metering_views.UsageReceiptFilter)."""
+    events = UsageEvent.objects.all()
+    if customer_ids is not None:
+        events = events.filter(customer_id__in=customer_ids)
+    if served_model is not None:
+        events = events.filter(served_model=served_model)
+    if finished_from is not None:
+        events = events.filter(finished_at__gte=finished_from)
+    if finished_before is not None:
+        events = events.filter(finished_at__lt=finished_before)
+    if outcome:
+        events = events.filter(outcome=outcome)
+    return (
+        events.annotate(
+            receipt_guaranteed_mu=_GUARANTEED_MU, receipt_best_effort_mu=_BEST_EFFORT_MU
+        )
+        .values(*RECEIPT_FIELDS)
+        .order_by(*RECEIPT_ORDERING)
+    )
+
+
+def _instant(value: datetime) -> str:
+    """ISO 8601 in UTC with a Z, as the API writes every instant (DRF's encoder), made here
+    once for the JSON page and the CSV alike."""
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def receipts_of(rows: list[dict]) -> list[dict]:
+    """A page of receipt rows as the API, the CSV and the portal show them, with the names of
+    their customers and models and their cost models' versions (three small lookups)."""
+    slugs = dict(
+        Customer.objects.filter(pk__in={row["customer_id"] for row in rows}).values_list(
+            "pk", "slug"
+        )
+    )
+    names = dict(
+        ServedModel.objects.filter(pk__in={row["served_model_id"] for row in rows}).values_list(
+            "pk", "name"
+        )
+    )
+    versions = dict(
+        CostModel.objects.filter(pk__in={row["cost_model_id"] for row in rows}).values_list(
+            "pk", "version"
+        )
+    )
+    return [
+        {
+            "event_id": row["event_id"],
+            "customer": slugs[row["customer_id"]],
+            "model": names[row["served_model_id"]],
+            "started_at": _instant(row["started_at"]),
+            "finished_at": _instant(row["finished_at"]),
+            "input_tokens": row["input_tokens"],
+            "cached_input_tokens": row["cached_input_tokens"],
+            "output_tokens": row["output_tokens"],
+            "images": row["images"],
+            "outcome": row["outcome"],
+            "admission_class": row["admission_class"],
+            "verification": row["verification"],
+            "self_reported": row["self_reported"],
+            "ttft_ms": row["ttft_ms"],
+            "mu": row["mu"],
+            "guaranteed_mu": row["receipt_guaranteed_mu"],
+            "best_effort_mu": row["receipt_best_effort_mu"],
+            "estimated_mu": row["estimated_mu"],
+            "cost_model_id": row["cost_model_id"],
+            "cost_model_version": versions[row["cost_model_id"]],
+        }
+        for row in rows
+    ]
+
+
+RECEIPT_COLUMNS = (
+    "event_id",
+    "customer",
+    "model",
+    "started_at",
+    "finished_at",
+    "input_tokens",
+    "cached_input_tokens",
+    "output_tokens",
+    "images",
+    "outcome",
+    "admission_class",
+    "verification",
+    "self_reported",
+    "ttft_ms",
+    "mu",
+    "guaranteed_mu",
+    "best_effort_mu",
+    "estimated_mu",
+    "cost_model_id",
+    "cost_model_version",
+)
+
+
+# --- Latency: how many guaranteed requests got their first token in time -------------------
+
+
+@dataclass(frozen=True)
+class TtftCounts:
+    """A customer's guaranteed requests that ran in a window, against a TTFT objective."""
+
+    counted: int  # that reported a ttft_ms: the attainment's denominator
+    within: int  # of those, ttft_ms at or under the objective
+    without_ttft: int  # that reported none: shown, never guessed
+
+
+def guaranteed_ttft_counts(
+    *, served_model_id: int, customer_ids, start: datetime, end: datetime, objective_ms: float
+) -> dict[int, TtftCounts]:
+    """Per customer, its guaranteed requests of the model that ran (refused ones are the
+    refusal credit's) in the minutes [start, end), counted against `objective_ms`; one
+    grouped query on the events (index: customer, model, minute). A customer without any is
+    absent."""
+    rows = (
+        UsageEvent.objects.filter(
+            customer_id__in=customer_ids,
+            served_model_id=served_model_id,
+            minute__gte=start,
+            minute__lt=end,
+            admission_class=AdmissionClass.GUARANTEED,
+        )
+        .exclude(outcome=Outcome.REFUSED)
+        .values("customer_id")
+        .annotate(
+            counted=Count("id", filter=Q(ttft_ms__isnull=False)),
+            within=Count("id", filter=Q(ttft_ms__lte=objective_ms)),
+            without_ttft=Count("id", filter=Q(ttft_ms__isnull=True)),
+        )
+        .order_by()
+    )
+    return {
+        row["customer_id"]: TtftCounts(row["counted"], row["within"], row["without_ttft"])
+        for row in rows
+    }

@@ -102,8 +102,9 @@ class UsageEvent(models.Model):
             models.Index(fields=["customer", "served_model", "minute"]),
             # serves: allocation_tick._bursts (requests started in the last minutes)
             models.Index(fields=["started_at"], name="usage_started_at"),
-            # serves: metering.selectors.usage_events_of_customer_newest_first (the portal's
-            # receipts: one customer's events, newest first, a page at a time)
+            # serves: a customer's receipts, newest first, a page at a time: the API's keyset
+            # pages (metering.selectors.usage_receipts, each page one range of this index) and
+            # the portal's (usage_events_of_customer_newest_first)
             models.Index(fields=["customer", "-finished_at", "-id"], name="usage_customer_newest"),
             # serves: capacity.metering.rollups: a pass picks events not rolled up, by id
             models.Index(fields=["id"], name="usage_not_rolled_up", condition=Q(rolled_up=False)),

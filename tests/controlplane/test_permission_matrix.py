@@ -80,7 +80,9 @@ POST /api/v1/api-keys/                                   | 401  ok    ok     ok 
 GET /api/v1/api-keys/{pk}/                               | 401  ok    ok     404      ok     403     403     403   404    403     403     403   403    403   403    ok
 POST /api/v1/api-keys/{pk}/revoke/                       | 401  ok    ok     404      403    ok      403     403   404    404     404     404   404    404   ok     ok
 POST /api/v1/cost-models/estimate                        | 401  ok    ok     ok       ok     403     403     403   ok     403     403     403   403    403   403    ok
+GET /api/v1/usage/events                                 | 401  ok    ok     ok       ok     403     403     403   ok     403     403     403   403    403   403    ok
 POST /api/v1/usage/events                                | 401  403   403    403      403    403     ok      403   403    403     ok      403   403    403   403    ok
+GET /api/v1/usage/events/csv                             | 401  ok    ok     ok       ok     403     403     403   ok     403     403     403   403    403   403    ok
 POST /api/v1/admission                                   | 401  403   403    403      403    403     403     ok    403    403     403     ok    403    403   403    ok
 POST /api/v1/allocation/wake                             | 401  403   403    403      403    403     403     403   403    403     ok      403   403    403   403    ok
 GET /api/v1/customers/{slug}/utilisation                 | 401  ok    ok     404      ok     403     403     403   ok     403     403     403   403    403   403    ok
@@ -148,6 +150,7 @@ GET /api/v1/billing/margin                               | 401  403   403    403
 GET /api/v1/invoices/                                    | 401  ok    ok     ok       ok     403     403     403   ok     403     403     403   403    403   403    ok
 GET /api/v1/invoices/{pk}/                               | 401  ok    ok     404      ok     403     403     403   ok     403     403     403   403    403   403    ok
 GET /api/v1/invoices/{pk}/csv/                           | 401  ok    ok     404      ok     403     403     403   ok     403     403     403   403    403   403    ok
+GET /api/v1/invoices/{pk}/pdf/                           | 401  ok    ok     404      ok     403     403     403   ok     403     403     403   403    403   403    ok
 POST /api/v1/invoices/{pk}/issue/                        | 401  403   403    403      403    403     403     403   403    403     403     403   403    403   403    ok
 GET /api/v1/rate-cards/                                  | 401  ok    ok     ok       ok     403     403     403   ok     403     403     403   403    403   403    ok
 POST /api/v1/rate-cards/                                 | 401  403   403    403      403    403     403     403   403    403     403     403   403    ok    403    ok

@@ -1,7 +1,11 @@
 """`seed_demo` as `make run` uses it: every demo deployment priced, a week of simulated history
-marked as demo data, last month's invoice issued; and nothing of it twice."""
+marked as demo data, last month's invoice issued (its PDF matching its CSV); and nothing of it
+twice."""
 
+import csv
+import io
 from datetime import timedelta
+from decimal import Decimal
 
 import pytest
 from django.core.management import call_command
@@ -21,6 +25,7 @@ from capacity.pricing.cost_models import active_cost_model
 from capacity.selling.sellable import model_capacity
 from controlplane.management.commands.seed_demo import DEMO_PORTAL_PASSWORD
 from controlplane.models import AuditEntry
+from tests.billing.test_pdf import pdf_text
 
 pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
 
@@ -42,7 +47,9 @@ def seeded(capsys):
     return capsys.readouterr().out
 
 
-def test_every_deployment_is_priced_a_week_is_simulated_and_last_month_invoiced(seeded):
+def test_every_deployment_is_priced_a_week_is_simulated_and_last_month_invoiced(
+    seeded, planner_client
+):
     for deployment in Deployment.objects.select_related("served_model", "gpu_pool__gpu_type"):
         assert active_cost_model(
             served_model=deployment.served_model,
@@ -96,6 +103,21 @@ def test_every_deployment_is_priced_a_week_is_simulated_and_last_month_invoiced(
     assert invoice.status == Invoice.Status.ISSUED
     assert {"commitment", "keep_warm"} <= set(invoice.lines.values_list("kind", flat=True))
     assert Invoice.objects.filter(status=Invoice.Status.ISSUED).count() == 1
+    # Its PDF holds the CSV's lines and the totals they add up to.
+    exported = planner_client.get(f"/api/v1/invoices/{invoice.pk}/csv/").content.decode()
+    rows = list(csv.DictReader(io.StringIO(exported)))
+    amounts = [Decimal(row["amount"]) for row in rows]
+    subtotal = sum(a for a in amounts if a > 0)
+    credits = -sum(a for a in amounts if a < 0)
+    assert (invoice.subtotal, invoice.credits, invoice.total) == (
+        subtotal, credits, max(Decimal(0), subtotal - credits)
+    )  # fmt: skip
+    text = pdf_text(planner_client.get(f"/api/v1/invoices/{invoice.pk}/pdf/").content)
+    for name, value in (("Subtotal", subtotal), ("SLA credits", credits), ("Total", invoice.total)):
+        assert f"{name} {value:.2f} {invoice.currency}" in text
+    for row in rows:
+        assert f" {row['amount']} " in text and f" {row['quantity']} " in text, row
+    assert "Issued" in text
 
 
 def test_seeding_again_adds_nothing_and_the_planner_and_portal_say_what_is_simulated(

@@ -1,0 +1,67 @@
+"""An invoice as a PDF a finance team can send: the rows of its CSV (billing.exports), its
+totals and its credits with their evidence, laid out by WeasyPrint (HTML and CSS, through
+Debian's Pango) from the template billing/invoice_pdf.html.
+
+WeasyPrint would fetch what a document links to (images, style sheets); an invoice links to
+nothing, so every fetch is refused: nothing in a line's text can make the server reach out.
+"""
+
+from django.template.loader import render_to_string
+
+from billing.exports import invoice_lines, line_row
+from billing.models import Invoice, InvoiceLine
+
+
+def credit_evidence(line: InvoiceLine) -> str:
+    """What a credit rests on, in a sentence."""
+    evidence = line.evidence or {}
+    if evidence.get("sla") == "ttft":
+        text = (
+            f"Attainment {evidence['attainment_percent']:.3f} %: "
+            f"{evidence['requests_within_objective']:,} of {evidence['requests_counted']:,} "
+            f"guaranteed requests had their first token within "
+            f"{evidence['ttft_objective_ms']:,} ms; below {evidence['below_attainment_percent']:g}"
+            f" % credits {evidence['credit_percent']:g} % of the commitment "
+            f"({evidence['commitment']})."
+        )
+        if evidence.get("requests_without_ttft"):
+            text += (
+                f" {evidence['requests_without_ttft']:,} requests reported no TTFT and are not "
+                "counted."
+            )
+        return text
+    if "minutes" in evidence:
+        minutes = evidence["minutes"]
+        refused = sum(m.get("guaranteed_refused", 0) for m in minutes)
+        return (
+            f"{len(minutes):,} minute(s) in which {refused:,} guaranteed request(s) were refused "
+            f"while under the reservation; {evidence.get('share', '')} of each minute's "
+            "commitment credited."
+        )
+    return ""
+
+
+def invoice_pdf(invoice: Invoice) -> bytes:
+    """The invoice as PDF bytes."""
+    # Imported when used: it loads Pango and the fonts.
+    from weasyprint import HTML
+    from weasyprint.urls import URLFetcher
+
+    lines = invoice_lines(invoice)
+    rows = [line_row(line) for line in lines]
+    for row in rows:
+        # The same instants, to the minute (invoices prorate to the minute), without the T.
+        for name in ("starts_at", "ends_at"):
+            row[f"{name}_shown"] = row[name][:16].replace("T", " ")
+    credits = [
+        {"row": row, "evidence": credit_evidence(line)}
+        for line, row in zip(lines, rows, strict=True)
+        if line.kind == InvoiceLine.Kind.CREDIT
+    ]
+    html = render_to_string(
+        "billing/invoice_pdf.html",
+        {"invoice": invoice, "rows": rows, "credits": credits},
+    )
+    # No protocol allowed: any URL a document names is refused, never fetched.
+    refuse_all = URLFetcher(allowed_protocols=frozenset())
+    return HTML(string=html, url_fetcher=refuse_all).write_pdf()
