@@ -214,7 +214,10 @@ def model_capacity_summary(served_model: ServedModel) -> dict:
         "model": served_model.name,
         "deployable_mu_per_minute": capacity.deployable_mu_per_minute,
         "hot_mu_per_minute": capacity.hot_mu_per_minute,
+        # Given the other models' sales now (models sharing pools compete for their GPUs).
         "sellable_mu_per_minute": capacity.sellable_mu_per_minute,
+        # What an open-ended sale from now could still take, at every later moment too.
+        "available_mu_per_minute": capacity.available_mu_per_minute,
         "sold_mu_per_minute": sold,
         "used_mu_per_minute": used_now(served_model),
         # What the engines report through Prometheus; null when it is unknown.

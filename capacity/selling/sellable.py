@@ -4,22 +4,39 @@ A replica of the model's reference GPU type mints R = 100 MU/min by definition. 
 another deployment mints R · t_ref(w) / t_dep(w), with t the replica-seconds its cost model
 predicts for the workload mix w (the mean request of the last hour, or a default mix).
 
-Pools are shared: a model's deployments in one pool compete for its GPUs, so each pool's GPUs
-go to the model's deployments there best MU per GPU first, each up to its max replicas.
-Other models' claims on a pool are not subtracted: planners cover them with headroom and
-overcommit, which are set per model.
+Deployable capacity is the model's alone: each pool's GPUs go to the model's deployments
+there best MU per GPU first, each up to its max replicas, as if no other model used the pool.
+
+Sellable capacity is joint: models that share a pool (directly or through other models)
+compete for its GPUs, so what a model can sell is what remains *given the other models'
+sales*, found by the linear programme of `capacity.selling.feasibility` over the group of
+models that share pools with it (`models_sharing_pools`). Selling locks that whole group's
+rows (`lock_models_sharing_pools`), in id order.
 """
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
+import numpy as np
 from django.db.models import Sum
 from django.utils import timezone
 
-from capacity.models import CostModel, Deployment, ServedModel, UsageMinute
+from capacity.models import CostModel, Deployment, Reservation, ServedModel, UsageMinute
 from capacity.pricing.cost_models import active_cost_model
 from capacity.pricing.exchange import DEFAULT_MIX, MeanShape
 from capacity.pricing.exchange import replica_mu_per_minute as exchange_rate
+from capacity.selling.feasibility import (
+    Available,
+    PoolSpec,
+    Programme,
+    UnitSpec,
+    components,
+    connected_models,
+    demand_matrix,
+    pareto_moments,
+    tolerance,
+)
 
 MIX_LOOKBACK = timedelta(hours=1)
 
@@ -44,12 +61,15 @@ class ModelCapacity:
     model: str
     deployable_mu_per_minute: float
     hot_mu_per_minute: float
+    # What the model could have sold now, given the other models' sales now (the LP).
     sellable_mu_per_minute: float
     headroom: float
     overcommit: float
     mix: MeanShape
     reference_cost_model_id: int | None
     deployments: list[DeploymentCapacity] = field(default_factory=list)
+    # What an open-ended sale starting now could still take, at every later moment too.
+    available_mu_per_minute: float = 0.0
 
 
 def workload_mix(served_model: ServedModel, *, now=None) -> MeanShape:
@@ -93,7 +113,13 @@ def replica_mu_per_minute(
     return rate, ""
 
 
-def model_capacity(served_model: ServedModel, *, now=None) -> ModelCapacity:
+def model_capacity(
+    served_model: ServedModel, *, now=None, joint: "JointCapacity | None" = None
+) -> ModelCapacity:
+    """`joint`: the model's joint figures when the caller computed them for many models."""
+    now = now or timezone.now()
+    if joint is None:
+        joint = joint_capacity([served_model.pk], now=now)[served_model.pk]
     reference = active_cost_model(served_model=served_model)
     mix = workload_mix(served_model, now=now)
     deployments = list(
@@ -151,10 +177,248 @@ def model_capacity(served_model: ServedModel, *, now=None) -> ModelCapacity:
         model=served_model.name,
         deployable_mu_per_minute=deployable,
         hot_mu_per_minute=sum(d.hot_mu_per_minute for d in results),
-        sellable_mu_per_minute=deployable * (1 - served_model.headroom) * served_model.overcommit,
+        sellable_mu_per_minute=joint.sellable_mu_per_minute,
+        available_mu_per_minute=joint.available_mu_per_minute,
         headroom=served_model.headroom,
         overcommit=served_model.overcommit,
         mix=mix,
         reference_cost_model_id=reference.pk if reference else None,
         deployments=sorted(results, key=lambda d: d.name),
     )
+
+
+# --- Joint sellability: the models that share pools, as one linear programme ----------------
+
+
+def deployment_edges() -> list[tuple[int, int]]:
+    """(model, pool) of every deployment: the graph whose components compete for GPUs."""
+    return list(Deployment.objects.values_list("served_model_id", "gpu_pool_id"))
+
+
+def models_sharing_pools(model_ids: Iterable[int]) -> set[int]:
+    """The models, and every model that shares a pool with them, directly or not."""
+    return connected_models(deployment_edges(), model_ids)
+
+
+def lock_models_sharing_pools(model_ids: Iterable[int]) -> list[int]:
+    """Lock the rows of the models and of every model sharing a pool with them (to the end of
+    the transaction), in id order so that two sellers never wait on each other; returns the
+    ids held. A catalogue change that joins two groups locks both first (capacity.selling.
+    at_risk), so the group read after the lock is the one that holds; if it grew in between
+    (such a change committed just before), the newcomers are locked too."""
+    held: set[int] = set()
+    seeds = set(model_ids)
+    while True:
+        wanted = models_sharing_pools(seeds | held) | seeds
+        missing = wanted - held
+        if not missing:
+            return sorted(held)
+        list(
+            ServedModel.objects.select_for_update()
+            .filter(pk__in=missing)
+            .order_by("pk")
+            .values_list("pk", flat=True)
+        )
+        held |= missing
+
+
+@dataclass(frozen=True)
+class JointFleet:
+    """The programme of a group of models, with the names its answers are reported in."""
+
+    programme: Programme
+    model_names: dict[int, str]
+    pool_names: dict[int, str]
+    deployment_names: dict[int, str]
+
+
+def joint_fleet(model_ids: Iterable[int], *, now: datetime | None = None) -> JointFleet:
+    """The programme of the models' deployments, in a fixed number of queries."""
+    now = now or timezone.now()
+    ids = sorted(set(model_ids))
+    models = {m.pk: m for m in ServedModel.objects.filter(pk__in=ids)}
+    deployments = list(
+        Deployment.objects.filter(served_model_id__in=ids).select_related("gpu_pool").order_by("pk")
+    )
+    active = {
+        (c.served_model_id, c.gpu_type_id, c.gpus_per_replica): c
+        for c in CostModel.objects.filter(status=CostModel.Status.ACTIVE, served_model_id__in=ids)
+    }
+    # The reference cost model: the model's reference GPU type, fewest GPUs per replica
+    # (as `active_cost_model` and the allocation snapshot choose it).
+    references: dict[int, CostModel] = {}
+    for (model_id, gpu_type_id, _gpus), cost_model in sorted(active.items(), key=lambda i: i[0]):
+        model = models.get(model_id)
+        if model and gpu_type_id == model.reference_gpu_type_id and model_id not in references:
+            references[model_id] = cost_model
+    mixes = _mixes(ids, now)
+    pools: dict[int, PoolSpec] = {}
+    units = []
+    for d in deployments:
+        model = models[d.served_model_id]
+        pools[d.gpu_pool_id] = PoolSpec(d.gpu_pool_id, d.gpu_pool.name, d.gpu_pool.gpu_count)
+        reference = references.get(d.served_model_id)
+        own = active.get((d.served_model_id, d.gpu_pool.gpu_type_id, d.gpus_per_replica))
+        minted = None
+        if reference is not None and own is not None:
+            minted = exchange_rate(
+                reference=reference, own=own, mix=mixes.get(d.served_model_id, DEFAULT_MIX)
+            )
+        units.append(
+            UnitSpec(
+                deployment_id=d.pk,
+                name=d.name,
+                model_id=d.served_model_id,
+                pool_id=d.gpu_pool_id,
+                gpus_per_replica=d.gpus_per_replica,
+                max_replicas=d.max_replicas,
+                sellable_mu_per_minute_per_replica=(minted or 0.0)
+                * (1 - model.headroom)
+                * model.overcommit,
+            )
+        )
+    return JointFleet(
+        programme=Programme(pools=list(pools.values()), units=units, model_ids=ids),
+        model_names={pk: m.name for pk, m in models.items()},
+        pool_names={pk: pool.name for pk, pool in pools.items()},
+        deployment_names={d.pk: d.name for d in deployments},
+    )
+
+
+def _mixes(model_ids: list[int], now: datetime) -> dict[int, MeanShape]:
+    """Each model's mean request of the last hour (`workload_mix`, for many models at once)."""
+    mixes = {}
+    for row in (
+        UsageMinute.objects.filter(served_model_id__in=model_ids, minute__gte=now - MIX_LOOKBACK)
+        .values("served_model_id")
+        .annotate(
+            requests=Sum("requests"),
+            inp=Sum("input_tokens"),
+            cached=Sum("cached_input_tokens"),
+            out=Sum("output_tokens"),
+        )
+    ):
+        mix = MeanShape.of_totals(
+            requests=row["requests"] or 0,
+            input_tokens=row["inp"] or 0,
+            cached_input_tokens=row["cached"] or 0,
+            output_tokens=row["out"] or 0,
+        )
+        if mix is not None:
+            mixes[row["served_model_id"]] = mix
+    return mixes
+
+
+@dataclass(frozen=True)
+class SoldMoments:
+    """What the group has sold at each moment that matters in a span."""
+
+    moments: list[datetime]
+    demand: np.ndarray  # moments × the programme's models, MU/min
+    terms: list[tuple[int, int, datetime, datetime | None, float]]  # (id, model, start, end, mu)
+
+
+def sold_moments(
+    fleet: JointFleet,
+    *,
+    start: datetime,
+    end: datetime | None = None,
+    exclude_id: int | None = None,
+) -> SoldMoments:
+    """The reservations of the group's models that overlap [start, end), not cancelled, as
+    the MU/min sold of each model at `start` and at every start of a reservation after it."""
+    rows = (
+        Reservation.objects.filter(served_model_id__in=fleet.programme.model_ids)
+        .not_cancelled()
+        .overlapping(start, end)
+    )
+    if exclude_id is not None:
+        rows = rows.exclude(pk=exclude_id)
+    terms = list(rows.values_list("pk", "served_model_id", "starts_at", "ends_at", "mu_per_minute"))
+    moments, demand = demand_matrix(
+        model_index=fleet.programme.model_index,
+        terms=[
+            (model_id, s.timestamp(), e.timestamp() if e else None, mu)
+            for _, model_id, s, e, mu in terms
+        ],
+        start=start.timestamp(),
+        end=end.timestamp() if end else None,
+    )
+    return SoldMoments(
+        moments=[datetime.fromtimestamp(t, tz=start.tzinfo) for t in moments],
+        demand=demand,
+        terms=terms,
+    )
+
+
+def available_for(fleet: JointFleet, sold: SoldMoments, model_id: int) -> Available:
+    """The most MU/min an open-ended addition to the model fits at every moment of `sold`
+    (checked at every moment that no other dominates); its moment indexes `sold.moments`."""
+    if sold.demand.shape[0] == 1:
+        return fleet.programme.available(sold.demand, model_id)
+    kept = pareto_moments(sold.demand)
+    exact = fleet.programme.available(sold.demand[kept], model_id)
+    return Available(exact.mu_per_minute, int(kept[exact.moment_index]), exact.binding)
+
+
+def fits(fleet: JointFleet, sold: SoldMoments, model_id: int, mu_per_minute: float) -> bool:
+    """Whether adding `mu_per_minute` to the model leaves every moment feasible: the quick
+    check at the peak first, the exact one only when the quick one cannot tell."""
+    programme = fleet.programme
+    slack = tolerance(float(sold.demand.sum(axis=1).max(initial=0.0)) + mu_per_minute)
+    quick = programme.available(sold.demand.max(axis=0, keepdims=True), model_id)
+    if quick.mu_per_minute is not None and quick.mu_per_minute >= mu_per_minute - slack:
+        return True
+    if sold.demand.shape[0] == 1:
+        return False
+    exact = programme.available(sold.demand[pareto_moments(sold.demand)], model_id)
+    return exact.mu_per_minute is not None and exact.mu_per_minute >= mu_per_minute - slack
+
+
+@dataclass(frozen=True)
+class JointCapacity:
+    sellable_mu_per_minute: float
+    available_mu_per_minute: float
+
+
+def _servable(fleet: JointFleet, demand: np.ndarray, model_id: int) -> np.ndarray:
+    """The others' sales cut to what the fleet can serve of them, so that what remains for
+    `model_id` is still defined when they are oversold."""
+    others = demand.copy()
+    others[:, fleet.programme.model_index[model_id]] = 0.0
+    return demand - fleet.programme.shortfall(others).per_model
+
+
+def joint_capacity(
+    model_ids: Iterable[int], *, now: datetime | None = None
+) -> dict[int, JointCapacity]:
+    """Per model: what it could have sold now given the others' sales now, and what an
+    open-ended sale from now could still take (never below 0). Each group of models that
+    share pools is read once."""
+    now = now or timezone.now()
+    wanted = set(model_ids)
+    group_ids = models_sharing_pools(wanted)
+    edges = deployment_edges()
+    result: dict[int, JointCapacity] = {}
+    for group in components(edges, group_ids):
+        if not group & wanted:
+            continue
+        fleet = joint_fleet(group, now=now)
+        sold = sold_moments(fleet, start=now)
+        for model_id in sorted(group & wanted):
+            column = fleet.programme.model_index[model_id]
+            now_demand = sold.demand[:1]
+            at_now = fleet.programme.available(now_demand, model_id)
+            if at_now.mu_per_minute is None:
+                at_now = fleet.programme.available(_servable(fleet, now_demand, model_id), model_id)
+            horizon = available_for(fleet, sold, model_id)
+            if horizon.mu_per_minute is None:
+                kept = sold.demand[pareto_moments(sold.demand)]
+                horizon = fleet.programme.available(_servable(fleet, kept, model_id), model_id)
+            result[model_id] = JointCapacity(
+                sellable_mu_per_minute=max(
+                    0.0, float(now_demand[0, column]) + (at_now.mu_per_minute or 0.0)
+                ),
+                available_mu_per_minute=max(0.0, horizon.mu_per_minute or 0.0),
+            )
+    return result
