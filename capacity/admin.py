@@ -14,6 +14,7 @@ from capacity.models import (
     ActuatorCircuit,
     AdmissionAllowance,
     AllocationDecision,
+    CapacityRisk,
     CapacitySample,
     CostModel,
     DegradationChange,
@@ -448,6 +449,23 @@ class CapacitySampleAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request, obj=None) -> bool:
         return False
+
+
+@admin.register(CapacityRisk)
+class CapacityRiskAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Each model's oversold state and guaranteed shortfall, as the last re-check stored them
+    (capacity.selling.at_risk): written by catalogue and pricing changes and by the tick."""
+
+    list_display = [
+        "served_model",
+        "oversold_mu_per_minute",
+        "oversold_since",
+        "oversold_at",
+        "guaranteed_shortfall_mu_per_minute",
+        "guaranteed_shortfall_since",
+        "checked_at",
+    ]
+    list_select_related = ["served_model"]
 
 
 # --- Runtime health (capacity.health.probes, capacity.health.degradation) -------------------------

@@ -17,6 +17,7 @@ from accounts.throttling import UsageThrottle
 from capacity.metering.ingestion import MAX_BATCH_EVENTS, usage_ingest
 from capacity.metering.utilisation import MAX_RANGE, customer_utilisation, model_capacity_summary
 from capacity.models import ServedModel
+from capacity.selling.selectors import reservations_at_risk_of_customer
 from controlplane.api.errors import error_body
 from controlplane.bounds import INSTANT_RULE, has_control_characters, plausible_instant
 from controlplane.errors import DomainError
@@ -158,10 +159,15 @@ class CustomerUtilisationView(APIView):
         steps = customer_utilisation(
             customer=customer, served_model=served_model, start=start, end=end, step=step
         )
+        at_risk = reservations_at_risk_of_customer(customer, served_model=served_model)
         return Response(
             {
                 "customer": customer.slug,
                 "model": served_model.name,
+                # Some of the customer's reservations of the model are sold beyond what the
+                # fleet serves now (capacity.selling.at_risk).
+                "oversold": bool(at_risk),
+                "reservations_at_risk": sorted(r.pk for r in at_risk),
                 "from": start.isoformat(),
                 "to": end.isoformat(),
                 "step_seconds": int(step.total_seconds()),

@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from accounts.models import Customer
 from capacity.models import Reservation, ServedModel, UsageMinute
+from capacity.selling.selectors import risk_summary
 from capacity.selling.sellable import model_capacity
 from capacity.telemetry.prometheus import read_fleet_load
 from controlplane.errors import DomainError
@@ -227,6 +228,8 @@ def model_capacity_summary(served_model: ServedModel) -> dict:
         else None,
         "headroom": capacity.headroom,
         "overcommit": capacity.overcommit,
+        # Sold capacity the fleet cannot serve (oversold) or the tick cannot make hot.
+        "risk": risk_summary(served_model),
         "workload_mix": {
             "input_tokens": capacity.mix.rounded().input_tokens,
             "cached_input_tokens": capacity.mix.rounded().cached_input_tokens,

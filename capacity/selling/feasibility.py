@@ -330,6 +330,7 @@ def _solve(
     infeasible_ok: bool = False,
 ) -> Any:
     """HiGHS's answer (an OptimizeResult); None for an infeasible one when that is an answer."""
+
     result = linprog(cost, A_ub=a_ub, b_ub=b_ub, bounds=bounds, method="highs")
     if result.status == 2 and infeasible_ok:
         return None

@@ -39,12 +39,14 @@ def _check_fits(
     mu_per_minute: float,
     starts_at: datetime,
     ends_at: datetime | None,
+    group: list[int],
     exclude_id: int | None = None,
 ) -> None:
-    """Under the lock of every model sharing a pool with this one (the caller took it)."""
+    """Under the lock of `group`, every model sharing a pool with this one (the caller took
+    it with `lock_models_sharing_pools`)."""
     now = timezone.now()
     check_from = max(starts_at, now)
-    fleet = joint_fleet(lock_models_sharing_pools([served_model.pk]), now=now)
+    fleet = joint_fleet(group, now=now)
     sold = sold_moments(fleet, start=check_from, end=ends_at, exclude_id=exclude_id)
     if fits(fleet, sold, served_model.pk, mu_per_minute):
         return
@@ -148,10 +150,14 @@ def reservation_create(
     starts_at = starts_at or timezone.now()
     _validate_start(starts_at)
     _validate_term(starts_at, ends_at, mu_per_minute)
-    lock_models_sharing_pools([served_model.pk])
+    group = lock_models_sharing_pools([served_model.pk])
     served_model = ServedModel.objects.get(pk=served_model.pk)
     _check_fits(
-        served_model=served_model, mu_per_minute=mu_per_minute, starts_at=starts_at, ends_at=ends_at
+        served_model=served_model,
+        mu_per_minute=mu_per_minute,
+        starts_at=starts_at,
+        ends_at=ends_at,
+        group=group,
     )
     reservation = Reservation.objects.create(
         customer=customer,
@@ -202,7 +208,7 @@ def reservation_amend(
     actor: str = "",
 ) -> Reservation:
     """Growing (more MU/min, or a later or open end) re-checks capacity; shrinking never fails."""
-    lock_models_sharing_pools([reservation.served_model_id])
+    group = lock_models_sharing_pools([reservation.served_model_id])
     reservation = Reservation.objects.select_for_update().get(pk=reservation.pk)
     if reservation.status in (Reservation.Status.CANCELLED, Reservation.Status.EXPIRED):
         raise ConflictError(
@@ -222,6 +228,7 @@ def reservation_amend(
             mu_per_minute=new_mu,
             starts_at=reservation.starts_at,
             ends_at=new_end,
+            group=group,
             exclude_id=reservation.pk,
         )
     changes = {}

@@ -16,9 +16,10 @@ rows (`lock_models_sharing_pools`), in id order.
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
+from django.db import connection
 from django.db.models import Sum
 from django.utils import timezone
 
@@ -208,9 +209,9 @@ def lock_models_sharing_pools(model_ids: Iterable[int]) -> list[int]:
     (such a change committed just before), the newcomers are locked too."""
     held: set[int] = set()
     seeds = set(model_ids)
+    edges = deployment_edges()
     while True:
-        wanted = models_sharing_pools(seeds | held) | seeds
-        missing = wanted - held
+        missing = (connected_models(edges, seeds | held) | seeds) - held
         if not missing:
             return sorted(held)
         list(
@@ -220,6 +221,8 @@ def lock_models_sharing_pools(model_ids: Iterable[int]) -> list[int]:
             .values_list("pk", flat=True)
         )
         held |= missing
+        # Read again under the lock: the group that holds is the one read now.
+        edges = deployment_edges()
 
 
 @dataclass(frozen=True)
@@ -233,55 +236,80 @@ class JointFleet:
 
 
 def joint_fleet(model_ids: Iterable[int], *, now: datetime | None = None) -> JointFleet:
-    """The programme of the models' deployments, in a fixed number of queries."""
+    """The programme of the models' deployments, in a fixed number of queries (plain rows, not
+    model instances: a sale reads every deployment of the group)."""
     now = now or timezone.now()
     ids = sorted(set(model_ids))
-    models = {m.pk: m for m in ServedModel.objects.filter(pk__in=ids)}
+    models = {
+        pk: (name, reference_gpu_type_id, headroom, overcommit)
+        for pk, name, reference_gpu_type_id, headroom, overcommit in ServedModel.objects.filter(
+            pk__in=ids
+        ).values_list("pk", "name", "reference_gpu_type_id", "headroom", "overcommit")
+    }
     deployments = list(
-        Deployment.objects.filter(served_model_id__in=ids).select_related("gpu_pool").order_by("pk")
+        Deployment.objects.filter(served_model_id__in=ids)
+        .order_by("pk")
+        .values_list(
+            "pk",
+            "name",
+            "served_model_id",
+            "gpu_pool_id",
+            "gpu_pool__name",
+            "gpu_pool__gpu_count",
+            "gpu_pool__gpu_type_id",
+            "gpus_per_replica",
+            "max_replicas",
+        )
     )
     active = {
         (c.served_model_id, c.gpu_type_id, c.gpus_per_replica): c
-        for c in CostModel.objects.filter(status=CostModel.Status.ACTIVE, served_model_id__in=ids)
+        for c in CostModel.objects.filter(
+            status=CostModel.Status.ACTIVE, served_model_id__in=ids
+        ).only(
+            "pk",
+            "served_model_id",
+            "gpu_type_id",
+            "gpus_per_replica",
+            "weights_replica_seconds",
+            "replica_mu_per_minute",
+        )
     }
     # The reference cost model: the model's reference GPU type, fewest GPUs per replica
     # (as `active_cost_model` and the allocation snapshot choose it).
     references: dict[int, CostModel] = {}
     for (model_id, gpu_type_id, _gpus), cost_model in sorted(active.items(), key=lambda i: i[0]):
         model = models.get(model_id)
-        if model and gpu_type_id == model.reference_gpu_type_id and model_id not in references:
+        if model and gpu_type_id == model[1] and model_id not in references:
             references[model_id] = cost_model
     mixes = _mixes(ids, now)
     pools: dict[int, PoolSpec] = {}
     units = []
-    for d in deployments:
-        model = models[d.served_model_id]
-        pools[d.gpu_pool_id] = PoolSpec(d.gpu_pool_id, d.gpu_pool.name, d.gpu_pool.gpu_count)
-        reference = references.get(d.served_model_id)
-        own = active.get((d.served_model_id, d.gpu_pool.gpu_type_id, d.gpus_per_replica))
+    for pk, name, model_id, pool_id, pool_name, gpu_count, gpu_type_id, gpus, most in deployments:
+        _, _, headroom, overcommit = models[model_id]
+        pools[pool_id] = PoolSpec(pool_id, pool_name, gpu_count)
+        reference = references.get(model_id)
+        own = active.get((model_id, gpu_type_id, gpus))
         minted = None
         if reference is not None and own is not None:
             minted = exchange_rate(
-                reference=reference, own=own, mix=mixes.get(d.served_model_id, DEFAULT_MIX)
+                reference=reference, own=own, mix=mixes.get(model_id, DEFAULT_MIX)
             )
         units.append(
             UnitSpec(
-                deployment_id=d.pk,
-                name=d.name,
-                model_id=d.served_model_id,
-                pool_id=d.gpu_pool_id,
-                gpus_per_replica=d.gpus_per_replica,
-                max_replicas=d.max_replicas,
-                sellable_mu_per_minute_per_replica=(minted or 0.0)
-                * (1 - model.headroom)
-                * model.overcommit,
+                deployment_id=pk,
+                name=name,
+                model_id=model_id,
+                pool_id=pool_id,
+                gpus_per_replica=gpus,
+                max_replicas=most,
+                sellable_mu_per_minute_per_replica=(minted or 0.0) * (1 - headroom) * overcommit,
             )
         )
     return JointFleet(
         programme=Programme(pools=list(pools.values()), units=units, model_ids=ids),
-        model_names={pk: m.name for pk, m in models.items()},
+        model_names={pk: model[0] for pk, model in models.items()},
         pool_names={pk: pool.name for pk, pool in pools.items()},
-        deployment_names={d.pk: d.name for d in deployments},
+        deployment_names={row[0]: row[1] for row in deployments},
     )
 
 
@@ -315,7 +343,58 @@ class SoldMoments:
 
     moments: list[datetime]
     demand: np.ndarray  # moments × the programme's models, MU/min
-    terms: list[tuple[int, int, datetime, datetime | None, float]]  # (id, model, start, end, mu)
+    # (reservation id, model id, start, end or None, MU/min), times in Unix seconds
+    terms: list[tuple[int, int, float, float | None, float]]
+
+    def in_term(self, model_id: int, moment: datetime) -> list[int]:
+        """Ids of the model's reservations in term at the moment."""
+        t = moment.timestamp()
+        return [
+            pk
+            for pk, model, start, end, _ in self.terms
+            if model == model_id and start <= t and (end is None or end > t)
+        ]
+
+
+# The group's terms in Unix seconds, straight from PostgreSQL: a sale reads thousands, and
+# parsing their timestamps into datetimes cost more than the linear programme.
+_TERMS_SQL = """
+SELECT id, served_model_id, extract(epoch FROM starts_at)::float8,
+       extract(epoch FROM ends_at)::float8, mu_per_minute
+FROM capacity_reservation
+WHERE served_model_id = ANY(%(models)s) AND status <> 'cancelled'
+  AND (ends_at IS NULL OR ends_at > %(start)s)
+  AND (%(end)s::timestamptz IS NULL OR starts_at < %(end)s::timestamptz)
+  AND id <> %(exclude)s
+"""
+
+
+def _terms(model_ids, start, end, exclude_id) -> list[tuple[int, int, float, float | None, float]]:
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                _TERMS_SQL,
+                {
+                    "models": list(model_ids),
+                    "start": start,
+                    "end": end,
+                    "exclude": exclude_id if exclude_id is not None else -1,
+                },
+            )
+            return cursor.fetchall()
+    rows = (
+        Reservation.objects.filter(served_model_id__in=model_ids)
+        .not_cancelled()
+        .overlapping(start, end)
+    )
+    if exclude_id is not None:
+        rows = rows.exclude(pk=exclude_id)
+    return [
+        (pk, model_id, s.timestamp(), e.timestamp() if e else None, mu)
+        for pk, model_id, s, e, mu in rows.values_list(
+            "pk", "served_model_id", "starts_at", "ends_at", "mu_per_minute"
+        )
+    ]
 
 
 def sold_moments(
@@ -327,25 +406,15 @@ def sold_moments(
 ) -> SoldMoments:
     """The reservations of the group's models that overlap [start, end), not cancelled, as
     the MU/min sold of each model at `start` and at every start of a reservation after it."""
-    rows = (
-        Reservation.objects.filter(served_model_id__in=fleet.programme.model_ids)
-        .not_cancelled()
-        .overlapping(start, end)
-    )
-    if exclude_id is not None:
-        rows = rows.exclude(pk=exclude_id)
-    terms = list(rows.values_list("pk", "served_model_id", "starts_at", "ends_at", "mu_per_minute"))
+    terms = _terms(fleet.programme.model_ids, start, end, exclude_id)
     moments, demand = demand_matrix(
         model_index=fleet.programme.model_index,
-        terms=[
-            (model_id, s.timestamp(), e.timestamp() if e else None, mu)
-            for _, model_id, s, e, mu in terms
-        ],
+        terms=[(model_id, s, e, mu) for _, model_id, s, e, mu in terms],
         start=start.timestamp(),
         end=end.timestamp() if end else None,
     )
     return SoldMoments(
-        moments=[datetime.fromtimestamp(t, tz=start.tzinfo) for t in moments],
+        moments=[datetime.fromtimestamp(t, tz=UTC) for t in moments],
         demand=demand,
         terms=terms,
     )
