@@ -199,3 +199,63 @@ def test_activating_a_refit_that_lowers_an_exchange_rate_is_refused_unless_force
     assert CapacityRisk.objects.get(served_model=served_model).oversold_mu_per_minute == (
         pytest.approx(50)
     )
+
+
+def test_the_ticks_guaranteed_shortfall_is_stored_shown_and_alerted_once(
+    planner_client, acme, sellable, served_model, receiver, django_capture_on_commit_callbacks
+):
+    from datetime import timedelta
+
+    from capacity.allocation.tick import allocation_tick
+    from capacity.models import CapacitySample, Deployment, Reservation
+
+    # Sold while the deployment could run 8 replicas; now it may run 2 (written past the
+    # services, as a migration or a hand edit would).
+    Deployment.objects.filter(served_model=served_model).update(
+        max_replicas=2, target_utilisation=1.0
+    )
+    Reservation.objects.create(
+        customer=acme, served_model=served_model, mu_per_minute=500, keep_warm=True,
+        starts_at=timezone.now() - timedelta(hours=1), status="active",
+    )  # fmt: skip
+    with django_capture_on_commit_callbacks(execute=True):
+        allocation_tick()
+        allocation_tick()
+    risk = CapacityRisk.objects.get(served_model=served_model)
+    # 2 replicas make 200 MU/min hot of the 500 kept warm; the fleet's GPUs serve 180 of it.
+    assert risk.guaranteed_shortfall_mu_per_minute == pytest.approx(300)
+    assert risk.oversold_mu_per_minute == pytest.approx(320)
+    sample = CapacitySample.objects.get(served_model=served_model)
+    assert sample.guaranteed_shortfall_mu_per_minute == pytest.approx(
+        risk.guaranteed_shortfall_mu_per_minute
+    )
+    assert sample.oversold_mu_per_minute == pytest.approx(320)
+    assert metric(planner_client, "mu_guaranteed_shortfall_mu_per_minute") == pytest.approx(
+        risk.guaranteed_shortfall_mu_per_minute
+    )
+    summary = planner_client.get("/api/v1/models/llama-8b/capacity").json()["risk"]
+    assert summary["guaranteed_shortfall_since"] is not None
+    kinds = sorted(
+        (json.loads(hook.raw_body)["kind"], json.loads(hook.raw_body)["state"])
+        for hook in receiver.received
+    )
+    # Two ticks, one alert of each state entered.
+    assert kinds == [("guaranteed_shortfall", "entered"), ("oversold", "entered")]
+
+
+def test_the_admin_refuses_the_same_shrink_and_says_why(client, django_user_model, sold, pool):
+    admin_user = django_user_model.objects.create_superuser("root", "root@example.com", "pw")
+    client.force_login(admin_user)
+    url = f"/admin/capacity/gpupool/{pool.pk}/change/"
+    response = client.post(
+        url, {"name": pool.name, "gpu_type": pool.gpu_type_id, "gpu_count": 4}
+    )
+    assert response.status_code == 200  # the form again, with the error
+    assert "would leave sold capacity unserved" in response.content.decode()
+    pool.refresh_from_db()
+    assert pool.gpu_count == 8
+    assert not AuditEntry.objects.filter(action__endswith=".forced").exists()
+    ok = client.post(url, {"name": pool.name, "gpu_type": pool.gpu_type_id, "gpu_count": 7})
+    assert ok.status_code == 302
+    pool.refresh_from_db()
+    assert pool.gpu_count == 7
