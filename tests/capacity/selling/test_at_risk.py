@@ -247,9 +247,7 @@ def test_the_admin_refuses_the_same_shrink_and_says_why(client, django_user_mode
     admin_user = django_user_model.objects.create_superuser("root", "root@example.com", "pw")
     client.force_login(admin_user)
     url = f"/admin/capacity/gpupool/{pool.pk}/change/"
-    response = client.post(
-        url, {"name": pool.name, "gpu_type": pool.gpu_type_id, "gpu_count": 4}
-    )
+    response = client.post(url, {"name": pool.name, "gpu_type": pool.gpu_type_id, "gpu_count": 4})
     assert response.status_code == 200  # the form again, with the error
     assert "would leave sold capacity unserved" in response.content.decode()
     pool.refresh_from_db()
