@@ -14,6 +14,7 @@ from capacity.models import (
     ActuatorCircuit,
     AdmissionAllowance,
     AllocationDecision,
+    CapacityRisk,
     CapacitySample,
     CostModel,
     DegradationChange,
@@ -37,11 +38,12 @@ from capacity.models import (
 )
 from capacity.publication import publish_after_commit
 from capacity.schedules import deployment_schedule_delete, deployment_schedule_sync
+from capacity.selling.at_risk import capacity_change
 from capacity.selling.entitlements import entitlement_grant, entitlement_withdraw
 from capacity.telemetry.prometheus import validate_selector
 from controlplane import outbound
 from controlplane.audit import AuditedAdminMixin, ReadOnlyAdminMixin, actor_of
-from controlplane.errors import DomainError
+from controlplane.errors import ConflictError, DomainError
 
 
 class PublishedAdminMixin:
@@ -59,7 +61,72 @@ class PublishedAdminMixin:
         publish_after_commit(f"{name} deleted in the admin")
 
 
-class DeploymentAdminForm(forms.ModelForm):
+class _Undo(Exception):
+    pass
+
+
+class CapacityCheckedForm(forms.ModelForm):
+    """The admin refuses, as the API does, an edit that would leave sold capacity unserved
+    (capacity.selling.at_risk): the edit is tried in a savepoint, measured and undone. There
+    is no force here: force one through the API, with a reason."""
+
+    def capacity_touched(self, original) -> dict | None:
+        """The models and pools the edit touches; None when it changes no capacity."""
+        return None
+
+    def _post_clean(self):
+        super()._post_clean()
+        if self.errors or self.instance.pk is None:
+            return
+        original = type(self.instance).objects.get(pk=self.instance.pk)
+        touched = self.capacity_touched(original)
+        if touched is None:
+            return
+        try:
+            with transaction.atomic():
+                with capacity_change(action="admin.check", **touched):
+                    self.instance.save()
+                raise _Undo
+        except _Undo:
+            pass
+        except ConflictError as error:
+            self.add_error(None, error.message)
+
+
+class GpuPoolAdminForm(CapacityCheckedForm):
+    class Meta:
+        model = GpuPool
+        fields = ["name", "gpu_type", "gpu_count"]
+
+    def capacity_touched(self, original):
+        if self.instance.gpu_count >= original.gpu_count:
+            return None
+        return {"pool_ids": [original.pk]}
+
+
+class ServedModelAdminForm(CapacityCheckedForm):
+    class Meta:
+        model = ServedModel
+        fields = [
+            "name",
+            "engine_model_id",
+            "parameters_billions",
+            "reference_gpu_type",
+            "context_length_tokens",
+            "headroom",
+            "overcommit",
+            "best_effort_ceiling_mu_per_minute",
+            "best_effort_ceiling_replicas",
+        ]
+
+    def capacity_touched(self, original):
+        names = ("headroom", "overcommit", "reference_gpu_type_id")
+        if all(getattr(self.instance, n) == getattr(original, n) for n in names):
+            return None
+        return {"model_ids": [original.pk]}
+
+
+class DeploymentAdminForm(CapacityCheckedForm):
     """The admin applies the same rules as the API: the pool fit, the actuator config and the
     engine profile."""
 
@@ -68,6 +135,15 @@ class DeploymentAdminForm(forms.ModelForm):
     class Meta:
         model = Deployment
         fields = list(DEPLOYMENT_FIELDS)
+
+    def capacity_touched(self, original):
+        names = ("served_model_id", "gpu_pool_id", "gpus_per_replica", "max_replicas")
+        if all(getattr(self.instance, n) == getattr(original, n) for n in names):
+            return None
+        return {
+            "model_ids": [original.served_model_id, self.instance.served_model_id],
+            "pool_ids": [original.gpu_pool_id, self.instance.gpu_pool_id],
+        }
 
     def clean(self):
         cleaned = super().clean()
@@ -107,6 +183,7 @@ class GpuTypeAdmin(PublishedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
 
 @admin.register(GpuPool)
 class GpuPoolAdmin(PublishedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
+    form = GpuPoolAdminForm
     list_display = ["name", "gpu_type", "gpu_count"]
     list_filter = ["gpu_type"]
     search_fields = ["name", "gpu_type__name"]
@@ -115,6 +192,7 @@ class GpuPoolAdmin(PublishedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
 
 @admin.register(ServedModel)
 class ServedModelAdmin(PublishedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
+    form = ServedModelAdminForm
     list_display = [
         "name",
         "engine_model_id",
@@ -163,17 +241,31 @@ class DeploymentAdmin(PublishedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
         super().save_model(request, obj, form, change)
         deployment_schedule_sync(deployment=obj)
 
+    # The admin's delete confirmation cannot be refused: a deletion that puts sold capacity at
+    # risk goes ahead as forced, recorded in the audit log with who confirmed it.
     def delete_model(self, request, obj):
         pk = obj.pk
-        super().delete_model(request, obj)
+        with self._capacity_change(request, [obj]):
+            super().delete_model(request, obj)
         deployment_schedule_delete(deployment_pk=pk)
 
     @transaction.atomic
     def delete_queryset(self, request, queryset):
-        pks = list(queryset.values_list("pk", flat=True))
-        super().delete_queryset(request, queryset)
-        for pk in pks:
-            deployment_schedule_delete(deployment_pk=pk)
+        deployments = list(queryset)
+        with self._capacity_change(request, deployments):
+            super().delete_queryset(request, queryset)
+        for deployment in deployments:
+            deployment_schedule_delete(deployment_pk=deployment.pk)
+
+    def _capacity_change(self, request, deployments):
+        return capacity_change(
+            action="deployment.delete",
+            model_ids=[d.served_model_id for d in deployments],
+            pool_ids=[d.gpu_pool_id for d in deployments],
+            force=True,
+            reason=f"deleted in the admin by {actor_of(user=request.user)}",
+            obj=deployments[0] if len(deployments) == 1 else None,
+        )
 
 
 @admin.register(CostModel)
@@ -448,6 +540,23 @@ class CapacitySampleAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request, obj=None) -> bool:
         return False
+
+
+@admin.register(CapacityRisk)
+class CapacityRiskAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Each model's oversold state and guaranteed shortfall, as the last re-check stored them
+    (capacity.selling.at_risk): written by catalogue and pricing changes and by the tick."""
+
+    list_display = [
+        "served_model",
+        "oversold_mu_per_minute",
+        "oversold_since",
+        "oversold_at",
+        "guaranteed_shortfall_mu_per_minute",
+        "guaranteed_shortfall_since",
+        "checked_at",
+    ]
+    list_select_related = ["served_model"]
 
 
 # --- Runtime health (capacity.health.probes, capacity.health.degradation) -------------------------

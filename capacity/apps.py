@@ -20,3 +20,8 @@ class CapacityConfig(AppConfig):
             isinstance(c, DesiredReplicasCollector) for c in metrics_view.scrape_time_collectors
         ):
             metrics_view.scrape_time_collectors.append(DesiredReplicasCollector())
+
+        from capacity.telemetry.oversold import OversoldCollector
+
+        if not any(isinstance(c, OversoldCollector) for c in metrics_view.scrape_time_collectors):
+            metrics_view.scrape_time_collectors.append(OversoldCollector())

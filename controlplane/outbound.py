@@ -39,8 +39,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 from urllib.parse import urlsplit
 
-import aiohttp
-import aiohttp.abc
 import anyio
 import httpcore
 import httpx
@@ -614,51 +612,62 @@ class AddressRefused(ConnectionRefusedError):
     it as a ClientConnectorError carrying this message (its strerror)."""
 
 
-class _AiohttpGuard(aiohttp.abc.AbstractResolver):
-    """Vets every address an aiohttp connector connects to, on the address itself.
+@lru_cache(maxsize=1)
+def _aiohttp_guard_class() -> type:
+    """The guard's class, built on first use: settings import this module in every process,
+    and aiohttp costs a few hundred milliseconds to import that only the runner needs."""
+    import aiohttp
+    import aiohttp.abc
 
-    Host names go through this resolver, which vets the answer (a name on the allow-list may
-    resolve anywhere but the metadata ranges). aiohttp never resolves an IP literal, so the
-    socket factory vets every address again when the socket is made: literals against the
-    networks, resolved addresses as the resolver vetted them (it remembers what it let
-    through; a literal equal to an allowed name's address is that host, and allowed too)."""
+    class _AiohttpGuard(aiohttp.abc.AbstractResolver):
+        """Vets every address an aiohttp connector connects to, on the address itself.
 
-    def __init__(self, host_policy: HostPolicy) -> None:
-        self._policy = host_policy
-        self._inner = aiohttp.ThreadedResolver()
-        self._vetted: set[IPAddress] = set()
+        Host names go through this resolver, which vets the answer (a name on the allow-list may
+        resolve anywhere but the metadata ranges). aiohttp never resolves an IP literal, so the
+        socket factory vets every address again when the socket is made: literals against the
+        networks, resolved addresses as the resolver vetted them (it remembers what it let
+        through; a literal equal to an allowed name's address is that host, and allowed too)."""
 
-    async def resolve(self, host: str, port: int = 0, family: int = socket.AF_INET):
-        answers = await self._inner.resolve(host, port, family)
-        addresses = [ipaddress.ip_address(answer["host"]) for answer in answers]
-        try:
-            self._policy.vet(host, addresses, allowed_by_name=self._policy.allows_name(host))
-        except OutboundRefused as refused:
-            # An OSError, so aiohttp reports it as the connection's error, as it does below.
-            raise AddressRefused(errno.ECONNREFUSED, str(refused)) from refused
-        self._vetted.update(addresses)
-        return answers
+        def __init__(self, host_policy: HostPolicy) -> None:
+            self._policy = host_policy
+            self._inner = aiohttp.ThreadedResolver()
+            self._vetted: set[IPAddress] = set()
 
-    async def close(self) -> None:
-        await self._inner.close()
+        async def resolve(self, host: str, port: int = 0, family: int = socket.AF_INET):
+            answers = await self._inner.resolve(host, port, family)
+            addresses = [ipaddress.ip_address(answer["host"]) for answer in answers]
+            try:
+                self._policy.vet(host, addresses, allowed_by_name=self._policy.allows_name(host))
+            except OutboundRefused as refused:
+                # An OSError, so aiohttp reports it as the connection's error, as it does below.
+                raise AddressRefused(errno.ECONNREFUSED, str(refused)) from refused
+            self._vetted.update(addresses)
+            return answers
 
-    def socket(self, addr_info) -> socket.socket:
-        family, kind, proto, _canonname, sockaddr = addr_info
-        address = ipaddress.ip_address(sockaddr[0])
-        if address not in self._vetted:
-            refusal = self._policy.address_refusal(address)
-            if refusal:
-                raise AddressRefused(errno.ECONNREFUSED, f"{refusal} (an operator setting)")
-        return socket.socket(family=family, type=kind, proto=proto)
+        async def close(self) -> None:
+            await self._inner.close()
+
+        def socket(self, addr_info) -> socket.socket:
+            family, kind, proto, _canonname, sockaddr = addr_info
+            address = ipaddress.ip_address(sockaddr[0])
+            if address not in self._vetted:
+                refusal = self._policy.address_refusal(address)
+                if refusal:
+                    raise AddressRefused(errno.ECONNREFUSED, f"{refusal} (an operator setting)")
+            return socket.socket(family=family, type=kind, proto=proto)
+
+    return _AiohttpGuard
 
 
 def aiohttp_session(
     host_policy: HostPolicy, *, timeout_seconds: float, connections: int = 0
-) -> aiohttp.ClientSession:
+) -> typing.Any:  # an aiohttp.ClientSession
     """An aiohttp session whose every connection `host_policy` vets; no proxy from the
     environment (trust_env off). Callers pass allow_redirects=False on each request: a
     redirect would be the server choosing where we connect next."""
-    guard = _AiohttpGuard(host_policy)
+    import aiohttp
+
+    guard = _aiohttp_guard_class()(host_policy)
     connector = aiohttp.TCPConnector(
         limit=connections,
         resolver=guard,

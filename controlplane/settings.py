@@ -456,6 +456,16 @@ ACTUATOR_SECRET_ENV_NAMES = list(
 )
 # A webhook actuator without a signing secret is refused unless this is on.
 ACTUATOR_ALLOW_UNSIGNED_WEBHOOKS = env_bool("ACTUATOR_ALLOW_UNSIGNED_WEBHOOKS", False)
+# Where alerts of sold capacity at risk go (capacity.selling.at_risk): one signed POST each
+# time a model becomes oversold or short of guaranteed capacity, and when it recovers. Empty:
+# none is sent (the state is still recorded, shown and on /metrics). The URL must be allowed
+# by OUTBOUND_ALLOWED_HOSTS; the secret signs as the webhook actuator does.
+ALERT_WEBHOOK_URL = env_str("ALERT_WEBHOOK_URL", "")
+ALERT_WEBHOOK_SECRET = env_str("ALERT_WEBHOOK_SECRET", "")
+if ALERT_WEBHOOK_URL and not ALERT_WEBHOOK_SECRET:
+    raise ImproperlyConfigured("ALERT_WEBHOOK_URL needs ALERT_WEBHOOK_SECRET to sign alerts.")
+ALERT_WEBHOOK_ATTEMPTS = env_int("ALERT_WEBHOOK_ATTEMPTS", 3, minimum=1)
+ALERT_WEBHOOK_TIMEOUT_SECONDS = env_int("ALERT_WEBHOOK_TIMEOUT_SECONDS", 5, minimum=1)
 # Named Kubernetes clusters an actuator config picks with `cluster`.
 KUBERNETES_CLUSTERS = env_parsed(
     "KUBERNETES_CLUSTERS",

@@ -46,6 +46,7 @@ from capacity.models import (
     Replica,
 )
 from capacity.publication.publish import publish_gateway_state
+from capacity.selling.at_risk import fleet_recheck
 from capacity.telemetry import metrics
 from controlplane.db import Lock, copy_upsert, exclusive
 
@@ -106,13 +107,25 @@ def allocation_tick(*, dry_run: bool = False, now: datetime | None = None) -> Ti
         publish_limits(decisions.allowances, forgotten)
         _apply(rows, decisions, deployments, result, now, observations)
         result.decisions = [_row_dict(row) for row in rows]
-        record_capacity(now=now)
+        risk = _recheck(now, decisions)
+        record_capacity(now=now, risk=risk)
         # Every tick republishes the gateways' documents whole, so a gateway that starts cold
         # (or missed a change) is serving on the current state within one tick.
         publish_gateway_state(reason="allocation tick")
     result.seconds = time.perf_counter() - started
     metrics.TICK_SECONDS.observe(result.seconds)
     return result
+
+
+def _recheck(now, decisions) -> dict[int, tuple[float, float]]:
+    """Is what is sold still feasible, and could the tick make it hot? Stored per model and
+    alerted on change (capacity.selling.at_risk); a failure here never stops the tick."""
+    guaranteed = {m.model_id: m.guaranteed_shortfall_mu_per_minute for m in decisions.models}
+    try:
+        return fleet_recheck(now=now, guaranteed_shortfall=guaranteed)
+    except Exception:
+        logger.exception("the fleet's sellability re-check failed")
+        return {}
 
 
 @transaction.atomic

@@ -3,10 +3,32 @@ from rest_framework import serializers
 from capacity.catalog.services import DEPLOYMENT_FIELDS
 from capacity.metering.events import MAX_TOKENS
 from capacity.models import ActuatorKind, Deployment, GpuPool, GpuType, ServedModel
-from controlplane.api.serializers import StrictModelSerializer, no_control_characters
+from controlplane.api.serializers import (
+    FreeTextField,
+    StrictModelSerializer,
+    no_control_characters,
+)
 
 # Larger than any model built (about 100 times the largest known), far below overflow.
 MAX_PARAMETERS_BILLIONS = 100_000
+
+
+class ForceFields(serializers.Serializer):
+    """A change that would leave sold capacity unserved is refused (409, naming the
+    reservations at risk) unless forced with a reason (capacity.selling.at_risk)."""
+
+    force = serializers.BooleanField(
+        write_only=True,
+        required=False,
+        default=False,
+        help_text="Make the change even though sold reservations would be at risk.",
+    )
+    force_reason = FreeTextField(
+        write_only=True, help_text="Why it is forced: required with force, kept in the audit log."
+    )
+
+
+FORCE_FIELDS = ["force", "force_reason"]
 
 
 class GpuTypeSerializer(StrictModelSerializer):
@@ -31,19 +53,19 @@ class GpuTypePublicSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class GpuPoolSerializer(StrictModelSerializer):
+class GpuPoolSerializer(ForceFields, StrictModelSerializer):
     gpu_type = serializers.SlugRelatedField(slug_field="name", queryset=GpuType.objects.all())
 
     class Meta:
         model = GpuPool
-        fields = ["id", "name", "gpu_type", "gpu_count"]
+        fields = ["id", "name", "gpu_type", "gpu_count", *FORCE_FIELDS]
         read_only_fields = ["id"]
 
     def validate_name(self, value: str) -> str:
         return no_control_characters(value)
 
 
-class ServedModelSerializer(StrictModelSerializer):
+class ServedModelSerializer(ForceFields, StrictModelSerializer):
     reference_gpu_type = serializers.SlugRelatedField(
         slug_field="name", queryset=GpuType.objects.all()
     )
@@ -61,6 +83,7 @@ class ServedModelSerializer(StrictModelSerializer):
             "overcommit",
             "best_effort_ceiling_mu_per_minute",
             "best_effort_ceiling_replicas",
+            *FORCE_FIELDS,
         ]
         read_only_fields = ["id"]
         extra_kwargs = {
@@ -80,7 +103,7 @@ class ServedModelSerializer(StrictModelSerializer):
         return no_control_characters(value)
 
 
-class DeploymentSerializer(StrictModelSerializer):
+class DeploymentSerializer(ForceFields, StrictModelSerializer):
     served_model = serializers.SlugRelatedField(
         slug_field="name", queryset=ServedModel.objects.all()
     )
@@ -108,7 +131,14 @@ class DeploymentSerializer(StrictModelSerializer):
 
     class Meta:
         model = Deployment
-        fields = ["id", *DEPLOYMENT_FIELDS, "actuator_config_problem", "created_at", "updated_at"]
+        fields = [
+            "id",
+            *DEPLOYMENT_FIELDS,
+            "actuator_config_problem",
+            "created_at",
+            "updated_at",
+            *FORCE_FIELDS,
+        ]
         read_only_fields = ["id", "actuator_config_problem", "created_at", "updated_at"]
         extra_kwargs = {"gpus_per_replica": {"min_value": 1}}
         # The database's min ≤ max constraint is checked by the service with a clearer message.

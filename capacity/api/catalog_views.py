@@ -1,4 +1,5 @@
-from rest_framework import viewsets
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers, viewsets
 from rest_framework.permissions import SAFE_METHODS
 
 from accounts.permissions import CatalogPermission
@@ -38,15 +39,38 @@ class _CatalogViewSet(viewsets.ModelViewSet):
         return super().get_serializer_class()
 
     def perform_create(self, serializer):
-        serializer.instance = type(self).create_service(**serializer.validated_data)
+        serializer.instance = type(self).create_service(**_without_force(serializer)[0])
 
     def perform_update(self, serializer):
+        changes, force = _without_force(serializer)
         serializer.instance = services.catalog_update(
-            instance=serializer.instance, **serializer.validated_data
+            instance=serializer.instance, **changes, **force
         )
 
+    @extend_schema(parameters=[
+        OpenApiParameter("force", bool, description="Delete even though sold reservations "
+                         "would be at risk (with force_reason)."),
+        OpenApiParameter("force_reason", str, description="Why it is forced (the audit log)."),
+    ])  # fmt: skip
+    def destroy(self, request, *args, **kwargs):
+        return super().destroy(request, *args, **kwargs)
+
     def perform_destroy(self, instance):
-        services.catalog_delete(instance=instance)
+        query = _ForceQuery(data=self.request.query_params)
+        query.is_valid(raise_exception=True)
+        services.catalog_delete(instance=instance, **query.validated_data)
+
+
+class _ForceQuery(serializers.Serializer):
+    force = serializers.BooleanField(required=False, default=False)
+    force_reason = serializers.CharField(required=False, default="", max_length=2000)
+
+
+def _without_force(serializer) -> tuple[dict, dict]:
+    """The fields to write, and force/force_reason for the at-risk check."""
+    data = dict(serializer.validated_data)
+    force = {"force": data.pop("force", False), "force_reason": data.pop("force_reason", "")}
+    return data, force
 
 
 class GpuTypeViewSet(_CatalogViewSet):
@@ -63,12 +87,11 @@ class GpuPoolViewSet(_CatalogViewSet):
     ordering_fields = ["name", "gpu_count"]
 
     def perform_create(self, serializer):
-        serializer.instance = services.gpu_pool_create(**serializer.validated_data)
+        serializer.instance = services.gpu_pool_create(**_without_force(serializer)[0])
 
     def perform_update(self, serializer):
-        serializer.instance = services.gpu_pool_update(
-            pool=serializer.instance, **serializer.validated_data
-        )
+        changes, force = _without_force(serializer)
+        serializer.instance = services.gpu_pool_update(pool=serializer.instance, **changes, **force)
 
 
 class ServedModelViewSet(_CatalogViewSet):
@@ -91,9 +114,10 @@ class DeploymentViewSet(_CatalogViewSet):
     ordering_fields = ["name", "current_replicas", "max_replicas"]
 
     def perform_create(self, serializer):
-        serializer.instance = services.deployment_create(**serializer.validated_data)
+        serializer.instance = services.deployment_create(**_without_force(serializer)[0])
 
     def perform_update(self, serializer):
+        changes, force = _without_force(serializer)
         serializer.instance = services.deployment_update(
-            deployment=serializer.instance, **serializer.validated_data
+            deployment=serializer.instance, **changes, **force
         )

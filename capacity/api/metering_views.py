@@ -30,6 +30,7 @@ from capacity.metering.selectors import (
 )
 from capacity.metering.utilisation import MAX_RANGE, customer_utilisation, model_capacity_summary
 from capacity.models import AdmissionClass, Outcome, ServedModel
+from capacity.selling.selectors import reservations_at_risk_of_customer
 from controlplane.api.errors import error_body
 from controlplane.api.filters import BoundedFilterBackend
 from controlplane.api.pagination import KeysetPagination, keyset_after
@@ -344,10 +345,15 @@ class CustomerUtilisationView(APIView):
         steps = customer_utilisation(
             customer=customer, served_model=served_model, start=start, end=end, step=step
         )
+        at_risk = reservations_at_risk_of_customer(customer, served_model=served_model)
         return Response(
             {
                 "customer": customer.slug,
                 "model": served_model.name,
+                # Some of the customer's reservations of the model are sold beyond what the
+                # fleet serves now (capacity.selling.at_risk).
+                "oversold": bool(at_risk),
+                "reservations_at_risk": sorted(r.pk for r in at_risk),
                 "from": start.isoformat(),
                 "to": end.isoformat(),
                 "step_seconds": int(step.total_seconds()),

@@ -98,6 +98,14 @@ class CostModelDecisionSerializer(StrictSerializer):
         max_length=2000,
         help_text="Why: kept on the version and in the audit log.",
     )
+    force = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text=(
+            "Activate or retire even though sold reservations would be at risk (409 "
+            "capacity_at_risk otherwise); needs a reason."
+        ),
+    )
 
 
 class ChangeRowSerializer(serializers.Serializer):
@@ -167,17 +175,23 @@ class CostModelViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewset
         return CostModelSerializer
 
     def _decision(self, request) -> str:
+        return self._body(request).get("reason", "")
+
+    def _body(self, request) -> dict:
         body = CostModelDecisionSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        return body.validated_data.get("reason", "")
+        return dict(body.validated_data)
 
     @extend_schema(request=CostModelDecisionSerializer, responses=CostModelSerializer)
     @action(detail=True, methods=["post"])
     def activate(self, request, pk=None):
         """Put the version in force (retiring the active one); the caller is recorded as its
         approver, with the reason given."""
+        body = self._body(request)
         cost_model = cost_models.cost_model_activate(
-            cost_model=self.get_object(), reason=self._decision(request)
+            cost_model=self.get_object(),
+            reason=body.get("reason", ""),
+            force=body.get("force", False),
         )
         return Response(CostModelSerializer(cost_model).data)
 
@@ -190,10 +204,15 @@ class CostModelViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewset
         )
         return Response(CostModelSerializer(cost_model).data)
 
-    @extend_schema(request=None, responses=CostModelSerializer)
+    @extend_schema(request=CostModelDecisionSerializer, responses=CostModelSerializer)
     @action(detail=True, methods=["post"])
     def retire(self, request, pk=None):
-        cost_model = cost_models.cost_model_retire(cost_model=self.get_object())
+        body = self._body(request)
+        cost_model = cost_models.cost_model_retire(
+            cost_model=self.get_object(),
+            force=body.get("force", False),
+            reason=body.get("reason", ""),
+        )
         return Response(CostModelSerializer(cost_model).data)
 
     @extend_schema(responses=PriceChangeSerializer)

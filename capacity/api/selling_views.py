@@ -13,6 +13,7 @@ from accounts.principals import principal_of
 from accounts.selectors import customers_visible_to
 from capacity.models import Reservation, ReservationChange, ServedModel
 from capacity.selling import entitlements, reservations
+from capacity.selling.selectors import is_at_risk
 from controlplane.api.serializers import (
     FreeTextField,
     InstantField,
@@ -45,6 +46,12 @@ class ReservationSerializer(StrictModelSerializer):
         help_text="Empty: open-ended. At most RESERVATION_MAX_TERM_DAYS (3650) after starts_at.",
     )
     notes = FreeTextField()
+    at_risk = serializers.SerializerMethodField(
+        help_text=(
+            "True while the fleet cannot serve what is sold of the model at a moment of this "
+            "reservation's term (its model is oversold: a pool shrank, a deployment went...)."
+        )
+    )
 
     class Meta:
         model = Reservation
@@ -61,8 +68,13 @@ class ReservationSerializer(StrictModelSerializer):
             "created_at",
             "updated_at",
             "cancelled_at",
+            "at_risk",
         ]
         read_only_fields = ["id", "status", "created_at", "updated_at", "cancelled_at"]
+
+    def get_at_risk(self, reservation: Reservation) -> bool:
+        risk = getattr(reservation.served_model, "capacity_risk", None)
+        return is_at_risk(reservation, risk)
 
 
 class ReservationAmendSerializer(StrictSerializer):
@@ -114,7 +126,9 @@ class ReservationViewSet(
 
     def get_queryset(self):
         principal = principal_of(self.request)
-        queryset = Reservation.objects.select_related("customer", "served_model")
+        queryset = Reservation.objects.select_related(
+            "customer", "served_model", "served_model__capacity_risk"
+        )
         if principal.sees_all_customers:
             return queryset
         return queryset.filter(customer_id__in=principal.customer_ids)

@@ -4,7 +4,14 @@ Placing a deployment reads its pool's size and writes against it, so the pool ro
 (`select_for_update`) for the check: a pool cannot shrink under a deployment being created.
 A deployment's nightly-benchmark beat row is written with it, in the same transaction
 (capacity.schedules).
+
+A write that changes what the fleet can serve (a pool's GPUs, a deployment's size, pool,
+model or existence, a model's headroom, overcommit or reference GPU type) runs inside
+`capacity_change` (capacity.selling.at_risk): refused with 409 naming the reservations at
+risk when it leaves sold capacity unserved, unless forced with a reason.
 """
+
+from contextlib import nullcontext
 
 from django.db import transaction
 
@@ -13,6 +20,7 @@ from capacity.catalog.engine_profile import validate_engine_profile
 from capacity.models import Deployment, GpuPool, GpuType, ServedModel
 from capacity.publication import publish_after_commit
 from capacity.schedules import deployment_schedule_delete, deployment_schedule_sync
+from capacity.selling.at_risk import capacity_change
 from capacity.telemetry.prometheus import validate_selector
 from controlplane import outbound
 from controlplane.audit import all_fields, audit_change, audit_record, snapshot
@@ -154,8 +162,22 @@ def _check_fits_its_pool(values: dict) -> None:
     )
 
 
+# What a deployment can serve: a change to one re-checks what is sold.
+CAPACITY_FIELDS = frozenset({"served_model", "gpu_pool", "gpus_per_replica", "max_replicas"})
+MODEL_CAPACITY_FIELDS = frozenset({"headroom", "overcommit", "reference_gpu_type"})
+
+
+def _guard(action: str, *, changed: bool, force: bool, force_reason: str, obj, **touched):
+    if not changed:
+        return nullcontext()
+    return capacity_change(action=action, force=force, reason=force_reason, obj=obj, **touched)
+
+
 @transaction.atomic
-def deployment_update(*, deployment: Deployment, **changes) -> Deployment:
+def deployment_update(
+    *, deployment: Deployment, force: bool = False, force_reason: str = "", **changes
+) -> Deployment:
+    """`force` with a `force_reason`: go ahead even when sold capacity would be at risk."""
     unknown = set(changes) - set(DEPLOYMENT_FIELDS)
     if unknown:
         raise DomainError(f"Unknown deployment fields: {', '.join(sorted(unknown))}.")
@@ -176,9 +198,21 @@ def deployment_update(*, deployment: Deployment, **changes) -> Deployment:
         deployment.actuator_config_problem = ""
     if "endpoint_url" in changes:
         _check_endpoint(values.get("endpoint_url"))
-    for name, value in values.items():
-        setattr(deployment, name, value)
-    deployment.save()
+    changed = any(before.get(f"{name}_id", before.get(name)) != _pk(values[name])
+                  for name in CAPACITY_FIELDS)  # fmt: skip
+    guard = _guard(
+        "deployment.update",
+        changed=changed,
+        force=force,
+        force_reason=force_reason,
+        obj=deployment,
+        model_ids=[deployment.served_model_id, _pk(values["served_model"])],
+        pool_ids=[deployment.gpu_pool_id, _pk(values["gpu_pool"])],
+    )
+    with guard:
+        for name, value in values.items():
+            setattr(deployment, name, value)
+        deployment.save()
     if SCHEDULE_FIELDS & set(changes):
         deployment_schedule_sync(deployment=deployment)
     _audit_updated("deployment", deployment, before)
@@ -195,8 +229,14 @@ def gpu_pool_create(*, name: str, gpu_type: GpuType, gpu_count: int) -> GpuPool:
     return pool
 
 
+def _pk(value):
+    return getattr(value, "pk", value)
+
+
 @transaction.atomic
-def gpu_pool_update(*, pool: GpuPool, **changes) -> GpuPool:
+def gpu_pool_update(
+    *, pool: GpuPool, force: bool = False, force_reason: str = "", **changes
+) -> GpuPool:
     pool = GpuPool.objects.select_for_update().get(pk=pool.pk)
     before = snapshot(pool, all_fields(pool))
     type_changes = "gpu_type" in changes and changes["gpu_type"].pk != pool.gpu_type_id
@@ -216,9 +256,18 @@ def gpu_pool_update(*, pool: GpuPool, **changes) -> GpuPool:
             field="gpu_count",
             details={"deployment": largest.name, "needed_gpus": largest.max_gpus},
         )
-    for name, value in changes.items():
-        setattr(pool, name, value)
-    pool.save()
+    guard = _guard(
+        "gpu_pool.update",
+        changed=new_count != pool.gpu_count,
+        force=force,
+        force_reason=force_reason,
+        obj=pool,
+        pool_ids=[pool.pk],
+    )
+    with guard:
+        for name, value in changes.items():
+            setattr(pool, name, value)
+        pool.save()
     _audit_updated("gpu_pool", pool, before)
     return pool
 
@@ -245,24 +294,51 @@ def served_model_create(**values) -> ServedModel:
 
 
 @transaction.atomic
-def catalog_update(*, instance, **changes):
-    """GPU types and served models carry no cross-row rules; a plain update suffices."""
+def catalog_update(*, instance, force: bool = False, force_reason: str = "", **changes):
+    """GPU types and served models: a plain update, re-checking what is sold when a model's
+    headroom, overcommit or reference GPU type changes."""
     before = snapshot(instance, all_fields(instance))
-    for name, value in changes.items():
-        setattr(instance, name, value)
-    instance.save()
+    changed = isinstance(instance, ServedModel) and any(
+        before.get(f"{name}_id", before.get(name))
+        != _pk(changes.get(name, getattr(instance, name)))
+        for name in MODEL_CAPACITY_FIELDS
+    )
+    guard = _guard(
+        "served_model.update",
+        changed=changed,
+        force=force,
+        force_reason=force_reason,
+        obj=instance,
+        model_ids=[instance.pk],
+    )
+    with guard:
+        for name, value in changes.items():
+            setattr(instance, name, value)
+        instance.save()
     _audit_updated(_AUDIT_NAMES[type(instance)], instance, before)
     publish_after_commit("catalog changed")  # model names, engine ids, GPU type names
     return instance
 
 
 @transaction.atomic
-def catalog_delete(*, instance) -> None:
-    """Delete a catalogue row; one still in use is refused by its protected relations."""
+def catalog_delete(*, instance, force: bool = False, force_reason: str = "") -> None:
+    """Delete a catalogue row; one still in use is refused by its protected relations, and a
+    deployment whose capacity is sold by the at-risk check."""
     before = snapshot(instance, all_fields(instance))
     label = str(instance)
     pk = instance.pk
-    instance.delete()
+    is_deployment = isinstance(instance, Deployment)
+    guard = _guard(
+        "deployment.delete",
+        changed=is_deployment,
+        force=force,
+        force_reason=force_reason,
+        obj=instance,
+        model_ids=[instance.served_model_id] if is_deployment else [],
+        pool_ids=[instance.gpu_pool_id] if is_deployment else [],
+    )
+    with guard:
+        instance.delete()
     if isinstance(instance, Deployment):
         deployment_schedule_delete(deployment_pk=pk)
     audit_record(

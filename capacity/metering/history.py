@@ -8,27 +8,41 @@ per model per minute whatever the tick interval.
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import Avg
+from django.db.models import Avg, Q
 from django.db.models.functions import Trunc
 from django.utils import timezone
 
 from capacity.metering.utilisation import sold_now, used_now
 from capacity.models import CapacitySample, ServedModel
-from capacity.selling.sellable import model_capacity
+from capacity.selling.sellable import joint_capacity, model_capacity
 
 
-def record_capacity(*, now: datetime | None = None) -> int:
-    """Store this minute's sample for every model that has a deployment; returns rows written."""
+def record_capacity(
+    *, now: datetime | None = None, risk: dict[int, tuple[float, float]] | None = None
+) -> int:
+    """Store this minute's sample for every model that has a deployment (or sold capacity at
+    risk); returns rows written. `risk`: per model, the MU/min oversold and the guaranteed
+    shortfall the tick just found (capacity.selling.at_risk.fleet_recheck)."""
     now = now or timezone.now()
+    risk = risk or {}
     minute = now.replace(second=0, microsecond=0)
     done = set(
         CapacitySample.objects.filter(minute=minute).values_list("served_model_id", flat=True)
     )
+    at_risk = [pk for pk, values in risk.items() if any(values)]
+    models = [
+        served_model
+        for served_model in ServedModel.objects.filter(
+            Q(deployments__isnull=False) | Q(pk__in=at_risk)
+        ).distinct()
+        if served_model.pk not in done
+    ]
+    # The joint figures of every model at once: each group of models sharing pools read once.
+    joint = joint_capacity([m.pk for m in models], now=now) if models else {}
     rows = []
-    for served_model in ServedModel.objects.filter(deployments__isnull=False).distinct():
-        if served_model.pk in done:
-            continue
-        capacity = model_capacity(served_model, now=now)
+    for served_model in models:
+        capacity = model_capacity(served_model, now=now, joint=joint[served_model.pk])
+        oversold, short = risk.get(served_model.pk, (0.0, 0.0))
         rows.append(
             CapacitySample(
                 served_model=served_model,
@@ -38,6 +52,8 @@ def record_capacity(*, now: datetime | None = None) -> int:
                 sellable_mu_per_minute=capacity.sellable_mu_per_minute,
                 sold_mu_per_minute=sold_now(served_model, now=now),
                 used_mu_per_minute=used_now(served_model, now=now),
+                oversold_mu_per_minute=oversold,
+                guaranteed_shortfall_mu_per_minute=short,
             )
         )
     # A concurrent tick in the same minute may have written some: the constraint keeps one.
@@ -48,7 +64,7 @@ def record_capacity(*, now: datetime | None = None) -> int:
     return len(rows)
 
 
-SERIES = ("deployable", "hot", "sellable", "sold", "used")
+SERIES = ("deployable", "hot", "sellable", "sold", "used", "oversold", "guaranteed_shortfall")
 
 
 def capacity_history(

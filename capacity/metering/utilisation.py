@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from accounts.models import Customer
 from capacity.models import Reservation, ServedModel, UsageMinute
+from capacity.selling.selectors import risk_summary
 from capacity.selling.sellable import model_capacity
 from capacity.telemetry.prometheus import read_fleet_load
 from controlplane.errors import DomainError
@@ -214,7 +215,10 @@ def model_capacity_summary(served_model: ServedModel) -> dict:
         "model": served_model.name,
         "deployable_mu_per_minute": capacity.deployable_mu_per_minute,
         "hot_mu_per_minute": capacity.hot_mu_per_minute,
+        # Given the other models' sales now (models sharing pools compete for their GPUs).
         "sellable_mu_per_minute": capacity.sellable_mu_per_minute,
+        # What an open-ended sale from now could still take, at every later moment too.
+        "available_mu_per_minute": capacity.available_mu_per_minute,
         "sold_mu_per_minute": sold,
         "used_mu_per_minute": used_now(served_model),
         # What the engines report through Prometheus; null when it is unknown.
@@ -224,6 +228,8 @@ def model_capacity_summary(served_model: ServedModel) -> dict:
         else None,
         "headroom": capacity.headroom,
         "overcommit": capacity.overcommit,
+        # Sold capacity the fleet cannot serve (oversold) or the tick cannot make hot.
+        "risk": risk_summary(served_model),
         "workload_mix": {
             "input_tokens": capacity.mix.rounded().input_tokens,
             "cached_input_tokens": capacity.mix.rounded().cached_input_tokens,

@@ -17,6 +17,7 @@ from capacity.models.health import (
 )
 from capacity.models.history import CapacitySample
 from capacity.models.reservations import Reservation, ReservationChange
+from capacity.models.risk import CapacityRisk
 from capacity.models.usage import (
     AdmissionClass,
     FallbackAdmission,
@@ -32,6 +33,7 @@ __all__ = [
     "AllocationDecision",
     "ActuatorKind",
     "AdmissionClass",
+    "CapacityRisk",
     "CapacitySample",
     "CostModel",
     "DegradationChange",

@@ -18,6 +18,10 @@ class CapacitySample(models.Model):
     sellable_mu_per_minute = models.FloatField()
     sold_mu_per_minute = models.FloatField()
     used_mu_per_minute = models.FloatField()
+    # Sold MU/min the fleet cannot serve (capacity.selling.at_risk) and the tick's guaranteed
+    # shortfall, as the minute's first tick found them.
+    oversold_mu_per_minute = models.FloatField(default=0.0)
+    guaranteed_shortfall_mu_per_minute = models.FloatField(default=0.0)
 
     class Meta:
         ordering = ["served_model_id", "minute"]

@@ -70,7 +70,7 @@ class Reservation(models.Model):
             ),
         ]
         indexes = [
-            # serves: utilisation.sold_now, reservations.sold_peak (a model's reservations)
+            # serves: utilisation.sold_now, sellable.sold_moments (a group of models' reservations)
             models.Index(fields=["served_model", "status", "starts_at"]),
             # serves: customer_utilisation, reserved_mu_per_minute_by_customer
             models.Index(fields=["customer", "served_model", "starts_at"]),

@@ -11,6 +11,13 @@ approved it (a user, a key, or "system:auto" and why), on the version and in the
 The (model, GPU type, GPUs per replica) row of the served model is locked while versions
 change, and a partial unique constraint keeps a single active version even if that lock were
 bypassed.
+
+Activating or retiring a version changes what the model's replicas mint (a re-fit can lower a
+non-reference GPU type's exchange rate), so both run inside the at-risk check of
+capacity.selling.at_risk: refused with 409 naming the reservations at risk when sold capacity
+would go unserved, unless forced with a reason. An automatic activation that would be
+refused waits for a planner instead. Selling prices with the cost models, so that module is
+imported when called, not at import.
 """
 
 from collections.abc import Mapping, Sequence
@@ -56,8 +63,9 @@ def cost_model_record(
 ) -> CostModel:
     """A new version; with `auto_activate` it activates when accurate and close enough to the
     active one, unless `held_because` says why it must wait for a planner whatever its fit."""
-    # Serialise version numbering per served model.
-    ServedModel.objects.select_for_update().get(pk=served_model.pk)
+    # Serialise version numbering per served model (with every model sharing its pools: the
+    # activation below locks those, and locks are taken in one order).
+    _lock_group(served_model.pk)
     latest = CostModel.objects.filter(
         served_model=served_model, gpu_type=gpu_type, gpus_per_replica=gpus_per_replica
     ).aggregate(latest=Max("version"))["latest"]
@@ -106,17 +114,44 @@ def _activate_or_hold(cost_model: CostModel, *, held_because: str = "") -> CostM
     if cost_model.cv_mape > max_mape:
         return _hold(cost_model, reason=mape, change=change)
     if change is None:
-        return cost_model_activate(
-            cost_model=cost_model,
-            actor=AUTO,
+        return _activate_unless_at_risk(
+            cost_model,
             reason=f"{mape}; no version was active, so it reprices nothing that was priced",
         )
     moved = f"v{change.current_version} → v{cost_model.version} moves prices by {change.describe()}"
     limit = f"COST_MODEL_MAX_AUTO_CHANGE_PERCENT ({max_change * 100:g} %)"
     if change.exceeds(max_change):
         return _hold(cost_model, reason=f"{moved}, more than {limit}", change=change)
-    return cost_model_activate(
-        cost_model=cost_model, actor=AUTO, reason=f"{mape}; {moved}, within {limit}"
+    return _activate_unless_at_risk(cost_model, reason=f"{mape}; {moved}, within {limit}")
+
+
+def _activate_unless_at_risk(cost_model: CostModel, *, reason: str) -> CostModel:
+    """Activate automatically, or hold it for a planner when it would put sold capacity at
+    risk (a planner may force it)."""
+    try:
+        return cost_model_activate(cost_model=cost_model, actor=AUTO, reason=reason)
+    except ConflictError as error:
+        if error.code != "capacity_at_risk":
+            raise
+        cost_model.refresh_from_db()
+        return _hold(cost_model, reason=error.message, change=None)
+
+
+def _lock_group(served_model_id: int) -> None:
+    from capacity.selling.sellable import lock_models_sharing_pools
+
+    lock_models_sharing_pools([served_model_id])
+
+
+def _capacity_change(cost_model: CostModel, action: str, *, force: bool, reason: str):
+    from capacity.selling.at_risk import capacity_change
+
+    return capacity_change(
+        action=action,
+        model_ids=[cost_model.served_model_id],
+        force=force,
+        reason=reason,
+        obj=cost_model,
     )
 
 
@@ -160,15 +195,21 @@ def cost_model_price_change(*, cost_model: CostModel) -> PriceChange | None:
 
 @transaction.atomic
 def cost_model_activate(
-    *, cost_model: CostModel, actor: str | None = None, reason: str = ""
+    *, cost_model: CostModel, actor: str | None = None, reason: str = "", force: bool = False
 ) -> CostModel:
     """Put a version in force, retiring the active one; `actor` approved it (default: whoever
     the current request or job is) for `reason`. The price change it makes at this moment is
-    written to the audit entry with them."""
-    ServedModel.objects.select_for_update().get(pk=cost_model.served_model_id)
+    written to the audit entry with them. `force`: even when sold capacity would be at risk
+    (`reason` says why)."""
+    _lock_group(cost_model.served_model_id)
+    if CostModel.objects.filter(pk=cost_model.pk, status=CostModel.Status.ACTIVE).exists():
+        return CostModel.objects.get(pk=cost_model.pk)
+    with _capacity_change(cost_model, "cost_model.activate", force=force, reason=reason):
+        return _activate(cost_model, actor=actor, reason=reason)
+
+
+def _activate(cost_model: CostModel, *, actor: str | None, reason: str) -> CostModel:
     cost_model = CostModel.objects.select_for_update().get(pk=cost_model.pk)
-    if cost_model.status == CostModel.Status.ACTIVE:
-        return cost_model
     actor = actor or current_actor()
     # An automatic activation was just measured by _activate_or_hold; a planner's is measured
     # now, on the traffic of the moment they approved it.
@@ -241,14 +282,20 @@ def cost_model_reject(
 
 
 @transaction.atomic
-def cost_model_retire(*, cost_model: CostModel, actor: str | None = None) -> CostModel:
+def cost_model_retire(
+    *, cost_model: CostModel, actor: str | None = None, force: bool = False, reason: str = ""
+) -> CostModel:
+    """Retiring the active version leaves its deployments unpriced: they sell nothing, so it
+    is checked against what is sold like any change that shrinks the fleet."""
+    _lock_group(cost_model.served_model_id)
     cost_model = CostModel.objects.select_for_update().get(pk=cost_model.pk)
     if cost_model.status == CostModel.Status.RETIRED:
         raise ConflictError(f"Version {cost_model.version} is already retired.", field="status")
     before = {"status": cost_model.status}
-    cost_model.status = CostModel.Status.RETIRED
-    cost_model.retired_at = timezone.now()
-    cost_model.save(update_fields=["status", "retired_at"])
+    with _capacity_change(cost_model, "cost_model.retire", force=force, reason=reason):
+        cost_model.status = CostModel.Status.RETIRED
+        cost_model.retired_at = timezone.now()
+        cost_model.save(update_fields=["status", "retired_at"])
     audit_record(
         actor=actor,
         action="cost_model.retire",

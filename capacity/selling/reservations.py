@@ -1,11 +1,13 @@
 """Selling capacity: reservations that never oversell (DESIGN §2).
 
-Every write that can grow what is sold locks the served model's row first, so concurrent
-sales of one model are checked one after another against the same numbers; a sale that
-does not fit at every moment of its term is refused with the shortfall.
+Every write that can grow what is sold first locks the rows of the served model and of every
+model that shares a GPU pool with it (in id order: `lock_models_sharing_pools`), so
+concurrent sales of models that compete for GPUs are checked one after another against the
+same numbers. A sale is checked jointly with the other models' sales, as a linear programme
+(capacity.selling.feasibility); one that does not fit at every moment of its term is refused
+with the shortfall and the pools (or deployments) that bind.
 """
 
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -15,7 +17,14 @@ from django.utils import timezone
 from accounts.models import Customer
 from capacity.models import Reservation, ReservationChange, ServedModel
 from capacity.selling.entitlements import entitlement_grant
-from capacity.selling.sellable import model_capacity
+from capacity.selling.sellable import (
+    available_for,
+    fits,
+    joint_fleet,
+    lock_models_sharing_pools,
+    model_capacity,
+    sold_moments,
+)
 from controlplane.audit import audit_record, current_actor, in_request
 from controlplane.errors import ConflictError, DomainError
 
@@ -24,75 +33,68 @@ EPSILON_MU = 1e-6
 UNSET = object()
 
 
-@dataclass(frozen=True)
-class SoldPeak:
-    sold_mu_per_minute: float
-    at: datetime
-
-
-def sold_peak(
-    *,
-    served_model: ServedModel,
-    starts_at: datetime,
-    ends_at: datetime | None,
-    exclude_id: int | None = None,
-) -> SoldPeak:
-    """The most MU/min already sold at any moment of [starts_at, ends_at)."""
-    overlapping = (
-        Reservation.objects.filter(served_model=served_model)
-        .not_cancelled()
-        .overlapping(starts_at, ends_at)
-    )
-    if exclude_id is not None:
-        overlapping = overlapping.exclude(pk=exclude_id)
-    terms = list(overlapping.values_list("starts_at", "ends_at", "mu_per_minute"))
-    # The total only rises where a reservation starts, so those moments (and the term's own
-    # start) are the only candidates for the peak.
-    moments = {starts_at} | {start for start, _, _ in terms if start > starts_at}
-    best = SoldPeak(0.0, starts_at)
-    for moment in sorted(moments):
-        total = sum(
-            mu for start, end, mu in terms if start <= moment and (end is None or end > moment)
-        )
-        if total > best.sold_mu_per_minute:
-            best = SoldPeak(total, moment)
-    return best
-
-
 def _check_fits(
     *,
     served_model: ServedModel,
     mu_per_minute: float,
     starts_at: datetime,
     ends_at: datetime | None,
+    group: list[int],
     exclude_id: int | None = None,
 ) -> None:
+    """Under the lock of `group`, every model sharing a pool with this one (the caller took
+    it with `lock_models_sharing_pools`)."""
     now = timezone.now()
     check_from = max(starts_at, now)
-    capacity = model_capacity(served_model)
-    peak = sold_peak(
-        served_model=served_model, starts_at=check_from, ends_at=ends_at, exclude_id=exclude_id
-    )
-    sellable = capacity.sellable_mu_per_minute
-    if peak.sold_mu_per_minute + mu_per_minute > sellable + EPSILON_MU:
-        shortfall = peak.sold_mu_per_minute + mu_per_minute - sellable
-        raise ConflictError(
-            f"The fleet cannot serve {mu_per_minute:g} MU/min of '{served_model.name}': "
-            f"{sellable:.6g} MU/min is sellable and {peak.sold_mu_per_minute:.6g} is already "
-            f"sold at {peak.at.isoformat()}, so {shortfall:.6g} MU/min is missing.",
-            code="insufficient_capacity",
-            field="mu_per_minute",
-            details={
-                "requested_mu_per_minute": mu_per_minute,
-                "sellable_mu_per_minute": sellable,
-                "sold_mu_per_minute": peak.sold_mu_per_minute,
-                "shortfall_mu_per_minute": shortfall,
-                "peak_at": peak.at.isoformat(),
-                "deployable_mu_per_minute": capacity.deployable_mu_per_minute,
-                "headroom": capacity.headroom,
-                "overcommit": capacity.overcommit,
-            },
+    fleet = joint_fleet(group, now=now)
+    sold = sold_moments(fleet, start=check_from, end=ends_at, exclude_id=exclude_id)
+    if fits(fleet, sold, served_model.pk, mu_per_minute):
+        return
+    # Refused: the numbers, at the moment that binds (slower paths are fine here).
+    available = available_for(fleet, sold, served_model.pk)
+    at = sold.moments[available.moment_index]
+    column = fleet.programme.model_index[served_model.pk]
+    sold_then = float(sold.demand[available.moment_index, column])
+    oversold = available.mu_per_minute is None
+    remaining = 0.0 if oversold else available.mu_per_minute
+    sellable = max(0.0, sold_then + remaining)
+    shortfall = mu_per_minute - remaining
+    pools = [fleet.pool_names[pk] for pk in available.binding.pools]
+    deployments = [fleet.deployment_names[pk] for pk in available.binding.deployments]
+    sharing = sorted(name for pk, name in fleet.model_names.items() if pk != served_model.pk)
+    capacity = model_capacity(served_model, now=now)
+    if oversold:
+        why = (
+            "the models sharing its pools are already oversold at "
+            f"{at.isoformat()}: nothing more can be sold there until they fit again"
         )
+    else:
+        why = (
+            f"{sellable:.6g} MU/min is sellable given the other models' sales and "
+            f"{sold_then:.6g} is already sold at {at.isoformat()}, so {shortfall:.6g} MU/min "
+            "is missing"
+        )
+    binds = ", ".join([f"pool '{p}'" for p in pools] + [f"deployment '{d}'" for d in deployments])
+    raise ConflictError(
+        f"The fleet cannot serve {mu_per_minute:g} MU/min of '{served_model.name}': {why}"
+        + (f" ({binds} binds)." if binds else "."),
+        code="insufficient_capacity",
+        field="mu_per_minute",
+        details={
+            "requested_mu_per_minute": mu_per_minute,
+            "sellable_mu_per_minute": sellable,
+            "sold_mu_per_minute": sold_then,
+            "shortfall_mu_per_minute": shortfall,
+            "peak_at": at.isoformat(),
+            "binding_pools": pools,
+            "binding_deployments": deployments,
+            "models_sharing_pools": sharing,
+            "already_oversold": oversold,
+            "deployable_mu_per_minute": capacity.deployable_mu_per_minute,
+            "headroom": capacity.headroom,
+            "overcommit": capacity.overcommit,
+        },
+    )
 
 
 def _status_for(starts_at: datetime, ends_at: datetime | None, now: datetime) -> str:
@@ -148,9 +150,14 @@ def reservation_create(
     starts_at = starts_at or timezone.now()
     _validate_start(starts_at)
     _validate_term(starts_at, ends_at, mu_per_minute)
-    served_model = ServedModel.objects.select_for_update().get(pk=served_model.pk)
+    group = lock_models_sharing_pools([served_model.pk])
+    served_model = ServedModel.objects.get(pk=served_model.pk)
     _check_fits(
-        served_model=served_model, mu_per_minute=mu_per_minute, starts_at=starts_at, ends_at=ends_at
+        served_model=served_model,
+        mu_per_minute=mu_per_minute,
+        starts_at=starts_at,
+        ends_at=ends_at,
+        group=group,
     )
     reservation = Reservation.objects.create(
         customer=customer,
@@ -201,7 +208,7 @@ def reservation_amend(
     actor: str = "",
 ) -> Reservation:
     """Growing (more MU/min, or a later or open end) re-checks capacity; shrinking never fails."""
-    ServedModel.objects.select_for_update().get(pk=reservation.served_model_id)
+    group = lock_models_sharing_pools([reservation.served_model_id])
     reservation = Reservation.objects.select_for_update().get(pk=reservation.pk)
     if reservation.status in (Reservation.Status.CANCELLED, Reservation.Status.EXPIRED):
         raise ConflictError(
@@ -221,6 +228,7 @@ def reservation_amend(
             mu_per_minute=new_mu,
             starts_at=reservation.starts_at,
             ends_at=new_end,
+            group=group,
             exclude_id=reservation.pk,
         )
     changes = {}

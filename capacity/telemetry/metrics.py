@@ -56,3 +56,8 @@ GATEWAY_PUBLICATIONS = Counter(
     "Publications of the gateway documents to Redis (capacity.publication), by result.",
     ["result"],
 )
+CAPACITY_ALERTS = Counter(
+    "controlplane_capacity_alerts",
+    "Signed alerts of oversold capacity and guaranteed shortfall, by kind and delivery result.",
+    ["kind", "result"],
+)

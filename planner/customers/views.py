@@ -30,6 +30,7 @@ from capacity.selling.reservations import reservation_amend, reservation_cancel,
 from capacity.selling.selectors import (
     reservation_ids_of_customer,
     reservation_of_customer,
+    reservations_at_risk_of_customer,
     reservations_of_customer,
     reserved_mu_per_minute_by_customer,
 )
@@ -108,6 +109,8 @@ def detail_context(request, customer, **extra):
         "entitled_models": entitled_model_names(customer),
         **utilisation_context(request, customer),
         "reservations": page_of(request, reservations, param="reservations_page", per_page=20),
+        # Sold beyond what the fleet serves now (capacity.selling.at_risk): the oversold state.
+        "at_risk_ids": {r.pk for r in reservations_at_risk_of_customer(customer)},
         "keys": page_of(request, keys, param="keys_page", per_page=20),
         "invoices": recent_invoices_of_customer(customer, limit=12),
         "reservation_form": ReservationForm(),

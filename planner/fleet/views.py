@@ -8,7 +8,8 @@ from django.utils import timezone
 from capacity.catalog.selectors import gpu_pool_usage_by_name, served_models_by_name
 from capacity.metering.history import capacity_history
 from capacity.metering.utilisation import sold_now, used_now
-from capacity.selling.sellable import model_capacity
+from capacity.selling.selectors import risk_summary
+from capacity.selling.sellable import joint_capacity, model_capacity
 from planner.access import planner_required
 from planner.charts import chart_range, chart_window, line_chart, time_label
 
@@ -18,6 +19,8 @@ SERIES_STYLE = [
     ("sellable", "Sellable", "#9333ea", {"borderDash": [2, 3]}),
     ("sold", "Sold", "#2563eb", {}),
     ("used", "Used", "#dc2626", {"fill": "origin"}),
+    ("oversold", "Oversold", "#b45309", {"borderDash": [1, 2]}),
+    ("guaranteed_shortfall", "Guaranteed shortfall", "#7c2d12", {"borderDash": [4, 2]}),
 ]
 
 
@@ -27,8 +30,9 @@ def _model_rows(served_models, start, end, step, span):
     moments = [start + i * step for i in range(buckets)]
     labels = [time_label(moment, span) for moment in moments]
     rows = []
+    joint = joint_capacity([m.pk for m in served_models]) if served_models else {}
     for served_model in served_models:
-        capacity = model_capacity(served_model)
+        capacity = model_capacity(served_model, joint=joint[served_model.pk])
         sold = sold_now(served_model)
         per_bucket = history[served_model.pk]
         chart = None
@@ -60,6 +64,7 @@ def _model_rows(served_models, start, end, step, span):
                 else None,
                 "chart": chart,
                 "chart_id": f"capacity-{served_model.pk}",
+                "risk": risk_summary(served_model),
             }
         )
     return rows
