@@ -16,6 +16,7 @@ from capacity.models.health import (
     Replica,
 )
 from capacity.models.history import CapacitySample
+from capacity.models.request_limits import RequestLimit
 from capacity.models.reservations import Reservation, ReservationChange
 from capacity.models.usage import (
     AdmissionClass,
@@ -45,6 +46,7 @@ __all__ = [
     "ProbeOutcome",
     "ProbeResult",
     "Replica",
+    "RequestLimit",
     "Deployment",
     "GpuPool",
     "GpuType",
