@@ -8,6 +8,12 @@
 - http_decisions_per_s: POST /api/v1/admission with a Bearer key through the Django stack
   (in process, as bench_api_auth), beside an endpoint mounted on the same stack with the same
   authentication that returns a constant. Target: at least 50 % of its throughput.
+- request_limits_decisions_per_s (issue 22): `admit` for a customer whose customer-wide and
+  per-key RPM, TPM and concurrency limits are all on (set far above the load, so every
+  decision admits and every limit's log and in-flight set is written), beside MU-only `admit`
+  (a customer without request limits) in the same run, round by round. Both are one round
+  trip; what the ratio shows is the script's extra work (two scopes' limits read, their logs
+  pruned and appended, the slots taken).
 """
 
 import csv
@@ -30,10 +36,12 @@ from accounts.services import api_key_create, customer_create
 from bench.figures import Figure
 from bench.timing import median_latencies
 from capacity.admission import gate as admission
+from capacity.admission.limits import request_limit_set
 from capacity.allocation.policy import Allowance
 from capacity.models import GpuType, ServedModel
 from capacity.pricing.cost_models import cost_model_record
 from capacity.pricing.features import mu_coefficients
+from capacity.publication.publish import publish_gateway_state
 
 DECISIONS = 20_000
 TRIVIAL_SCRIPT = "return 1"
@@ -149,11 +157,49 @@ def _http(plaintext, model) -> dict:
     return {name: 1.0 / value for name, value in seconds.items()}
 
 
+def _limited_customer(model):
+    """A customer under every request limit, customer-wide and on its key, far above the load."""
+    customer = customer_create(name="Bench limits", slug="bench-admission-limits")
+    key = api_key_create(name="limited", customer=customer, scopes=[S.ADMISSION]).api_key
+    huge = {"requests_per_minute": 10**9, "tokens_per_minute": 10**12, "concurrent_requests": 10**9}
+    request_limit_set(customer=customer, **huge)
+    request_limit_set(customer=customer, api_key=key, **huge)
+    admission.publish_limits([Allowance(customer.pk, model.pk, 1e9, 1e9)])
+    publish_gateway_state(reason="bench")
+    return customer, key
+
+
+def _request_limits(customer, model, limited, key) -> dict:
+    def decide(customer_id, prefix):
+        def call():
+            decision = admission.admit(
+                customer_id=customer_id, model=model.name, input_tokens=500, max_tokens=100,
+                request_id=None, api_key_prefix=prefix,
+            )  # fmt: skip
+            if not decision.admitted or decision.degraded:
+                raise AssertionError(f"the benchmark's decisions must be admitted: {decision}")
+
+        return call
+
+    seconds = median_latencies(
+        {
+            "mu_only": decide(customer.pk, None),
+            "with_limits": decide(limited.pk, key.prefix),
+        },
+        iterations=1000,
+        rounds=5,
+        warmup=200,
+    )
+    return {name: 1.0 / value for name, value in seconds.items()}
+
+
 def run() -> list[Figure]:
     customer, model, plaintext = _fixture()
+    limited, key = _limited_customer(model)
     floor = _redis_benchmark()
     ours = _in_process(customer, model)
     http = _http(plaintext, model)
+    limits = _request_limits(customer, model, limited, key)
     what = "redis-benchmark EVALSHA 'return 1', 1 connection, no pipelining"
     return [
         Figure("inprocess_decisions_per_s", ours["rps"], "decisions/s", floor["rps"], what),
@@ -165,5 +211,12 @@ def run() -> list[Figure]:
             "requests/s",
             http["constant"],
             "constant endpoint, same server and authentication",
+        ),
+        Figure(
+            "request_limits_decisions_per_s",
+            limits["with_limits"],
+            "decisions/s",
+            limits["mu_only"],
+            "MU-only admit (no request limits), in process, interleaved",
         ),
     ]

@@ -3,6 +3,7 @@ from django.contrib import admin
 from django.db import transaction
 
 from capacity.actuation.config import validate_actuator_config
+from capacity.admission import limits as request_limits
 from capacity.catalog.engine_profile import validate_engine_profile
 from capacity.catalog.services import (
     DEPLOYMENT_FIELDS,
@@ -30,6 +31,7 @@ from capacity.models import (
     IncidentStep,
     ProbeResult,
     Replica,
+    RequestLimit,
     Reservation,
     ReservationChange,
     ServedModel,
@@ -402,6 +404,64 @@ class EntitlementAdmin(admin.ModelAdmin):
             self.delete_model(request, entitlement)
 
 
+class RequestLimitAdminForm(forms.ModelForm):
+    """The services' rules: a key of the customer, at least one limit, each at least 1."""
+
+    class Meta:
+        model = RequestLimit
+        fields = ["customer", "api_key", *request_limits.LIMIT_FIELDS]
+
+    def clean(self):
+        cleaned = super().clean()
+        customer = cleaned.get("customer") or getattr(self.instance, "customer", None)
+        if customer is None:
+            return cleaned
+        api_key = cleaned.get("api_key") if "api_key" in cleaned else self.instance.api_key
+        try:
+            request_limits.check_request_limit(
+                customer, api_key, {name: cleaned.get(name) for name in request_limits.LIMIT_FIELDS}
+            )
+        except DomainError as error:
+            self.add_error(error.field if error.field in self.fields else None, error.message)
+        return cleaned
+
+
+@admin.register(RequestLimit)
+class RequestLimitAdmin(admin.ModelAdmin):
+    """Writes go through the services (audited, published to admission and gateways)."""
+
+    form = RequestLimitAdminForm
+    list_display = [
+        "customer",
+        "api_key",
+        *request_limits.LIMIT_FIELDS,
+        "updated_by",
+        "updated_at",
+    ]
+    search_fields = ["customer__slug", "api_key__prefix"]
+    list_select_related = ["customer", "api_key"]
+
+    def get_readonly_fields(self, request, obj=None):
+        # Which customer or key a row limits is fixed: delete it and add another.
+        return ["customer", "api_key"] if obj is not None else []
+
+    def save_model(self, request, obj, form, change):
+        stored = request_limits.request_limit_set(
+            customer=obj.customer,
+            api_key=obj.api_key,
+            actor=actor_of(user=request.user),
+            **{name: getattr(obj, name) for name in request_limits.LIMIT_FIELDS},
+        )
+        obj.pk, obj.updated_at, obj.updated_by = stored.pk, stored.updated_at, stored.updated_by
+
+    def delete_model(self, request, obj):
+        request_limits.request_limit_delete(limit=obj, actor=actor_of(user=request.user))
+
+    def delete_queryset(self, request, queryset):
+        for limit in queryset.select_related("customer", "api_key"):
+            self.delete_model(request, limit)
+
+
 @admin.register(ReservationChange)
 class ReservationChangeAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     """A reservation's history: written by its services, never edited."""
@@ -425,6 +485,8 @@ class UsageEventAdmin(admin.ModelAdmin):
         "verification",
         "self_reported",
         "mu",
+        "guaranteed_mu",
+        "best_effort_mu",
         "rolled_up",
     ]
     list_filter = [

@@ -408,6 +408,10 @@ ADMISSION_FALLBACK_PROCESSES = env_int("ADMISSION_FALLBACK_PROCESSES", 1, minimu
 ADMISSION_OUTPUT_PERCENTILE = env_int("ADMISSION_OUTPUT_PERCENTILE", 95, minimum=1)
 # Limits the ticks stop refreshing, and idle buckets, vanish after this long.
 ADMISSION_LIMITS_TTL_SECONDS = env_int("ADMISSION_LIMITS_TTL_SECONDS", 600, minimum=30)
+# A request holds a concurrency slot (capacity.admission.limits) until its gateway's end of
+# request or its usage event frees it; one never freed (a gateway died) lapses after this long,
+# and so does a request still running then (it stops counting against the limit).
+ADMISSION_CONCURRENCY_TTL_SECONDS = env_int("ADMISSION_CONCURRENCY_TTL_SECONDS", 600, minimum=1)
 # How long admission records (admitted and refused) are kept: each decides its usage event's
 # class, so it must outlive the usage lateness window (the default adds an hour of margin).
 ADMISSION_RECORD_TTL_SECONDS = env_int(

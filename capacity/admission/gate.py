@@ -1,16 +1,23 @@
 """Admission control: may this request run, and in which class? (DESIGN §2)
 
-`admit(...)` estimates the request's MU, then asks the Redis buckets (`admission_buckets`):
-guaranteed first (rate = the customer's reservation), then best-effort (rate = the latest
-tick's allowance), else refused with the time after which it would fit. The estimate cannot
-know the output length, so it takes `max_tokens` capped by a recent high percentile of the
-model's output lengths; when the request's usage event arrives, `reconcile_usage` refunds or
-charges the difference to the same bucket.
+`admit(...)` estimates the request's MU, then asks Redis in one round trip (`buckets()`):
+the customer's and its key's request limits first (requests and tokens per minute, requests
+in flight: capacity.admission.limits), then the MU buckets under the one rule (bucket.split):
+what is left of the guaranteed bucket (rate = the customer's reservation), the rest from the
+best-effort bucket (rate = the latest tick's allowance), else refused with the time after which
+it would fit and the limit that bit. The estimate cannot know the output length, so it takes
+`max_tokens` capped by a recent high percentile of the model's output lengths; when the
+request's usage event arrives, `reconcile_usage` refunds or charges the difference to the
+buckets the request took from, and frees its slot in flight.
+
+Tokens per minute count a request's `input_tokens + max_tokens` (max_tokens after a
+degradation cap) at admission, as OpenAI's rate limits count a request's max_tokens: the most
+the request may use, known before it runs, and never reconciled.
 
 When Redis cannot be reached, `ADMISSION_ON_REDIS_DOWN` decides: `guaranteed` (default) admits
 a customer up to its reservation from a bucket in this process and refuses best-effort; `all`
 admits everything; `none` refuses everything. Such answers say `degraded: true` and are counted
-in `/metrics`.
+in `/metrics`. Request limits live in Redis, so they are not enforced while it is down.
 
 Gateways written in Python call `admit` directly; others call `POST /api/v1/admission`.
 """
@@ -66,6 +73,14 @@ class Admission:
     limits: dict
     degraded: bool = False
     reason: str = ""
+    # Of estimated_mu: the part within the guarantee and the part beyond it (partial
+    # spillover: a best-effort request may carry a guaranteed part).
+    guaranteed_mu: float = 0.0
+    best_effort_mu: float = 0.0
+    # Refused: which limit bit ("mu", "rpm", "tpm", "concurrency") and, for a request limit,
+    # whose ("customer" or "api_key").
+    limit: str | None = None
+    limit_scope: str | None = None
     # Set while the model's healthy capacity is short (capacity.health.degradation): the max_tokens
     # the request must be capped at, the model refused requests should go to, and the level.
     max_tokens: int | None = None
@@ -110,6 +125,7 @@ def buckets() -> Buckets:
                     burst_seconds=settings.ADMISSION_BURST_SECONDS,
                     idle_ttl_seconds=settings.ADMISSION_LIMITS_TTL_SECONDS,
                     record_ttl_s=settings.ADMISSION_RECORD_TTL_SECONDS,
+                    in_flight_ttl_seconds=settings.ADMISSION_CONCURRENCY_TTL_SECONDS,
                 )
     return _buckets
 
@@ -183,7 +199,10 @@ def admit(
     cached_input_tokens: int = 0,
     max_tokens: int,
     request_id: str | None = None,
+    api_key_prefix: str | None = None,
 ) -> Admission:
+    """`api_key_prefix`: the customer key the request came with, whose own request limits
+    apply beside the customer's (None: the customer's only)."""
     info = _model(model)
     degradation = current_degradation(info.model_id)
     cap = degradation.max_tokens_cap
@@ -197,22 +216,32 @@ def admit(
     )
     try:
         decision = buckets().admit(
-            customer_id=customer_id, model_id=info.model_id, cost_mu=cost, request_id=request_id
+            customer_id=customer_id,
+            model_id=info.model_id,
+            cost_mu=cost,
+            request_id=request_id,
+            tokens=input_tokens + max_tokens,
+            api_key_prefix=api_key_prefix,
         )
     except redis.RedisError:
         return _degraded(customer_id, info.model_id, cost, request_id=request_id)
     admission_class = decision.admission_class
     reason = "" if admission_class != REFUSED else _refusal_reason(decision)
+    limit = decision.limit
     if admission_class == BEST_EFFORT and degradation.refuse_best_effort:
         # What the best-effort bucket gave is not returned: it only matters to best-effort
         # traffic, which is refused while the degradation lasts.
         admission_class = REFUSED
+        limit = "degradation"
         reason = (
             "best-effort traffic is refused while the model's healthy capacity is short "
             f"(degradation level {degradation.level})"
         )
     admitted = admission_class != REFUSED
     _count(admission_class, admitted)
+    if not admitted and decision.holds_slot:
+        # Refused after all (degradation): the slot it took is not held by anything.
+        _release(customer_id, request_id, api_key_prefix)
     wait = decision.retry_after_ms
     return Admission(
         admitted=admitted,
@@ -229,7 +258,22 @@ def admit(
         max_tokens=cap if admitted else None,
         fallback_model=None if admitted else degradation.fallback_model,
         degradation_level=degradation.level,
+        guaranteed_mu=decision.guaranteed_mu if admitted else 0.0,
+        best_effort_mu=decision.best_effort_mu if admitted else 0.0,
+        limit=None if admitted else limit,
+        limit_scope=None if admitted else decision.limit_scope,
     )
+
+
+def _release(customer_id: int, request_id: str | None, api_key_prefix: str | None) -> None:
+    if request_id is None:
+        return  # its slot lapses with the in-flight TTL
+    try:
+        buckets().release(
+            customer_id=customer_id, request_id=request_id, api_key_prefix=api_key_prefix
+        )
+    except redis.RedisError:
+        metrics.ADMISSION_DEGRADED.inc()
 
 
 # The counters' label children, looked up once rather than on every decision.
@@ -246,7 +290,17 @@ def _count(admission_class: str, admitted: bool) -> None:
     _COUNTERS[(admission_class, admitted)].inc()
 
 
+_LIMIT_NAMES = {
+    "rpm": "requests per minute",
+    "tpm": "tokens per minute",
+    "concurrency": "requests in flight",
+}
+
+
 def _refusal_reason(decision) -> str:
+    if decision.limit in _LIMIT_NAMES:
+        whose = "the API key's" if decision.limit_scope == "api_key" else "the customer's"
+        return f"over {whose} limit of {_LIMIT_NAMES[decision.limit]} ({decision.limit})"
     if decision.guaranteed_mu_per_minute <= 0 and decision.best_effort_mu_per_minute <= 0:
         return "no reservation and no best-effort allowance for this model"
     return "over the reservation and the best-effort allowance; retry after retry_after_ms"
@@ -279,6 +333,7 @@ def _degraded(
         admission_class = GUARANTEED
     else:
         admission_class = REFUSED
+    guaranteed_mu = cost if admission_class == GUARANTEED else 0.0
     admitted = admission_class != REFUSED
     _count(admission_class, admitted)
     metrics.ADMISSION_DEGRADED.inc()
@@ -296,6 +351,9 @@ def _degraded(
         limits={**limits, "burst_seconds": settings.ADMISSION_BURST_SECONDS},
         degraded=True,
         reason=f"admission store unreachable; ADMISSION_ON_REDIS_DOWN={mode}",
+        guaranteed_mu=guaranteed_mu,
+        best_effort_mu=cost if admission_class == BEST_EFFORT else 0.0,
+        limit="mu" if admission_class == REFUSED else None,
     )
 
 
@@ -304,15 +362,20 @@ def _take_local(customer_id: int, model_id: int, cost: float, reserved: float) -
         return False
     # This process's share: every process that answers admission has such a bucket, so the
     # fleet admits at most the reservation (settings.ADMISSION_FALLBACK_PROCESSES).
+    # Best-effort is refused while Redis is down: the rule runs with no best-effort rate, so
+    # a request is guaranteed whole (it fits, or the bucket is full) or refused.
     global _local
     if _local is None or _local.burst_seconds != settings.ADMISSION_BURST_SECONDS:
         _local = LocalBuckets(burst_seconds=settings.ADMISSION_BURST_SECONDS)
-    return _local.take(
-        (customer_id, model_id),
+    decision = _local.split(
+        ("g", customer_id, model_id),
+        ("be", customer_id, model_id),
         cost_mu=cost,
-        mu_per_minute=reserved / settings.ADMISSION_FALLBACK_PROCESSES,
+        guaranteed_mu_per_minute=reserved / settings.ADMISSION_FALLBACK_PROCESSES,
+        best_effort_mu_per_minute=0.0,
         now_ms=time.monotonic() * 1000.0,
     )
+    return decision.admission_class == GUARANTEED
 
 
 def _spool_record(
@@ -379,21 +442,23 @@ def fallback_records_prune() -> int:
     return deleted
 
 
-def reconcile_usage(settled: list[tuple[int, int, str, float]]) -> None:
-    """(customer id, model id, event id, MU used) of newly stored usage events: settle the
-    admission of each request admitted under that id. Best effort: if Redis cannot be reached
-    the estimates stand."""
+def reconcile_usage(settled: list[tuple[int, int, str, float, str]]) -> None:
+    """(customer id, model id, event id, MU used, key prefix of its record or "") of newly
+    stored usage events: settle the admission of each request admitted under that id, and free
+    the slot in flight it may hold. Best effort: if Redis cannot be reached the estimates
+    stand (and the slots lapse with their TTL)."""
     if not settled:
         return
     try:
         store = buckets()
         pipe = store.client.pipeline(transaction=False)
-        for customer_id, model_id, event_id, mu in settled:
+        for customer_id, model_id, event_id, mu, api_key_prefix in settled:
             store.reconcile(
                 customer_id=customer_id,
                 model_id=model_id,
                 request_id=event_id,
                 actual_mu=mu,
+                api_key_prefix=api_key_prefix or None,
                 pipe=pipe,
             )
         pipe.execute()

@@ -1,25 +1,34 @@
 """Admission buckets in Redis: GCRA for a guaranteed and a best-effort bucket per (customer,
-model), one atomic round trip per decision (a Lua script), time from Redis's `TIME`.
+model), and the customer's (and its key's) request limits, one atomic round trip per decision
+(a Lua script), time from Redis's `TIME`.
 
 GCRA keeps one number per bucket, its theoretical arrival time (TAT, ms). A bucket with rate
 `r` MU/min spends `T = 60,000 / r` ms per MU and tolerates `burst_seconds` of rate ahead of
-time: a request of `c` MU is admitted when `max(TAT, now) + c·T − burst ≤ now`, which bounds
-what a bucket admits over any interval t to `r·t + burst` (+ one request: a request larger
-than the whole burst is admitted when the bucket is full, and puts it in debt). The script
-tries the guaranteed bucket, then the best-effort one, and records the admitted class and MU
-under the request id so that the request's usage event can settle the difference later
-(`reconcile`).
+time: a request of `c` MU fits when `max(TAT, now) + c·T − burst ≤ now`, which bounds what a
+bucket admits over any interval t to `r·t + burst` (+ one request: a request larger than the
+whole burst is admitted when the bucket is full, and puts it in debt). The script decides
+under the one rule of capacity.admission.bucket (`split`): a request takes what is left of the
+guarantee and only the rest from the best-effort bucket. It records the admitted class, the
+estimate and its guaranteed part under the request id, so that the request's usage event is
+billed by it and settles the difference later (`reconcile`).
 
-Limits (MU/min) live in Redis too, in a hash per (customer, model) that every allocation tick
+Request limits (requests per minute, tokens per minute, requests in flight; per customer and
+per key, capacity.admission.limits) are checked in the same script before the buckets: a
+request they refuse takes nothing from the buckets, and one the buckets refuse is not counted
+by them. A 429 names the limit that bit (`BucketDecision.limit`).
+
+MU limits live in Redis too, in a hash per (customer, model) that every allocation tick
 rewrites and that expires when ticks stop giving it, so departed tenants leave nothing behind.
-Every key carries a TTL.
+Request limits are published whole with the gateway documents and kept until a publication
+removes them. Every key of state carries a TTL.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,107 +46,332 @@ GUARANTEED, BEST_EFFORT, REFUSED = "guaranteed", "best_effort", "refused"
 REFUSED_GUARANTEED = "refused_guaranteed"
 PREFIX = "adm"
 
-# The one bucket rule (capacity.admission.bucket.take) in Lua, since a script cannot call Python:
-# the bucket's TAT lives at `key`. Kept as its own text so that the rule's property test
+# The one bucket rule (capacity.admission.bucket.split) in Lua, since a script cannot call
+# Python: a bucket's TAT lives at its key. Kept as its own text so that the rule's property test
 # (tests/capacity/admission/test_bucket_rule.py) runs these very lines with a chosen clock.
+# Each line restates one of bucket.split's, in the same order of operations, so that both
+# compute the same doubles from the same state.
 GCRA_LUA = """
-local function gcra_take(key, rate, now, cost, burst_ms, ttl_ms)
-  if rate == nil or rate <= 0 then return false, -1 end
-  local per_mu = 60000 / rate
+local function gcra_tat(key, now)
   local tat = tonumber(redis.call('GET', key)) or now
   if tat < now then tat = now end
-  local new_tat = tat + cost * per_mu
-  -- A request larger than the whole burst is admitted when the bucket is full.
-  local allow_at = math.min(new_tat - burst_ms, tat)
-  if allow_at <= now then
-    redis.call('SET', key, tostring(new_tat), 'PX', math.floor(new_tat - now + ttl_ms))
-    return true, 0
+  return tat
+end
+
+local function gcra_set(key, new_tat, now, ttl_ms)
+  redis.call('SET', key, tostring(new_tat), 'PX', math.floor(new_tat - now + ttl_ms))
+end
+
+local function sooner(a, b)
+  if a < 0 then return b end
+  if b < 0 then return a end
+  return math.min(a, b)
+end
+
+-- class, guaranteed MU, best-effort MU, wait ms (refused; -1: never at these rates)
+local function gcra_split(g_key, be_key, g_rate, be_rate, now, cost, burst_ms, ttl_ms)
+  local left, g_tat, per_mu = 0, now, 0
+  local has_g = g_rate ~= nil and g_rate > 0
+  if has_g then
+    per_mu = 60000 / g_rate
+    g_tat = gcra_tat(g_key, now)
+    local whole = g_tat + cost * per_mu
+    if whole - burst_ms <= now then  -- 1. it fits the guarantee
+      gcra_set(g_key, whole, now, ttl_ms)
+      return 'guaranteed', cost, 0, 0
+    end
+    left = math.max(0, (now + burst_ms - g_tat) / per_mu)
   end
-  return false, allow_at - now
+  local rest = cost - left
+  local be_wait = -1
+  if be_rate ~= nil and be_rate > 0 then  -- 2. what is left of the guarantee, the rest best-effort
+    local be_per_mu = 60000 / be_rate
+    local be_tat = gcra_tat(be_key, now)
+    local be_new = be_tat + rest * be_per_mu
+    local allow_at = math.min(be_new - burst_ms, be_tat)
+    if allow_at <= now then
+      if left > 0 then gcra_set(g_key, g_tat + left * per_mu, now, ttl_ms) end
+      gcra_set(be_key, be_new, now, ttl_ms)
+      return 'best_effort', left, rest, 0
+    end
+    be_wait = allow_at - now
+  end
+  if has_g and g_tat <= now then  -- 3. a full guaranteed bucket takes it into debt
+    gcra_set(g_key, g_tat + cost * per_mu, now, ttl_ms)
+    return 'guaranteed', cost, 0, 0
+  end
+  local g_wait = -1  -- 4. refused
+  if has_g then g_wait = math.min(g_tat + cost * per_mu - burst_ms, g_tat) - now end
+  return 'refused', 0, 0, sooner(g_wait, be_wait)
 end
 """
 
-# KEYS: limits hash, guaranteed TAT, best-effort TAT, request record (or "" for none)
-# ARGV: cost MU, burst seconds, bucket TTL ms, record TTL s
+# Request limits of one scope (a customer, or one of its keys; capacity.admission.limits).
+# Requests and tokens per minute count over an exact sliding window: a log of the requests
+# admitted (a sorted set, score: the admission time in ms, member "<tokens>:<nonce>") beside the
+# sum of its tokens, pruned of what left the window at every decision; so a limit of N admits at
+# most N in ANY window of that length, never 2N across a minute's boundary as fixed buckets
+# would. Requests in flight are a sorted set of request ids, scored with when each slot lapses
+# (the TTL that bounds what a lost release can leak).
+REQUEST_LIMITS_LUA = """
+local function limits_of(lim_key)
+  if lim_key == '' then return nil end
+  local l = redis.call('HMGET', lim_key, 'rpm', 'tpm', 'concurrency')
+  local rpm, tpm, cc = tonumber(l[1]), tonumber(l[2]), tonumber(l[3])
+  if rpm == nil and tpm == nil and cc == nil then return nil end
+  return {rpm = rpm, tpm = tpm, cc = cc}
+end
+
+-- requests and tokens in the window (now - window, now], once older entries are dropped
+local function log_prune(log_key, tok_key, cutoff)
+  local gone = redis.call('ZRANGEBYSCORE', log_key, '-inf', cutoff)
+  if #gone > 0 then
+    local freed = 0
+    for _, member in ipairs(gone) do freed = freed + tonumber(string.match(member, '^%d+')) end
+    redis.call('ZREMRANGEBYSCORE', log_key, '-inf', cutoff)
+    redis.call('DECRBY', tok_key, freed)
+  end
+  local count = redis.call('ZCARD', log_key)
+  if count == 0 then
+    redis.call('DEL', tok_key)
+    return 0, 0
+  end
+  return count, tonumber(redis.call('GET', tok_key)) or 0
+end
+
+-- when enough of the log leaves the window for `need` tokens to fit
+local function tpm_wait(log_key, need, now, window)
+  local freed, from = 0, 0
+  while true do
+    local chunk = redis.call('ZRANGE', log_key, from, from + 127, 'WITHSCORES')
+    if #chunk == 0 then return window end
+    for j = 1, #chunk, 2 do
+      freed = freed + tonumber(string.match(chunk[j], '^%d+'))
+      if freed >= need then return tonumber(chunk[j + 1]) + window - now end
+    end
+    from = from + 128
+  end
+end
+
+-- the limit of this scope that refuses the request, and its wait (-1: never); nil when none
+local function scope_refusal(lim, log_key, tok_key, cc_key, now, window, tokens)
+  local bit, bit_wait = nil, 0
+  local function bites(name, wait)
+    if bit == nil or (bit_wait >= 0 and (wait < 0 or wait > bit_wait)) then
+      bit, bit_wait = name, wait
+    end
+  end
+  if lim.cc ~= nil then
+    redis.call('ZREMRANGEBYSCORE', cc_key, '-inf', now)  -- slots whose release never came
+    if redis.call('ZCARD', cc_key) >= lim.cc then
+      -- A slot frees when a request in flight ends, which nothing here foretells: ask again
+      -- in a second, or when the first slot lapses if that is sooner.
+      local first = redis.call('ZRANGE', cc_key, 0, 0, 'WITHSCORES')
+      local wait = 1000
+      if first[2] then wait = math.min(wait, tonumber(first[2]) - now) end
+      bites('concurrency', wait)
+    end
+  end
+  if lim.rpm ~= nil or lim.tpm ~= nil then
+    local count, used = log_prune(log_key, tok_key, now - window)
+    if lim.rpm ~= nil and count >= lim.rpm then
+      local wait = -1
+      if lim.rpm > 0 then
+        local at = redis.call('ZRANGE', log_key, count - lim.rpm, count - lim.rpm, 'WITHSCORES')
+        wait = tonumber(at[2]) + window - now
+      end
+      bites('rpm', wait)
+    end
+    if lim.tpm ~= nil and used + tokens > lim.tpm then
+      local wait = -1
+      if tokens <= lim.tpm then wait = tpm_wait(log_key, used + tokens - lim.tpm, now, window) end
+      bites('tpm', wait)
+    end
+  end
+  return bit, bit_wait
+end
+
+-- count an admitted request in the scope; 1 when it holds a slot in flight
+local function scope_take(lim, log_key, tok_key, cc_key, now, window, tokens, nonce, member, cc_ttl)
+  if lim.rpm ~= nil or lim.tpm ~= nil then
+    redis.call('ZADD', log_key, now, tokens .. ':' .. nonce)
+    redis.call('INCRBY', tok_key, tokens)
+    redis.call('PEXPIRE', log_key, window)
+    redis.call('PEXPIRE', tok_key, window)
+  end
+  if lim.cc ~= nil then
+    redis.call('ZADD', cc_key, now + cc_ttl, member)
+    redis.call('PEXPIRE', cc_key, cc_ttl)
+    return 1
+  end
+  return 0
+end
+"""
+
+# KEYS: MU limits hash, guaranteed TAT, best-effort TAT, request record (or "" for none), then
+# per scope, the customer's and the key's (or four "" for none): request limits hash, log, log
+# tokens, requests in flight
+# ARGV: cost MU, burst seconds, bucket TTL ms, record TTL s, tokens (what TPM counts), window
+# ms, in-flight TTL ms, the request's member (its id, or a nonce), a log nonce, key prefix
 #
-# The record ("<class>:<estimated MU>", then ":s" once settled) is what later decides the
-# class its usage event is billed in; the latest decision for a request id is the one kept.
+# The request limits are checked first and change nothing when they refuse (not even the MU
+# buckets); a request the MU buckets refuse is not counted by them either.
+#
+# The record ("<class>:<estimated MU>:<guaranteed MU of it>:<key prefix>", then ":s" once
+# settled) is what later decides the class its usage event is billed in, and how its MU splits
+# between guaranteed and best-effort; the latest decision for a request id is the one kept.
 _ADMIT = (
     GCRA_LUA
+    + REQUEST_LIMITS_LUA
     + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
-local limits = redis.call('HMGET', KEYS[1], 'g', 'be')
+local mu_limits = redis.call('HMGET', KEYS[1], 'g', 'be')
 local cost = tonumber(ARGV[1])
 local burst_ms = tonumber(ARGV[2]) * 1000
 local ttl_ms = tonumber(ARGV[3])
-local g = tonumber(limits[1])
-local be = tonumber(limits[2])
+local tokens = tonumber(ARGV[5])
+local window = tonumber(ARGV[6])
+local cc_ttl = tonumber(ARGV[7])
+local g = tonumber(mu_limits[1])
+local be = tonumber(mu_limits[2])
 
-local function try(key, rate)
-  return gcra_take(key, rate, now, cost, burst_ms, ttl_ms)
-end
-
-local ok, g_wait = try(KEYS[2], g)
-local class = 'guaranteed'
-local wait = 0
-if not ok then
-  local ok_be, be_wait = try(KEYS[3], be)
-  if ok_be then
-    class = 'best_effort'
-  else
-    class = 'refused'
-    if g_wait < 0 then wait = be_wait
-    elseif be_wait < 0 then wait = g_wait
-    else wait = math.min(g_wait, be_wait) end
+local scopes = {}
+for i, name in ipairs({'customer', 'api_key'}) do
+  local base = 4 + (i - 1) * 4
+  local lim = limits_of(KEYS[base + 1])
+  if lim ~= nil then
+    scopes[#scopes + 1] = {name, lim, KEYS[base + 2], KEYS[base + 3], KEYS[base + 4]}
   end
 end
+
+local class, g_mu, wait, limit, scope, held = 'refused', 0, 0, '', '', 0
+for _, s in ipairs(scopes) do
+  local bit, bit_wait = scope_refusal(s[2], s[3], s[4], s[5], now, window, tokens)
+  if bit ~= nil and (limit == '' or (wait >= 0 and (bit_wait < 0 or bit_wait > wait))) then
+    limit, scope, wait = bit, s[1], bit_wait
+  end
+end
+if limit == '' then
+  local _
+  class, g_mu, _, wait = gcra_split(KEYS[2], KEYS[3], g, be, now, cost, burst_ms, ttl_ms)
+  if class == 'refused' then
+    limit = 'mu'
+  else
+    for _, s in ipairs(scopes) do
+      local took = scope_take(s[2], s[3], s[4], s[5], now, window, ARGV[5], ARGV[9], ARGV[8],
+                              cc_ttl)
+      held = math.max(held, took)
+    end
+  end
+end
+local g_text = '0'
+if class == 'guaranteed' then g_text = ARGV[1] elseif g_mu > 0 then g_text = tostring(g_mu) end
 if KEYS[4] ~= '' then
   local recorded = class
-  -- A refusal of a customer that holds a reservation is a refused *guaranteed* request: the
-  -- one kind that can earn an SLA credit.
-  if class == 'refused' and g ~= nil and g > 0 then recorded = 'refused_guaranteed' end
-  redis.call('SET', KEYS[4], recorded .. ':' .. ARGV[1], 'EX', tonumber(ARGV[4]))
+  if class == 'refused' then
+    -- A refusal by the MU buckets of a customer that holds a reservation is a refused
+    -- *guaranteed* request: the one kind that can earn an SLA credit. A refusal by the
+    -- customer's own request limits is neither guaranteed nor best-effort demand.
+    if limit ~= 'mu' then recorded = 'refused_limit'
+    elseif g ~= nil and g > 0 then recorded = 'refused_guaranteed' end
+  end
+  redis.call('SET', KEYS[4], recorded .. ':' .. ARGV[1] .. ':' .. g_text .. ':' .. ARGV[10],
+             'EX', tonumber(ARGV[4]))
 end
-return {class, tostring(wait), tostring(g or -1), tostring(be or -1)}
+return {class, tostring(wait), tostring(g or -1), tostring(be or -1), g_text, limit, scope, held}
 """
 )
 
-# KEYS: request record, guaranteed TAT, best-effort TAT, limits hash
-# ARGV: actual MU, bucket TTL ms
+# KEYS: request record, guaranteed TAT, best-effort TAT, MU limits hash, the customer's and the
+# key's requests in flight (or "")
+# ARGV: actual MU, bucket TTL ms, the request's member (its id)
 # The record stays (marked settled) for the whole usage lateness window: the usage event's
-# class is read from it, and a second event with the same id must not settle again.
+# class is read from it, and a second event with the same id must not settle again. The
+# request's MU splits as its record says (AdmissionRecord.split): a wholly guaranteed request
+# stays guaranteed; a best-effort one keeps at most its guaranteed part guaranteed, so what it
+# used beyond its estimate is charged to (and what it did not use is refunded first from) the
+# best-effort bucket.
 _RECONCILE = """
+for i = 5, 6 do
+  if KEYS[i] ~= '' then redis.call('ZREM', KEYS[i], ARGV[3]) end
+end
 local record = redis.call('GET', KEYS[1])
 if not record then return {'', '0'} end
 if string.sub(record, -2) == ':s' then return {'', '0'} end
 redis.call('SET', KEYS[1], record .. ':s', 'KEEPTTL')
-local sep = string.find(record, ':')
-local class = string.sub(record, 1, sep - 1)
+local fields, from = {}, 1
+while true do
+  local at = string.find(record, ':', from, true)
+  if not at then fields[#fields + 1] = string.sub(record, from) break end
+  fields[#fields + 1] = string.sub(record, from, at - 1)
+  from = at + 1
+end
+local class = fields[1]
 if class ~= 'guaranteed' and class ~= 'best_effort' then return {class, '0'} end
-local estimate = tonumber(string.sub(record, sep + 1))
-local delta = tonumber(ARGV[1]) - estimate
-local key, field = KEYS[2], 'g'
-if class == 'best_effort' then key, field = KEYS[3], 'be' end
-local rate = tonumber(redis.call('HGET', KEYS[4], field))
-if rate == nil or rate <= 0 then return {class, tostring(delta)} end
+local estimate = tonumber(fields[2])
+local actual = tonumber(ARGV[1])
+local g_estimate = tonumber(fields[3] or '')
+if g_estimate == nil then
+  if class == 'guaranteed' then g_estimate = estimate else g_estimate = 0 end
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
-local tat = tonumber(redis.call('GET', key)) or now
-if tat < now then tat = now end
--- A refund never lifts the bucket above full (TAT below now).
-local new_tat = math.max(now, tat + delta * 60000 / rate)
-redis.call('SET', key, tostring(new_tat), 'PX', math.floor(new_tat - now + tonumber(ARGV[2])))
-return {class, tostring(delta)}
+local function adjust(key, field, delta)
+  if delta == 0 then return end
+  local rate = tonumber(redis.call('HGET', KEYS[4], field))
+  if rate == nil or rate <= 0 then return end
+  local tat = tonumber(redis.call('GET', key)) or now
+  if tat < now then tat = now end
+  -- A refund never lifts the bucket above full (TAT below now).
+  local new_tat = math.max(now, tat + delta * 60000 / rate)
+  redis.call('SET', key, tostring(new_tat), 'PX', math.floor(new_tat - now + tonumber(ARGV[2])))
+end
+if class == 'guaranteed' then
+  adjust(KEYS[2], 'g', actual - estimate)
+else
+  local g_actual = math.min(actual, g_estimate)
+  adjust(KEYS[2], 'g', g_actual - g_estimate)
+  adjust(KEYS[3], 'be', (actual - g_actual) - (estimate - g_estimate))
+end
+return {class, tostring(actual - estimate)}
+"""
+
+# KEYS: the customer's and the key's requests in flight (or ""); ARGV: the request's member.
+# The gateway's end of a request: its slot frees at once, not when its usage event arrives.
+_RELEASE = """
+for i = 1, #KEYS do
+  if KEYS[i] ~= '' then redis.call('ZREM', KEYS[i], ARGV[1]) end
+end
+return 0
 """
 
 
 @dataclass(frozen=True)
 class BucketDecision:
-    admission_class: str  # GUARANTEED, BEST_EFFORT or REFUSED
+    admission_class: str  # GUARANTEED, BEST_EFFORT (wholly or in part) or REFUSED
     retry_after_ms: float  # 0 when admitted; -1: never at the current limits
     guaranteed_mu_per_minute: float
     best_effort_mu_per_minute: float
+    # Of the request's MU: the part taken from each bucket (partial spillover, bucket.split).
+    guaranteed_mu: float = 0.0
+    best_effort_mu: float = 0.0
+    # Refused: the limit that refused it, "mu" (the buckets) or a request limit ("rpm", "tpm",
+    # "concurrency", of the scope in limit_scope: "customer" or "api_key"); None when admitted.
+    limit: str | None = None
+    limit_scope: str | None = None
+    # Admitted under a concurrency limit: it holds a slot until `release` (or its usage event,
+    # or the slot's TTL).
+    holds_slot: bool = False
+
+
+# What a request limit is called: in the limits hash, in the answers, in the 429s.
+RPM, TPM, CONCURRENCY = "rpm", "tpm", "concurrency"
+REQUEST_LIMIT_FIELDS = (RPM, TPM, CONCURRENCY)
+CUSTOMER_SCOPE, API_KEY_SCOPE = "customer", "api_key"
+# The published request limits' scopes (capacity.publication writes them whole).
+REQUEST_LIMITS_INDEX = f"{PREFIX}:rl:index"
+RATE_WINDOW_SECONDS = 60.0  # what "per minute" means: any sliding window of this length
 
 
 def limits_key(customer_id: int, model_id: int) -> str:
@@ -152,8 +386,45 @@ def _record_key(customer_id: int, model_id: int, request_id: str) -> str:
     return f"{PREFIX}:req:{model_id}:{customer_id}:{request_id}"
 
 
+def customer_scope(customer_id: int) -> str:
+    return f"c:{customer_id}"
+
+
+def api_key_scope(prefix: str) -> str:
+    return f"k:{prefix}"
+
+
+def request_limits_key(scope: str) -> str:
+    return f"{PREFIX}:rl:{scope}"
+
+
+def _scope_keys(scope: str | None) -> list[str]:
+    """A scope's request limits hash, log, log tokens and requests in flight."""
+    if scope is None:
+        return ["", "", "", ""]
+    return [
+        request_limits_key(scope),
+        f"{PREFIX}:rlog:{scope}",
+        f"{PREFIX}:rtok:{scope}",
+        in_flight_key(scope),
+    ]
+
+
+def in_flight_key(scope: str) -> str:
+    return f"{PREFIX}:rcc:{scope}"
+
+
+def _in_flight_keys(customer_id: int, api_key_prefix: str | None) -> list[str]:
+    return [
+        in_flight_key(customer_scope(customer_id)),
+        in_flight_key(api_key_scope(api_key_prefix)) if api_key_prefix else "",
+    ]
+
+
 # What an admission record says about its request (the first part of the stored value).
-RECORD_CLASSES = frozenset({GUARANTEED, BEST_EFFORT, REFUSED_GUARANTEED, REFUSED})
+# refused_limit: refused by the customer's own request limits (RPM, TPM, concurrency).
+REFUSED_LIMIT = "refused_limit"
+RECORD_CLASSES = frozenset({GUARANTEED, BEST_EFFORT, REFUSED_GUARANTEED, REFUSED, REFUSED_LIMIT})
 
 
 @dataclass(frozen=True)
@@ -161,10 +432,25 @@ class AdmissionRecord:
     admission_class: str  # one of RECORD_CLASSES
     estimated_mu: float
     spooled: bool = False  # from the Redis-down fallback's spool, not from Redis
+    # Of the estimate, the part the guaranteed bucket gave (None: by the class, all or nothing).
+    guaranteed_estimate_mu: float | None = None
+    api_key_prefix: str = ""  # the key whose request limits counted it ("" for none)
 
     @property
     def admitted(self) -> bool:
         return self.admission_class in (GUARANTEED, BEST_EFFORT)
+
+    def split(self, actual_mu: float) -> tuple[float, float]:
+        """(guaranteed MU, best-effort MU) of what the admitted request used, as the
+        reconcile script charges them: a wholly guaranteed request stays guaranteed; one that
+        spilled over keeps at most its guaranteed part guaranteed (the guarantee was used up
+        when it was admitted), the rest is best-effort."""
+        if self.admission_class == GUARANTEED:
+            return actual_mu, 0.0
+        if self.admission_class != BEST_EFFORT:
+            return 0.0, 0.0
+        guaranteed = min(actual_mu, self.guaranteed_estimate_mu or 0.0)
+        return guaranteed, actual_mu - guaranteed
 
 
 def parse_record(raw: bytes | str | None) -> AdmissionRecord | None:
@@ -175,7 +461,12 @@ def parse_record(raw: bytes | str | None) -> AdmissionRecord | None:
     if len(parts) < 2 or parts[0] not in RECORD_CLASSES:
         return None
     try:
-        return AdmissionRecord(parts[0], float(parts[1]))
+        # Records written before partial spillover have two fields (class, estimate).
+        guaranteed = float(parts[2]) if len(parts) >= 4 else None
+        prefix = parts[3] if len(parts) >= 4 else ""
+        return AdmissionRecord(
+            parts[0], float(parts[1]), guaranteed_estimate_mu=guaranteed, api_key_prefix=prefix
+        )
     except ValueError:
         return None
 
@@ -186,38 +477,103 @@ def _admit_keys_and_args(
     model_id: int,
     cost_mu: float,
     request_id: str | None,
+    tokens: int = 0,
+    api_key_prefix: str | None = None,
 ) -> tuple[list[str], list[Any]]:
     keys = [
         limits_key(customer_id, model_id),
         _bucket_key(customer_id, model_id, GUARANTEED),
         _bucket_key(customer_id, model_id, BEST_EFFORT),
         _record_key(customer_id, model_id, request_id) if request_id else "",
+        *_scope_keys(customer_scope(customer_id)),
+        *_scope_keys(api_key_scope(api_key_prefix) if api_key_prefix else None),
     ]
-    args = [repr(float(cost_mu)), buckets.burst_seconds, buckets.idle_ttl_ms, buckets.record_ttl_s]
+    # The log's member must be unique per admission across every process on every host, so a
+    # random one (a request id may be asked about twice).
+    nonce = os.urandom(8).hex()
+    args = [
+        repr(float(cost_mu)),
+        buckets.burst_seconds,
+        buckets.idle_ttl_ms,
+        buckets.record_ttl_s,
+        max(0, int(tokens)),
+        buckets.rate_window_ms,
+        buckets.in_flight_ttl_ms,
+        request_id or "~" + nonce,
+        nonce,
+        api_key_prefix or "",
+    ]
     return keys, args
 
 
-def _decision(reply: Any) -> BucketDecision:
-    admission_class, wait, guaranteed, best_effort = reply
+def _decision(reply: Any, cost_mu: float) -> BucketDecision:
+    admission_class, wait, guaranteed, best_effort, g_text, limit, scope, held = reply
+    admission_class = admission_class.decode()
+    guaranteed_mu = best_effort_mu = 0.0
+    if admission_class == GUARANTEED:
+        guaranteed_mu = cost_mu
+    elif admission_class == BEST_EFFORT:
+        guaranteed_mu = float(g_text)
+        best_effort_mu = cost_mu - guaranteed_mu
     return BucketDecision(
-        admission_class=admission_class.decode(),
+        admission_class=admission_class,
         retry_after_ms=float(wait),
         guaranteed_mu_per_minute=max(0.0, float(guaranteed)),
         best_effort_mu_per_minute=max(0.0, float(best_effort)),
+        guaranteed_mu=guaranteed_mu,
+        best_effort_mu=best_effort_mu,
+        limit=limit.decode() or None,
+        limit_scope=scope.decode() or None,
+        holds_slot=bool(held),
     )
 
 
-class Buckets:
-    """The Redis side of admission. Raises redis.RedisError when Redis cannot be reached."""
+def queue_request_limits(
+    pipe, limits: Mapping[str, Mapping[str, int]], previous: Iterable[bytes | str]
+) -> None:
+    """Queue on `pipe` the writes that make the published request limits exactly `limits`
+    (scope -> {"rpm" | "tpm" | "concurrency": int}): each scope's hash whole, the scopes
+    published before and gone now deleted (`previous`: the index as read before). No TTL: a
+    gateway goes on enforcing the last limits while the control plane is down."""
+    gone = {s.decode() if isinstance(s, bytes) else s for s in previous} - set(limits)
+    for scope in sorted(gone):
+        pipe.delete(request_limits_key(scope))
+    for scope, fields in limits.items():
+        key = request_limits_key(scope)
+        pipe.delete(key)
+        pipe.hset(key, mapping={name: str(int(value)) for name, value in fields.items()})
+    pipe.delete(REQUEST_LIMITS_INDEX)
+    if limits:
+        pipe.sadd(REQUEST_LIMITS_INDEX, *sorted(limits))
 
-    def __init__(self, client, *, burst_seconds: float, idle_ttl_seconds: float, record_ttl_s: int):
+
+class Buckets:
+    """The Redis side of admission. Raises redis.RedisError when Redis cannot be reached.
+
+    `rate_window_seconds` is what RPM and TPM count over (60 s; a test may shorten it);
+    `in_flight_ttl_seconds` bounds how long a request holds a concurrency slot whose release
+    never came."""
+
+    def __init__(
+        self,
+        client,
+        *,
+        burst_seconds: float,
+        idle_ttl_seconds: float,
+        record_ttl_s: int,
+        in_flight_ttl_seconds: float = 600.0,
+        rate_window_seconds: float = RATE_WINDOW_SECONDS,
+    ):
         self.client = client
         self.burst_seconds = burst_seconds
         self.idle_ttl_ms = int(idle_ttl_seconds * 1000)
         self.record_ttl_s = record_ttl_s
+        self.in_flight_ttl_ms = int(in_flight_ttl_seconds * 1000)
+        self.rate_window_ms = int(rate_window_seconds * 1000)
         self._local = threading.local()
         self._admit = client.register_script(_ADMIT)
         self._reconcile = client.register_script(_RECONCILE)
+        self._release = client.register_script(_RELEASE)
 
     def _evalsha(self, script, keys: list[str], args: list):
         """EVALSHA on this thread's own connection: a decision is one round trip, and the
@@ -241,24 +597,51 @@ class Buckets:
         raise AssertionError("unreachable")
 
     def admit(
-        self, *, customer_id: int, model_id: int, cost_mu: float, request_id: str | None
+        self,
+        *,
+        customer_id: int,
+        model_id: int,
+        cost_mu: float,
+        request_id: str | None,
+        tokens: int = 0,
+        api_key_prefix: str | None = None,
     ) -> BucketDecision:
-        keys, args = _admit_keys_and_args(self, customer_id, model_id, cost_mu, request_id)
-        return _decision(self._evalsha(self._admit, keys, args))
+        """Decide a request of `cost_mu` MU and `tokens` tokens (what TPM counts) under the
+        customer's MU buckets and request limits, and the key's when `api_key_prefix` names
+        one: one round trip."""
+        keys, args = _admit_keys_and_args(
+            self, customer_id, model_id, cost_mu, request_id, tokens, api_key_prefix
+        )
+        return _decision(self._evalsha(self._admit, keys, args), cost_mu)
 
     def reconcile(
-        self, *, customer_id: int, model_id: int, request_id: str, actual_mu: float, pipe=None
+        self,
+        *,
+        customer_id: int,
+        model_id: int,
+        request_id: str,
+        actual_mu: float,
+        api_key_prefix: str | None = None,
+        pipe=None,
     ):
         """Settle an admitted request's estimate against what it used (once; a request
-        without a record, or settled already, changes nothing)."""
+        without a record, or settled already, changes nothing), and free its slot in flight."""
         keys = [
             _record_key(customer_id, model_id, request_id),
             _bucket_key(customer_id, model_id, GUARANTEED),
             _bucket_key(customer_id, model_id, BEST_EFFORT),
             limits_key(customer_id, model_id),
+            *_in_flight_keys(customer_id, api_key_prefix),
         ]
         return self._reconcile(
-            keys=keys, args=[repr(float(actual_mu)), self.idle_ttl_ms], client=pipe
+            keys=keys, args=[repr(float(actual_mu)), self.idle_ttl_ms, request_id], client=pipe
+        )
+
+    def release(self, *, customer_id: int, request_id: str, api_key_prefix: str | None = None):
+        """Free the concurrency slot a request holds (its end); freeing one not held is a
+        no-op."""
+        return self._evalsha(
+            self._release, _in_flight_keys(customer_id, api_key_prefix), [request_id]
         )
 
     def records(self, requests: list[tuple[int, int, str]]) -> list[AdmissionRecord | None]:
@@ -281,6 +664,14 @@ class Buckets:
         if keys:
             self.client.delete(*(limits_key(c, m) for c, m in keys))
 
+    def publish_request_limits(self, limits: Mapping[str, Mapping[str, int]]) -> None:
+        """Make the published request limits exactly `limits`, in one transaction (the
+        control plane publishes them with the gateway documents, capacity.publication)."""
+        previous = self.client.smembers(REQUEST_LIMITS_INDEX)
+        pipe = self.client.pipeline(transaction=True)
+        queue_request_limits(pipe, limits, previous)
+        pipe.execute()
+
 
 Orphaned = Callable[[BucketDecision | BaseException], None] | None
 
@@ -289,7 +680,8 @@ class AsyncBuckets:
     """`Buckets.admit` for an asyncio event loop (redis.asyncio): the same script, one EVALSHA
     per decision, on one connection of its own. Decisions asked for while a round trip is under
     way are pipelined together in the next one, so under load a round trip carries many
-    decisions (one write and one read for all of them) and never blocks the loop.
+    decisions (one write and one read for all of them) and never blocks the loop. Releases of
+    concurrency slots ride the same pipeline.
 
     `submit` queues a decision and returns its future; `admit` awaits it. A caller cancelled
     while it waits cancels the future, not the decision (Redis takes and records it all the
@@ -304,14 +696,21 @@ class AsyncBuckets:
         idle_ttl_seconds: float,
         record_ttl_s: int,
         timeout_seconds: float,
+        in_flight_ttl_seconds: float = 600.0,
+        rate_window_seconds: float = RATE_WINDOW_SECONDS,
     ):
         self.client = client
         self.burst_seconds = burst_seconds
         self.idle_ttl_ms = int(idle_ttl_seconds * 1000)
         self.record_ttl_s = record_ttl_s
+        self.in_flight_ttl_ms = int(in_flight_ttl_seconds * 1000)
+        self.rate_window_ms = int(rate_window_seconds * 1000)
         self.timeout_seconds = timeout_seconds
         self._script = client.register_script(_ADMIT)
-        self._queue: list[tuple[tuple[Any, ...], asyncio.Future[BucketDecision], Orphaned]] = []
+        self._release_script = client.register_script(_RELEASE)
+        self._queue: list[
+            tuple[tuple[Any, ...], asyncio.Future[Any], Orphaned, Callable[[Any], Any]]
+        ] = []
         self._sender: asyncio.Task[None] | None = None
         self._connection: redis.asyncio.connection.AbstractConnection | None = None
 
@@ -322,22 +721,51 @@ class AsyncBuckets:
         model_id: int,
         cost_mu: float,
         request_id: str | None,
+        tokens: int = 0,
+        api_key_prefix: str | None = None,
         orphaned: Orphaned = None,
     ) -> asyncio.Future[BucketDecision]:
-        keys, args = _admit_keys_and_args(self, customer_id, model_id, cost_mu, request_id)
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[BucketDecision] = loop.create_future()
+        keys, args = _admit_keys_and_args(
+            self, customer_id, model_id, cost_mu, request_id, tokens, api_key_prefix
+        )
         command = ("EVALSHA", self._script.sha, len(keys), *keys, *args)
-        self._queue.append((command, future, orphaned))
+        return self._enqueue(command, orphaned, lambda reply: _decision(reply, cost_mu))
+
+    def release(
+        self, *, customer_id: int, request_id: str, api_key_prefix: str | None = None
+    ) -> asyncio.Future[Any]:
+        """Free the concurrency slot a request holds (its end), in the next round trip."""
+        keys = _in_flight_keys(customer_id, api_key_prefix)
+        command = ("EVALSHA", self._release_script.sha, len(keys), *keys, request_id)
+        return self._enqueue(command, None, lambda reply: reply)
+
+    def _enqueue(
+        self, command: tuple[Any, ...], orphaned: Orphaned, parse: Callable[[Any], Any]
+    ) -> asyncio.Future[Any]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._queue.append((command, future, orphaned, parse))
         if self._sender is None:
             self._sender = loop.create_task(self._send())
         return future
 
     async def admit(
-        self, *, customer_id: int, model_id: int, cost_mu: float, request_id: str | None
+        self,
+        *,
+        customer_id: int,
+        model_id: int,
+        cost_mu: float,
+        request_id: str | None,
+        tokens: int = 0,
+        api_key_prefix: str | None = None,
     ) -> BucketDecision:
         return await self.submit(
-            customer_id=customer_id, model_id=model_id, cost_mu=cost_mu, request_id=request_id
+            customer_id=customer_id,
+            model_id=model_id,
+            cost_mu=cost_mu,
+            request_id=request_id,
+            tokens=tokens,
+            api_key_prefix=api_key_prefix,
         )
 
     async def close(self) -> None:
@@ -355,13 +783,13 @@ class AsyncBuckets:
                     replies: list[Any] = await self._round_trip([item[0] for item in batch])
                 except redis.RedisError as error:
                     replies = [type(error)(*error.args) for _ in batch]
-                for (_, future, orphaned), reply in zip(batch, replies, strict=True):
-                    outcome: BucketDecision | BaseException
+                for (_, future, orphaned, parse), reply in zip(batch, replies, strict=True):
+                    outcome: Any
                     if isinstance(reply, BaseException):
                         outcome = reply
                     else:
                         try:
-                            outcome = _decision(reply)
+                            outcome = parse(reply)
                         except (ValueError, TypeError, AttributeError) as error:
                             outcome = redis.ResponseError(f"bad reply: {error}")
                     if future.done():  # its caller was cancelled
@@ -388,8 +816,10 @@ class AsyncBuckets:
                 replies = await self._pipelined(connection, commands)
                 missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
                 if missing:  # Redis restarted or flushed its scripts
-                    await connection.send_command("SCRIPT", "LOAD", self._script.script)
-                    await connection.read_response()
+                    scripts = {s.sha: s.script for s in (self._script, self._release_script)}
+                    for sha in {commands[i][1] for i in missing} & set(scripts):
+                        await connection.send_command("SCRIPT", "LOAD", scripts[sha])
+                        await connection.read_response()
                     again = await self._pipelined(connection, [commands[i] for i in missing])
                     for i, reply in zip(missing, again, strict=True):
                         replies[i] = reply

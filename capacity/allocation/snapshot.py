@@ -357,7 +357,9 @@ def _current_use(now: datetime) -> dict[tuple[int, int], tuple[float, float, flo
         .annotate(
             used=Sum("mu", filter=~refused),
             guaranteed=Sum("estimated_mu", filter=refused & Q(admission_class="guaranteed")),
-            best_effort=Sum("estimated_mu", filter=refused & ~Q(admission_class="guaranteed")),
+            # Not the refusals of the customer's own request limits (class "none"): more
+            # capacity would not admit them.
+            best_effort=Sum("estimated_mu", filter=refused & Q(admission_class="best_effort")),
         )
         .values_list("served_model_id", "customer_id", "used", "guaranteed", "best_effort")
     )

@@ -1,18 +1,29 @@
-"""POST /api/v1/admission: may this request run, in which class (capacity/admission/gate.py)."""
+"""POST /api/v1/admission: may this request run, in which class (capacity/admission/gate.py);
+/api/v1/request-limits/: the RPM, TPM and concurrency limits planners set
+(capacity/admission/limits.py)."""
 
 import math
 
+from django_filters import rest_framework as filters
 from drf_spectacular.utils import extend_schema, inline_serializer
-from rest_framework import serializers, status
-from rest_framework.exceptions import PermissionDenied
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.exceptions import NotFound, PermissionDenied
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts import scopes as S
-from accounts.models import Customer
+from accounts.models import ApiKey, Customer
+from accounts.permissions import scoped_permission
 from accounts.principals import principal_of
+from capacity.admission import limits as request_limits
 from capacity.admission.gate import admit
-from controlplane.api.serializers import StrictSerializer, identifier_validator
+from capacity.models import RequestLimit
+from controlplane.api.serializers import (
+    StrictModelSerializer,
+    StrictSerializer,
+    identifier_validator,
+)
+from controlplane.audit import actor_of
 from controlplane.errors import DomainError
 
 MAX_TOKENS_LIMIT = 10_000_000
@@ -34,6 +45,12 @@ class AdmissionRequest(StrictSerializer):
     )
     customer = serializers.SlugField(
         required=False, help_text="Platform keys only: the customer the request is for."
+    )
+    api_key = serializers.CharField(
+        max_length=16,
+        required=False,
+        help_text="Platform keys only: the prefix of the customer's key the request came with, "
+        "whose own request limits apply too. A customer key's own limits always apply.",
     )
 
     def validate(self, data):
@@ -60,14 +77,32 @@ AdmissionResponse = inline_serializer(
             allow_null=True, help_text="Set while degraded: send the refused request here."
         ),
         "degradation_level": serializers.IntegerField(),
+        "guaranteed_mu": serializers.FloatField(
+            help_text="Of estimated_mu, the part within the guarantee (what was left of it)."
+        ),
+        "best_effort_mu": serializers.FloatField(
+            help_text="Of estimated_mu, the part beyond the guarantee: best-effort."
+        ),
+        "limit": serializers.ChoiceField(
+            ["mu", "rpm", "tpm", "concurrency", "degradation"],
+            allow_null=True,
+            help_text="Refused: the limit that bit (null when admitted).",
+        ),
+        "limit_scope": serializers.ChoiceField(
+            ["customer", "api_key"],
+            allow_null=True,
+            help_text="Refused by a request limit: whose (the customer's or the key's).",
+        ),
     },
 )
 
 
 class AdmissionView(APIView):
-    """Admit a request as guaranteed (within the customer's reservation), best-effort (within
-    the latest tick's allowance), or refuse it: 429 with Retry-After and the same body.
-    `priority` is what to pass to vLLM's priority scheduling (lower runs first)."""
+    """Admit a request as guaranteed (within the customer's reservation), best-effort (what is
+    left of the reservation, the rest within the latest tick's allowance), or refuse it: 429
+    with Retry-After and the same body, `limit` naming what bit (the MU buckets, or the
+    customer's or key's RPM, TPM or concurrency limit). `priority` is what to pass to vLLM's
+    priority scheduling (lower runs first)."""
 
     # Gateways ask once per request; admission's own buckets are the limit, not the write throttle.
     throttle_classes = []
@@ -83,6 +118,7 @@ class AdmissionView(APIView):
         body.is_valid(raise_exception=True)
         data = body.validated_data
         customer_id = _customer_id(principal, data.get("customer"))
+        api_key_prefix = _api_key_prefix(principal, customer_id, data.get("api_key"))
         decision = admit(
             customer_id=customer_id,
             model=data["model"],
@@ -90,6 +126,7 @@ class AdmissionView(APIView):
             cached_input_tokens=data["cached_input_tokens"],
             max_tokens=data["max_tokens"],
             request_id=data.get("request_id"),
+            api_key_prefix=api_key_prefix,
         )
         if decision.admitted:
             return Response(decision.as_dict())
@@ -113,3 +150,159 @@ def _customer_id(principal, slug: str | None) -> int:
     if customer is None:
         raise DomainError(f"No customer '{slug}'.", field="customer")
     return customer.pk
+
+
+def _api_key_prefix(principal, customer_id: int, named: str | None) -> str | None:
+    """The customer key whose request limits apply: the caller's own, or the one a platform
+    key names (it must be one of the customer's)."""
+    own = principal.api_key if principal.api_key is not None else None
+    if own is not None and own.customer_id is not None:
+        if named and named != own.prefix:
+            raise DomainError("A customer key asks for its own requests only.", field="api_key")
+        return own.prefix
+    if not named:
+        return None
+    if not ApiKey.objects.filter(prefix=named, customer_id=customer_id).exists():
+        raise DomainError(f"No key '{named}' of this customer.", field="api_key")
+    return named
+
+
+# --- Request limits: RPM, TPM and concurrency per customer and per key ------------------------
+
+RequestLimitPermission = scoped_permission(
+    "RequestLimitPermission",
+    message="Only planners or a service key with the customers:write scope set request limits.",
+    write_scope=S.CUSTOMERS_WRITE,
+)
+
+
+def _limit_field(help_text: str):
+    return serializers.IntegerField(
+        min_value=1,
+        max_value=request_limits.MAX_LIMIT,
+        allow_null=True,
+        required=False,
+        help_text=help_text + " Null: no limit.",
+    )
+
+
+_RPM_HELP = "Requests admitted in any sliding 60 s window."
+_TPM_HELP = "input_tokens + max_tokens of the requests admitted in any sliding 60 s window."
+_CONCURRENCY_HELP = (
+    "Requests in flight at once: freed at the gateway's end of the request or by its usage "
+    "event, at the latest after ADMISSION_CONCURRENCY_TTL_SECONDS."
+)
+
+
+class RequestLimitSerializer(StrictModelSerializer):
+    customer = serializers.SlugRelatedField(slug_field="slug", queryset=Customer.objects.all())
+    api_key = serializers.SlugRelatedField(
+        slug_field="prefix",
+        queryset=ApiKey.objects.filter(customer__isnull=False),
+        allow_null=True,
+        required=False,
+        help_text="The prefix of one of the customer's keys; null: the customer's limits, over "
+        "all its keys. A request sent with a key is under both.",
+    )
+    requests_per_minute = _limit_field(_RPM_HELP)
+    tokens_per_minute = _limit_field(_TPM_HELP)
+    concurrent_requests = _limit_field(_CONCURRENCY_HELP)
+
+    class Meta:
+        model = RequestLimit
+        fields = [
+            "id",
+            "customer",
+            "api_key",
+            "requests_per_minute",
+            "tokens_per_minute",
+            "concurrent_requests",
+            "updated_at",
+            "updated_by",
+        ]
+        read_only_fields = ["id", "updated_at", "updated_by"]
+        # One row per customer or key is the service's to say (409, naming it), not a 400.
+        validators: list = []
+
+
+class RequestLimitChangeSerializer(StrictSerializer):
+    unknown_field_message = "cannot be changed; delete the limit and create another."
+
+    requests_per_minute = _limit_field(_RPM_HELP)
+    tokens_per_minute = _limit_field(_TPM_HELP)
+    concurrent_requests = _limit_field(_CONCURRENCY_HELP)
+
+
+class RequestLimitFilter(filters.FilterSet):
+    customer = filters.CharFilter(field_name="customer__slug")
+
+    class Meta:
+        model = RequestLimit
+        fields = ["customer"]
+
+
+class RequestLimitViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.UpdateModelMixin,
+    mixins.DestroyModelMixin,
+    viewsets.GenericViewSet,
+):
+    """Requests per minute, tokens per minute and requests in flight per customer (api_key
+    null) or per customer key, beside the MU buckets. Customers read their own; planners and
+    provisioning services (customers:write) write. Enforced by admission and gateways in the
+    same Redis round trip as the MU buckets; published at once after every change."""
+
+    serializer_class = RequestLimitSerializer
+    permission_classes = [RequestLimitPermission]
+    filterset_class = RequestLimitFilter
+    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
+
+    def get_queryset(self):
+        principal = principal_of(self.request)
+        queryset = RequestLimit.objects.select_related("customer", "api_key").order_by("pk")
+        if principal.sees_all_customers or self.request.method not in ("GET", "HEAD", "OPTIONS"):
+            # Writers provision every customer, whether or not their key may read them.
+            return queryset
+        return queryset.filter(customer_id__in=principal.customer_ids)
+
+    def perform_create(self, serializer):
+        data = serializer.validated_data
+        serializer.instance = request_limits.request_limit_set(
+            customer=data["customer"],
+            api_key=data.get("api_key"),
+            requests_per_minute=data.get("requests_per_minute"),
+            tokens_per_minute=data.get("tokens_per_minute"),
+            concurrent_requests=data.get("concurrent_requests"),
+            replace=False,
+            actor=actor_of(principal_of(self.request)),
+        )
+
+    @extend_schema(request=RequestLimitChangeSerializer, responses=RequestLimitSerializer)
+    def partial_update(self, request, *args, **kwargs):
+        limit = self.get_object()
+        serializer = RequestLimitChangeSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        changed = request_limits.request_limit_update(
+            limit=limit,
+            changes=dict(serializer.validated_data),
+            actor=actor_of(principal_of(request)),
+        )
+        return Response(RequestLimitSerializer(changed).data)
+
+    def update(self, request, *args, **kwargs):
+        if not kwargs.get("partial"):
+            raise PermissionDenied("Change request limits with PATCH.")
+        return super().update(request, *args, **kwargs)
+
+    def perform_destroy(self, instance):
+        request_limits.request_limit_delete(
+            limit=instance, actor=actor_of(principal_of(self.request))
+        )
+
+    def get_object(self):
+        try:
+            return super().get_object()
+        except NotFound:
+            raise NotFound("No such request limit.") from None

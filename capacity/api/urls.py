@@ -1,7 +1,7 @@
 from django.urls import path
 from rest_framework.routers import SimpleRouter
 
-from capacity.api.admission_views import AdmissionView
+from capacity.api.admission_views import AdmissionView, RequestLimitViewSet
 from capacity.api.allocation_views import (
     AllocationDecisionViewSet,
     AllocationWakeView,
@@ -39,6 +39,7 @@ router.register("cost-models", CostModelViewSet, basename="cost-model")
 router.register("reservations", ReservationViewSet, basename="reservation")
 router.register("allocation/decisions", AllocationDecisionViewSet, basename="allocation-decision")
 router.register("allocation/allowances", AllowanceViewSet, basename="allocation-allowance")
+router.register("request-limits", RequestLimitViewSet, basename="request-limit")
 
 urlpatterns = [
     path("cost-models/estimate", CostEstimateView.as_view(), name="cost-estimate"),

@@ -9,10 +9,13 @@ stored.
 
 The sender never chooses its own price class. The admission record of the event's id (the
 request id admission was asked with) decides it: admitted as guaranteed or best-effort, or
-refused (with or without a reservation behind it). An event without a record is billed as
-best-effort and flagged `unrecorded`; one whose outcome or class contradicts its record is
-billed by the record and flagged `contradicted`; an event claiming `refused` for a request
-admission admitted is rejected, since it would make used capacity free.
+refused (with or without a reservation behind it, or by the customer's own request limits).
+It also decides how the event's MU splits between guaranteed and best-effort
+(`guaranteed_mu`, `best_effort_mu`; AdmissionRecord.split): a request that took what was left
+of the guarantee and spilled the rest to best-effort is billed in both parts. An event without
+a record is billed as best-effort and flagged `unrecorded`; one whose outcome or class
+contradicts its record is billed by the record and flagged `contradicted`; an event claiming
+`refused` for a request admission admitted is rejected, since it would make used capacity free.
 """
 
 from dataclasses import dataclass, field
@@ -30,10 +33,18 @@ from capacity.admission.redis_buckets import (
     BEST_EFFORT,
     GUARANTEED,
     REFUSED_GUARANTEED,
+    REFUSED_LIMIT,
     AdmissionRecord,
 )
 from capacity.metering.events import UsageEventIn, context_problems, minute_of, reasons_from
-from capacity.models import CostModel, Deployment, ServedModel, UsageEvent, Verification
+from capacity.models import (
+    AdmissionClass,
+    CostModel,
+    Deployment,
+    ServedModel,
+    UsageEvent,
+    Verification,
+)
 from capacity.pricing.cost_models import active_cost_model
 from capacity.pricing.estimates import mu_per_request
 from capacity.telemetry import metrics
@@ -60,6 +71,8 @@ COLUMNS = (
     "self_reported",
     "ttft_ms",
     "mu",
+    "guaranteed_mu",
+    "best_effort_mu",
     "estimated_mu",
     "prompt_bytes",
     "cost_model_id",
@@ -237,9 +250,14 @@ def usage_ingest(*, events, customer: Customer | None, may_name_customer: bool) 
             stored_now = (owner.pk, event.event_id) in inserted
             (result.accepted if stored_now else result.duplicates).append(event.event_id)
         # Only events stored now settle their admission: a duplicate never settles twice.
+        prefixes = {
+            (owner.pk, event.event_id): record.api_key_prefix
+            for _, event, owner, _, _, _, record in valid
+            if record is not None
+        }
         reconcile_usage(
-            [(customer_id, model_id, event_id, mu) for (customer_id, event_id), (model_id, mu)
-             in inserted.items()]
+            [(customer_id, model_id, event_id, mu, prefixes.get((customer_id, event_id), ""))
+             for (customer_id, event_id), (model_id, mu) in inserted.items()]
         )  # fmt: skip
     result.rejected.sort(key=lambda item: item["index"])
     metrics.USAGE_EVENTS.labels("accepted").inc(len(result.accepted))
@@ -252,6 +270,18 @@ def usage_ingest(*, events, customer: Customer | None, may_name_customer: bool) 
 class _Class:
     admission_class: str
     verification: str
+    # The admitted record whose split the event's MU follows; None: all in admission_class.
+    split_by: AdmissionRecord | None = None
+
+    def split(self, mu: float) -> tuple[float, float]:
+        """(guaranteed MU, best-effort MU) of an event that used `mu`."""
+        if self.split_by is not None:
+            return self.split_by.split(mu)
+        if self.admission_class == GUARANTEED:
+            return mu, 0.0
+        if self.admission_class == BEST_EFFORT:
+            return 0.0, mu
+        return 0.0, 0.0
 
 
 def _class_of(event: UsageEventIn, record: AdmissionRecord | None) -> _Class | str:
@@ -269,9 +299,16 @@ def _class_of(event: UsageEventIn, record: AdmissionRecord | None) -> _Class | s
             )
         claimed = event.admission_class
         agrees = claimed in (None, record.admission_class)
-        return _Class(record.admission_class, verified if agrees else Verification.CONTRADICTED)
-    # Refused by admission.
-    refused_class = GUARANTEED if record.admission_class == REFUSED_GUARANTEED else BEST_EFFORT
+        return _Class(
+            record.admission_class,
+            verified if agrees else Verification.CONTRADICTED,
+            split_by=record,
+        )
+    # Refused by admission: by the MU buckets in the guaranteed or best-effort class, or by the
+    # customer's own request limits (neither: no SLA credit, and no demand for capacity).
+    refused_class = {REFUSED_GUARANTEED: GUARANTEED, REFUSED_LIMIT: AdmissionClass.NONE}.get(
+        record.admission_class, BEST_EFFORT
+    )
     if event.outcome != "refused":
         # It ran although admission refused it: billed as best-effort, flagged.
         return _Class(BEST_EFFORT, Verification.CONTRADICTED)
@@ -306,6 +343,9 @@ def _rows(valid, *, deployments, ingested_at, self_reported: bool):
         mu[positions] = _mu_per_event(cost_model, [valid[p][1] for p in positions])
     for position, (_, event, owner, model, cost_model, decided, record) in enumerate(valid):
         deployment = deployments.get(event.deployment) if event.deployment else None
+        # A refused request never ran: it used nothing.
+        used = 0.0 if event.outcome == "refused" else float(mu[position])
+        guaranteed_mu, best_effort_mu = decided.split(used)
         yield (
             event.event_id,
             owner.pk,
@@ -324,8 +364,9 @@ def _rows(valid, *, deployments, ingested_at, self_reported: bool):
             decided.verification,
             self_reported,
             event.ttft_ms,
-            # A refused request never ran: it used nothing.
-            0.0 if event.outcome == "refused" else float(mu[position]),
+            used,
+            guaranteed_mu,
+            best_effort_mu,
             _refused_estimate(event, record),
             # A refused request never reached an engine: its tokens are estimates, not counts.
             None if event.outcome == "refused" else event.prompt_bytes,

@@ -36,14 +36,14 @@ WITH picked AS (
            coalesce(sum(e.cached_input_tokens), 0) AS cached_input_tokens,
            coalesce(sum(e.output_tokens), 0) AS output_tokens,
            coalesce(sum(e.mu), 0) AS mu,
-           coalesce(sum(e.mu) FILTER (WHERE e.admission_class = 'guaranteed'), 0)
-               AS guaranteed_mu,
-           coalesce(sum(e.mu) FILTER (WHERE e.admission_class = 'best_effort'), 0)
-               AS best_effort_mu,
+           coalesce(sum(e.guaranteed_mu), 0) AS guaranteed_mu,
+           coalesce(sum(e.best_effort_mu), 0) AS best_effort_mu,
            coalesce(sum(e.mu) FILTER (WHERE e.self_reported), 0) AS self_reported_mu,
            coalesce(sum(e.mu) FILTER (WHERE e.verification IN ('unrecorded', 'contradicted')),
                     0) AS unverified_mu,
-           coalesce(sum(e.estimated_mu) FILTER (WHERE e.outcome = 'refused'), 0) AS refused_mu,
+           coalesce(sum(e.estimated_mu) FILTER (WHERE e.outcome = 'refused'
+                                                AND e.admission_class <> 'none'), 0)
+               AS refused_mu,
            coalesce(sum(e.estimated_mu) FILTER (WHERE e.outcome = 'refused'
                                                 AND e.admission_class = 'guaranteed'), 0)
                AS guaranteed_refused_mu,
@@ -98,12 +98,15 @@ _AGGREGATES = {
     "cached_input_tokens": Sum("cached_input_tokens"),
     "output_tokens": Sum("output_tokens"),
     "mu": Sum("mu"),
-    "guaranteed_mu": Sum("mu", filter=Q(admission_class="guaranteed")),
-    "best_effort_mu": Sum("mu", filter=Q(admission_class="best_effort")),
+    # An event's MU splits between the two (partial spillover): its own parts, not its class.
+    "guaranteed_mu": Sum("guaranteed_mu"),
+    "best_effort_mu": Sum("best_effort_mu"),
     "self_reported_mu": Sum("mu", filter=Q(self_reported=True)),
     "unverified_mu": Sum("mu", filter=Q(verification__in=("unrecorded", "contradicted"))),
-    # Demand turned away: what the refused requests would have cost (mu is 0 for them).
-    "refused_mu": Sum("estimated_mu", filter=Q(outcome="refused")),
+    # Demand turned away: what the refused requests would have cost (mu is 0 for them); not
+    # those the customer's own request limits refused (class "none"), which more capacity
+    # would not have admitted.
+    "refused_mu": Sum("estimated_mu", filter=Q(outcome="refused") & ~Q(admission_class="none")),
     "guaranteed_refused_mu": Sum(
         "estimated_mu", filter=Q(outcome="refused", admission_class="guaranteed")
     ),

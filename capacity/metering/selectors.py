@@ -7,7 +7,7 @@ model's usage now is `capacity.metering.utilisation.used_now`; a customer's over
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from django.db.models import Case, Count, F, FloatField, Q, QuerySet, Sum, Value, When
+from django.db.models import Count, F, Q, QuerySet, Sum
 
 from accounts.models import Customer
 from capacity.models import (
@@ -80,19 +80,11 @@ def usage_events_of_customer_newest_first(customer, *, limit: int) -> QuerySet[U
 # of the one before (keyset paging, index `usage_customer_newest`), whatever the number of events.
 RECEIPT_ORDERING = ("-finished_at", "-id")
 
-# An event's guaranteed and best-effort parts, as billing splits them: the MU of an event
-# admitted as guaranteed is guaranteed; everything else (best-effort, or no class) is billed
-# as best-effort (billing.generation bills UsageMinute.mu − guaranteed_mu).
-_GUARANTEED_MU = Case(
-    When(admission_class=AdmissionClass.GUARANTEED, then=F("mu")),
-    default=Value(0.0),
-    output_field=FloatField(),
-)
-_BEST_EFFORT_MU = Case(
-    When(admission_class=AdmissionClass.GUARANTEED, then=Value(0.0)),
-    default=F("mu"),
-    output_field=FloatField(),
-)
+# An event's guaranteed and best-effort parts, as admission split it and ingestion stored it
+# (partial spillover: only the part beyond the guarantee's remainder is best-effort); billing
+# prices the same parts, summed by the minute rollups.
+_GUARANTEED_MU = F("guaranteed_mu")
+_BEST_EFFORT_MU = F("best_effort_mu")
 
 # What one receipt holds; the internal replica and deployment are not the customer's business.
 # Names (customer, model, cost-model version) are looked up per page by receipts_of, so the

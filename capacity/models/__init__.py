@@ -16,6 +16,7 @@ from capacity.models.health import (
     Replica,
 )
 from capacity.models.history import CapacitySample
+from capacity.models.request_limits import RequestLimit
 from capacity.models.reservations import Reservation, ReservationChange
 from capacity.models.risk import CapacityRisk
 from capacity.models.usage import (
@@ -47,6 +48,7 @@ __all__ = [
     "ProbeOutcome",
     "ProbeResult",
     "Replica",
+    "RequestLimit",
     "Deployment",
     "GpuPool",
     "GpuType",

@@ -71,6 +71,12 @@ class UsageEvent(models.Model):
     self_reported = models.BooleanField(default=False, db_default=False)
     ttft_ms = models.FloatField(null=True, blank=True)
     mu = models.FloatField()
+    # How `mu` splits between the classes it is billed in (partial spillover,
+    # capacity.admission.bucket.split): what the customer's guarantee covered and what ran
+    # beyond it, from the admission record (AdmissionRecord.split); they add up to `mu`. A
+    # best-effort event may carry a guaranteed part: it took what was left of the guarantee.
+    guaranteed_mu = models.FloatField(default=0.0, db_default=0.0)
+    best_effort_mu = models.FloatField(default=0.0, db_default=0.0)
     # A refused request used nothing (mu is 0) but was demand: what it would have cost, from
     # its admission record (the control plane's own estimate), else from the sender's
     # `estimated_mu`. Null for requests that ran.
@@ -91,6 +97,10 @@ class UsageEvent(models.Model):
                 fields=["customer", "event_id"], name="usage_event_id_unique_per_customer"
             ),
             models.CheckConstraint(condition=Q(mu__gte=0), name="usage_mu_not_negative"),
+            models.CheckConstraint(
+                condition=Q(guaranteed_mu__gte=0, best_effort_mu__gte=0),
+                name="usage_split_not_negative",
+            ),
             models.CheckConstraint(
                 condition=Q(cached_input_tokens__lte=models.F("input_tokens")),
                 name="usage_cached_within_input",
@@ -127,13 +137,15 @@ class UsageMinute(models.Model):
     cached_input_tokens = models.BigIntegerField(default=0)
     output_tokens = models.BigIntegerField(default=0)
     mu = models.FloatField(default=0.0)
+    # The events' guaranteed and best-effort parts (UsageEvent.guaranteed_mu, best_effort_mu).
     guaranteed_mu = models.FloatField(default=0.0)
     best_effort_mu = models.FloatField(default=0.0)
     # Of `mu`: what the customer's own keys reported, and what no admission record confirmed;
     # the invoice shows both beside the best-effort charge.
     self_reported_mu = models.FloatField(default=0.0, db_default=0.0)
     unverified_mu = models.FloatField(default=0.0, db_default=0.0)
-    # The estimated MU of the minute's refused requests: demand that was turned away.
+    # The estimated MU of the minute's refused requests: demand that was turned away (not the
+    # requests the customer's own request limits refused).
     refused_mu = models.FloatField(default=0.0, db_default=0.0)
     # Of refused_mu: the requests refused in the guaranteed class (over the reservation).
     guaranteed_refused_mu = models.FloatField(default=0.0, db_default=0.0)

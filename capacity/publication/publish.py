@@ -18,6 +18,8 @@ from django.conf import settings
 from django.utils import timezone
 
 from capacity.admission.gate import buckets
+from capacity.admission.limits import published_request_limits
+from capacity.admission.redis_buckets import REQUEST_LIMITS_INDEX, queue_request_limits
 from capacity.publication.documents import (
     customer_documents,
     entitlement_documents,
@@ -39,7 +41,8 @@ LOCK_WAIT_SECONDS = 5.0
 
 
 def publish_gateway_state(*, reason: str) -> int | None:
-    """Publish all four documents; the new `gw:v1:meta` version, or None if it failed."""
+    """Publish all four documents, and the request limits admission's script reads; the new
+    `gw:v1:meta` version, or None if it failed."""
     try:
         client = buckets().client
         with client.lock(LOCK, timeout=LOCK_TIMEOUT_SECONDS, blocking_timeout=LOCK_WAIT_SECONDS):
@@ -50,6 +53,9 @@ def publish_gateway_state(*, reason: str) -> int | None:
                 ENTITLEMENTS: entitlement_documents(),
                 CUSTOMERS: customer_documents(),
             }
+            request_limits = published_request_limits()
+            # Read under the lock: no other publisher writes the index until this one is done.
+            previous_scopes = client.smembers(REQUEST_LIMITS_INDEX)
             pipe = client.pipeline(transaction=True)
             for key, fields in documents.items():
                 pipe.delete(key)
@@ -61,6 +67,7 @@ def publish_gateway_state(*, reason: str) -> int | None:
                             for name, value in fields.items()
                         },
                     )
+            queue_request_limits(pipe, request_limits, previous_scopes)
             # The admission parameters the buckets' Lua scripts take: a gateway uses the control
             # plane's, so its decisions and the API's are the same rule with the same burst.
             pipe.hset(
@@ -71,6 +78,9 @@ def publish_gateway_state(*, reason: str) -> int | None:
                         float(settings.ADMISSION_LIMITS_TTL_SECONDS)
                     ),
                     "admission_record_ttl_seconds": str(int(settings.ADMISSION_RECORD_TTL_SECONDS)),
+                    "admission_concurrency_ttl_seconds": str(
+                        int(settings.ADMISSION_CONCURRENCY_TTL_SECONDS)
+                    ),
                 },
             )
             pipe.hincrby(META, "version", 1)

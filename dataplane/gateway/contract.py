@@ -33,6 +33,7 @@ ADMISSION_PARAMETERS = (
     "admission_burst_seconds",
     "admission_limits_ttl_seconds",
     "admission_record_ttl_seconds",
+    "admission_concurrency_ttl_seconds",
 )
 
 
@@ -93,7 +94,8 @@ class Contract:
     # slug -> customer id: gw:v1:customers, and the customer keys' own (a service key names the
     # customer it acts for by slug)
     customers: Mapping[str, int] = field(default_factory=dict)
-    # The control plane's admission parameters (gw:v1:meta): burst, limits TTL, record TTL.
+    # The control plane's admission parameters (gw:v1:meta): burst, limits TTL, record TTL,
+    # the TTL of a concurrency slot.
     admission: Mapping[str, float] = field(default_factory=dict)
     read_at: float = 0.0
 

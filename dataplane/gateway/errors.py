@@ -39,9 +39,14 @@ class GatewayError(Exception):
         self.code = code
         self.param = param
         self.headers = headers or {}
+        # Fields beside OpenAI's in the error object (a 429's `limit`).
+        self.extra: dict[str, object] = {}
 
     def body(self) -> dict[str, object]:
-        return error_body(self.status, self.message, code=self.code, param=self.param)
+        body = error_body(self.status, self.message, code=self.code, param=self.param)
+        if self.extra:
+            body["error"].update(self.extra)  # type: ignore[attr-defined]
+        return body
 
     def response(self, request_id: str | None = None) -> web.Response:
         headers = dict(self.headers)

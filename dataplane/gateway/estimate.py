@@ -114,15 +114,20 @@ def input_tokens_of(body: Body, model: Model) -> int:
     return body.token_ids + math.ceil(body.content_bytes / max(model.bytes_per_token, 1e-6))
 
 
+def max_output_tokens_of(body: Body, model: Model, input_tokens: int) -> int:
+    """The most the request may generate: max_tokens, or the engine's default (what tokens
+    per minute count, beside the input)."""
+    if body.max_tokens is not None:
+        return body.max_tokens
+    if body.kind == COMPLETION:
+        return COMPLETION_DEFAULT_MAX_TOKENS
+    return max(1, model.context_length_tokens - input_tokens)
+
+
 def output_tokens_of(body: Body, model: Model, input_tokens: int) -> int:
     """What admission charges for the output: max_tokens (or the engine's default) capped by
     the model's published output cap."""
-    if body.max_tokens is not None:
-        output = body.max_tokens
-    elif body.kind == COMPLETION:
-        output = COMPLETION_DEFAULT_MAX_TOKENS
-    else:
-        output = max(1, model.context_length_tokens - input_tokens)
+    output = max_output_tokens_of(body, model, input_tokens)
     if model.output_cap_tokens is not None:
         output = min(output, model.output_cap_tokens)
     return output

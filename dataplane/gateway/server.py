@@ -1,8 +1,9 @@
 """The gateway's HTTP side: an aiohttp application (one event loop per worker process).
 
 Per request: authenticate locally, check the body, estimate MU, admit in one Redis round
-trip (`capacity.admission.redis_buckets.Buckets.admit`), route to the ready replica with the
-least outstanding MU, forward (SSE passed through), and leave exactly one usage event.
+trip (`capacity.admission.redis_buckets.Buckets.admit`: the customer's and its key's request
+limits, then the MU buckets), route to the ready replica with the least outstanding MU, forward
+(SSE passed through), free its concurrency slot at its end, and leave exactly one usage event.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from .estimate import (
     Body,
     estimate_mu,
     input_tokens_of,
+    max_output_tokens_of,
     output_tokens_of,
     parse_body,
 )
@@ -101,6 +103,19 @@ w.updated_at = now
 redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(w))
 return w.requests
 """
+
+
+_REQUEST_LIMITS = {
+    "rpm": "requests per minute",
+    "tpm": "tokens per minute",
+    "concurrency": "requests in flight",
+}
+
+
+def _ignore_outcome(future: asyncio.Future[Any]) -> None:
+    """A release's answer: nothing to do with it (a Redis error is logged, the slot lapses)."""
+    if not future.cancelled() and future.exception() is not None:
+        log.warning("freeing a concurrency slot failed: %s", future.exception())
 
 
 class ClientGone(Exception):  # noqa: N818 - a signal: the client closed its connection
@@ -178,6 +193,12 @@ class Usage:
     # The prompt's text in bytes (None for prompts given as token ids): sent beside the
     # engine's own input token count, it calibrates the model's bytes per token.
     prompt_bytes: int | None = None
+    # What request limits count: the input and the most it may generate (tokens per minute),
+    # and the customer key it came with (its own limits); whether it holds a slot in flight.
+    limit_tokens: int = 0
+    customer_id: int = 0
+    api_key_prefix: str | None = None
+    holds_slot: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def take_engine_usage(self, usage: Any) -> None:
@@ -261,6 +282,7 @@ class Gateway:
             idle_ttl_seconds=settings.admission_limits_ttl_seconds,
             record_ttl_s=settings.admission_record_ttl_seconds,
             timeout_seconds=settings.redis_timeout_seconds,
+            in_flight_ttl_seconds=settings.admission_concurrency_ttl_seconds,
         )
         self._redis_down_until = 0.0
         self.router = Router(load_factor=settings.affinity_load_factor)
@@ -449,8 +471,23 @@ class Gateway:
                 usage.outcome = "cancelled"
             raise
         finally:
+            self._release(usage)
             self.usage.add(usage.event(time.time()))
             _counted(usage.outcome, usage.admission_class or "none")
+
+    def _release(self, usage: Usage) -> None:
+        """The request's end frees its concurrency slot at once (the usage event, which would
+        free it too, may be a second or a spool away). Rides the admission pipeline, and is
+        not awaited: the answer is out already, and a lost release lapses with its TTL."""
+        if not usage.holds_slot:
+            return
+        usage.holds_slot = False
+        released = self.buckets.release(
+            customer_id=usage.customer_id,
+            request_id=usage.request_id,
+            api_key_prefix=usage.api_key_prefix,
+        )
+        released.add_done_callback(_ignore_outcome)
 
     async def _json(self, request: web.Request) -> Any:
         limit = self.settings.max_body_bytes
@@ -496,6 +533,7 @@ class Gateway:
             if cap is not None and (body.max_tokens is None or body.max_tokens > cap):
                 body.max_tokens = cap
             input_tokens = input_tokens_of(body, candidate)
+            limit_tokens = input_tokens + max_output_tokens_of(body, candidate, input_tokens)
             mu = estimate_mu(
                 candidate,
                 input_tokens=input_tokens,
@@ -509,6 +547,9 @@ class Gateway:
                 input_tokens=input_tokens,
                 estimated_mu=mu,
                 prompt_bytes=body.content_bytes if body.token_ids == 0 else None,
+                limit_tokens=limit_tokens,
+                customer_id=caller.customer_id,
+                api_key_prefix=None if caller.is_service else caller.key.prefix,
             )
             held_until: float | None = None
             if not candidate.replicas:
@@ -536,6 +577,8 @@ class Gateway:
             usage.outcome = "refused"
             usage.extra["retry_after_ms"] = retry_after_ms
             usage.admission_class = None
+            if usage.extra.get("limit") not in (None, "mu"):
+                break  # the customer's own limit: another model is under it too
         assert usage is not None
         return chosen, usage, REFUSED
 
@@ -577,6 +620,13 @@ class Gateway:
                 "admission_record_ttl_seconds", self.settings.admission_record_ttl_seconds
             )
         )
+        self.buckets.in_flight_ttl_ms = int(
+            1000
+            * published.get(
+                "admission_concurrency_ttl_seconds",
+                self.settings.admission_concurrency_ttl_seconds,
+            )
+        )
 
     async def _decide(self, caller: Caller, model: Model, usage: Usage) -> tuple[str, float]:
         """(admission class, retry after ms) from the Redis buckets, one round trip."""
@@ -588,6 +638,8 @@ class Gateway:
             model_id=model.model_id,
             cost_mu=usage.estimated_mu,
             request_id=usage.request_id,
+            tokens=usage.limit_tokens,
+            api_key_prefix=usage.api_key_prefix,
             # A client that leaves meanwhile does not unmake the decision (Redis takes and
             # records it all the same), so its usage event is still due.
             orphaned=lambda outcome: self._left_during_admission(outcome, model, usage),
@@ -601,7 +653,14 @@ class Gateway:
             raise
         except RedisError as error:
             return self._class_of(error, model)
-        return self._class_of(decision, model)
+        usage.extra["limit"] = decision.limit
+        usage.extra["limit_scope"] = decision.limit_scope
+        decided = self._class_of(decision, model)
+        if decision.holds_slot:
+            usage.holds_slot = True
+            if decided[0] == REFUSED:  # refused after all (degradation): nothing holds it
+                self._release(usage)
+        return decided
 
     def _class_of(self, outcome: BucketDecision | BaseException, model: Model) -> tuple[str, float]:
         if isinstance(outcome, BaseException):
@@ -629,6 +688,13 @@ class Gateway:
         else:
             usage.outcome = "cancelled"
             usage.admission_class = admission_class
+            if isinstance(outcome, BucketDecision) and outcome.holds_slot:
+                # Nobody waits for this request any more: its slot is free at once.
+                self.buckets.release(
+                    customer_id=usage.customer_id,
+                    request_id=usage.request_id,
+                    api_key_prefix=usage.api_key_prefix,
+                ).add_done_callback(_ignore_outcome)
         self.usage.add(usage.event(time.time()))
         _counted(usage.outcome, usage.admission_class or "none")
 
@@ -652,13 +718,28 @@ class Gateway:
                 code="model_not_ready",
                 headers={"Retry-After": str(wait)},
             ).response(request_id)
-        return GatewayError(
-            429,
-            f"Rate limit reached for the model '{model.name}': over the reservation and the "
-            f"best-effort allowance. Retry after {seconds} s.",
-            code="rate_limit_exceeded",
-            headers={"Retry-After": str(seconds)},
-        ).response(request_id)
+        limit = usage.extra.get("limit")
+        if limit in _REQUEST_LIMITS:
+            whose = "this API key's" if usage.extra.get("limit_scope") == "api_key" else "your"
+            error = GatewayError(
+                429,
+                f"Rate limit reached: over {whose} limit of {_REQUEST_LIMITS[limit]}. "
+                + (f"Retry after {seconds} s." if wait_ms >= 0 else "This request never fits."),
+                code=f"{limit}_limit_exceeded",
+                headers={"Retry-After": str(seconds)},
+            )
+        else:
+            error = GatewayError(
+                429,
+                f"Rate limit reached for the model '{model.name}': over the reservation and "
+                f"the best-effort allowance. Retry after {seconds} s.",
+                code="rate_limit_exceeded",
+                headers={"Retry-After": str(seconds)},
+            )
+        # Which limit bit, beside OpenAI's fields: "mu" (the MU buckets), "rpm", "tpm" or
+        # "concurrency", and whose ("customer" or "api_key").
+        error.extra = {"limit": limit or "mu", "limit_scope": usage.extra.get("limit_scope")}
+        return error.response(request_id)
 
     # -- forwarding -----------------------------------------------------------------------
 

@@ -45,6 +45,7 @@ class Settings:
     admission_burst_seconds: float = 10.0
     admission_limits_ttl_seconds: float = 600.0
     admission_record_ttl_seconds: int = 72 * 3600 + 3600
+    admission_concurrency_ttl_seconds: float = 600.0
     on_redis_down: str = "admit"
     retry_after_seconds: int = 60
     log_level: str = "INFO"
@@ -76,6 +77,7 @@ class Settings:
             "connect_timeout_seconds",
             "affinity_load_factor",
             "admission_burst_seconds",
+            "admission_concurrency_ttl_seconds",
         )
         for name in positive:
             if not getattr(self, name) > 0:

@@ -57,3 +57,28 @@ class ApiKeyForm(forms.Form):
     expires_at = forms.DateTimeField(
         label="Expires (UTC)", required=False, widget=DateTimeInput, help_text="Empty: never."
     )
+
+
+class RequestLimitForm(forms.Form):
+    """A customer's (or one of its keys') RPM, TPM and concurrency limits; empty: no limit."""
+
+    api_key = forms.ChoiceField(
+        label="For", required=False, help_text="All its keys, or one of them."
+    )
+    requests_per_minute = forms.IntegerField(
+        label="Requests per minute", required=False, min_value=1,
+        help_text="In any sliding 60 s window.",
+    )  # fmt: skip
+    tokens_per_minute = forms.IntegerField(
+        label="Tokens per minute", required=False, min_value=1,
+        help_text="input_tokens + max_tokens, in any sliding 60 s window.",
+    )  # fmt: skip
+    concurrent_requests = forms.IntegerField(
+        label="Requests in flight", required=False, min_value=1
+    )
+
+    def __init__(self, *args, keys=(), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["api_key"].choices = [("", "All its keys")] + [
+            (key.prefix, f"{key.prefix} ({key.name})") for key in keys
+        ]

@@ -20,4 +20,10 @@ urlpatterns = [
     ),
     path("<slug:slug>/api-keys/", views.api_key_new, name="key-new"),
     path("<slug:slug>/api-keys/<int:pk>/revoke", views.api_key_revoke_view, name="key-revoke"),
+    path("<slug:slug>/request-limits/", views.request_limit_set_view, name="limit-set"),
+    path(
+        "<slug:slug>/request-limits/<int:pk>/delete",
+        views.request_limit_delete_view,
+        name="limit-delete",
+    ),
 ]

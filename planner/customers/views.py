@@ -1,5 +1,6 @@
 """Customers: the list with reserved versus used, and a customer's page (utilisation chart,
-reservations, API keys, invoices). Writes go through the same services as the API."""
+reservations, API keys, request limits, invoices). Writes go through the same services as the
+API."""
 
 from datetime import timedelta
 
@@ -20,11 +21,16 @@ from accounts.selectors import (
 )
 from accounts.services import api_key_create, api_key_revoke, customer_create
 from billing.selectors import recent_invoices_of_customer
+from capacity.admission.limits import (
+    request_limit_delete,
+    request_limit_set,
+    request_limits_of_customer,
+)
 from capacity.metering.selectors import (
     NO_USAGE,
     usage_totals_by_customer,
 )
-from capacity.models import Reservation
+from capacity.models import RequestLimit, Reservation
 from capacity.selling.entitlements import entitled_model_names
 from capacity.selling.reservations import reservation_amend, reservation_cancel, reservation_create
 from capacity.selling.selectors import (
@@ -39,7 +45,13 @@ from controlplane.errors import DomainError
 from planner.access import planner_required
 from planner.audit.views import audit_link
 from planner.customers.charts import utilisation_context
-from planner.customers.forms import AmendForm, ApiKeyForm, CustomerForm, ReservationForm
+from planner.customers.forms import (
+    AmendForm,
+    ApiKeyForm,
+    CustomerForm,
+    RequestLimitForm,
+    ReservationForm,
+)
 from planner.paging import page_of, query_without
 
 USAGE_WINDOW = timedelta(hours=24)
@@ -97,11 +109,13 @@ def customer_list(request):
 def detail_context(request, customer, **extra):
     reservations = reservations_of_customer(customer)
     keys = api_keys_of_customer_newest_first(customer)
+    request_limits = request_limits_of_customer(customer)
     history = entries_about(
         customer,
         ("accounts.apikey", api_key_ids_of_customer(customer)),
         ("capacity.reservation", reservation_ids_of_customer(customer)),
         ("accounts.membership", membership_ids_of_customer(customer)),
+        ("capacity.requestlimit", [limit.pk for limit in request_limits]),
         limit=20,
     )
     context = {
@@ -115,6 +129,8 @@ def detail_context(request, customer, **extra):
         "invoices": recent_invoices_of_customer(customer, limit=12),
         "reservation_form": ReservationForm(),
         "key_form": ApiKeyForm(),
+        "request_limits": request_limits,
+        "limit_form": RequestLimitForm(keys=_usable_keys(customer)),
         "now": timezone.now(),
         "history": history,
         "history_link": audit_link(customer),
@@ -127,6 +143,10 @@ def detail_context(request, customer, **extra):
 def detail(request, slug):
     customer = get_object_or_404(Customer, slug=slug)
     return render(request, "planner/customers/detail.html", detail_context(request, customer))
+
+
+def _usable_keys(customer):
+    return [key for key in api_keys_of_customer_newest_first(customer) if key.revoked_at is None]
 
 
 def _actor(request) -> str:
@@ -244,4 +264,44 @@ def api_key_revoke_view(request, slug, pk):
         raise Http404("No such key for this customer.")
     api_key_revoke(api_key=api_key, actor=actor_of(user=request.user))
     messages.success(request, f"Key {api_key.prefix} revoked: it no longer authenticates.")
+    return redirect("planner:customers:detail", slug=customer.slug)
+
+
+@planner_required
+@require_POST
+def request_limit_set_view(request, slug):
+    customer = get_object_or_404(Customer, slug=slug)
+    keys = _usable_keys(customer)
+    form = RequestLimitForm(request.POST, keys=keys)
+    if form.is_valid():
+        data = form.cleaned_data
+        api_key = next((key for key in keys if key.prefix == data["api_key"]), None)
+        try:
+            request_limit_set(
+                customer=customer,
+                api_key=api_key,
+                requests_per_minute=data["requests_per_minute"],
+                tokens_per_minute=data["tokens_per_minute"],
+                concurrent_requests=data["concurrent_requests"],
+                actor=actor_of(user=request.user),
+            )
+        except DomainError as error:
+            form.add_error(error.field if error.field in form.fields else None, error.message)
+        else:
+            whose = f"key {api_key.prefix}" if api_key else "all its keys"
+            messages.success(request, f"Request limits of {customer.name} ({whose}) saved.")
+            return redirect("planner:customers:detail", slug=customer.slug)
+    context = detail_context(request, customer, limit_form=form)
+    return render(request, "planner/customers/detail.html", context, status=400)
+
+
+@planner_required
+@require_POST
+def request_limit_delete_view(request, slug, pk):
+    customer = get_object_or_404(Customer, slug=slug)
+    limit = RequestLimit.objects.filter(customer=customer, pk=pk).first()
+    if limit is None:
+        raise Http404("No such request limit for this customer.")
+    request_limit_delete(limit=limit, actor=actor_of(user=request.user))
+    messages.success(request, "Request limits removed.")
     return redirect("planner:customers:detail", slug=customer.slug)

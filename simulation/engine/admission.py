@@ -1,9 +1,11 @@
 """Admission for the simulator: the live admission's two buckets per customer, under its rule.
 
 The same shape as the live admission (DESIGN.md §2, capacity.admission.redis_buckets): a
-request is charged its MU against its customer's guaranteed bucket (rate: the reservation),
-else against the customer's best-effort bucket (rate: the allowance the latest tick gave it),
-else refused. A refusal of a customer that holds a reservation is recorded as
+request takes what is left of its customer's guaranteed bucket (rate: the reservation) and only
+the rest from the customer's best-effort bucket (rate: the allowance the latest tick gave it),
+else it is refused (partial spillover, `capacity.admission.bucket.split`). A request that
+spilled over is best-effort, as the live admission classes it; `last_split` says how its MU
+split. A refusal of a customer that holds a reservation is recorded as
 `refused_guaranteed`, as the live script records it, so that refused demand is fed back by the
 class it was refused in. Buckets refill continuously at their MU/min rate and hold
 `burst_seconds` worth of it, under the one bucket rule of the live admission
@@ -26,7 +28,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from capacity.admission.bucket import DEFAULT_BURST_SECONDS, take
+from capacity.admission.bucket import DEFAULT_BURST_SECONDS, Split, split
 
 from .traces import TraceRequest
 
@@ -50,8 +52,9 @@ class Admission(Protocol):
 
 @dataclass
 class TokenBucketAdmission:
-    """The live admission's buckets under the live rule (capacity.admission.bucket: GCRA, an
-    oversized request admitted into debt when its bucket is full), with the live burst.
+    """The live admission's buckets under the live rule (capacity.admission.bucket.split: GCRA
+    with partial spillover, an oversized request admitted into debt when its guaranteed bucket
+    is full), with the live burst.
 
     Rates are MU/min by client: `guaranteed_mu_per_minute` (the reservations) and
     `best_effort_mu_per_minute` (the allowances)."""
@@ -60,9 +63,11 @@ class TokenBucketAdmission:
     best_effort_mu_per_minute: dict[str, float] = field(default_factory=dict)
     burst_seconds: float = DEFAULT_BURST_SECONDS
     # client -> the TAT (ms) of its guaranteed and of its best-effort bucket. Single-threaded,
-    # so no lock (LocalBuckets has one for the live fallback); the rule itself is `take`.
+    # so no lock (LocalBuckets has one for the live fallback); the rule itself is `split`.
     _guaranteed_tat_ms: dict[str, float] = field(init=False, repr=False, default_factory=dict)
     _best_effort_tat_ms: dict[str, float] = field(init=False, repr=False, default_factory=dict)
+    # The last request's decision: its class and how its MU split between the buckets.
+    last_split: Split | None = field(init=False, repr=False, default=None)
 
     def set_rates(
         self, *, guaranteed: Mapping[str, float], best_effort: Mapping[str, float]
@@ -70,28 +75,25 @@ class TokenBucketAdmission:
         self.guaranteed_mu_per_minute = dict(guaranteed)
         self.best_effort_mu_per_minute = dict(best_effort)
 
-    def _take(
-        self, tats: dict[str, float], client: str, rate: float, mu: float, now_ms: float
-    ) -> bool:
-        decision = take(
-            tat_ms=tats.get(client), now_ms=now_ms, cost_mu=mu, mu_per_minute=rate,
-            burst_seconds=self.burst_seconds,
-        )  # fmt: skip
-        if decision.admitted:
-            tats[client] = decision.tat_ms
-        return decision.admitted
-
     def decide(self, request: TraceRequest, mu: float, now_s: float) -> str:
-        now_ms = now_s * MS_PER_SECOND
         client = request.client
         guaranteed = self.guaranteed_mu_per_minute.get(client, 0.0)
-        if guaranteed > 0 and self._take(self._guaranteed_tat_ms, client, guaranteed, mu, now_ms):
-            return GUARANTEED
-        best_effort = self.best_effort_mu_per_minute.get(client, 0.0)
-        if best_effort > 0 and self._take(
-            self._best_effort_tat_ms, client, best_effort, mu, now_ms
-        ):
-            return BEST_EFFORT
+        decision = split(
+            guaranteed_tat_ms=self._guaranteed_tat_ms.get(client),
+            best_effort_tat_ms=self._best_effort_tat_ms.get(client),
+            now_ms=now_s * MS_PER_SECOND,
+            cost_mu=mu,
+            guaranteed_mu_per_minute=guaranteed,
+            best_effort_mu_per_minute=self.best_effort_mu_per_minute.get(client, 0.0),
+            burst_seconds=self.burst_seconds,
+        )
+        self.last_split = decision
+        if decision.guaranteed_tat_ms is not None:
+            self._guaranteed_tat_ms[client] = decision.guaranteed_tat_ms
+        if decision.best_effort_tat_ms is not None:
+            self._best_effort_tat_ms[client] = decision.best_effort_tat_ms
+        if decision.admitted:
+            return decision.admission_class
         return REFUSED_GUARANTEED if guaranteed > 0 else REFUSED
 
     def admit(self, request: TraceRequest, mu: float, now_s: float) -> bool:

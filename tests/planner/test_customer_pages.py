@@ -252,3 +252,42 @@ def test_the_customer_page_says_which_models_its_keys_may_use(planner_client, ac
 
     page = planner_client.get("/planner/customers/acme/")
     assert b"<strong>llama-8b</strong>" in page.content
+
+
+def test_a_planner_sets_and_removes_request_limits_on_the_customer_page(
+    planner_client, acme, globex, django_capture_on_commit_callbacks
+):
+    from accounts.services import api_key_create
+    from capacity.models import RequestLimit
+    from controlplane.models import AuditEntry
+
+    key = api_key_create(customer=acme, name="app").api_key
+    theirs = api_key_create(customer=globex, name="other").api_key
+    with django_capture_on_commit_callbacks(execute=True):
+        response = planner_client.post(
+            "/planner/customers/acme/request-limits/",
+            {"api_key": key.prefix, "requests_per_minute": "60", "concurrent_requests": "4"},
+            follow=True,
+        )
+    assert response.status_code == 200
+    limit = RequestLimit.objects.get(customer=acme)
+    assert (limit.api_key, limit.requests_per_minute, limit.tokens_per_minute) == (key, 60, None)
+    assert b"Request limits of Acme" in response.content
+    assert key.prefix.encode() in response.content
+    assert AuditEntry.objects.filter(action="request_limit.create").count() == 1
+
+    # Another customer's key is no choice here, and a limit below 1 is marked on its field.
+    wrong = planner_client.post(
+        "/planner/customers/acme/request-limits/",
+        {"api_key": theirs.prefix, "requests_per_minute": "0"},
+    )
+    assert wrong.status_code == 400
+    assert set(wrong.context["limit_form"].errors) == {"api_key", "requests_per_minute"}
+
+    # Not reachable through another customer's page; removed through its own.
+    assert (
+        planner_client.post(f"/planner/customers/globex/request-limits/{limit.pk}/delete")
+    ).status_code == 404
+    planner_client.post(f"/planner/customers/acme/request-limits/{limit.pk}/delete")
+    assert not RequestLimit.objects.exists()
+    assert AuditEntry.objects.filter(action="request_limit.delete").count() == 1

@@ -89,6 +89,15 @@ def store_events(events: list[dict]) -> None:
     from controlplane.db import copy_upsert
 
     def full(event: dict) -> dict:
+        row = _defaults(event)
+        # The stored split, as ingestion makes it when the event does not say: all of a
+        # guaranteed event's MU is guaranteed, all of any other's best-effort.
+        guaranteed = row["admission_class"] == "guaranteed"
+        row.setdefault("guaranteed_mu", row["mu"] if guaranteed else 0.0)
+        row.setdefault("best_effort_mu", 0.0 if guaranteed else row["mu"])
+        return row
+
+    def _defaults(event: dict) -> dict:
         finished = event["finished_at"]
         return {
             "deployment_id": None,
@@ -142,11 +151,11 @@ def generate_events(
         INSERT INTO capacity_usageevent (
             event_id, customer_id, served_model_id, replica, started_at, finished_at, minute,
             input_tokens, cached_input_tokens, output_tokens, images, outcome,
-            admission_class, verification, self_reported, mu, cost_model_id, ingested_at,
-            rolled_up)
+            admission_class, verification, self_reported, mu, guaranteed_mu, best_effort_mu,
+            cost_model_id, ingested_at, rolled_up)
         SELECT %(prefix)s || n, %(customer)s, %(model)s, '', t - interval '1 second', t,
                date_trunc('minute', t), 100, 0, 10, 0, 'completed', 'best_effort',
-               'recorded', false, 1 + n %% 7, %(cost_model)s, t, false
+               'recorded', false, 1 + n %% 7, 0, 1 + n %% 7, %(cost_model)s, t, false
         FROM generate_series(0, %(count)s - 1) AS n,
              LATERAL (SELECT %(start)s + (n / %(per_second)s) * interval '1 second' AS t) AS at
         WHERE n %% %(every)s = 0

@@ -117,6 +117,7 @@ def test_labelling_best_effort_usage_guaranteed_keeps_its_best_effort_charge(
         ask(acme, served_model, request_id=f"r{i}", input_tokens=100, max_tokens=20).admission_class
         for i in range(4)
     ]
+    # r1 took what r0 left of the burst, the rest best-effort (partial spillover).
     assert classes == ["guaranteed", "best_effort", "best_effort", "best_effort"]
     answer = post(gateway, *(event(f"r{i}", admission_class="guaranteed") for i in range(4)))
     assert answer.status_code == 200, answer.json()
@@ -124,7 +125,12 @@ def test_labelling_best_effort_usage_guaranteed_keeps_its_best_effort_charge(
     assert [stored[f"r{i}"].admission_class for i in range(4)] == classes
     assert stored["r0"].verification == "recorded"
     assert {stored[f"r{i}"].verification for i in (1, 2, 3)} == {"contradicted"}
-    best_effort_mu = sum(stored[f"r{i}"].mu for i in (1, 2, 3))
+    # What the guarantee did not cover is billed best-effort, whatever the events claimed.
+    assert stored["r0"].guaranteed_mu == stored["r0"].mu
+    assert 0 < stored["r1"].guaranteed_mu < stored["r1"].mu
+    for e in stored.values():
+        assert e.guaranteed_mu + e.best_effort_mu == pytest.approx(e.mu)
+    best_effort_mu = sum(stored[f"r{i}"].best_effort_mu for i in (1, 2, 3))
     (line,) = invoice_now(acme).lines.filter(kind="best_effort")
     assert line.evidence["mu"] == pytest.approx(best_effort_mu)
     assert line.amount == Decimal(str(round(best_effort_mu / 1000 * 2.0, 2)))
@@ -280,3 +286,48 @@ def test_a_refused_event_keeps_the_control_planes_estimate_not_the_senders(
     minute = UsageMinute.objects.get(customer=acme)
     assert (minute.refused_requests, minute.mu) == (1, 0)
     assert minute.refused_mu == pytest.approx(refusal.estimated_mu)
+
+
+def test_a_request_at_one_and_a_half_times_the_guarantees_remainder_is_billed_in_two_parts(
+    sellable, served_model, acme, gateway, card, make_key, key_client
+):
+    Reservation.objects.create(
+        customer=acme,
+        served_model=served_model,
+        mu_per_minute=6,
+        starts_at=timezone.now() - timedelta(days=1),
+        status="active",
+    )
+    # 6 MU/min with a 10 s burst: 1 MU of guarantee left, plenty of best-effort.
+    limits(acme, served_model, 6.0, 600.0)
+    _, plaintext = make_key(customer=acme, scopes=[S.ADMISSION])
+    # 650 prompt and 10 output tokens: (0.65 + 0.2 + 0.05) replica-s × 100/60 = 1.5 MU.
+    shape = {"input_tokens": 650, "max_tokens": 10}
+    answer = key_client(plaintext).post(
+        "/api/v1/admission", {"model": "llama-8b", **shape, "request_id": "big"}, format="json"
+    )
+    assert answer.status_code == 200, answer.json()
+    body = answer.json()
+    assert body["estimated_mu"] == pytest.approx(1.5)
+    # What is left of the guarantee, and only the rest beyond it.
+    assert body["guaranteed_mu"] == pytest.approx(1.0)
+    assert body["best_effort_mu"] == pytest.approx(0.5)
+    assert body["class"] == "best_effort"
+
+    stored_answer = post(gateway, event("big", input_tokens=650, output_tokens=10))
+    assert stored_answer.status_code == 200, stored_answer.json()
+    stored = UsageEvent.objects.get(event_id="big")
+    assert stored.mu == pytest.approx(1.5)
+    assert stored.guaranteed_mu == pytest.approx(1.0)
+    assert stored.best_effort_mu == pytest.approx(0.5)
+    assert stored.guaranteed_mu + stored.best_effort_mu == pytest.approx(stored.mu)
+
+    invoice = invoice_now(acme)
+    minute = UsageMinute.objects.get(customer=acme)
+    assert (minute.guaranteed_mu, minute.best_effort_mu) == pytest.approx((1.0, 0.5))
+    # The guaranteed part is within the commitment; the best-effort part is metered at its rate.
+    assert invoice.lines.filter(kind="commitment").exists()
+    (line,) = invoice.lines.filter(kind="best_effort")
+    assert line.evidence["mu"] == pytest.approx(0.5)
+    assert line.unit_price == Decimal("2.00")
+    assert line.quantity == Decimal("0.0005")

@@ -12,6 +12,7 @@ import httpx
 import pytest
 import redis
 
+from capacity.admission.redis_buckets import Buckets, api_key_scope, in_flight_key
 from tests.support.processes import free_port
 
 from . import contract as C
@@ -242,6 +243,36 @@ def test_admission_refusal_is_a_429_with_retry_after_and_a_refused_event(
     # Its tokens are estimates, not an engine's count: nothing to calibrate with.
     assert not any("prompt_bytes" in e for e in refused_events)
     assert refused.headers["X-Request-Id"] in {e["event_id"] for e in refused_events}
+
+
+def test_a_keys_request_limits_bind_its_slot_frees_at_each_end_and_a_429_names_the_limit(
+    served, http, usage_server
+):
+    world, gateway, _url = served
+    # One request in flight and three a minute for acme's key (the control plane's writer).
+    scope = api_key_scope(world.acme.prefix)
+    Buckets(world.rds, burst_seconds=10, idle_ttl_seconds=600, record_ttl_s=3600)\
+        .publish_request_limits({scope: {"concurrency": 1, "rpm": 3}})  # fmt: skip
+    statuses = []
+    for _ in range(4):
+        response = http.post(
+            gateway.url + "/v1/chat/completions",
+            json={**CHAT, "max_tokens": 8},
+            headers=bearer(world.acme),
+        )
+        statuses.append(response.status_code)
+    # One at a time, each freed its slot as it ended (the usage server here frees nothing).
+    assert statuses == [200, 200, 200, 429], statuses
+    error = response.json()["error"]
+    assert (error["code"], error["limit"], error["limit_scope"]) == (
+        "rpm_limit_exceeded",
+        "rpm",
+        "api_key",
+    )
+    assert 50 <= int(response.headers["Retry-After"]) <= 60
+    assert world.rds.zcard(in_flight_key(scope)) == 0
+    events = wait_for(lambda: len(usage_events(usage_server)) == 4 and usage_events(usage_server))
+    assert [e["outcome"] for e in events].count("refused") == 1
 
 
 def test_best_effort_is_refused_while_the_model_is_degraded(served, http, usage_server):

@@ -1,0 +1,165 @@
+"""Request limits beyond MU (issue 22): requests per minute, tokens per minute and requests in
+flight, per customer and per key, set by planners (the API, the admin, the planner's customer
+page) and enforced in admission's one Redis round trip (capacity.admission.redis_buckets).
+
+- Per minute means any sliding 60 s window: a limit of 60 admits at most 60 requests in any
+  60 s, not 60 per clock minute (which would let 120 through across a minute's boundary).
+- Tokens per minute count each admitted request's `input_tokens + max_tokens` (max_tokens
+  after a degradation cap) at admission, as OpenAI's rate limits count max_tokens: the most it
+  may use, known before it runs. They are not reconciled with what it used.
+- A request holds a slot in flight from admission until the gateway's end of the request
+  (`release`) or its usage event (ingestion, `reconcile_usage`) frees it; a slot never freed
+  lapses after ADMISSION_CONCURRENCY_TTL_SECONDS. A request admitted without a request id can
+  only lapse.
+- A customer-wide row limits all the customer's requests, a key's row the requests sent with
+  that key; a request sent with a key is under both. Only admitted requests count.
+- A refusal says which limit bit (`limit`: "rpm", "tpm" or "concurrency", `limit_scope`:
+  "customer" or "api_key") with its Retry-After. It takes nothing from the MU buckets, is
+  recorded as `refused_limit` and earns no SLA credit, and it is not demand for capacity.
+
+Every change is audited (before → after) and published to Redis after commit with the gateway
+documents (capacity.publication): the whole set, so a removed limit is gone from Redis too.
+"""
+
+from __future__ import annotations
+
+from django.db import transaction
+
+from accounts.models import ApiKey, Customer
+from capacity.admission.redis_buckets import api_key_scope, customer_scope
+from capacity.models import RequestLimit
+from capacity.publication import publish_after_commit
+from controlplane.audit import audit_change, audit_record, current_actor
+from controlplane.errors import ConflictError, DomainError
+
+LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "concurrent_requests")
+# A bound no real fleet reaches, so that a typo is a 400 and not a limit of nothing.
+MAX_LIMIT = 10**12
+
+
+def _state(limit: RequestLimit) -> dict:
+    return {
+        "api_key": limit.api_key.prefix if limit.api_key_id else None,
+        **{name: getattr(limit, name) for name in LIMIT_FIELDS},
+    }
+
+
+def check_request_limit(customer: Customer, api_key: ApiKey | None, values: dict) -> None:
+    """DomainError naming the field at fault; the admin's form checks with it too."""
+    if api_key is not None and api_key.customer_id != customer.pk:
+        raise DomainError(
+            f"The key {api_key.prefix} is not one of {customer.slug}'s keys.", field="api_key"
+        )
+    for name, value in values.items():
+        if value is not None and not 1 <= value <= MAX_LIMIT:
+            raise DomainError(
+                f"{name} must be from 1 to {MAX_LIMIT}, or empty for no limit.", field=name
+            )
+    if all(value is None for value in values.values()):
+        raise DomainError(
+            "Set at least one of requests_per_minute, tokens_per_minute and "
+            "concurrent_requests (a limit with none limits nothing: delete it instead).",
+            field="requests_per_minute",
+        )
+
+
+@transaction.atomic
+def request_limit_set(
+    *,
+    customer: Customer,
+    api_key: ApiKey | None = None,
+    requests_per_minute: int | None = None,
+    tokens_per_minute: int | None = None,
+    concurrent_requests: int | None = None,
+    replace: bool = True,
+    actor: str | None = None,
+) -> RequestLimit:
+    """Set the customer's limits (or its key's, with `api_key`), all three at once: an empty one
+    is no limit. With `replace=False` an existing row is a conflict (the API's create)."""
+    values = {
+        "requests_per_minute": requests_per_minute,
+        "tokens_per_minute": tokens_per_minute,
+        "concurrent_requests": concurrent_requests,
+    }
+    check_request_limit(customer, api_key, values)
+    # One writer of a customer's limits at a time, so "before" in the audit entry is true.
+    Customer.objects.select_for_update().filter(pk=customer.pk).first()
+    limit = RequestLimit.objects.filter(customer=customer, api_key=api_key).first()
+    actor = actor or current_actor()
+    if limit is not None and not replace:
+        whose = f"the key {api_key.prefix}" if api_key is not None else customer.slug
+        raise ConflictError(
+            f"{whose} has request limits already (#{limit.pk}): change them with PATCH.",
+            field="api_key" if api_key is not None else "customer",
+            code="exists",
+        )
+    if limit is None:
+        limit = RequestLimit(customer=customer, api_key=api_key)
+        before = None
+    else:
+        before = _state(limit)
+    for name, value in values.items():
+        setattr(limit, name, value)
+    limit.updated_by = actor[:200]
+    limit.save()
+    if before is None:
+        audit_record(actor=actor, action="request_limit.create", obj=limit, after=_state(limit))
+        publish_after_commit("request limits changed")
+    elif audit_change(
+        actor=actor, action="request_limit.update", obj=limit, before=before, after=_state(limit)
+    ):
+        publish_after_commit("request limits changed")
+    return limit
+
+
+@transaction.atomic
+def request_limit_update(
+    *, limit: RequestLimit, changes: dict, actor: str | None = None
+) -> RequestLimit:
+    """Change some of a row's limits (`changes`: field -> int, or None for no limit)."""
+    unknown = sorted(set(changes) - set(LIMIT_FIELDS))
+    if unknown:
+        raise DomainError(f"{unknown[0]} cannot be changed.", field=unknown[0])
+    values = {name: changes.get(name, getattr(limit, name)) for name in LIMIT_FIELDS}
+    return request_limit_set(customer=limit.customer, api_key=limit.api_key, actor=actor, **values)
+
+
+@transaction.atomic
+def request_limit_delete(*, limit: RequestLimit, actor: str | None = None) -> None:
+    before = _state(limit)
+    pk, label = limit.pk, str(limit)
+    limit.delete()
+    audit_record(
+        actor=actor or current_actor(),
+        action="request_limit.delete",
+        object_type=RequestLimit._meta.label_lower,
+        object_id=pk,
+        object_repr=label,
+        before=before,
+    )
+    publish_after_commit("request limits changed")
+
+
+def request_limits_of_customer(customer: Customer) -> list[RequestLimit]:
+    """The customer's limits: customer-wide first, then its keys' by prefix."""
+    return sorted(
+        RequestLimit.objects.filter(customer=customer).select_related("api_key"),
+        key=lambda limit: (
+            limit.api_key_id is not None,
+            limit.api_key.prefix if limit.api_key_id else "",
+        ),
+    )
+
+
+def published_request_limits() -> dict[str, dict[str, int]]:
+    """Every scope's limits as admission's script reads them: "c:<customer id>" or
+    "k:<key prefix>" -> {"rpm" | "tpm" | "concurrency": int} (capacity.publication)."""
+    published = {}
+    for limit in RequestLimit.objects.select_related("api_key").order_by("pk"):
+        scope = (
+            api_key_scope(limit.api_key.prefix)
+            if limit.api_key_id
+            else customer_scope(limit.customer_id)
+        )
+        published[scope] = limit.limits
+    return published
