@@ -20,6 +20,7 @@ from django.utils import timezone
 from capacity.admission.gate import buckets
 from capacity.publication.documents import (
     customer_documents,
+    customer_tier_documents,
     entitlement_documents,
     key_documents,
     model_documents,
@@ -33,13 +34,14 @@ MODELS = "gw:v1:models"
 ENTITLEMENTS = "gw:v1:entitlements"
 META = "gw:v1:meta"
 CUSTOMERS = "gw:v1:customers"
+CUSTOMER_TIERS = "gw:v1:customer_tiers"
 LOCK = "controlplane:gateway-publication"
 LOCK_TIMEOUT_SECONDS = 30  # a crashed publisher's lock frees itself after this
 LOCK_WAIT_SECONDS = 5.0
 
 
 def publish_gateway_state(*, reason: str) -> int | None:
-    """Publish all four documents; the new `gw:v1:meta` version, or None if it failed."""
+    """Publish every document; the new `gw:v1:meta` version, or None if it failed."""
     try:
         client = buckets().client
         with client.lock(LOCK, timeout=LOCK_TIMEOUT_SECONDS, blocking_timeout=LOCK_WAIT_SECONDS):
@@ -49,6 +51,7 @@ def publish_gateway_state(*, reason: str) -> int | None:
                 MODELS: model_documents(now=now),
                 ENTITLEMENTS: entitlement_documents(),
                 CUSTOMERS: customer_documents(),
+                CUSTOMER_TIERS: customer_tier_documents(),
             }
             pipe = client.pipeline(transaction=True)
             for key, fields in documents.items():
