@@ -1,7 +1,7 @@
 from django.contrib import admin
 
 from accounts.hooks import keys_changed
-from accounts.models import ApiKey, Customer, Membership
+from accounts.models import ApiKey, Customer, Membership, Tier
 from controlplane.audit import AuditedAdminMixin
 
 
@@ -22,6 +22,19 @@ class MembershipInline(admin.TabularInline):
     model = Membership
     extra = 0
     autocomplete_fields = ["user"]
+
+
+@admin.register(Tier)
+class TierAdmin(KeysChangedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
+    """Planners define tiers here. Customers refer to a tier by name, so a tier's name is
+    fixed once created; a change of weight reaches the next allocation tick, a change of
+    shed order the next degradation step, and gateways get the customers' tiers at once."""
+
+    list_display = ["name", "label", "weight", "shed_order"]
+    ordering = ["shed_order"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["name"] if obj is not None else []
 
 
 @admin.register(Customer)

@@ -1,20 +1,53 @@
 from django.conf import settings
+from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
+
+
+class Tier(models.Model):
+    """A planner-defined class of customer (free, standard, ...): its weight in the even part
+    of the best-effort split (capacity.allocation.policy) and its place in the order in which
+    degradation sheds best-effort traffic (capacity.health.degradation): the lowest
+    `shed_order` first."""
+
+    # Customers refer to a tier by name (Customer.tier's column holds it, as it did when tiers
+    # were fixed choices), so the API, filters and audit records keep the readable name.
+    name = models.SlugField(max_length=20, unique=True)
+    label = models.CharField(max_length=100, blank=True, default="")
+    weight = models.FloatField(
+        default=1.0,
+        validators=[MinValueValidator(0.0)],
+        help_text="Share of the even part of best-effort slack, relative to other tiers.",
+    )
+    shed_order = models.PositiveSmallIntegerField(
+        unique=True,
+        help_text="Degradation refuses best-effort of the lowest shed order first.",
+    )
+
+    class Meta:
+        ordering = ["shed_order"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+DEFAULT_TIER = "standard"
 
 
 class Customer(models.Model):
     """A tenant: buys reservations, sends usage, receives invoices."""
 
-    class Tier(models.TextChoices):
-        STANDARD = "standard", "Standard"
-        PREMIUM = "premium", "Premium"
-        ENTERPRISE = "enterprise", "Enterprise"
-
     name = models.CharField(max_length=200)
     # serves: Customer by slug: API /customers/{slug}, planner pages, customers_by_slug
     slug = models.SlugField(max_length=64, unique=True)
-    tier = models.CharField(max_length=20, choices=Tier.choices, default=Tier.STANDARD)
+    tier = models.ForeignKey(
+        Tier,
+        to_field="name",
+        db_column="tier",
+        on_delete=models.PROTECT,
+        default=DEFAULT_TIER,
+        related_name="customers",
+    )
     # Usage is what the customer is billed on, so by default only the platform's own gateways
     # report it; a planner may let a customer run its own gateway (its events are then marked
     # self-reported on the invoice).

@@ -33,7 +33,7 @@ def api_keys_visible_to(principal: Principal) -> QuerySet[ApiKey]:
 
 def customers_by_slug(*, text: str = "") -> QuerySet[Customer]:
     """Customers by slug, narrowed to those whose slug or name contains the text when given."""
-    customers = Customer.objects.order_by("slug")
+    customers = Customer.objects.select_related("tier").order_by("slug")
     if text:
         customers = customers.filter(Q(slug__icontains=text) | Q(name__icontains=text))
     return customers

@@ -11,7 +11,7 @@ from django.utils import timezone
 from accounts import keys
 from accounts import scopes as S
 from accounts.hooks import keys_changed
-from accounts.models import ApiKey, Customer, Membership
+from accounts.models import DEFAULT_TIER, ApiKey, Customer, Membership, Tier
 from accounts.principals import PLANNERS_GROUP
 from controlplane.audit import actor_of as audit_actor_of
 from controlplane.audit import audit_change, audit_record, snapshot
@@ -26,11 +26,16 @@ def customer_create(
     *,
     name: str,
     slug: str,
-    tier: str = Customer.Tier.STANDARD,
+    tier: Tier | str = DEFAULT_TIER,
     may_report_own_usage: bool = False,
 ) -> Customer:
     if Customer.objects.filter(slug=slug).exists():
         raise ConflictError(f"A customer with slug '{slug}' already exists.", field="slug")
+    if isinstance(tier, str):
+        found = Tier.objects.filter(name=tier).first()
+        if found is None:
+            raise DomainError(f"There is no tier named '{tier}'.", field="tier", code="invalid")
+        tier = found
     customer = Customer.objects.create(
         name=name, slug=slug, tier=tier, may_report_own_usage=may_report_own_usage
     )

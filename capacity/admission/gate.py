@@ -45,6 +45,7 @@ from capacity.admission.redis_buckets import (
 )
 from capacity.health.degradation import current as current_degradation
 from capacity.health.degradation import forget as forget_degradation
+from capacity.health.degradation import refuses_best_effort_of
 from capacity.models import (
     AdmissionAllowance,
     CostModel,
@@ -228,13 +229,14 @@ def admit(
     admission_class = decision.admission_class
     reason = "" if admission_class != REFUSED else _refusal_reason(decision)
     limit = decision.limit
-    if admission_class == BEST_EFFORT and degradation.refuse_best_effort:
+    if admission_class == BEST_EFFORT and refuses_best_effort_of(degradation, customer_id):
         # What the best-effort bucket gave is not returned: it only matters to best-effort
-        # traffic, which is refused while the degradation lasts.
+        # traffic, which is refused while the degradation lasts (tier by tier at level 1).
         admission_class = REFUSED
         limit = "degradation"
+        shed = f" for tier(s) {', '.join(degradation.shed_tiers)}" if degradation.shed_tiers else ""
         reason = (
-            "best-effort traffic is refused while the model's healthy capacity is short "
+            f"best-effort traffic{shed} is refused while the model's healthy capacity is short "
             f"(degradation level {degradation.level})"
         )
     admitted = admission_class != REFUSED

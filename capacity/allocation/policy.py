@@ -36,11 +36,12 @@ fleet simulator run the very same code. Rules, in order:
 Admission allowances: each customer's guaranteed bucket is its reservation, always (a request
 within it is never refused). Best-effort gets the ready capacity (replicas still loading are
 never lent out) that reservations do not use right now, within the best-effort ceiling, split
-80 % by recent best-effort demand (refused demand included) and 20 % evenly over every
-customer allowed on the model, history or not. Lending reserved capacity while it sits idle
-is what gives best-effort the slack within a tick of guaranteed traffic stopping; when the
-reserved customer comes back its requests are admitted at once and run first in the engines
-(vLLM priority 0 against best-effort's 1), and the next tick takes the loan back.
+80 % by recent best-effort demand (refused demand included) and 20 % over every customer
+allowed on the model, history or not, in proportion to its tier's weight (accounts.Tier; the
+80 % goes the same way when no one has best-effort demand). Lending reserved capacity while
+it sits idle is what gives best-effort the slack within a tick of guaranteed traffic stopping;
+when the reserved customer comes back its requests are admitted at once and run first in the
+engines (vLLM priority 0 against best-effort's 1), and the next tick takes the loan back.
 """
 
 import math
@@ -81,6 +82,9 @@ class CustomerDemand:
     # MU/min used over the last minute (raw events; None: not measured): how much of its
     # reservation the customer uses right now, so the rest can be lent to best-effort.
     current_mu_per_minute: float | None = None
+    # The customer's tier's weight (accounts.Tier.weight): its share of the part of the
+    # best-effort slack that is not split by demand.
+    tier_weight: float = 1.0
 
     @property
     def reserved_in_use_mu_per_minute(self) -> float:
@@ -661,15 +665,20 @@ def _allowances(model: ModelSnapshot) -> list[Allowance]:
         c.customer_id: max(0.0, _demand(c) - c.reserved_mu_per_minute) for c in model.customers
     }
     total_extra = sum(extra.values())
+    total_weight = sum(max(0.0, c.tier_weight) for c in model.customers)
     customers = len(model.customers) or 1
     result = []
     for c in model.customers:
+        # Tiers all weighted 0 would give no one the slack: split it evenly then.
+        weighted = (
+            max(0.0, c.tier_weight) / total_weight if total_weight > EPSILON else 1 / customers
+        )
         by_demand = (
             slack
             * BEST_EFFORT_DEMAND_SHARE
-            * (extra[c.customer_id] / total_extra if total_extra > EPSILON else 1 / customers)
+            * (extra[c.customer_id] / total_extra if total_extra > EPSILON else weighted)
         )
-        evenly = slack * (1 - BEST_EFFORT_DEMAND_SHARE) / customers
+        evenly = slack * (1 - BEST_EFFORT_DEMAND_SHARE) * weighted
         result.append(
             Allowance(
                 customer_id=c.customer_id,

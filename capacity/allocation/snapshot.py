@@ -27,6 +27,7 @@ from django.conf import settings
 from django.db.models import Count, Max, Q, Sum
 from django.db.models.functions import Coalesce, Trunc
 
+from accounts.models import Customer
 from capacity.allocation import policy as allocation
 from capacity.allocation.bursts import Bursts, bursts
 from capacity.allocation.trend import TREND_MINUTES, demand_trend_mu_per_minute_per_second
@@ -189,6 +190,12 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
     entitled = Entitlement.objects.values_list("served_model_id", "customer_id")
     for model_id, customer_id in [*reserved, *demand, *refused, *entitled]:
         customers_of[model_id].add(customer_id)
+    # Each customer's tier weight: its share of the best-effort slack not split by demand.
+    tier_weights = dict(
+        Customer.objects.filter(
+            pk__in={c for ids in customers_of.values() for c in ids}
+        ).values_list("pk", "tier__weight")
+    )
     models = []
     for model_id, model_deployments in by_model.items():
         mix = mixes.get(model_id, DEFAULT_MIX)
@@ -244,6 +251,7 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
                     reserved_since.get((model_id, customer_id)),
                 ),
                 current_mu_per_minute=current.get((model_id, customer_id), (0.0, 0.0, 0.0))[0],
+                tier_weight=tier_weights.get(customer_id, 1.0),
             )
             for customer_id in sorted(customer_ids)
         )

@@ -5,9 +5,14 @@ Healthy share = healthy replicas ÷ (healthy + unhealthy) over the model's deplo
 the probes (capacity.health.probes). Levels, applied in order, each after another full
 `window_seconds` below `degrade_below`:
 
-    1  refuse best-effort traffic (the lower tier: requests beyond a reservation)
+    1  refuse best-effort traffic (requests beyond a reservation), tier by tier: the
+       first tier in shed order (accounts.Tier.shed_order) at once, the next after each
+       further window, until every tier's best-effort is refused
     2  cap max_tokens at `max_tokens_cap`               (only if a cap is set)
     3  refused requests are answered with `fallback_model` (only if one is set)
+
+So with tiers free, standard, premium and enterprise, level 2 comes four windows after
+level 1. Without any tier, level 1 refuses all best-effort at once.
 
 All levels are lifted together once the share has stayed at or above `recover_at` for
 `hysteresis_seconds`. Between the two thresholds nothing changes, and a break in a window
@@ -17,6 +22,7 @@ starts it again. Every change is a DegradationChange row with its reason.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -24,6 +30,7 @@ from django.db import transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
+from accounts.models import Customer, Tier
 from capacity.models import (
     DegradationChange,
     DegradationPolicy,
@@ -86,10 +93,29 @@ def _change(state, policy, to_level: int, share: float, reason: str, now: dateti
     return change
 
 
+def tiers_in_shed_order() -> list[str]:
+    return list(Tier.objects.order_by("shed_order").values_list("name", flat=True))
+
+
+def shed_count(state: DegradationState, tiers: Sequence[str]) -> int:
+    """How many tiers, in shed order, have their best-effort refused in this state."""
+    if state.level == 0:
+        return 0
+    if state.level > 1:
+        return len(tiers)
+    return min(len(tiers), max(1, state.tiers_shed))
+
+
 def step(
-    state: DegradationState, policy: DegradationPolicy | None, share: float | None, now: datetime
+    state: DegradationState,
+    policy: DegradationPolicy | None,
+    share: float | None,
+    now: datetime,
+    tiers: Sequence[str] = (),
 ) -> DegradationChange | None:
-    """Advance one model's state with a new sample of its healthy share (saves the state)."""
+    """Advance one model's state with a new sample of its healthy share (saves the state).
+
+    `tiers`: the tier names in shed order; level 1 sheds them one window at a time."""
     change = None
     state.evaluated_at = now
     if share is not None:
@@ -97,6 +123,7 @@ def step(
     if policy is None or not policy.enabled:
         if state.level:
             change = _change(state, policy, 0, share or 0.0, "the degradation policy is off", now)
+        state.tiers_shed = 0
         state.below_since = state.above_since = None
         state.save()
         return change
@@ -111,6 +138,7 @@ def step(
             f"the policy now has {len(actions)} level(s)",
             now,
         )
+        state.tiers_shed = len(tiers)  # it was past level 1: every tier stays shed
     # No probed replica at all (scaled to zero, or not probed yet): nothing is known to be
     # broken, so it counts as recovered; a degradation is lifted after the hysteresis.
     share = 1.0 if share is None else share
@@ -119,18 +147,33 @@ def step(
         state.above_since = None
         if state.below_since is None:
             state.below_since = now
-        elif now - state.below_since >= window and state.level < len(actions):
-            action = actions[state.level]
-            change = change or _change(
-                state,
-                policy,
-                state.level + 1,
-                share,
+        elif change is None and now - state.below_since >= window:
+            below = (
                 f"healthy capacity {share:.0%} has been below {policy.degrade_below:.0%} for "
-                f"{(now - state.below_since).total_seconds():.0f} s: {ACTION_WORDS[action]}",
-                now,
+                f"{(now - state.below_since).total_seconds():.0f} s"
             )
-            state.below_since = now  # the next level needs another full window
+            shed = shed_count(state, tiers)
+            if state.level == 1 and shed < len(tiers):
+                # Level 1 deepens one tier per window before level 2 begins.
+                state.tiers_shed = shed + 1
+                change = _change(
+                    state,
+                    policy,
+                    1,
+                    share,
+                    f"{below}: best-effort traffic of tier {tiers[shed]} is refused too",
+                    now,
+                )
+                state.below_since = now
+            elif state.level < len(actions):
+                action = actions[state.level]
+                words = ACTION_WORDS[action]
+                if state.level == 0:
+                    state.tiers_shed = 1
+                    if tiers:
+                        words = f"best-effort traffic of tier {tiers[0]} is refused"
+                change = _change(state, policy, state.level + 1, share, f"{below}: {words}", now)
+                state.below_since = now  # the next level needs another full window
     elif share >= policy.recover_at:
         state.below_since = None
         if state.level == 0:
@@ -147,6 +190,7 @@ def step(
                 f"{(now - state.above_since).total_seconds():.0f} s: every degradation lifted",
                 now,
             )
+            state.tiers_shed = 0
             state.above_since = None
     else:
         # Between the thresholds: hold the level, and restart both windows.
@@ -162,10 +206,11 @@ def evaluate_all(*, now: datetime | None = None, shares: dict[int, float] | None
     shares = healthy_shares() if shares is None else shares
     policies = {p.served_model_id: p for p in DegradationPolicy.objects.all()}
     states = {s.served_model_id: s for s in DegradationState.objects.select_for_update().all()}
+    tiers = tiers_in_shed_order()
     changed = 0
     for model_id in set(policies) | set(states):
         state = states.get(model_id) or DegradationState(served_model_id=model_id)
-        if step(state, policies.get(model_id), shares.get(model_id), now):
+        if step(state, policies.get(model_id), shares.get(model_id), now, tiers):
             changed += 1
     if changed:
         publish_after_commit("degradation level changed")
@@ -178,13 +223,35 @@ def evaluate_all(*, now: datetime | None = None, shares: dict[int, float] | None
 @dataclass(frozen=True)
 class Degradation:
     level: int = 0
+    # True once every tier's best-effort is refused (or there are no tiers).
     refuse_best_effort: bool = False
+    # At level 1 before that: the tiers whose best-effort is refused, in shed order.
+    shed_tiers: tuple[str, ...] = ()
     max_tokens_cap: int | None = None
     fallback_model: str | None = None
 
 
 NORMAL = Degradation()
 _cache: dict[int, tuple[Degradation, float]] = {}
+_tier_cache: dict[int, tuple[str, float]] = {}
+
+
+def customer_tier(customer_id: int) -> str:
+    """The customer's tier name, read at most every CACHE_SECONDS (asked only while tiers are
+    being shed)."""
+    cached = _tier_cache.get(customer_id)
+    if cached is not None and time.monotonic() - cached[1] < CACHE_SECONDS:
+        return cached[0]
+    tier = Customer.objects.filter(pk=customer_id).values_list("tier_id", flat=True).first() or ""
+    _tier_cache[customer_id] = (tier, time.monotonic())
+    return tier
+
+
+def refuses_best_effort_of(degradation: Degradation, customer_id: int) -> bool:
+    """Whether this degradation refuses the customer's best-effort traffic."""
+    if degradation.refuse_best_effort:
+        return True
+    return bool(degradation.shed_tiers) and customer_tier(customer_id) in degradation.shed_tiers
 
 
 def current(model_id: int) -> Degradation:
@@ -192,7 +259,11 @@ def current(model_id: int) -> Degradation:
     cached = _cache.get(model_id)
     if cached is not None and time.monotonic() - cached[1] < CACHE_SECONDS:
         return cached[0]
-    state = DegradationState.objects.filter(served_model_id=model_id).only("level").first()
+    state = (
+        DegradationState.objects.filter(served_model_id=model_id)
+        .only("level", "tiers_shed")
+        .first()
+    )
     degradation = NORMAL
     if state is not None and state.level:
         policy = (
@@ -202,9 +273,13 @@ def current(model_id: int) -> Degradation:
         )
         if policy is not None and policy.enabled:
             applied = actions_of(policy)[: state.level]
+            tiers = tiers_in_shed_order()
+            shed = shed_count(state, tiers)
+            every_tier = shed >= len(tiers)
             degradation = Degradation(
                 level=state.level,
-                refuse_best_effort=REFUSE_BEST_EFFORT in applied,
+                refuse_best_effort=REFUSE_BEST_EFFORT in applied and every_tier,
+                shed_tiers=() if every_tier else tuple(tiers[:shed]),
                 max_tokens_cap=policy.max_tokens_cap if CAP_MAX_TOKENS in applied else None,
                 fallback_model=policy.fallback_model.name
                 if FALLBACK in applied and policy.fallback_model
@@ -216,3 +291,4 @@ def current(model_id: int) -> Degradation:
 
 def forget() -> None:
     _cache.clear()
+    _tier_cache.clear()

@@ -224,6 +224,9 @@ class DegradationState(models.Model):
         ServedModel, on_delete=models.CASCADE, related_name="degradation_state"
     )
     level = models.PositiveSmallIntegerField(default=0)
+    # At level 1: how many tiers, in shed order, have their best-effort refused (one more per
+    # window, accounts.Tier.shed_order); 0 at level 1 (a state set by hand) counts as one.
+    tiers_shed = models.PositiveSmallIntegerField(default=0)
     healthy_share = models.FloatField(null=True, blank=True)
     below_since = models.DateTimeField(null=True, blank=True)
     above_since = models.DateTimeField(null=True, blank=True)

@@ -125,7 +125,12 @@ def model_documents(*, now: datetime) -> dict[str, dict]:
             ),
             "degradation": {
                 "level": degradation.level,
-                "refuse_best_effort": degradation.refuse_best_effort,
+                # True from level 1 on, as before tiers: a gateway that does not read
+                # `shed_tiers` errs on refusing all best-effort rather than none.
+                "refuse_best_effort": degradation.refuse_best_effort
+                or bool(degradation.shed_tiers),
+                # While only some tiers are shed: their names (else null: all or none).
+                "shed_tiers": list(degradation.shed_tiers) or None,
                 "max_tokens_cap": degradation.max_tokens_cap,
                 "fallback_model": degradation.fallback_model,
             },
@@ -137,6 +142,12 @@ def model_documents(*, now: datetime) -> dict[str, dict]:
 def customer_documents() -> dict[str, int]:
     """Customer slug → id, for a service key that names the customer it acts for."""
     return dict(Customer.objects.order_by("pk").values_list("slug", "pk"))
+
+
+def customer_tier_documents() -> dict[str, str]:
+    """Customer id (decimal text) → its tier's name, for a degradation's `shed_tiers`."""
+    rows = Customer.objects.order_by("pk").values_list("pk", "tier_id")
+    return {str(pk): tier for pk, tier in rows}
 
 
 def entitlement_documents() -> dict[str, list[str]]:

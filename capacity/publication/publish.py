@@ -22,6 +22,7 @@ from capacity.admission.limits import published_request_limits
 from capacity.admission.redis_buckets import REQUEST_LIMITS_INDEX, queue_request_limits
 from capacity.publication.documents import (
     customer_documents,
+    customer_tier_documents,
     entitlement_documents,
     key_documents,
     model_documents,
@@ -35,13 +36,14 @@ MODELS = "gw:v1:models"
 ENTITLEMENTS = "gw:v1:entitlements"
 META = "gw:v1:meta"
 CUSTOMERS = "gw:v1:customers"
+CUSTOMER_TIERS = "gw:v1:customer_tiers"
 LOCK = "controlplane:gateway-publication"
 LOCK_TIMEOUT_SECONDS = 30  # a crashed publisher's lock frees itself after this
 LOCK_WAIT_SECONDS = 5.0
 
 
 def publish_gateway_state(*, reason: str) -> int | None:
-    """Publish all four documents, and the request limits admission's script reads; the new
+    """Publish every document, and the request limits admission's script reads; the new
     `gw:v1:meta` version, or None if it failed."""
     try:
         client = buckets().client
@@ -52,6 +54,7 @@ def publish_gateway_state(*, reason: str) -> int | None:
                 MODELS: model_documents(now=now),
                 ENTITLEMENTS: entitlement_documents(),
                 CUSTOMERS: customer_documents(),
+                CUSTOMER_TIERS: customer_tier_documents(),
             }
             request_limits = published_request_limits()
             # Read under the lock: no other publisher writes the index until this one is done.

@@ -3,14 +3,19 @@
 from django import forms
 
 from accounts import scopes as S
-from accounts.models import Customer
+from accounts.models import DEFAULT_TIER, Tier
 from capacity.models import ServedModel
 
 
 class CustomerForm(forms.Form):
     name = forms.CharField(max_length=200)
     slug = forms.SlugField(max_length=64, help_text="Lower-case letters, digits and hyphens.")
-    tier = forms.ChoiceField(choices=Customer.Tier.choices, initial=Customer.Tier.STANDARD)
+    tier = forms.ModelChoiceField(
+        queryset=Tier.objects.order_by("shed_order"),
+        to_field_name="name",
+        initial=DEFAULT_TIER,
+        empty_label=None,
+    )
     may_report_own_usage = forms.BooleanField(
         required=False,
         label="May report its own usage",

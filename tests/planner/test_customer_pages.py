@@ -96,7 +96,11 @@ def test_creating_a_customer_and_a_duplicate(planner_client):
         "/planner/customers/", {"name": "Initech", "slug": "initech", "tier": "premium"}
     )
     assert response.status_code == 302 and response["Location"] == "/planner/customers/initech/"
-    assert Customer.objects.get(slug="initech").tier == "premium"
+    assert Customer.objects.get(slug="initech").tier_id == "premium"
+    # Each customer's tier is shown, on the list and on its page.
+    listed = planner_client.get("/planner/customers/").content.decode()
+    assert "<td>Premium</td>" in listed
+    assert "initech · Premium" in planner_client.get("/planner/customers/initech/").content.decode()
     response = planner_client.post(
         "/planner/customers/", {"name": "Other", "slug": "initech", "tier": "standard"}
     )

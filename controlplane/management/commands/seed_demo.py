@@ -72,8 +72,8 @@ DEPLOYMENTS = [
     ("qwen-72b-a100", "qwen2.5-72b", "us-east-a100", 4, 0, 4, 360, 1800),
 ]
 CUSTOMERS = [
-    ("acme", "Acme Corp", Customer.Tier.ENTERPRISE),
-    ("globex", "Globex Inc", Customer.Tier.STANDARD),
+    ("acme", "Acme Corp", "enterprise"),
+    ("globex", "Globex Inc", "standard"),
 ]
 
 
@@ -252,7 +252,7 @@ class Command(BaseCommand):
         )
         for slug, name, tier in CUSTOMERS:
             customer, _ = Customer.objects.update_or_create(
-                slug=slug, defaults={"name": name, "tier": tier}
+                slug=slug, defaults={"name": name, "tier_id": tier}
             )
             # With `admission`, so the key works at the gateway (which asks admission for it).
             created = api_key_create(

@@ -194,7 +194,7 @@ def test_a_concurrency_limit_of_4_holds_under_50_concurrent_clients(
         request_id = f"c{index}-{uuid.uuid4().hex[:8]}"
         try:
             start.wait()
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + 180  # liveness only: a slow machine must not fail it
             while time.monotonic() < deadline:
                 answer = customer.post(
                     "/api/v1/admission", {**BODY, "request_id": request_id}, format="json"

@@ -385,6 +385,39 @@ def test_every_customer_allowed_on_the_model_shares_the_slack_history_or_not():
     assert allowances == {1: pytest.approx(320 + 40), 2: pytest.approx(40)}
 
 
+def test_the_part_of_the_slack_not_split_by_demand_follows_the_tier_weights():
+    fleet = deployment(current_replicas=4, ready_replicas=4)
+    # Customer 1 has all the best-effort demand; customers 2 (weight 1: free) and 3 (weight 4:
+    # premium) have none. 400 ready, nothing reserved: 320 by demand, 80 by tier weight.
+    decisions = decide(
+        model_snapshot(
+            [
+                customer(customer_id=1, recent=100, tier_weight=3.0),
+                customer(customer_id=2, tier_weight=1.0),
+                customer(customer_id=3, tier_weight=4.0),
+            ],
+            [fleet],
+        )
+    )
+    allowances = {a.customer_id: a.best_effort_mu_per_minute for a in decisions.allowances}
+    assert allowances == {
+        1: pytest.approx(320 + 30),
+        2: pytest.approx(10),
+        3: pytest.approx(40),
+    }
+    # Without any best-effort demand, the whole slack goes by weight.
+    idle = decide(
+        model_snapshot(
+            [customer(customer_id=2, tier_weight=1.0), customer(customer_id=3, tier_weight=3.0)],
+            [fleet],
+        )
+    )
+    assert {a.customer_id: a.best_effort_mu_per_minute for a in idle.allowances} == {
+        2: pytest.approx(100),
+        3: pytest.approx(300),
+    }
+
+
 def test_replicas_still_starting_are_never_lent_out():
     starting = deployment(current_replicas=4, ready_replicas=1, starting_replicas=3)
     decisions = decide(model_snapshot([customer(recent=50)], [starting]))

@@ -290,3 +290,20 @@ def test_prometheus_down_holds_the_fleet_instead_of_scaling_it_down(
     assert fleet.current_replicas == 5
     codes = {r["code"] for r in AllocationDecision.objects.first().reasons}
     assert "load_unknown" in codes
+
+
+def test_the_snapshot_carries_each_customers_tier_weight(fleet, served_model, acme, globex):
+    from capacity.allocation.snapshot import build_snapshot
+    from capacity.models import Entitlement
+
+    acme.tier_id, globex.tier_id = "free", "enterprise"
+    acme.save()
+    globex.save()
+    for customer in (acme, globex):
+        Entitlement.objects.create(customer=customer, served_model=served_model)
+
+    snapshot, _, _ = build_snapshot(now=timezone.now())
+
+    (model,) = snapshot.models
+    # The migrated tiers' weights (accounts.tiers.DEFAULT_TIERS), for the policy's split.
+    assert {c.customer_id: c.tier_weight for c in model.customers} == {acme.pk: 1.0, globex.pk: 8.0}

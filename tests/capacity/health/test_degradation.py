@@ -91,33 +91,52 @@ def test_halved_capacity_degrades_in_order_and_recovers_after_hysteresis_without
         def sample(after_seconds):
             clock.move_to(start + timedelta(seconds=after_seconds))
             degradation.evaluate_all()
-            levels.append((after_seconds, level(served_model)))
+            degradation.forget()
+            levels.append(
+                (after_seconds, level(served_model), degradation.current(served_model.pk))
+            )
 
         set_unhealthy(replicas, 2)  # half the capacity
-        for t in range(0, 200, 10):
+        for t in range(0, 400, 10):
             sample(t)
         # Capacity returns, with a dip between the thresholds (3 of 4 = 75 %: neither side).
         set_unhealthy(replicas, 0)
-        for t in range(200, 300, 10):
+        for t in range(400, 500, 10):
             sample(t)
         set_unhealthy(replicas, 1)
-        sample(300)
+        sample(500)
         set_unhealthy(replicas, 0)
-        for t in range(310, 520, 10):
+        for t in range(510, 720, 10):
             sample(t)
 
-    first_at = {lvl: next(t for t, seen in levels if seen == lvl) for lvl in (1, 2, 3)}
-    # One level per full window below the threshold: 60 s, 120 s, 180 s.
-    assert first_at == {1: 60, 2: 120, 3: 180}
-    # Held through recovery and the dip; lifted 180 s after the share stayed high (from 310).
-    assert all(seen == 3 for t, seen in levels if 180 <= t < 490)
-    assert [seen for t, seen in levels if t >= 490] == [0, 0, 0]
+    # One step per full window below the threshold. Level 1 sheds the four migrated tiers one
+    # window each (60, 120, 180, 240 s), then level 2 (300 s) and level 3 (360 s).
+    first_at = {lvl: next(t for t, seen, _ in levels if seen == lvl) for lvl in (1, 2, 3)}
+    assert first_at == {1: 60, 2: 300, 3: 360}
+    shed = {t: (d.shed_tiers, d.refuse_best_effort) for t, _, d in levels if t in range(0, 310, 60)}
+    assert shed == {
+        0: ((), False),
+        60: (("free",), False),
+        120: (("free", "standard"), False),
+        180: (("free", "standard", "premium"), False),
+        240: ((), True),  # the last tier shed: all best-effort is refused
+        300: ((), True),
+    }
+    # Held through recovery and the dip; lifted 180 s after the share stayed high (from 510).
+    assert all(seen == 3 for t, seen, _ in levels if 360 <= t < 690)
+    assert [seen for t, seen, _ in levels if t >= 690] == [0, 0, 0]
+    assert levels[-1][2] == degradation.NORMAL
     changes = list(DegradationChange.objects.order_by("at"))
-    assert [(c.from_level, c.to_level) for c in changes] == [(0, 1), (1, 2), (2, 3), (3, 0)]
-    assert "best-effort traffic is refused" in changes[0].reason
-    assert "max_tokens is capped" in changes[1].reason
-    assert "fallback model" in changes[2].reason
-    assert "lifted" in changes[3].reason and changes[3].healthy_share == 1.0
+    assert [(c.from_level, c.to_level) for c in changes] == [
+        (0, 1), (1, 1), (1, 1), (1, 1), (1, 2), (2, 3), (3, 0)
+    ]  # fmt: skip
+    assert "best-effort traffic of tier free is refused" in changes[0].reason
+    assert "tier standard is refused too" in changes[1].reason
+    assert "tier enterprise is refused too" in changes[3].reason
+    assert "max_tokens is capped" in changes[4].reason
+    assert "fallback model" in changes[5].reason
+    assert "lifted" in changes[6].reason and changes[6].healthy_share == 1.0
+    assert DegradationState.objects.get(served_model=served_model).tiers_shed == 0
 
 
 def test_a_policy_without_cap_or_fallback_has_one_level(fleet, served_model):
@@ -128,11 +147,12 @@ def test_a_policy_without_cap_or_fallback_has_one_level(fleet, served_model):
     set_unhealthy(replicas, 3)
     start = timezone.now()
     with time_machine.travel(start, tick=False) as clock:
-        for t in range(0, 400, 30):
+        for t in range(0, 600, 30):
             clock.move_to(start + timedelta(seconds=t))
             degradation.evaluate_all()
     assert level(served_model) == 1
-    assert DegradationChange.objects.count() == 1
+    # Level 1 itself, then the three further tiers it sheds, and nothing after.
+    assert DegradationChange.objects.count() == 4
 
 
 def test_turning_the_policy_off_lifts_its_levels(fleet, served_model):
@@ -172,7 +192,8 @@ def test_admission_refuses_lower_tiers_first_then_caps_then_sends_overflow_to_th
     )
     assert normal_acme.max_tokens is None and normal_acme.degradation_level == 0
 
-    state = DegradationState.objects.create(served_model=served_model, level=1)
+    # Level 1 once every tier is shed (four windows with the migrated tiers).
+    state = DegradationState.objects.create(served_model=served_model, level=1, tiers_shed=4)
     degradation.forget()
     refused = ask(globex, served_model)
     assert not refused.admitted and "best-effort traffic is refused" in refused.reason
@@ -209,3 +230,42 @@ def test_the_admission_api_carries_the_degradation(fleet, served_model, acme, ma
     assert response.status_code == 200
     body = response.json()
     assert (body["max_tokens"], body["degradation_level"], body["fallback_model"]) == (64, 2, None)
+
+
+def test_level_1_refuses_the_free_tier_and_admits_the_paid_one_through_the_api(
+    fleet, served_model, acme, globex, make_key, key_client
+):
+    from accounts import scopes as S
+
+    acme.tier_id, globex.tier_id = "free", "premium"
+    acme.save()
+    globex.save()
+    # Both customers are best-effort only (no reservation), with room to spare.
+    admission.publish_limits(
+        [
+            Allowance(acme.pk, served_model.pk, 0.0, 600.0),
+            Allowance(globex.pk, served_model.pk, 0.0, 600.0),
+        ]
+    )
+    replicas, _ = fleet
+    set_unhealthy(replicas, 2)
+    start = timezone.now()
+    with time_machine.travel(start, tick=False) as clock:
+        degradation.evaluate_all()
+        clock.shift(60)  # one full window below the threshold: level 1
+        degradation.evaluate_all()
+    assert level(served_model) == 1
+    degradation.forget()
+
+    def post(customer):
+        _, plaintext = make_key(customer=customer, scopes=[S.ADMISSION])
+        response = key_client(plaintext).post(
+            "/api/v1/admission", {"model": "llama-8b", **SMALL}, format="json"
+        )
+        return response.status_code, response.json()
+
+    (free_status, free), (paid_status, paid) = post(acme), post(globex)
+    assert (free_status, paid_status) == (429, 200)
+    assert not free["admitted"] and free["degradation_level"] == 1
+    assert "best-effort traffic for tier(s) free is refused" in free["reason"]
+    assert paid["admitted"] and paid["class"] == "best_effort", paid

@@ -81,6 +81,7 @@ def test_a_tick_publishes_keys_models_entitlements_and_a_growing_version(
     assert model["degradation"] == {
         "level": 0,
         "refuse_best_effort": False,
+        "shed_tiers": None,
         "max_tokens_cap": None,
         "fallback_model": None,
     }
@@ -95,6 +96,7 @@ def test_a_tick_publishes_keys_models_entitlements_and_a_growing_version(
     ]
     assert read(gateway_redis, "gw:v1:entitlements") == {str(acme.pk): ["llama-8b"]}
     assert read(gateway_redis, "gw:v1:customers") == {"acme": acme.pk}
+    assert read(gateway_redis, "gw:v1:customer_tiers") == {str(acme.pk): "standard"}
     # The admission rule's parameters, so a gateway admits with the control plane's burst.
     assert float(gateway_redis.hget("gw:v1:meta", "admission_burst_seconds")) == float(
         django_settings.ADMISSION_BURST_SECONDS
@@ -153,7 +155,10 @@ def test_a_deployment_change_and_a_degradation_are_published_after_commit(
         evaluate_all(now=start + timezone.timedelta(seconds=2))
 
     model = read(gateway_redis, "gw:v1:models")["llama-8b"]
-    assert model["degradation"]["level"] >= 1
+    # Level 1 after one window: the first tier in shed order only.
+    assert model["degradation"]["level"] == 1
+    assert model["degradation"]["shed_tiers"] == ["free"]
+    # Still true, for a gateway that does not read shed_tiers: it refuses all, as before.
     assert model["degradation"]["refuse_best_effort"] is True
     assert model["replicas"] == []  # unhealthy replicas are not routed to
 
