@@ -8,7 +8,7 @@ import pytest
 from drf_spectacular.generators import SchemaGenerator
 
 from billing.rates import rate_card_create
-from capacity.models import Deployment, Reservation
+from capacity.models import Deployment, RequestLimit, Reservation
 from tests.support.factories import GpuTypeFactory
 
 pytestmark = pytest.mark.django_db
@@ -34,6 +34,7 @@ def rows(served_model, acme, sellable):
             reserved_price_per_mu_minute_hour=Decimal(1), best_effort_price_per_1000_mu=Decimal(1),
         ).pk,
         "cost-models": sellable.pk,  # activate and reject take a reason, and nothing else
+        "request-limits": RequestLimit.objects.create(customer=acme, requests_per_minute=60).pk,
     }  # fmt: skip
 
 
