@@ -8,7 +8,9 @@ from accounts.principals import Principal
 
 
 def customers_visible_to(principal: Principal) -> QuerySet[Customer]:
-    customers = Customer.objects.all()
+    # The tier is read by name through its row (a to_field key): fetched with the customers,
+    # not once per customer.
+    customers = Customer.objects.select_related("tier")
     if principal.sees_all_customers:
         return customers
     return customers.filter(pk__in=principal.customer_ids)

@@ -30,7 +30,7 @@ from billing.generation import invoice_generate
 from billing.models import Invoice
 from billing.rates import rate_card_create
 from capacity.health.services import degradation_policy_save
-from capacity.models import AllocationDecision, CostModel, Reservation
+from capacity.models import AllocationDecision, CostModel, RequestLimit, Reservation
 from tests.conftest import make_cost_model
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow(seconds=40)]
@@ -132,6 +132,11 @@ GET /api/v1/reservations/{pk}/                           | 401  ok    ok     404
 PATCH /api/v1/reservations/{pk}/                         | 401  403   403    403      403    403     403     403   403    403     403     403   404    403   403    ok
 POST /api/v1/reservations/{pk}/cancel/                   | 401  403   403    403      403    403     403     403   403    403     403     403   404    403   403    ok
 GET /api/v1/reservations/{pk}/history/                   | 401  ok    ok     404      ok     403     403     403   ok     403     403     403   403    403   403    ok
+GET /api/v1/request-limits/                              | 401  ok    ok     ok       ok     403     403     403   ok     403     403     403   403    403   403    ok
+POST /api/v1/request-limits/                             | 401  403   403    403      403    403     403     403   403    403     403     403   403    403   ok     ok
+DELETE /api/v1/request-limits/{pk}/                      | 401  403   403    403      403    403     403     403   403    403     403     403   403    403   ok     ok
+GET /api/v1/request-limits/{pk}/                         | 401  ok    ok     404      ok     403     403     403   ok     403     403     403   403    403   403    ok
+PATCH /api/v1/request-limits/{pk}/                       | 401  403   403    403      403    403     403     403   403    403     403     403   403    403   ok     ok
 GET /api/v1/allocation/decisions/                        | 401  403   403    403      403    403     403     403   ok     403     403     403   403    403   403    ok
 GET /api/v1/allocation/decisions/{pk}/                   | 401  403   403    403      403    403     403     403   ok     403     403     403   403    403   403    ok
 GET /api/v1/allocation/allowances/                       | 401  ok    ok     ok       ok     403     403     403   ok     403     403     403   403    403   403    ok
@@ -267,6 +272,9 @@ def world(acme, globex, owner, member, outsider, planner, served_model, gpu_type
         "/api-keys/{pk}": api_key_create(name="target", customer=acme).api_key.pk,
         "/cost-models/{pk}": CostModel.objects.get().pk if cost_model else None,
         "/reservations/{pk}": reservation.pk,
+        "/request-limits/{pk}": RequestLimit.objects.create(
+            customer=acme, requests_per_minute=600
+        ).pk,
         "/allocation/decisions/{pk}": decision.pk,
         "/benchmark-suites/{name}": suite.name,
         "/benchmark-runs/{pk}": run.pk,
