@@ -183,6 +183,10 @@ def test_a_concurrency_limit_of_4_holds_under_50_concurrent_clients(
     in_flight, peak, refusals, done = [0], [0], [], []
     lock = threading.Lock()
     start = threading.Barrier(50)
+    # Set once four requests hold a slot at the same moment. The first holders wait for it (a
+    # bounded wait), so on a slow machine the fourth admission is not outrun by the first one's
+    # end: "the limit was reached" then depends on the limit, not on the scheduler.
+    limit_reached = threading.Event()
 
     def client_of(plaintext):
         client = APIClient()
@@ -209,7 +213,10 @@ def test_a_concurrency_limit_of_4_holds_under_50_concurrent_clients(
             with lock:
                 in_flight[0] += 1
                 peak[0] = max(peak[0], in_flight[0])
-            time.sleep(0.1)  # the request runs
+                if in_flight[0] >= 4:
+                    limit_reached.set()
+            limit_reached.wait(timeout=5)
+            time.sleep(0.05)  # the request runs
             with lock:
                 in_flight[0] -= 1
             # Its usage event frees its slot (as a gateway's end of request would).
