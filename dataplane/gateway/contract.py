@@ -26,6 +26,7 @@ KEYS = "gw:v1:keys"
 MODELS = "gw:v1:models"
 ENTITLEMENTS = "gw:v1:entitlements"
 CUSTOMERS = "gw:v1:customers"
+CUSTOMER_TIERS = "gw:v1:customer_tiers"
 META = "gw:v1:meta"
 WAITING = "gw:v1:waiting"
 SPOOL = "gw:v1:spool"
@@ -55,6 +56,17 @@ class Degradation:
     refuse_best_effort: bool = False
     max_tokens_cap: int | None = None
     fallback_model: str | None = None
+    # While only some tiers are shed, their names; None: `refuse_best_effort` applies to all.
+    shed_tiers: frozenset[str] | None = None
+
+    def refuses_best_effort_of(self, tier: str | None) -> bool:
+        """Whether a best-effort request of a customer of `tier` is shed. A customer whose
+        tier is not published is shed with the listed tiers: the safe side."""
+        if not self.refuse_best_effort:
+            return False
+        if self.shed_tiers is None or tier is None:
+            return True
+        return tier in self.shed_tiers
 
 
 @dataclass(frozen=True)
@@ -97,6 +109,8 @@ class Contract:
     # The control plane's admission parameters (gw:v1:meta): burst, limits TTL, record TTL,
     # the TTL of a concurrency slot.
     admission: Mapping[str, float] = field(default_factory=dict)
+    # customer id -> its tier's name (gw:v1:customer_tiers), for a degradation's `shed_tiers`
+    customer_tiers: Mapping[int, str] = field(default_factory=dict)
     read_at: float = 0.0
 
     @property
@@ -157,6 +171,11 @@ def parse_model(name: str, raw: str) -> Model:
             refuse_best_effort=bool(deg.get("refuse_best_effort", False)),
             max_tokens_cap=_optional_int(deg.get("max_tokens_cap")),
             fallback_model=deg.get("fallback_model"),
+            shed_tiers=(
+                None
+                if deg.get("shed_tiers") is None
+                else frozenset(str(t) for t in deg["shed_tiers"])
+            ),
         ),
         replicas=tuple(
             Replica(
@@ -177,6 +196,7 @@ def build_contract(
     models: Mapping[bytes | str, bytes | str],
     entitlements: Mapping[bytes | str, bytes | str],
     customers: Mapping[bytes | str, bytes | str] | None = None,
+    customer_tiers: Mapping[bytes | str, bytes | str] | None = None,
 ) -> Contract:
     """A contract from the hashes as Redis returns them; bad entries are skipped."""
     parsed_keys: dict[str, ApiKey] = {}
@@ -210,6 +230,12 @@ def build_contract(
             customer_ids.setdefault(_text(raw_slug), int(_text(raw_id)))
         except ValueError:
             log.warning("gw:v1:customers %r: unreadable; skipped", raw_slug)
+    tiers: dict[int, str] = {}
+    for raw_customer, raw_tier in (customer_tiers or {}).items():
+        try:
+            tiers[int(_text(raw_customer))] = _text(raw_tier)
+        except ValueError:
+            log.warning("gw:v1:customer_tiers %r: unreadable; skipped", raw_customer)
     meta_text = {_text(k): _text(v) for k, v in meta.items()}
     admission: dict[str, float] = {}
     for name in ADMISSION_PARAMETERS:
@@ -223,6 +249,7 @@ def build_contract(
         entitlements=parsed_entitlements,
         customers=customer_ids,
         admission=admission,
+        customer_tiers=tiers,
         read_at=time.time(),
     )
 
@@ -250,12 +277,18 @@ class ContractReader:
             pipe.hgetall(MODELS)
             pipe.hgetall(ENTITLEMENTS)
             pipe.hgetall(CUSTOMERS)
-            meta, keys, models, entitlements, customers = await pipe.execute()
+            pipe.hgetall(CUSTOMER_TIERS)
+            meta, keys, models, entitlements, customers, tiers = await pipe.execute()
         except (RedisError, OSError, ValueError) as error:
             log.warning("the contract could not be read (%s); serving on the last copy", error)
             return False
         self.contract = build_contract(
-            meta=meta, keys=keys, models=models, entitlements=entitlements, customers=customers
+            meta=meta,
+            keys=keys,
+            models=models,
+            entitlements=entitlements,
+            customers=customers,
+            customer_tiers=tiers,
         )
         log.info("contract version %s read", self.contract.version)
         # Wake whoever waits for a change (requests held for a model at zero).

@@ -652,24 +652,29 @@ class Gateway:
                 self._left_during_admission(outcome, model, usage)
             raise
         except RedisError as error:
-            return self._class_of(error, model)
+            return self._class_of(error, model, usage.customer_id)
         usage.extra["limit"] = decision.limit
         usage.extra["limit_scope"] = decision.limit_scope
-        decided = self._class_of(decision, model)
+        decided = self._class_of(decision, model, usage.customer_id)
         if decision.holds_slot:
             usage.holds_slot = True
             if decided[0] == REFUSED:  # refused after all (degradation): nothing holds it
                 self._release(usage)
         return decided
 
-    def _class_of(self, outcome: BucketDecision | BaseException, model: Model) -> tuple[str, float]:
+    def _class_of(
+        self, outcome: BucketDecision | BaseException, model: Model, customer_id: int | None
+    ) -> tuple[str, float]:
         if isinstance(outcome, BaseException):
             log.warning("admission: Redis unreachable (%s)", outcome)
             self._redis_down_until = time.monotonic() + 1.0
             return self._without_redis()
         admission_class = outcome.admission_class
-        if admission_class == BEST_EFFORT and model.degradation.refuse_best_effort:
-            return REFUSED, 1000.0
+        if admission_class == BEST_EFFORT:
+            tiers = self.reader.contract.customer_tiers
+            tier = None if customer_id is None else tiers.get(customer_id)
+            if model.degradation.refuses_best_effort_of(tier):
+                return REFUSED, 1000.0
         return admission_class, outcome.retry_after_ms
 
     def _without_redis(self) -> tuple[str, float]:
@@ -682,7 +687,7 @@ class Gateway:
     ) -> None:
         """The usage event of a request whose client left while Redis decided: refused, or
         cancelled with its class."""
-        admission_class, _ = self._class_of(outcome, model)
+        admission_class, _ = self._class_of(outcome, model, usage.customer_id)
         if admission_class == REFUSED:
             usage.outcome = "refused"
         else:

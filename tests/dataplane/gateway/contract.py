@@ -17,6 +17,7 @@ from accounts.keys import mint
 KEYS = "gw:v1:keys"
 MODELS = "gw:v1:models"
 ENTITLEMENTS = "gw:v1:entitlements"
+CUSTOMER_TIERS = "gw:v1:customer_tiers"
 META = "gw:v1:meta"
 WAITING = "gw:v1:waiting"
 SPOOL = "gw:v1:spool"
@@ -76,6 +77,7 @@ def model(
     max_tokens_cap: int | None = None,
     fallback_model: str | None = None,
     level: int = 0,
+    shed_tiers: list[str] | None = None,
 ) -> dict:
     return {
         "model_id": model_id,
@@ -92,6 +94,7 @@ def model(
             "refuse_best_effort": refuse_best_effort,
             "max_tokens_cap": max_tokens_cap,
             "fallback_model": fallback_model,
+            "shed_tiers": shed_tiers,
         },
         "replicas": replicas,
     }
@@ -102,12 +105,13 @@ class Publication:
     keys: dict[str, dict] = field(default_factory=dict)  # prefix -> doc
     models: dict[str, dict] = field(default_factory=dict)  # name -> doc
     entitlements: dict[int, list[str]] = field(default_factory=dict)
+    customer_tiers: dict[int, str] = field(default_factory=dict)  # customer id -> tier name
 
 
 def publish(client: redis.Redis, publication: Publication) -> int:
-    """Write the four documents whole, then bump `gw:v1:meta.version`; returns the version."""
+    """Write the documents whole, then bump `gw:v1:meta.version`; returns the version."""
     pipe = client.pipeline(transaction=True)
-    pipe.delete(KEYS, MODELS, ENTITLEMENTS)
+    pipe.delete(KEYS, MODELS, ENTITLEMENTS, CUSTOMER_TIERS)
     if publication.keys:
         pipe.hset(KEYS, mapping={p: json.dumps(d) for p, d in publication.keys.items()})
     if publication.models:
@@ -116,6 +120,11 @@ def publish(client: redis.Redis, publication: Publication) -> int:
         pipe.hset(
             ENTITLEMENTS,
             mapping={str(c): json.dumps(names) for c, names in publication.entitlements.items()},
+        )
+    if publication.customer_tiers:
+        pipe.hset(
+            CUSTOMER_TIERS,
+            mapping={str(c): tier for c, tier in publication.customer_tiers.items()},
         )
     pipe.hincrby(META, "version", 1)
     pipe.hset(META, "published_at", repr(time.time()))

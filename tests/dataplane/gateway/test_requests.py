@@ -289,6 +289,39 @@ def test_best_effort_is_refused_while_the_model_is_degraded(served, http, usage_
     assert response.status_code == 429
 
 
+def test_while_only_the_free_tier_is_shed_its_best_effort_is_refused_and_a_paid_ones_admitted(
+    served, http, usage_server
+):
+    world, gateway, url = served
+    globex = C.key(customer_id=2, customer="globex")
+    world.publication.keys[globex.prefix] = globex.doc
+    world.publication.entitlements[2] = ["tiny"]
+    world.publication.customer_tiers = {1: "free", 2: "premium"}
+    # Neither has a reservation: every request of both is best-effort.
+    set_limits(world.rds, {(1, 7): (0.0, 1000.0), (2, 7): (0.0, 1000.0)})
+    world.publication.models["tiny"] = C.model(
+        7, [C.replica(url)], level=1, refuse_best_effort=True, shed_tiers=["free"]
+    )
+    version = world.publish()
+    wait_for(lambda: http.get(gateway.url + "/healthz").json()["contract_version"] == version)
+
+    free = http.post(gateway.url + "/v1/chat/completions", json=CHAT, headers=bearer(world.acme))
+    paid = http.post(gateway.url + "/v1/chat/completions", json=CHAT, headers=bearer(globex))
+
+    assert free.status_code == 429, free.text
+    assert paid.status_code == 200, paid.text
+    events = wait_for(lambda: len(usage_events(usage_server)) == 2 and usage_events(usage_server))
+    outcomes = {e["customer"]: (e["outcome"], e.get("admission_class")) for e in events}
+    assert outcomes == {"acme": ("refused", None), "globex": ("completed", "best_effort")}
+
+    # A customer the publication gives no tier is shed with the listed ones (the safe side).
+    del world.publication.customer_tiers[2]
+    version = world.publish()
+    wait_for(lambda: http.get(gateway.url + "/healthz").json()["contract_version"] == version)
+    unknown = http.post(gateway.url + "/v1/chat/completions", json=CHAT, headers=bearer(globex))
+    assert unknown.status_code == 429, unknown.text
+
+
 def test_the_degradation_caps_max_tokens(served, http):
     world, gateway, url = served
     world.publication.models["tiny"] = C.model(7, [C.replica(url)], max_tokens_cap=3)
