@@ -22,6 +22,7 @@ from simulation.engine.modelunit import ModelUnitAutoscaler, behind_admission
 from simulation.engine.policy_context import PolicyContext
 from simulation.engine.traces import TraceRequest, load_trace, split_clients
 from simulation.management.commands.simulate import BUILT_IN_MODEL
+from tests.support.once import once_per_run
 
 AZURE_CONV = (
     Path(__file__).resolve().parents[2]
@@ -41,7 +42,12 @@ def mu_per_minute(rate_req_per_s: float) -> float:
 
 
 @pytest.fixture(scope="module")
-def conversation():
+def conversation(tmp_path_factory):
+    # Two tests read it, often on two workers: simulated once per run (tests/support/once.py).
+    return once_per_run(tmp_path_factory, "simulator-admission-conversation", _conversation)
+
+
+def _conversation():
     """Azure's conversation trace at about ten replicas (×5.8), dealt half to acme, which
     reserves about its mean (250 MU/min: its busiest minutes go beyond it), half to globex, a
     best-effort customer without a reservation."""

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.once import run_folder, run_lock
 from tests.support.servers import ROOT, gunicorn_server
 
 CHROMIUM_PATH = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
@@ -67,14 +68,20 @@ def chromium():
 
 @pytest.fixture(scope="session")
 def collected_static(tmp_path_factory) -> Path:
-    """The static files as a deployment serves them (collectstatic, then WhiteNoise)."""
-    root = tmp_path_factory.mktemp("static")
-    subprocess.run(
-        [sys.executable, "manage.py", "collectstatic", "--noinput", "--verbosity", "0"],
-        cwd=ROOT,
-        env=os.environ | {"STATIC_ROOT": str(root)},
-        check=True,
-    )
+    """The static files as a deployment serves them (collectstatic, then WhiteNoise).
+
+    Collected once per pytest run, not once per xdist worker (tests/support/once.py):
+    WhiteNoise compresses every file, half a minute of CPU each time."""
+    root = run_folder(tmp_path_factory) / "collected-static"
+    with run_lock(tmp_path_factory, "collected-static"):
+        if not (root / ".complete").exists():
+            subprocess.run(
+                [sys.executable, "manage.py", "collectstatic", "--noinput", "--verbosity", "0"],
+                cwd=ROOT,
+                env=os.environ | {"STATIC_ROOT": str(root)},
+                check=True,
+            )
+            (root / ".complete").touch()
     return root
 
 
