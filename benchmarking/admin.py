@@ -20,6 +20,8 @@ class BenchmarkSuiteAdmin(AuditedAdminMixin, admin.ModelAdmin):
 # A sample's measured point, in the order the run's page and the list show it.
 SAMPLE_POINT_FIELDS = [
     "input_len",
+    "cached_input_len",
+    "images",
     "output_len",
     "concurrency",
     "requests_per_s",

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from sklearn.linear_model import LinearRegression
@@ -72,6 +72,11 @@ class FitResult:
     distinct_shapes: int
     residuals: tuple[Residual, ...]  # in-sample, of the final fit on all data, one per sample
     candidates: tuple[CandidateScore, ...]  # every feature set tried, with its CV score
+    # The chosen set's held-out error over the samples that carry each feature
+    # (cached_input_tokens: samples with prefix-cache hits; images: samples with images), so
+    # a good overall MAPE cannot hide a feature that is priced badly:
+    # {feature: {"cv_mape", "cv_worst_error", "samples"}}; only features some sample has.
+    cv_error_by_feature: dict[str, dict[str, float | int]] = field(default_factory=dict)
 
 
 # --- validation ---------------------------------------------------------------------------------
@@ -241,9 +246,11 @@ def fit_cost_model(
     full_x = feature_matrix(shapes, FEATURES)
 
     candidates = []
+    held_out: dict[tuple[str, ...], np.ndarray] = {}
     for features in feature_sets:
         x = full_x[:, [FEATURES.index(name) for name in features]]
         errors = np.abs(_held_out_relative_errors(x, replica_seconds, splits))
+        held_out[features] = errors
         candidates.append(CandidateScore(features, float(errors.mean()), float(errors.max())))
     chosen = _select(candidates)
 
@@ -271,7 +278,29 @@ def fit_cost_model(
         distinct_shapes=distinct_shapes,
         residuals=residuals,
         candidates=tuple(candidates),
+        cv_error_by_feature=error_by_feature(shapes, held_out[chosen.features]),
     )
+
+
+# The features whose held-out error is reported apart: the ones a sample has or has not.
+REPORTED_FEATURES = ("cached_input_tokens", "images")
+
+
+def error_by_feature(
+    shapes: Sequence[Shape], held_out_errors: np.ndarray
+) -> dict[str, dict[str, float | int]]:
+    """Held-out |relative error| over the samples with each reported feature."""
+    report: dict[str, dict[str, float | int]] = {}
+    for name in REPORTED_FEATURES:
+        mask = np.array([getattr(shape, name) > 0 for shape in shapes], dtype=bool)
+        if mask.any():
+            errors = held_out_errors[mask]
+            report[name] = {
+                "cv_mape": float(errors.mean()),
+                "cv_worst_error": float(errors.max()),
+                "samples": int(mask.sum()),
+            }
+    return report
 
 
 def held_out_errors(

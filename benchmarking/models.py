@@ -11,7 +11,12 @@ class BenchmarkSuite(models.Model):
     # serves: suite by name: API /benchmark-suites/{name}, runs' suite field, run_benchmark
     name = models.SlugField(max_length=100, unique=True)
     description = models.TextField(blank=True, default="")
-    grid = models.JSONField(help_text="Request shapes: [[input_len, output_len], ...].")
+    grid = models.JSONField(
+        help_text=(
+            "Request shapes: [input_len, output_len], or {input_len, output_len, prefix_share, "
+            "images} for prompts sharing a prefix and requests with images."
+        )
+    )
     slo_ttft_p95_ms = models.FloatField(validators=[MinValueValidator(0.001)])
     slo_tpot_p95_ms = models.FloatField(validators=[MinValueValidator(0.001)])
     duration_per_point_seconds = models.FloatField(
@@ -122,7 +127,9 @@ class BenchmarkSample(models.Model):
     run = models.ForeignKey(BenchmarkRun, on_delete=models.CASCADE, related_name="samples")
     input_len = models.PositiveIntegerField()
     output_len = models.PositiveIntegerField()
+    # Of input_len (the prompt tokens the engine counted), those its prefix cache served.
     cached_input_len = models.PositiveIntegerField(default=0)
+    images = models.PositiveIntegerField(default=0, help_text="Images per request.")
     concurrency = models.PositiveIntegerField(null=True, blank=True)
     requests_per_s = models.FloatField(help_text="Per replica.")
     input_tokens_per_s = models.FloatField(default=0.0)
@@ -151,7 +158,7 @@ class BenchmarkSample(models.Model):
             ),
             # serves: sustainable_samples_of_run and the fit (a run's sustainable samples)
             models.UniqueConstraint(
-                fields=["run", "input_len", "output_len", "cached_input_len"],
+                fields=["run", "input_len", "output_len", "cached_input_len", "images"],
                 condition=Q(sustainable=True),
                 name="sample_one_sustainable_per_shape",
             ),

@@ -14,11 +14,14 @@ address it is opened to. Connections are pooled, so the check costs nothing per 
 """
 
 import asyncio
+import base64
 import json
 import math
 import multiprocessing
 import os
+import struct
 import time
+import zlib
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -34,8 +37,40 @@ class RunnerError(Exception):
 
 
 @dataclass(frozen=True)
+class GridShape:
+    """One shape of a suite: `input_len` text tokens (images' tokens come on top, as the
+    engine counts them), `output_len` tokens decoded, the share of the prompt every request of
+    the shape shares (a prefix the engine's prefix cache can serve), and images per request.
+    The rest of every prompt, and every image, is distinct per request."""
+
+    input_len: int
+    output_len: int
+    prefix_share: float = 0.0
+    images: int = 0
+
+    @classmethod
+    def of(cls, shape: "GridShape | Sequence[int]") -> "GridShape":
+        if isinstance(shape, GridShape):
+            return shape
+        input_len, output_len = shape
+        return cls(int(input_len), int(output_len))
+
+    @property
+    def shared_tokens(self) -> int:
+        return round(self.prefix_share * self.input_len)
+
+    def describe(self) -> str:
+        text = f"{self.input_len}/{self.output_len}"
+        if self.prefix_share:
+            text += f" ({self.prefix_share:.0%} shared)"
+        if self.images:
+            text += f" + {self.images} image{'s' if self.images > 1 else ''}"
+        return text
+
+
+@dataclass(frozen=True)
 class SuiteSpec:
-    grid: tuple[tuple[int, int], ...]
+    grid: tuple["GridShape | tuple[int, int]", ...]
     slo_ttft_p95_ms: float
     slo_tpot_p95_ms: float
     duration_per_point_seconds: float = 20.0
@@ -44,6 +79,10 @@ class SuiteSpec:
     min_throughput_growth: float = 0.05
     max_error_rate: float = 0.05
     request_timeout_seconds: float = 120.0
+
+    @property
+    def shapes(self) -> tuple[GridShape, ...]:
+        return tuple(GridShape.of(shape) for shape in self.grid)
 
 
 @dataclass(frozen=True)
@@ -56,6 +95,9 @@ class RequestResult:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     error: str = ""
+    # What the engine's usage said its prefix cache served (engines started with vLLM's
+    # --enable-prompt-tokens-details), else None.
+    cached_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -87,6 +129,29 @@ class PointResult:
     client_lag_p99_ms: float | None = None
     # How many of the endpoints' engines counted requests during the point.
     engines_measured: int | None = None
+    # The shape's prefix share and images per request (GridShape), the mean prompt tokens
+    # the engines counted, and the share of them their prefix caches served over the point
+    # (vllm:prefix_cache_hits / vllm:prefix_cache_queries, read before and after it).
+    prefix_share: float = 0.0
+    images: int = 0
+    prompt_tokens_mean: float | None = None
+    cache_hit_share: float | None = None
+
+    @property
+    def measured_input_tokens(self) -> int:
+        """Prompt tokens per request as the engines counted them (images' tokens included),
+        else the shape's."""
+        if self.prompt_tokens_mean is None:
+            return self.input_len
+        return round(self.prompt_tokens_mean)
+
+    @property
+    def cached_input_tokens(self) -> int:
+        """Prompt tokens per request the prefix cache served: the achieved hit share, read back
+        from the engines' own counters, of the prompt."""
+        if not self.cache_hit_share:
+            return 0
+        return round(self.cache_hit_share * self.measured_input_tokens)
 
     @property
     def client_overhead_share(self) -> float | None:
@@ -107,6 +172,8 @@ class ShapeResult:
     input_len: int
     output_len: int
     points: list[PointResult] = field(default_factory=list)
+    prefix_share: float = 0.0
+    images: int = 0
     sustainable: PointResult | None = None
     stop_reason: str = ""
 
@@ -123,6 +190,59 @@ def percentile(values: Sequence[float], share: float) -> float | None:
 def prompt_token_ids(input_len: int, salt: int) -> list[int]:
     # Distinct ids per request, so an engine's prefix cache cannot make later requests cheaper.
     return [100 + (salt * 7919 + index * 104729) % 30000 for index in range(input_len)]
+
+
+def shared_prefix_token_ids(shape: GridShape) -> list[int]:
+    """The prefix every request of the shape starts with: the same for all of them, and in a
+    range of ids the salted parts never use, so it is cached only where the shape means it."""
+    key = shape.input_len * 31 + shape.output_len * 7 + shape.images
+    return [30100 + (key * 104729 + index * 7919) % 30000 for index in range(shape.shared_tokens)]
+
+
+def shape_prompt_ids(shape: GridShape, salt: int) -> list[int]:
+    """A prompt of the shape: its shared prefix, then ids salted per request."""
+    shared = shared_prefix_token_ids(shape)
+    return shared + prompt_token_ids(shape.input_len - len(shared), salt)
+
+
+def png_data_url(salt: int) -> str:
+    """A 1×1 PNG whose colour comes from the salt (so images differ between requests), as a
+    data: URL, the form OpenAI's and vLLM's image_url parts take inline."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        body = kind + data
+        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
+
+    colour = (salt % (1 << 24)).to_bytes(3, "big")
+    png = (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(b"\x00" + colour))
+        + chunk(b"IEND", b"")
+    )
+    return "data:image/png;base64," + base64.b64encode(png).decode()
+
+
+def chat_messages(shape: GridShape, salt: int) -> list[dict]:
+    """A chat request of the shape: the shared prefix as text, the images, then the salted
+    text. Words are the tokens of text prompts; the engine's own count is what is recorded."""
+    ids = shape_prompt_ids(shape, salt)
+    shared = shape.shared_tokens
+    content: list[dict] = []
+    if shared:
+        content.append({"type": "text", "text": " ".join(f"w{i}" for i in ids[:shared])})
+    content.extend(
+        {"type": "image_url", "image_url": {"url": png_data_url(salt * 8 + index)}}
+        for index in range(shape.images)
+    )
+    if len(ids) > shared:
+        content.append({"type": "text", "text": " ".join(f"w{i}" for i in ids[shared:])})
+    return [{"role": "user", "content": content}]
+
+
+def _has_text(choice: dict) -> bool:
+    """A completion chunk's text, or a chat chunk's delta content."""
+    return bool(choice.get("text") or (choice.get("delta") or {}).get("content"))
 
 
 # 50 wake-ups a second: enough to see the loop lag, too few to slow an engine in the same
@@ -161,6 +281,8 @@ class Endpoint:
             raise ValueError("client processes open their own connections: give the host_policy")
         self.bases = [base.rstrip("/") for base in bases]
         self.urls = [base + "/v1/completions" for base in self.bases]
+        # Shapes with images go through chat, the API that carries them.
+        self.chat_urls = [base + "/v1/chat/completions" for base in self.bases]
         self.url = self.urls[0]
         self.model = model
         self.session = session
@@ -217,12 +339,13 @@ class Endpoint:
             if not result.ok:
                 raise RunnerError(f"The endpoint {url} cannot serve '{self.model}': {result.error}")
 
-    async def engine_stats(self) -> list[tuple[float, float, float] | None]:
+    async def engine_stats(self) -> list[tuple[float, ...] | None]:
         """Per endpoint, from its engine's own /metrics: (requests finished, TTFT seconds
-        summed, TTFTs counted); None where the engine does not say."""
+        summed, TTFTs counted, prefix-cache queried tokens, prefix-cache hit tokens); None
+        where the engine does not say."""
         return [await self._engine_stats(base) for base in self.bases]
 
-    async def _engine_stats(self, base: str) -> tuple[float, float, float] | None:
+    async def _engine_stats(self, base: str) -> tuple[float, ...] | None:
         try:
             async with self.session.get(
                 base + "/metrics", allow_redirects=False, timeout=aiohttp.ClientTimeout(total=5)
@@ -230,27 +353,38 @@ class Endpoint:
                 if response.status != 200:
                     return None
                 text = await response.text()
-            finished = ttft_sum = ttft_count = 0.0
+            finished = ttft_sum = ttft_count = queries = hits = 0.0
             for family in text_string_to_metric_families(text):
                 if family.name == "vllm:request_success":
                     finished = sum(s.value for s in family.samples if s.name.endswith("_total"))
+                elif family.name == "vllm:prefix_cache_queries":
+                    queries = sum(s.value for s in family.samples if s.name.endswith("_total"))
+                elif family.name == "vllm:prefix_cache_hits":
+                    hits = sum(s.value for s in family.samples if s.name.endswith("_total"))
                 elif family.name == "vllm:time_to_first_token_seconds":
                     for sample in family.samples:
                         if sample.name.endswith("_sum"):
                             ttft_sum += sample.value
                         elif sample.name.endswith("_count"):
                             ttft_count += sample.value
-            return finished, ttft_sum, ttft_count
+            return finished, ttft_sum, ttft_count, queries, hits
         except (aiohttp.ClientError, TimeoutError, ValueError):
             return None
 
     async def complete(
-        self, *, input_len: int, output_len: int, timeout_seconds: float, lane: int = 0
+        self,
+        *,
+        input_len: int,
+        output_len: int,
+        timeout_seconds: float,
+        lane: int = 0,
+        prefix_share: float = 0.0,
+        images: int = 0,
     ) -> RequestResult:
         self._salt += 1
-        body = {
+        shape = GridShape(input_len, output_len, prefix_share, images)
+        body: dict = {
             "model": self.model,
-            "prompt": prompt_token_ids(input_len, self._salt),
             "max_tokens": output_len,
             "min_tokens": output_len,
             "ignore_eos": True,
@@ -258,12 +392,17 @@ class Endpoint:
             "stream": True,
             "stream_options": {"include_usage": True},
         }
+        if images:
+            body["messages"] = chat_messages(shape, self._salt)
+            url = self.chat_urls[lane % len(self.chat_urls)]
+        else:
+            body["prompt"] = shape_prompt_ids(shape, self._salt)
+            url = self.urls[lane % len(self.urls)]
         started = time.perf_counter()
         first_token_at = None
         chunks_with_text = 0
         usage = None
         try:
-            url = self.urls[lane % len(self.urls)]
             async with self.session.post(
                 url,
                 json=body,
@@ -299,14 +438,14 @@ class Endpoint:
                         if b'"prompt_tokens"' in payload:
                             chunk = json.loads(payload)
                             usage = chunk.get("usage") or usage
-                            if not any(c.get("text") for c in chunk.get("choices") or []):
+                            if not any(_has_text(c) for c in chunk.get("choices") or []):
                                 continue
                         elif first_token_at is not None:
                             chunks_with_text += 1
                             continue
                         else:
                             chunk = json.loads(payload)
-                        if any(choice.get("text") for choice in chunk.get("choices") or []):
+                        if any(_has_text(choice) for choice in chunk.get("choices") or []):
                             chunks_with_text += 1
                             if first_token_at is None:
                                 first_token_at = time.perf_counter()
@@ -322,6 +461,8 @@ class Endpoint:
         finished = time.perf_counter()
         completion_tokens = int(usage["completion_tokens"]) if usage else chunks_with_text
         prompt_tokens = int(usage["prompt_tokens"]) if usage else input_len
+        details = (usage or {}).get("prompt_tokens_details") or {}
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
         if first_token_at is None:
             return RequestResult(
                 ok=False, started_s=started, finished_s=finished, error="no tokens streamed"
@@ -338,6 +479,7 @@ class Endpoint:
             tpot_s=tpot,
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
+            cached_tokens=cached if isinstance(cached, int) else None,
         )
 
 
@@ -363,8 +505,7 @@ class _ProcessShare:
     host_policy: outbound.HostPolicy
     lanes: tuple[int, ...]
     salt_from: int
-    input_len: int
-    output_len: int
+    shape: GridShape
     timeout_seconds: float
     window: _Window
 
@@ -373,8 +514,7 @@ async def _drive(
     endpoint: Endpoint,
     *,
     lanes: Sequence[int],
-    input_len: int,
-    output_len: int,
+    shape: GridShape,
     timeout_seconds: float,
     window: _Window,
 ) -> tuple[list[RequestResult], list[float]]:
@@ -387,8 +527,10 @@ async def _drive(
         while time.perf_counter() < window.window_end:
             results.append(
                 await endpoint.complete(
-                    input_len=input_len,
-                    output_len=output_len,
+                    input_len=shape.input_len,
+                    output_len=shape.output_len,
+                    prefix_share=shape.prefix_share,
+                    images=shape.images,
                     timeout_seconds=timeout_seconds,
                     lane=lane,
                 )
@@ -420,8 +562,7 @@ def _drive_in_process(share: _ProcessShare) -> tuple[list[RequestResult], list[f
             return await _drive(
                 endpoint,
                 lanes=share.lanes,
-                input_len=share.input_len,
-                output_len=share.output_len,
+                shape=share.shape,
                 timeout_seconds=share.timeout_seconds,
                 window=share.window,
             )
@@ -451,6 +592,8 @@ async def measure_point(
     output_len: int,
     concurrency: int,
     spec: SuiteSpec,
+    prefix_share: float = 0.0,
+    images: int = 0,
 ) -> PointResult:
     """Closed-loop load: `concurrency` workers send back to back.
 
@@ -459,6 +602,7 @@ async def measure_point(
     identical requests started together finish together, so counting whole completions in a
     window would jump by a whole cohort at a time, while lifetime shares flow smoothly.
     """
+    shape = GridShape(input_len, output_len, prefix_share, images)
     warmup_seconds = spec.duration_per_point_seconds * 0.25
     engines_before = await endpoint.engine_stats()
     # The ticker's own lateness with nothing else to run (the timer's granularity): what the
@@ -473,8 +617,7 @@ async def measure_point(
         results, lags_ms = await _drive(
             endpoint,
             lanes=shares[0],
-            input_len=input_len,
-            output_len=output_len,
+            shape=shape,
             timeout_seconds=spec.request_timeout_seconds,
             window=window,
         )
@@ -491,8 +634,7 @@ async def measure_point(
                         host_policy=endpoint.host_policy,
                         lanes=lanes,
                         salt_from=endpoint.reserve_salts(SALTS_PER_SHARE),
-                        input_len=input_len,
-                        output_len=output_len,
+                        shape=shape,
                         timeout_seconds=spec.request_timeout_seconds,
                         window=window,
                     ),
@@ -549,6 +691,9 @@ async def measure_point(
             max(0.0, sum(lags_ms) / len(lags_ms) - idle_lag_ms) if lags_ms else None
         ),
         client_lag_p99_ms=percentile(lags_ms, 0.99),
+        prefix_share=prefix_share,
+        images=images,
+        prompt_tokens_mean=sum(r.prompt_tokens for r in ok) / len(ok) if ok else None,
         **_engine_view(ok, engines_before, engines_after),
     )
 
@@ -567,8 +712,11 @@ def _engine_view(ok: list[RequestResult], before: list, after: list) -> dict:
     how many engines served them; nothing where an engine does not expose its metrics."""
     if not ok or any(b is None for b in before) or any(a is None for a in after):
         return {}
-    moved = [(a[0] - b[0], a[1] - b[1], a[2] - b[2]) for b, a in zip(before, after, strict=True)]
+    moved = [
+        tuple(x - y for x, y in zip(a, b, strict=True)) for b, a in zip(before, after, strict=True)
+    ]
     counted = sum(m[2] for m in moved)
+    queried = sum(m[3] for m in moved)
     client_ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
     return {
         "client_ttft_mean_ms": 1000 * sum(client_ttfts) / len(client_ttfts)
@@ -576,6 +724,9 @@ def _engine_view(ok: list[RequestResult], before: list, after: list) -> dict:
         else None,
         "engine_ttft_mean_ms": 1000 * sum(m[1] for m in moved) / counted if counted else None,
         "engines_measured": sum(1 for m in moved if m[0] > 0),
+        # Every request of the point was admitted between the two reads: the share is the
+        # point's own (None where the engines keep no prefix cache).
+        "cache_hit_share": sum(m[4] for m in moved) / queried if queried else None,
     }
 
 
@@ -586,8 +737,12 @@ async def sweep_shape(
     output_len: int,
     spec: SuiteSpec,
     on_point: Callable[[PointResult], Awaitable[None]] | None = None,
+    prefix_share: float = 0.0,
+    images: int = 0,
 ) -> ShapeResult:
-    shape = ShapeResult(input_len=input_len, output_len=output_len)
+    shape = ShapeResult(
+        input_len=input_len, output_len=output_len, prefix_share=prefix_share, images=images
+    )
     concurrency = spec.concurrency_start
     while True:
         point = await measure_point(
@@ -596,6 +751,8 @@ async def sweep_shape(
             output_len=output_len,
             concurrency=concurrency,
             spec=spec,
+            prefix_share=prefix_share,
+            images=images,
         )
         shape.points.append(point)
         if on_point is not None:
@@ -659,9 +816,15 @@ async def run_grid(
         if spec.max_concurrency >= 2 * MIN_STREAMS_PER_PROCESS:
             await endpoint.start_processes()
         shapes = []
-        for input_len, output_len in spec.grid:
+        for grid_shape in spec.shapes:
             shape = await sweep_shape(
-                endpoint, input_len=input_len, output_len=output_len, spec=spec, on_point=on_point
+                endpoint,
+                input_len=grid_shape.input_len,
+                output_len=grid_shape.output_len,
+                prefix_share=grid_shape.prefix_share,
+                images=grid_shape.images,
+                spec=spec,
+                on_point=on_point,
             )
             shapes.append(shape)
             if on_shape is not None:

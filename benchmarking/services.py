@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from benchmarking import fitting, importers, isolation, runner
 from benchmarking.models import BenchmarkRun, BenchmarkSample, BenchmarkSuite
+from capacity.metering.events import MAX_TOKENS
 from capacity.models import CostModel, Deployment, GpuType, ServedModel
 from capacity.pricing.cost_models import cost_model_record
 from capacity.pricing.features import REPLICA_MU_PER_MINUTE, Shape, mu_coefficients
@@ -36,24 +37,87 @@ MAX_LOG_CHARS = 20_000
 # --- Suites --------------------------------------------------------------------------------
 
 
-def validate_grid(grid) -> list[list[int]]:
-    if not isinstance(grid, list) or not grid:
-        raise DomainError("grid must be a non-empty list of [input_len, output_len].", field="grid")
-    shapes = []
-    for index, shape in enumerate(grid):
-        valid = (
-            isinstance(shape, list | tuple)
-            and len(shape) == 2
-            and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in shape)
+GRID_SHAPE_KEYS = ("input_len", "output_len", "prefix_share", "images")
+MAX_IMAGES_PER_REQUEST = 64
+
+
+def _positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_TOKENS
+
+
+def _grid_shape(index: int, shape) -> list[int] | dict:
+    """[input_len, output_len] as it is; an object with a prefix share or images in full."""
+    if isinstance(shape, list | tuple):
+        if len(shape) == 2 and all(_positive_int(v) for v in shape):
+            return [int(shape[0]), int(shape[1])]
+        raise DomainError(
+            f"grid[{index}] must be [input_len, output_len], two positive integers up to "
+            f"{MAX_TOKENS}; got {shape!r}.",
+            field="grid",
         )
-        if not valid:
+    if not isinstance(shape, dict):
+        raise DomainError(
+            f"grid[{index}] must be [input_len, output_len] or an object with "
+            f"{', '.join(GRID_SHAPE_KEYS)}; got {shape!r}.",
+            field="grid",
+        )
+    unknown = sorted(set(shape) - set(GRID_SHAPE_KEYS))
+    if unknown:
+        raise DomainError(
+            f"grid[{index}].{unknown[0]} is not a shape field (known: "
+            f"{', '.join(GRID_SHAPE_KEYS)}).",
+            field="grid",
+        )
+    for key in ("input_len", "output_len"):
+        if not _positive_int(shape.get(key)):
             raise DomainError(
-                f"grid[{index}] must be [input_len, output_len], two positive integers; "
-                f"got {shape!r}.",
+                f"grid[{index}].{key} must be a positive integer up to {MAX_TOKENS}; got "
+                f"{shape.get(key)!r}.",
                 field="grid",
             )
-        shapes.append([int(shape[0]), int(shape[1])])
-    if len({tuple(shape) for shape in shapes}) != len(shapes):
+    share = shape.get("prefix_share", 0)
+    if isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share < 1:
+        raise DomainError(
+            f"grid[{index}].prefix_share must be a number from 0 up to (not including) 1: the "
+            f"share of the prompt every request of the shape shares; got {share!r}.",
+            field="grid",
+        )
+    images = shape.get("images", 0)
+    if (
+        isinstance(images, bool)
+        or not isinstance(images, int)
+        or not 0 <= images <= MAX_IMAGES_PER_REQUEST
+    ):
+        raise DomainError(
+            f"grid[{index}].images must be an integer from 0 to {MAX_IMAGES_PER_REQUEST}; "
+            f"got {images!r}.",
+            field="grid",
+        )
+    if not share and not images:
+        return [int(shape["input_len"]), int(shape["output_len"])]
+    return {
+        "input_len": int(shape["input_len"]),
+        "output_len": int(shape["output_len"]),
+        "prefix_share": float(share),
+        "images": int(images),
+    }
+
+
+def grid_shapes(grid) -> tuple[runner.GridShape, ...]:
+    """A stored (validated) grid as the runner's shapes."""
+    return tuple(
+        runner.GridShape(int(shape[0]), int(shape[1]))
+        if isinstance(shape, list)
+        else runner.GridShape(**shape)
+        for shape in grid
+    )
+
+
+def validate_grid(grid) -> list:
+    if not isinstance(grid, list) or not grid:
+        raise DomainError("grid must be a non-empty list of [input_len, output_len].", field="grid")
+    shapes = [_grid_shape(index, shape) for index, shape in enumerate(grid)]
+    if len(set(grid_shapes(shapes))) != len(shapes):
         raise DomainError("grid repeats a shape.", field="grid")
     return shapes
 
@@ -177,7 +241,11 @@ def _record_point(run_id: int, replicas: int, point: runner.PointResult) -> None
         raise runner.RunnerError("the run was ended while it was measuring")
     BenchmarkSample.objects.create(
         run_id=run_id,
-        input_len=point.input_len,
+        # As the engines counted and served them: prompt tokens (images' included), the part
+        # their prefix caches served (read back from their counters), images per request.
+        input_len=point.measured_input_tokens,
+        cached_input_len=point.cached_input_tokens,
+        images=point.images,
         output_len=point.output_len,
         concurrency=point.concurrency,
         requests_per_s=point.requests_per_s / replicas,
@@ -198,20 +266,29 @@ def _record_point(run_id: int, replicas: int, point: runner.PointResult) -> None
     BenchmarkRun.objects.filter(pk=run_id).update(
         heartbeat_at=timezone.now(),
         progress_message=(
-            f"{point.input_len}/{point.output_len} at concurrency {point.concurrency}: "
+            f"{_described(point)} at concurrency {point.concurrency}: "
             f"{point.requests_per_s:.3g} req/s, p95 TTFT {point.ttft_p95_ms or 0:.0f} ms, "
             f"p95 TPOT {point.tpot_p95_ms or 0:.1f} ms"
         ),
     )
 
 
+def _described(point: runner.PointResult | runner.ShapeResult) -> str:
+    return runner.GridShape(
+        point.input_len, point.output_len, point.prefix_share, point.images
+    ).describe()
+
+
 def _record_shape(run_id: int, shape: runner.ShapeResult) -> None:
     if shape.sustainable is not None:
+        point = shape.sustainable
         BenchmarkSample.objects.filter(
             run_id=run_id,
-            input_len=shape.input_len,
-            output_len=shape.output_len,
-            concurrency=shape.sustainable.concurrency,
+            input_len=point.measured_input_tokens,
+            cached_input_len=point.cached_input_tokens,
+            images=point.images,
+            output_len=point.output_len,
+            concurrency=point.concurrency,
         ).update(sustainable=True)
     BenchmarkRun.objects.filter(pk=run_id).update(
         progress_done=F("progress_done") + 1, heartbeat_at=timezone.now()
@@ -222,7 +299,9 @@ def _record_shape(run_id: int, shape: runner.ShapeResult) -> None:
         if shape.sustainable
         else "no concurrency met the SLO"
     )
-    _append_log(run_id, f"{shape.input_len}/{shape.output_len}: {verdict} ({shape.stop_reason})")
+    if shape.sustainable is not None and shape.sustainable.cache_hit_share is not None:
+        verdict += f", prefix-cache hits {shape.sustainable.cache_hit_share:.0%} of the prompt"
+    _append_log(run_id, f"{_described(shape)}: {verdict} ({shape.stop_reason})")
 
 
 def _heartbeat(run_id: int) -> bool:
@@ -274,7 +353,7 @@ def run_execute(*, run_id: int) -> BenchmarkRun | None:
     run = BenchmarkRun.objects.select_related("suite", "deployment").get(pk=run_id)
     suite = run.suite
     spec = runner.SuiteSpec(
-        grid=tuple((int(i), int(o)) for i, o in suite.grid),
+        grid=grid_shapes(suite.grid),
         slo_ttft_p95_ms=suite.slo_ttft_p95_ms,
         slo_tpot_p95_ms=suite.slo_tpot_p95_ms,
         duration_per_point_seconds=suite.duration_per_point_seconds,
@@ -616,6 +695,7 @@ def cost_model_fit(
             input_tokens=s.input_len - s.cached_input_len,
             output_tokens=s.output_len,
             cached_input_tokens=s.cached_input_len,
+            images=s.images,
         )
         for s in samples
     ]
@@ -644,6 +724,7 @@ def cost_model_fit(
         distinct_shapes=result.distinct_shapes,
         cv_mape=result.cv_mape,
         cv_worst_error=result.cv_worst_error,
+        cv_error_by_feature=result.cv_error_by_feature,
         candidates=[
             {
                 "features": list(candidate.features),
@@ -657,6 +738,7 @@ def cost_model_fit(
                 "input_tokens": residual.shape.input_tokens,
                 "cached_input_tokens": residual.shape.cached_input_tokens,
                 "output_tokens": residual.shape.output_tokens,
+                "images": residual.shape.images,
                 "measured_replica_seconds": residual.measured_replica_seconds,
                 "predicted_replica_seconds": residual.predicted_replica_seconds,
                 "relative_error": residual.relative_error,

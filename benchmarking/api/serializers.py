@@ -1,7 +1,6 @@
 from rest_framework import serializers
 
 from benchmarking.models import BenchmarkRun, BenchmarkSample, BenchmarkSuite
-from capacity.metering.events import MAX_TOKENS
 from capacity.models import Deployment, GpuType, ServedModel
 from controlplane.api.serializers import FreeTextField, StrictModelSerializer, StrictSerializer
 
@@ -13,15 +12,16 @@ MAX_INT = 2_147_483_647
 
 class BenchmarkSuiteSerializer(StrictModelSerializer):
     description = FreeTextField()
+    # Checked shape by shape by benchmarking.services.validate_grid, which names the entry.
     grid = serializers.ListField(
-        child=serializers.ListField(
-            child=serializers.IntegerField(min_value=1, max_value=MAX_TOKENS),
-            min_length=2,
-            max_length=2,
-        ),
+        child=serializers.JSONField(),
         min_length=1,
         max_length=400,
-        help_text="[[input_len, output_len], ...]",
+        help_text=(
+            "Request shapes: [input_len, output_len], or {input_len, output_len, prefix_share "
+            "(0 to <1: the share of the prompt every request of the shape shares), images "
+            "(per request)}."
+        ),
     )
 
     class Meta:
@@ -117,6 +117,7 @@ class BenchmarkSampleSerializer(serializers.ModelSerializer):
             "input_len",
             "output_len",
             "cached_input_len",
+            "images",
             "concurrency",
             "requests_per_s",
             "input_tokens_per_s",

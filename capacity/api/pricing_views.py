@@ -66,6 +66,7 @@ class CostModelPublicSerializer(serializers.ModelSerializer):
             "distinct_shapes",
             "cv_mape",
             "cv_worst_error",
+            "cv_error_by_feature",
             "candidates",
             "residuals",
             "source_run",

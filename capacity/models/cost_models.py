@@ -40,6 +40,15 @@ class CostModel(models.Model):
         help_text="Cross-validated mean absolute percentage error (0.05 = 5 %)."
     )
     cv_worst_error = models.FloatField()
+    cv_error_by_feature = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text=(
+            "The held-out error over the samples carrying each feature: "
+            '{"cached_input_tokens" | "images": {"cv_mape", "cv_worst_error", "samples"}}, '
+            "for the features some benchmarked shape had."
+        ),
+    )
     candidates = models.JSONField(default=list, help_text="Every feature set tried, with its CV.")
     residuals = models.JSONField(default=list)
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.CANDIDATE)

@@ -30,7 +30,10 @@ requests/s, mean output tokens likewise):
 That is exact for the per-token and per-request terms of the cost model, which are linear, and
 an approximation for the input×output and output² terms, which are not: a mix of short and long
 requests costs more than as many requests of its mean shape (by Σ w·Var / 1000 per request).
-Prompt tokens are priced as uncached input tokens, which overprices prefix-cache hits. Tokens
+Prompt tokens the engines' prefix caches served (`vllm:prefix_cache_hits_total`, in tokens) are
+priced as cached input tokens and the rest of the prompt tokens as uncached (the conversion is
+capacity.pricing's: `MeanShape.of_totals`); an engine that exposes no prefix-cache counter
+(prefix caching off, or not vLLM) has its prompt tokens priced as uncached. Tokens
 processed in a window in which no request finished (requests longer than the window) are priced
 by their per-token weights alone, a lower bound, rather than reported as no load.
 """
@@ -66,6 +69,8 @@ GENERATION_TOKENS_METRIC = "vllm:generation_tokens_total"
 RUNNING_METRIC = "vllm:num_requests_running"
 WAITING_METRIC = "vllm:num_requests_waiting"
 KV_CACHE_USAGE_METRIC = "vllm:kv_cache_usage_perc"
+# vLLM v1's counter of prompt tokens served from the prefix cache (vllm/v1/metrics/loggers.py).
+PREFIX_CACHE_HITS_METRIC = "vllm:prefix_cache_hits_total"
 # The name before vLLM's v1 rename; some deployed engines still expose only this one.
 LEGACY_KV_CACHE_USAGE_METRIC = "vllm:gpu_cache_usage_perc"
 
@@ -76,6 +81,7 @@ QUANTITIES = (
     "running",
     "waiting",
     "kv_cache_usage",
+    "prefix_cache_hits_per_s",
 )
 _METRIC_OF: dict[str, str] = {
     "requests_per_s": REQUEST_SUCCESS_METRIC,
@@ -84,10 +90,13 @@ _METRIC_OF: dict[str, str] = {
     "running": RUNNING_METRIC,
     "waiting": WAITING_METRIC,
     "kv_cache_usage": KV_CACHE_USAGE_METRIC,
+    "prefix_cache_hits_per_s": PREFIX_CACHE_HITS_METRIC,
 }
 # KV-cache usage is informational (allocation runs on MU/min and concurrency), and engines
-# other than vLLM may not expose it: without it the load is still known.
-_REQUIRED = tuple(quantity for quantity in QUANTITIES if quantity != "kv_cache_usage")
+# other than vLLM may not expose it, nor prefix-cache hits (without prefix caching): without
+# them the load is still known.
+_OPTIONAL = ("kv_cache_usage", "prefix_cache_hits_per_s")
+_REQUIRED = tuple(quantity for quantity in QUANTITIES if quantity not in _OPTIONAL)
 
 # The label the fleet query puts on each deployment's result, to tell them apart.
 _DEPLOYMENT_LABEL = "mucp_deployment_id"
@@ -122,6 +131,8 @@ class DeploymentLoad:
     requests_per_s: float | None
     prompt_tokens_per_s: float | None
     generation_tokens_per_s: float | None
+    # Of the prompt tokens, those the prefix caches served; None when not exposed.
+    prefix_cache_hits_per_s: float | None
     mu_per_minute: float | None  # model units per minute, in the model's MU (reference GPU)
     concurrency: float | None  # running + waiting requests, all replicas
     running: float | None
@@ -216,6 +227,9 @@ def selector_for(deployment: Deployment) -> str:
 
 # --- pricing ------------------------------------------------------------------------------------
 
+# The features that are a rate of tokens by themselves (the others are per request).
+_PER_TOKEN_FEATURES = ("input_tokens", "cached_input_tokens", "output_tokens")
+
 
 def mu_per_minute_of(
     cost_model: CostModel,
@@ -223,21 +237,38 @@ def mu_per_minute_of(
     requests_per_s: float,
     prompt_tokens_per_s: float,
     generation_tokens_per_s: float,
+    prefix_cache_hits_per_s: float = 0.0,
 ) -> float:
-    """MU per minute of traffic given by its rates, priced as requests of the mean shape."""
+    """MU per minute of traffic given by its rates, priced as requests of the mean shape; the
+    prompt tokens the prefix caches served at the cached weight."""
     weights = cost_model.weights_replica_seconds
+    # Hits are a part of the prompt tokens; counters scraped at slightly different moments
+    # must not make the uncached part negative.
+    cached_per_s = min(max(prefix_cache_hits_per_s, 0.0), prompt_tokens_per_s)
     if requests_per_s > 0:
-        # The window's mean request, at its fractional token counts (capacity.pricing.exchange).
-        replica_seconds_per_request = MeanShape(
-            input_tokens=prompt_tokens_per_s / requests_per_s,
-            output_tokens=generation_tokens_per_s / requests_per_s,
-        ).replica_seconds(weights)
-        replica_seconds_per_s = requests_per_s * replica_seconds_per_request
+        # The window's mean request, at its fractional token counts (capacity.pricing.exchange),
+        # from the API's counts: prompt tokens include the cached ones.
+        mean = MeanShape.of_totals(
+            requests=requests_per_s,
+            input_tokens=prompt_tokens_per_s,
+            cached_input_tokens=cached_per_s,
+            output_tokens=generation_tokens_per_s,
+        )
+        assert mean is not None  # requests_per_s > 0
+        replica_seconds_per_s = requests_per_s * mean.replica_seconds(weights)
     else:
         # No request finished in the window, yet tokens may have been processed (requests
         # longer than the window): their per-token cost is a lower bound on the load.
-        replica_seconds_per_s = float(weights.get("input_tokens", 0.0)) * prompt_tokens_per_s
-        replica_seconds_per_s += float(weights.get("output_tokens", 0.0)) * generation_tokens_per_s
+        per_token = MeanShape.of_totals(
+            requests=1.0,
+            input_tokens=prompt_tokens_per_s,
+            cached_input_tokens=cached_per_s,
+            output_tokens=generation_tokens_per_s,
+        )
+        assert per_token is not None
+        replica_seconds_per_s = per_token.replica_seconds(
+            {name: w for name, w in weights.items() if name in _PER_TOKEN_FEATURES}
+        )
     # R MU per replica-minute: one replica-second per second is R MU per minute.
     return replica_seconds_per_s * cost_model.replica_mu_per_minute
 
@@ -262,6 +293,7 @@ def _promql(quantity: str, selector: str, window_seconds: int) -> str:
         "kv_cache_usage": (
             f"avg({KV_CACHE_USAGE_METRIC}{matchers} or {LEGACY_KV_CACHE_USAGE_METRIC}{matchers})"
         ),
+        "prefix_cache_hits_per_s": f"sum(rate({PREFIX_CACHE_HITS_METRIC}{matchers}{window}))",
     }[quantity]
 
 
@@ -390,6 +422,7 @@ def _load_from(
         requests_per_s=read["requests_per_s"],
         prompt_tokens_per_s=read["prompt_tokens_per_s"],
         generation_tokens_per_s=read["generation_tokens_per_s"],
+        prefix_cache_hits_per_s=read["prefix_cache_hits_per_s"] or 0.0,
     )
     return DeploymentLoad(
         deployment_id=deployment_id,

@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
             scheduling_policy=args.scheduling_policy,
             priority_preemption=args.priority_preemption,
             fault=args.fault,
+            enable_prompt_tokens_details=args.enable_prompt_tokens_details,
         )
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -24,6 +24,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "waiting one that does not fit (vLLM V0's behaviour).",
     )
     parser.add_argument(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="Report prompt_tokens_details.cached_tokens (prefix-cache hits) in responses' "
+        "usage, as vLLM does with this flag (off by default in vLLM, and here).",
+    )
+    parser.add_argument(
         "--fault",
         action="append",
         default=[],
@@ -39,6 +45,7 @@ def apply_arguments(
     scheduling_policy: str | None,
     priority_preemption: bool,
     fault: list[str],
+    enable_prompt_tokens_details: bool = False,
 ) -> EmulatorConfig:
     """The config with the flags applied; raises ConfigError naming the flag."""
     try:
@@ -50,4 +57,5 @@ def apply_arguments(
         scheduling_policy=scheduling_policy,
         priority_preemption=priority_preemption,
         faults=faults,
+        enable_prompt_tokens_details=enable_prompt_tokens_details,
     )

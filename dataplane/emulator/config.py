@@ -67,6 +67,9 @@ class EmulatorConfig:
     models: tuple[ModelConfig, ...] = field(default_factory=tuple)
     # Faults to inject, `at_seconds` after the emulator starts (see faults.py).
     faults: tuple[FaultSpec, ...] = field(default_factory=tuple)
+    # vLLM's `--enable-prompt-tokens-details` (off by default, as in vLLM): responses' usage
+    # then carries `prompt_tokens_details.cached_tokens` when the prefix cache served some.
+    enable_prompt_tokens_details: bool = False
 
     def model(self, name: str) -> ModelConfig | None:
         for model in self.models:
@@ -96,9 +99,11 @@ def with_overrides(
     scheduling_policy: str | None = None,
     priority_preemption: bool = False,
     faults: tuple[FaultSpec, ...] = (),
+    enable_prompt_tokens_details: bool = False,
 ) -> EmulatorConfig:
     """The config with command-line flags applied to every model (`--scheduling-policy`,
-    `--priority-preemption`) and `--fault`s added to its schedule."""
+    `--priority-preemption`), `--fault`s added to its schedule and
+    `--enable-prompt-tokens-details` set."""
     models = []
     for i, model in enumerate(config.models):
         if scheduling_policy is not None:
@@ -116,7 +121,13 @@ def with_overrides(
                     f"(models[{i}] has {model.scheduling_policy!r})"
                 )
         models.append(model)
-    return replace(config, models=tuple(models), faults=config.faults + tuple(faults))
+    return replace(
+        config,
+        models=tuple(models),
+        faults=config.faults + tuple(faults),
+        enable_prompt_tokens_details=config.enable_prompt_tokens_details
+        or enable_prompt_tokens_details,
+    )
 
 
 def parse_config(raw: Any) -> EmulatorConfig:

@@ -28,6 +28,7 @@ from simulation.engine.profile import step_seconds
 from .config import PRIORITY, ModelConfig
 from .faults import Faults, corrupt_token
 from .metrics import ModelMetrics
+from .prefix_cache import PrefixCache
 
 STARTING = "starting"
 READY = "ready"
@@ -126,6 +127,8 @@ class Sequence:
         "finished_seconds",
         "order",
         "num_preemptions",
+        "cached_tokens",
+        "image_ends",
     )
 
     def __init__(
@@ -141,6 +144,7 @@ class Sequence:
         vocab_size: int,
         listener: Listener,
         arrival_seconds: float,
+        image_ends: tuple[int, ...] = (),
     ):
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
@@ -163,6 +167,11 @@ class Sequence:
         self.finished_seconds: float | None = None
         self.order = next(_ARRIVALS)
         self.num_preemptions = 0
+        # Prompt tokens served from the prefix cache when it was first admitted.
+        self.cached_tokens = 0
+        # Where each image's placeholder tokens end in the prompt: an image whose tokens are
+        # all cached needs no pass of the vision encoder.
+        self.image_ends = image_ends
 
     @property
     def done(self) -> bool:
@@ -231,6 +240,31 @@ def _resolve(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
+class _Admitted:
+    """What one step admitted: its sequences, the prompt tokens it computes (recomputed ones
+    of readmitted sequences included), the new prompts' tokens and how many of them the
+    prefix cache served, and the images the vision encoder runs on."""
+
+    __slots__ = (
+        "sequences",
+        "computed_tokens",
+        "new_prompt_tokens",
+        "cached_tokens",
+        "encoded_images",
+    )
+
+    def __init__(self) -> None:
+        self.sequences: list[Sequence] = []
+        self.computed_tokens = 0
+        self.new_prompt_tokens = 0
+        self.cached_tokens = 0
+        self.encoded_images = 0
+
+    @property
+    def recomputed_tokens(self) -> int:
+        return self.computed_tokens - (self.new_prompt_tokens - self.cached_tokens)
+
+
 class Replica:
     def __init__(
         self,
@@ -256,6 +290,12 @@ class Replica:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._on_stopped = on_stopped
+        # Each engine keeps its own prefix cache, as each vLLM replica does.
+        self.prefix_cache = (
+            PrefixCache(block_size=model.block_size, capacity_blocks=model.prefix_cache_blocks)
+            if model.enable_prefix_caching
+            else None
+        )
 
     # -- state seen by the fleet ----------------------------------------------------------
 
@@ -321,24 +361,27 @@ class Replica:
             and self.kv_reserved_tokens + seq.kv_reservation_tokens <= self.model.kv_cache_tokens
         )
 
-    def _admit(self, now_seconds: float) -> tuple[list[Sequence], int, int]:
-        """Admit what fits; returns (admitted, tokens to prefill, of which new prompt tokens).
+    def _admit(self, now_seconds: float) -> _Admitted:
+        """Admit what fits; returns what the step prefills.
 
-        A readmitted (preempted) sequence prefills its prompt and its generated tokens again.
+        A readmitted (preempted) sequence prefills its prompt and its generated tokens again;
+        a new one prefills what the prefix cache does not hold of its prompt.
         """
-        admitted: list[Sequence] = []
+        step = _Admitted()
         model = self.model
-        prefill_tokens = 0
-        new_prompt_tokens = 0
+        cache = self.prefix_cache
         while self._waiting:
             _key, _order, seq = self._waiting[0]
             if seq.state != WAITING:
                 heapq.heappop(self._waiting)
                 continue
-            tokens = seq.context_tokens
-            # The step's prompt budget; a prompt larger than the budget goes alone (vLLM would
-            # chunk it over several steps, which costs the same prefill time).
-            if admitted and prefill_tokens + tokens > model.max_num_batched_tokens:
+            new = not seq.output_token_ids and seq.num_preemptions == 0
+            hits = cache.hit_tokens(seq.prompt_token_ids) if new and cache is not None else 0
+            tokens = seq.context_tokens - hits
+            # The step's prompt budget counts the tokens to compute, as vLLM's token budget
+            # does; a prompt larger than the budget goes alone (vLLM would chunk it over
+            # several steps, which costs the same prefill time).
+            if step.sequences and step.computed_tokens + tokens > model.max_num_batched_tokens:
                 break
             # Strict order: a large head-of-line request is not overtaken by smaller ones,
             # as in vLLM, so priority means what it says.
@@ -346,9 +389,18 @@ class Replica:
                 if self._priority_preemption and self._preempt_one_for(seq):
                     continue
                 break
-            prefill_tokens += tokens
-            if not seq.output_token_ids:
-                new_prompt_tokens += seq.prompt_tokens
+            step.computed_tokens += tokens
+            if new:
+                step.new_prompt_tokens += seq.prompt_tokens
+                step.cached_tokens += hits
+                step.encoded_images += sum(1 for end in seq.image_ends if end > hits)
+                seq.cached_tokens = hits
+                if cache is not None:
+                    cache.admit(seq.prompt_token_ids)
+                    if self.metrics is not None:
+                        self.metrics.record_prefix_cache(
+                            queried_tokens=seq.prompt_tokens, hit_tokens=hits
+                        )
             heapq.heappop(self._waiting)
             self._waiting_count -= 1
             seq.state = RUNNING
@@ -356,9 +408,9 @@ class Replica:
                 seq.admitted_seconds = now_seconds
             self.running.append(seq)
             self.kv_reserved_tokens += seq.kv_reservation_tokens
-            self.context_tokens += tokens
-            admitted.append(seq)
-        return admitted, prefill_tokens, new_prompt_tokens
+            self.context_tokens += seq.context_tokens
+            step.sequences.append(seq)
+        return step
 
     def _preempt_one_for(self, seq: Sequence) -> bool:
         """Preempt the running sequence that comes last in (priority, arrival) order if it
@@ -403,36 +455,27 @@ class Replica:
                 now_seconds = loop.time()
                 step_start_seconds = now_seconds if deadline_seconds is None else deadline_seconds
                 self.step_lag_seconds = max(0.0, now_seconds - step_start_seconds)
-                _admitted, prefill_tokens, new_prompt_tokens = self._admit(now_seconds)
+                step = self._admit(now_seconds)
                 if not self.running:
                     continue
                 deadline_seconds = step_start_seconds + faults.slow_factor * step_seconds(
                     model,
-                    prefill_tokens=prefill_tokens,
+                    prefill_tokens=step.computed_tokens,
+                    cached_tokens=step.cached_tokens,
+                    encoded_images=step.encoded_images,
                     running_sequences=len(self.running),
                     context_tokens=self.context_tokens,
                 )
                 await sleep_until(loop, deadline_seconds)
                 now_seconds = loop.time()
-                self._emit(
-                    now_seconds,
-                    new_prompt_tokens,
-                    prefill_tokens - new_prompt_tokens,
-                    now_seconds - last_emit_seconds,
-                )
+                self._emit(now_seconds, step, now_seconds - last_emit_seconds)
                 last_emit_seconds = now_seconds
         finally:
             self.state = STOPPED
             if self._on_stopped is not None:
                 self._on_stopped(self)
 
-    def _emit(
-        self,
-        now_seconds: float,
-        prefill_tokens: int,
-        recomputed_tokens: int,
-        since_last_emit_seconds: float,
-    ) -> None:
+    def _emit(self, now_seconds: float, step: _Admitted, since_last_emit_seconds: float) -> None:
         ttfts_seconds = []
         finished = False
         wrong_output = self.faults.wrong_output
@@ -456,8 +499,9 @@ class Replica:
             # Every sequence that was already running got its previous token at the end of
             # the previous step, so they all share one inter-token latency.
             self.metrics.record_step(
-                prefill_tokens=prefill_tokens,
-                recomputed_tokens=recomputed_tokens,
+                prefill_tokens=step.new_prompt_tokens,
+                cached_tokens=step.cached_tokens,
+                recomputed_tokens=step.recomputed_tokens,
                 generated_tokens=generated,
                 first_token_ttfts_seconds=ttfts_seconds,
                 inter_token_latency_seconds=since_last_emit_seconds,

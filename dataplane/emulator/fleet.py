@@ -114,6 +114,7 @@ class ModelFleet:
         prompt_index: int,
         listener: Listener,
         greedy: bool = False,
+        image_ends: tuple[int, ...] = (),
     ) -> Sequence:
         """A sequence whose output (ids and length) depends only on the seeds, not timing.
 
@@ -148,6 +149,7 @@ class ModelFleet:
             vocab_size=self.model.vocab_size,
             listener=listener,
             arrival_seconds=asyncio.get_running_loop().time(),
+            image_ends=image_ends,
         )
 
     def submit(self, seq: Sequence) -> None:

@@ -97,6 +97,10 @@ class ModelMetrics:
         self.generation_tokens = 0
         self.request_success = dict.fromkeys(FINISH_REASONS, 0)
         self.preemptions = 0
+        # vLLM's prefix-cache counters, in tokens: prompt tokens looked up, and of them the
+        # ones found cached (vllm:prefix_cache_queries / vllm:prefix_cache_hits).
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
         token_buckets = token_count_buckets(context_length)
         self.ttft_seconds = WeightedHistogram(TTFT_BUCKETS_SECONDS)
         self.inter_token_latency_seconds = WeightedHistogram(TOKEN_LATENCY_BUCKETS_SECONDS)
@@ -123,15 +127,24 @@ class ModelMetrics:
         inter_token_latency_seconds: float,
         continuing_tokens: int,
         recomputed_tokens: int = 0,
+        cached_tokens: int = 0,
     ) -> None:
-        """`prefill_tokens` are new prompts' tokens; `recomputed_tokens` are prefilled again
-        after a preemption: they cost step time but are not counted as prompt tokens twice."""
+        """`prefill_tokens` are new prompts' tokens, `cached_tokens` of them served from the
+        prefix cache (counted as prompt tokens, as vLLM does, but not computed in the step);
+        `recomputed_tokens` are prefilled again after a preemption: they cost step time but
+        are not counted as prompt tokens twice."""
         self.prompt_tokens += prefill_tokens
         self.generation_tokens += generated_tokens
-        self.iteration_tokens.observe(prefill_tokens + recomputed_tokens + generated_tokens)
+        self.iteration_tokens.observe(
+            prefill_tokens - cached_tokens + recomputed_tokens + generated_tokens
+        )
         for ttft_seconds in first_token_ttfts_seconds:
             self.ttft_seconds.observe(ttft_seconds)
         self.inter_token_latency_seconds.observe(inter_token_latency_seconds, continuing_tokens)
+
+    def record_prefix_cache(self, *, queried_tokens: int, hit_tokens: int) -> None:
+        self.prefix_cache_queries += queried_tokens
+        self.prefix_cache_hits += hit_tokens
 
     def record_preemption(self) -> None:
         self.preemptions += 1
@@ -287,14 +300,27 @@ class EmulatorCollector:
             "vllm:num_preemptions", "Cumulative number of preemption from the engine.",
             labels=labels,
         )  # fmt: skip
+        # Counters in tokens, as vLLM's v1 PrometheusStatLogger declares them.
+        prefix_queries = CounterMetricFamily(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            labels=labels,
+        )
+        prefix_hits = CounterMetricFamily(
+            "vllm:prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            labels=labels,
+        )
         for m in models:
+            prefix_queries.add_metric([m.model_name], m.prefix_cache_queries)
+            prefix_hits.add_metric([m.model_name], m.prefix_cache_hits)
             prompt.add_metric([m.model_name], m.prompt_tokens)
             generation.add_metric([m.model_name], m.generation_tokens)
             for reason, n in m.request_success.items():
                 success.add_metric([m.model_name, reason], n)
             # KV is reserved on admission, so only priority preemption ever happens.
             preemptions.add_metric([m.model_name], m.preemptions)
-        yield from (prompt, generation, success, preemptions)
+        yield from (prompt, generation, success, preemptions, prefix_queries, prefix_hits)
 
         for name, documentation, attribute in _HISTOGRAMS:
             family = HistogramMetricFamily(name, documentation, labels=labels)

@@ -9,6 +9,7 @@ Streamed chunks are assembled from pre-escaped string pieces rather than
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any, TypedDict, TypeGuard
@@ -44,10 +45,18 @@ class ErrorBody(TypedDict):
     error: ErrorDetail
 
 
-class Usage(TypedDict):
+class PromptTokensDetails(TypedDict):
+    cached_tokens: int
+
+
+class _UsageCounts(TypedDict):
     prompt_tokens: int
     total_tokens: int
     completion_tokens: int
+
+
+class Usage(_UsageCounts, total=False):
+    prompt_tokens_details: PromptTokensDetails
 
 
 class RequestError(Exception):
@@ -75,10 +84,28 @@ def error_body(message: str, *, status: int, param: str | None = None) -> ErrorB
 
 
 @dataclass(frozen=True)
+class ImageInput:
+    """One `image_url` content part. The emulator never decodes it: its URL (a data: URL
+    carries the image itself) names it, as vLLM's multimodal hash names an image's bytes."""
+
+    url: str
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    """A chat prompt with images: text and images in the order of the messages' parts."""
+
+    parts: tuple[str | ImageInput, ...]
+
+
+Prompt = str | tuple[int, ...] | ChatPrompt
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     kind: str  # COMPLETION or CHAT
     model: str
-    prompts: tuple[str | tuple[int, ...], ...]
+    prompts: tuple[Prompt, ...]
     max_tokens: int | None
     min_tokens: int
     ignore_eos: bool
@@ -130,7 +157,7 @@ def _bool(body: dict[str, Any], name: str, default: bool = False) -> bool:
 
 
 def _parse_common(
-    body: dict[str, Any], kind: str, prompts: tuple[str | tuple[int, ...], ...]
+    body: dict[str, Any], kind: str, prompts: tuple[Prompt, ...]
 ) -> GenerationRequest:
     max_tokens = _optional_int(body, "max_tokens", minimum=1)
     if kind == CHAT and max_tokens is None:
@@ -221,15 +248,15 @@ def parse_completion_request(body: object) -> GenerationRequest:
     return _parse_common(body, COMPLETION, prompts)
 
 
-def _message_text(index: int, message: object) -> str:
+def _message_parts(index: int, message: object) -> list[str | ImageInput]:
     param = f"messages[{index}]"
     if not isinstance(message, dict) or not isinstance(message.get("role"), str):
         raise RequestError(f"'{param}' must be an object with a string 'role'.", param=param)
     content = message.get("content")
     if content is None or isinstance(content, str):
-        return content or ""
+        return [content] if content else []
     if isinstance(content, list):
-        parts = []
+        parts: list[str | ImageInput] = []
         for part in content:
             if not isinstance(part, dict) or not isinstance(part.get("type"), str):
                 raise RequestError(
@@ -243,7 +270,17 @@ def _message_text(index: int, message: object) -> str:
                         param=f"{param}.content",
                     )
                 parts.append(part["text"])
-        return " ".join(parts)
+            elif part["type"] == "image_url":
+                image = part.get("image_url")
+                url = image.get("url") if isinstance(image, dict) else None
+                if not isinstance(url, str) or not url:
+                    raise RequestError(
+                        f"'{param}.content' image_url parts need an 'image_url' object with a "
+                        "non-empty string 'url'.",
+                        param=f"{param}.content",
+                    )
+                parts.append(ImageInput(url))
+        return parts
     raise RequestError(
         f"'{param}.content' must be a string, a list of parts or null.", param=f"{param}.content"
     )
@@ -254,17 +291,55 @@ def parse_chat_request(body: object) -> GenerationRequest:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError("'messages' is required and must be a non-empty list.", param="messages")
-    # The stand-in chat template: message contents joined by whitespace.
-    text = " ".join(_message_text(i, m) for i, m in enumerate(messages))
-    return _parse_common(body, CHAT, (text,))
+    parts = [part for i, m in enumerate(messages) for part in _message_parts(i, m)]
+    prompt: Prompt
+    if any(isinstance(part, ImageInput) for part in parts):
+        prompt = ChatPrompt(tuple(parts))
+    else:
+        # The stand-in chat template: message contents joined by whitespace.
+        prompt = " ".join(part for part in parts if isinstance(part, str))
+    return _parse_common(body, CHAT, (prompt,))
 
 
-def prepare_prompts(request: GenerationRequest, model: ModelConfig) -> tuple[list[list[int]], int]:
-    """Token ids of every prompt and the effective `max_tokens`, checked against the model."""
+def image_token_ids(image: ImageInput, model: ModelConfig) -> list[int]:
+    """The image's placeholder tokens, named by its content: equal images give equal tokens
+    (so a repeated image is a prefix-cache hit, as vLLM hashes images into its block hashes),
+    different ones differ."""
+    digest = int.from_bytes(hashlib.sha256(image.url.encode()).digest()[:8], "big")
+    return [(digest + 7919 * i) % model.vocab_size for i in range(model.image_tokens_per_image)]
+
+
+@dataclass(frozen=True)
+class PreparedPrompts:
+    token_ids: list[list[int]]
+    # Per prompt, where each image's placeholder tokens end.
+    image_ends: list[tuple[int, ...]]
+    max_tokens: int
+
+
+def _chat_token_ids(prompt: ChatPrompt, model: ModelConfig) -> tuple[list[int], tuple[int, ...]]:
+    ids: list[int] = []
+    ends: list[int] = []
+    for part in prompt.parts:
+        if isinstance(part, ImageInput):
+            ids.extend(image_token_ids(part, model))
+            ends.append(len(ids))
+        else:
+            ids.extend(text_to_token_ids(part, model.vocab_size))
+    return ids, tuple(ends)
+
+
+def prepare_prompts(request: GenerationRequest, model: ModelConfig) -> PreparedPrompts:
+    """Token ids of every prompt (images as their placeholder tokens) and the effective
+    `max_tokens`, checked against the model."""
     prompt_param = "messages" if request.kind == CHAT else "prompt"
     prompts: list[list[int]] = []
+    image_ends: list[tuple[int, ...]] = []
     for prompt in request.prompts:
-        if isinstance(prompt, str):
+        ends: tuple[int, ...] = ()
+        if isinstance(prompt, ChatPrompt):
+            ids, ends = _chat_token_ids(prompt, model)
+        elif isinstance(prompt, str):
             ids = text_to_token_ids(prompt, model.vocab_size)
         else:
             ids = list(prompt)
@@ -277,6 +352,7 @@ def prepare_prompts(request: GenerationRequest, model: ModelConfig) -> tuple[lis
         if not ids:
             raise RequestError(f"'{prompt_param}' cannot be empty.", param=prompt_param)
         prompts.append(ids)
+        image_ends.append(ends)
     longest = max(len(ids) for ids in prompts)
     if longest >= model.context_length:
         raise RequestError(
@@ -302,19 +378,25 @@ def prepare_prompts(request: GenerationRequest, model: ModelConfig) -> tuple[lis
             f"'max_tokens' ({max_tokens}).",
             param="min_tokens",
         )
-    return prompts, max_tokens
+    return PreparedPrompts(token_ids=prompts, image_ends=image_ends, max_tokens=max_tokens)
 
 
 def output_text(token_ids: list[int]) -> str:
     return "".join(token_text(t) for t in token_ids)
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> Usage:
-    return {
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> Usage:
+    """`cached_tokens`: given only by a server started with `--enable-prompt-tokens-details`;
+    as vLLM's serving code (`if self.enable_prompt_tokens_details and num_cached_tokens`),
+    the details appear only when some prompt tokens were cached."""
+    body: Usage = {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
     }
+    if cached_tokens:
+        body["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return body
 
 
 @dataclass(frozen=True)
@@ -323,6 +405,7 @@ class Choice:
     token_ids: list[int]
     finish_reason: str | None
     prompt_token_ids: list[int]
+    cached_tokens: int = 0
 
 
 def completion_response(
@@ -331,8 +414,10 @@ def completion_response(
     request_id: str,
     created: int,
     choices: list[Choice],
+    prompt_tokens_details: bool = False,
 ) -> dict[str, Any]:
     prompt_tokens = sum(len(c.prompt_token_ids) for c in choices)
+    cached_tokens = sum(c.cached_tokens for c in choices) if prompt_tokens_details else None
     completion_tokens = sum(len(c.token_ids) for c in choices)
     body_choices: list[dict[str, Any]] = []
     for c in choices:
@@ -364,7 +449,7 @@ def completion_response(
         "created": created,
         "model": request.model,
         "choices": body_choices,
-        "usage": usage(prompt_tokens, completion_tokens),
+        "usage": usage(prompt_tokens, completion_tokens, cached_tokens),
     }
     if request.return_token_ids and request.kind == CHAT:
         body["prompt_token_ids"] = choices[0].prompt_token_ids
@@ -407,8 +492,11 @@ class StreamFormatter:
             f'"finish_reason":{finish},"stop_reason":null{ids}}}]{self._tail}'
         )
 
-    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> str:
-        return f'{self._head}],"usage":{json.dumps(usage(prompt_tokens, completion_tokens))}}}\n\n'
+    def usage_chunk(
+        self, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None
+    ) -> str:
+        body = json.dumps(usage(prompt_tokens, completion_tokens, cached_tokens))
+        return f'{self._head}],"usage":{body}}}\n\n'
 
     @staticmethod
     def error_chunk(message: str, status: int) -> str:

@@ -49,6 +49,7 @@ WEBHOOK_MAX_SKEW_SECONDS = 300
 
 FLEET_KEY = web.AppKey("fleet", Fleet)
 REGISTRY_KEY = web.AppKey("registry", CollectorRegistry)
+PROMPT_TOKENS_DETAILS_KEY = web.AppKey("prompt_tokens_details", bool)
 WEBHOOK_SECRET_KEY = web.AppKey("webhook_secret", str)
 # Webhook ids accepted → the unix time after which their timestamp fails the skew check anyway.
 WEBHOOK_SEEN_IDS_KEY = web.AppKey("webhook_seen_ids", dict)
@@ -67,6 +68,7 @@ def create_app(
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_json_errors])
     fleet = Fleet(config, crash=crash)
     app[FLEET_KEY] = fleet
+    app[PROMPT_TOKENS_DETAILS_KEY] = config.enable_prompt_tokens_details
     if webhook_secret is None:
         webhook_secret = os.environ.get(WEBHOOK_SECRET_ENV, "")
     app[WEBHOOK_SECRET_KEY] = webhook_secret
@@ -148,14 +150,15 @@ async def _generate(request: web.Request, gen: GenerationRequest) -> web.StreamR
         raise RequestError(
             f"Got priority {gen.priority} but Priority scheduling is not enabled.", status=400
         )
-    prompts, max_tokens = prepare_prompts(gen, model_fleet.model)
+    prepared = prepare_prompts(gen, model_fleet.model)
+    details = request.app[PROMPT_TOKENS_DETAILS_KEY]
     listener = Listener(streaming=gen.stream)
     request_id = ("chatcmpl-" if gen.kind == CHAT else "cmpl-") + uuid.uuid4().hex
     seqs = [
         model_fleet.new_sequence(
             request_id=request_id,
             prompt_token_ids=ids,
-            max_tokens=max_tokens,
+            max_tokens=prepared.max_tokens,
             min_tokens=gen.min_tokens,
             ignore_eos=gen.ignore_eos,
             priority=gen.priority,
@@ -163,15 +166,16 @@ async def _generate(request: web.Request, gen: GenerationRequest) -> web.StreamR
             prompt_index=i,
             listener=listener,
             greedy=gen.greedy,
+            image_ends=prepared.image_ends[i],
         )
-        for i, ids in enumerate(prompts)
+        for i, ids in enumerate(prepared.token_ids)
     ]
     for seq in seqs:
         model_fleet.submit(seq)
     try:
         if gen.stream:
-            return await _stream(request, gen, request_id, seqs, listener)
-        return await _unary(gen, request_id, seqs, listener)
+            return await _stream(request, gen, request_id, seqs, listener, details)
+        return await _unary(gen, request_id, seqs, listener, details)
     finally:
         # The client went away (or the handler failed): free the batch slot and KV budget.
         for seq in seqs:
@@ -184,7 +188,11 @@ def _unavailable(message: str) -> web.Response:
 
 
 async def _unary(
-    gen: GenerationRequest, request_id: str, seqs: list[Sequence], listener: Listener
+    gen: GenerationRequest,
+    request_id: str,
+    seqs: list[Sequence],
+    listener: Listener,
+    prompt_tokens_details: bool,
 ) -> web.Response:
     while not all(seq.done for seq in seqs):
         await listener.wait()
@@ -192,11 +200,17 @@ async def _unary(
     if error is not None:
         return _unavailable(error)
     choices = [
-        Choice(i, seq.output_token_ids, seq.finish_reason, seq.prompt_token_ids)
+        Choice(i, seq.output_token_ids, seq.finish_reason, seq.prompt_token_ids, seq.cached_tokens)
         for i, seq in enumerate(seqs)
     ]
     return web.json_response(
-        completion_response(gen, request_id=request_id, created=int(time.time()), choices=choices)
+        completion_response(
+            gen,
+            request_id=request_id,
+            created=int(time.time()),
+            choices=choices,
+            prompt_tokens_details=prompt_tokens_details,
+        )
     )
 
 
@@ -206,6 +220,7 @@ async def _stream(
     request_id: str,
     seqs: list[Sequence],
     listener: Listener,
+    prompt_tokens_details: bool,
 ) -> web.StreamResponse:
     fmt = StreamFormatter(gen, request_id=request_id, created=int(time.time()))
     sent = [0] * len(seqs)
@@ -256,6 +271,7 @@ async def _stream(
                 fmt.usage_chunk(
                     sum(seq.prompt_tokens for seq in seqs),
                     sum(len(seq.output_token_ids) for seq in seqs),
+                    sum(seq.cached_tokens for seq in seqs) if prompt_tokens_details else None,
                 )
             )
         tail.append(fmt.DONE)

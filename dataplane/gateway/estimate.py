@@ -30,6 +30,7 @@ class Body:
     content_bytes: int
     token_ids: int  # prompt tokens given as ids (counted exactly)
     prefix: str  # the prompt's start, for prefix affinity
+    images: int = 0  # image_url content parts of a chat request
 
 
 def _bad(message: str, param: str | None = None) -> GatewayError:
@@ -86,17 +87,20 @@ def parse_body(kind: str, doc: Any) -> Body:
         messages = doc.get("messages")
         if not isinstance(messages, list) or not messages:
             raise _bad("'messages' must be a non-empty list.", "messages")
-        size = ids = 0
+        size = ids = images = 0
         prefix = ""
         for i, message in enumerate(messages):
             if not isinstance(message, dict):
                 raise _bad(f"'messages[{i}]' must be an object.", f"messages[{i}]")
-            b, n, s = _text_bytes(message.get("content"), f"messages[{i}].content")
+            content = message.get("content")
+            b, n, s = _text_bytes(content, f"messages[{i}].content")
             size, ids, prefix = size + b, ids + n, prefix or s
+            images += _images_in(content)
     else:
         if "prompt" not in doc:
             raise _bad("'prompt' is required.", "prompt")
         size, ids, prefix = _text_bytes(doc.get("prompt"), "prompt")
+        images = 0
     return Body(
         kind=kind,
         doc=doc,
@@ -107,7 +111,16 @@ def parse_body(kind: str, doc: Any) -> Body:
         content_bytes=size,
         token_ids=ids,
         prefix=prefix,
+        images=images,
     )
+
+
+def _images_in(content: Any) -> int:
+    """Image parts of a message's content (OpenAI's `{"type": "image_url", ...}`): each is
+    priced by the cost model's image weight; its bytes (a data: URL) are not text."""
+    if not isinstance(content, list):
+        return 0
+    return sum(1 for part in content if isinstance(part, dict) and part.get("type") == "image_url")
 
 
 def input_tokens_of(body: Body, model: Model) -> int:
@@ -133,7 +146,7 @@ def output_tokens_of(body: Body, model: Model, input_tokens: int) -> int:
     return output
 
 
-def estimate_mu(model: Model, *, input_tokens: int, output_tokens: int) -> float:
+def estimate_mu(model: Model, *, input_tokens: int, output_tokens: int, images: int = 0) -> float:
     if model.cost_model is None:
         raise GatewayError(
             409,
@@ -146,5 +159,6 @@ def estimate_mu(model: Model, *, input_tokens: int, output_tokens: int) -> float
         input_tokens=uncached_input_tokens(input_tokens, 0),
         cached_input_tokens=0,
         output_tokens=output_tokens,
+        images=images,
     )
     return float(mu_of(seconds, model.cost_model.replica_mu_per_minute))

@@ -188,6 +188,7 @@ class Usage:
     replica: str | None = None  # the endpoint that served it
     cached_input_tokens: int = 0
     output_tokens: int = 0
+    images: int = 0
     ttft_ms: float | None = None
     engine_usage: bool = False
     # The prompt's text in bytes (None for prompts given as token ids): sent beside the
@@ -226,6 +227,8 @@ class Usage:
             "output_tokens": max(0, self.output_tokens),
             "outcome": self.outcome,
         }
+        if self.images:
+            event["images"] = self.images
         if self.deployment:
             event["deployment"] = self.deployment
         if self.replica:
@@ -538,6 +541,7 @@ class Gateway:
                 candidate,
                 input_tokens=input_tokens,
                 output_tokens=output_tokens_of(body, candidate, input_tokens),
+                images=body.images,
             )
             usage = Usage(
                 request_id=request_id,
@@ -545,6 +549,7 @@ class Gateway:
                 model=candidate.name,
                 started_at=started_at,
                 input_tokens=input_tokens,
+                images=body.images,
                 estimated_mu=mu,
                 prompt_bytes=body.content_bytes if body.token_ids == 0 else None,
                 limit_tokens=limit_tokens,

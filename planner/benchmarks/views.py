@@ -231,6 +231,28 @@ def _unfitted_groups() -> list[dict]:
 # --- One cost model: fit chart, history, activate / retire, run now --------------------------
 
 
+# How the per-feature held-out errors are labelled beside the overall one.
+FEATURE_ERROR_LABELS = {
+    "cached_input_tokens": "shapes with prefix-cache hits",
+    "images": "shapes with images",
+}
+
+
+def feature_errors(cost_model: CostModel) -> list[dict]:
+    """The fit's held-out error over the samples with each reported feature (fitting's
+    `cv_error_by_feature`), for the features the benchmark varied."""
+    return [
+        {
+            "feature": name,
+            "label": FEATURE_ERROR_LABELS.get(name, name),
+            "cv_mape": percent(report["cv_mape"]),
+            "cv_worst_error": percent(report["cv_worst_error"]),
+            "samples": report["samples"],
+        }
+        for name, report in (cost_model.cv_error_by_feature or {}).items()
+    ]
+
+
 def sample_shape(sample: BenchmarkSample) -> Shape:
     """The shape a sample was fitted as (benchmarking.services.cost_model_fit): input_len counts
     every prompt token, of which cached_input_len hit the prefix cache."""
@@ -238,6 +260,7 @@ def sample_shape(sample: BenchmarkSample) -> Shape:
         input_tokens=sample.input_len - sample.cached_input_len,
         output_tokens=sample.output_len,
         cached_input_tokens=sample.cached_input_len,
+        images=sample.images,
     )
 
 
@@ -394,6 +417,7 @@ def cost_model(request, model: str, gpu_type: int, gpus: int):
             "beta": sig(c.beta_mu_per_output_token),
             "gamma": sig(c.gamma_mu_per_request),
             "cv_mape": percent(c.cv_mape),
+            "cv_by_feature": feature_errors(c),
             "url": cost_model_url(served_model, gpu.pk, gpus, c.version),
             "selected": c == selected,
         }

@@ -64,6 +64,19 @@ DEFAULT_DECODE_SECONDS_PER_CONTEXT_TOKEN = 5.0e-8
 DEFAULT_MEAN_OUTPUT_TOKENS = 200
 DEFAULT_VOCAB_SIZE = 128_256
 DEFAULT_PENDING_TIMEOUT_SECONDS = 60.0
+# vLLM's automatic prefix caching (on by default in its V1 engine): prompts are hashed in
+# blocks of `block_size` tokens (vLLM's default 16), and a block computed once is reused by
+# every later prompt that starts with the same blocks, until it is evicted (LRU).
+DEFAULT_BLOCK_SIZE = 16
+DEFAULT_PREFIX_CACHE_BLOCKS = DEFAULT_KV_CACHE_TOKENS // DEFAULT_BLOCK_SIZE
+# A cached prompt token is not computed again, but the prefill's attention still reads its
+# KV: a tenth of an uncached token's cost.
+DEFAULT_PREFILL_SECONDS_PER_CACHED_TOKEN = 1.0e-5
+# A vision encoder turns each image into a fixed number of placeholder tokens (LLaVA-1.5:
+# 24×24 patches of a 336 px image = 576), prefilled like text and counted in prompt_tokens,
+# after the encoder's own pass over the image.
+DEFAULT_IMAGE_TOKENS_PER_IMAGE = 576
+DEFAULT_VISION_ENCODER_SECONDS_PER_IMAGE = 5.0e-3
 MAX_REPLICAS = 1024
 # vLLM's `--scheduling-policy`: fcfs (its default) or priority.
 FCFS = "fcfs"
@@ -84,7 +97,10 @@ class ModelConfig:
         + decode_step_base_seconds
         + decode_seconds_per_sequence × (running sequences)
         + decode_seconds_per_context_token × (context tokens of the running sequences)
-    and every running sequence emits one token at its end.
+    and every running sequence emits one token at its end. Prompt tokens served from the
+    prefix cache cost `prefill_seconds_per_cached_token` instead of the full prefill, and every
+    image whose tokens are not all cached costs `vision_encoder_seconds_per_image` on top of
+    its `image_tokens_per_image` placeholder tokens.
     """
 
     name: str
@@ -109,6 +125,14 @@ class ModelConfig:
     # With the priority policy, also preempt running sequences of a worse priority when
     # the best waiting one does not fit (vLLM V0's priority preemption; V1 does not).
     priority_preemption: bool = False
+    # vLLM's `--enable-prefix-caching` (its V1 default) and `--block-size`; the cache keeps at
+    # most `prefix_cache_blocks` blocks, least recently used evicted first.
+    enable_prefix_caching: bool = True
+    block_size: int = DEFAULT_BLOCK_SIZE
+    prefix_cache_blocks: int = DEFAULT_PREFIX_CACHE_BLOCKS
+    prefill_seconds_per_cached_token: float = DEFAULT_PREFILL_SECONDS_PER_CACHED_TOKEN
+    image_tokens_per_image: int = DEFAULT_IMAGE_TOKENS_PER_IMAGE
+    vision_encoder_seconds_per_image: float = DEFAULT_VISION_ENCODER_SECONDS_PER_IMAGE
 
 
 @dataclass(frozen=True)
@@ -135,6 +159,9 @@ _INT_BOUNDS: dict[str, int] = {
     "context_length": 1,
     "mean_output_tokens": 1,
     "vocab_size": 2,
+    "block_size": 1,
+    "prefix_cache_blocks": 0,
+    "image_tokens_per_image": 1,
 }
 _FLOAT_MINIMUMS: dict[str, float] = {
     "cold_start_seconds": 0.0,
@@ -143,6 +170,8 @@ _FLOAT_MINIMUMS: dict[str, float] = {
     "decode_seconds_per_sequence": 0.0,
     "decode_seconds_per_context_token": 0.0,
     "pending_timeout_seconds": 0.0,
+    "prefill_seconds_per_cached_token": 0.0,
+    "vision_encoder_seconds_per_image": 0.0,
 }
 
 
@@ -191,9 +220,9 @@ def parse_model(index: int, raw: Any) -> ModelConfig:
                     f", got {value!r}"
                 )
             values[key] = value
-        elif key == "priority_preemption":
+        elif key in ("priority_preemption", "enable_prefix_caching"):
             if not isinstance(value, bool):
-                raise ConfigError(f"{path}.priority_preemption: must be a boolean, got {value!r}")
+                raise ConfigError(f"{path}.{key}: must be a boolean, got {value!r}")
             values[key] = value
     model = ModelConfig(**values)
     _check_policy(path, model)
@@ -245,16 +274,26 @@ def parse_config(raw: Any) -> ProfileConfig:
 
 
 def step_seconds(
-    model: ModelConfig, *, prefill_tokens: int, running_sequences: int, context_tokens: int
+    model: ModelConfig,
+    *,
+    prefill_tokens: int,
+    running_sequences: int,
+    context_tokens: int,
+    cached_tokens: int = 0,
+    encoded_images: int = 0,
 ) -> float:
     """Duration of one engine step.
 
-    `prefill_tokens`: prompt tokens of the sequences admitted in this step;
+    `prefill_tokens`: prompt tokens of the sequences admitted in this step that are computed
+    (not served from the prefix cache); `cached_tokens`: their prompt tokens that are;
+    `encoded_images`: their images the vision encoder runs on;
     `running_sequences`: sequences in the batch, newly admitted ones included;
     `context_tokens`: prompt + tokens generated so far, summed over those sequences.
     """
     return (
         model.prefill_seconds_per_token * prefill_tokens
+        + model.prefill_seconds_per_cached_token * cached_tokens
+        + model.vision_encoder_seconds_per_image * encoded_images
         + model.decode_step_base_seconds
         + model.decode_seconds_per_sequence * running_sequences
         + model.decode_seconds_per_context_token * context_tokens
@@ -262,7 +301,13 @@ def step_seconds(
 
 
 def ground_truth_replica_seconds(
-    model: ModelConfig, input_tokens: int, output_tokens: int, batch_size: float
+    model: ModelConfig,
+    input_tokens: int,
+    output_tokens: int,
+    batch_size: float,
+    *,
+    cached_input_tokens: int = 0,
+    images: int = 0,
 ) -> float:
     """Replica-seconds one request consumes when the replica steadily runs `batch_size` sequences.
 
@@ -280,17 +325,26 @@ def ground_truth_replica_seconds(
     w_input = prefill, w_output = base/B + per_sequence,
     w_input×output/1000 = 1000 × per_context_token, w_output²/1000 = 500 × per_context_token,
     w_request = 0.
+
+    `input_tokens` are the uncached prompt tokens (image placeholder tokens included, as
+    vLLM counts them in prompt_tokens), `cached_input_tokens` those served from the prefix
+    cache, as in capacity.pricing.features.Shape: w_cached_input_tokens =
+    prefill_seconds_per_cached_token, w_images = vision_encoder_seconds_per_image (images
+    whose tokens are uncached), and cached tokens are context like any other.
     """
     if batch_size <= 0:
         raise ValueError(f"batch_size must be > 0, got {batch_size}")
-    if input_tokens < 0 or output_tokens < 0:
-        raise ValueError("input_tokens and output_tokens must be >= 0")
+    if input_tokens < 0 or output_tokens < 0 or cached_input_tokens < 0 or images < 0:
+        raise ValueError("token and image counts must be >= 0")
+    context_input_tokens = input_tokens + cached_input_tokens
     return (
         model.prefill_seconds_per_token * input_tokens
+        + model.prefill_seconds_per_cached_token * cached_input_tokens
+        + model.vision_encoder_seconds_per_image * images
         + output_tokens * (model.decode_step_base_seconds / batch_size)
         + output_tokens * model.decode_seconds_per_sequence
         + model.decode_seconds_per_context_token
-        * (input_tokens * output_tokens + output_tokens * output_tokens / 2)
+        * (context_input_tokens * output_tokens + output_tokens * output_tokens / 2)
     )
 
 

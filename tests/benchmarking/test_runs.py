@@ -60,6 +60,33 @@ def test_a_planner_creates_a_suite_and_a_bad_grid_is_named(planner_client):
     assert BenchmarkSuite.objects.count() == 1
 
 
+def test_a_suite_holds_shapes_with_a_shared_prefix_and_images_and_a_bad_share_is_named(
+    planner_client,
+):
+    grid = [
+        [128, 32],
+        {"input_len": 2048, "output_len": 16, "prefix_share": 0.75},
+        {"input_len": 256, "output_len": 8, "images": 2, "prefix_share": 0},
+    ]
+    response = planner_client.post(
+        "/api/v1/benchmark-suites/", SUITE | {"name": "features", "grid": grid}, format="json"
+    )
+    assert response.status_code == 201, response.json()
+    assert BenchmarkSuite.objects.get(name="features").grid == [
+        [128, 32],
+        {"input_len": 2048, "output_len": 16, "prefix_share": 0.75, "images": 0},
+        {"input_len": 256, "output_len": 8, "prefix_share": 0.0, "images": 2},
+    ]
+
+    bad = planner_client.post(
+        "/api/v1/benchmark-suites/",
+        SUITE | {"name": "bad", "grid": [{"input_len": 64, "output_len": 8, "prefix_share": 1}]},
+        format="json",
+    )
+    assert bad.status_code == 400
+    assert "grid[0].prefix_share" in bad.json()["error"]["message"]
+
+
 def test_creating_a_run_queues_it_after_commit(
     planner_client, suite, deployment, django_capture_on_commit_callbacks, monkeypatch
 ):

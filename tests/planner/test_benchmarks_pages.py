@@ -279,6 +279,11 @@ def test_the_fit_chart_plots_the_fits_own_predictions_against_the_measurements(
     cost_model = services.cost_model_fit(run=run)
     page = text(planner_client.get(cost_model_path(served_model, gpu_type)))
     assert '<canvas id="fit-chart" data-chart="fit-chart-config"' in page
+    # Beside the overall held-out error, the error over the shapes with prefix-cache hits.
+    cached = cost_model.cv_error_by_feature["cached_input_tokens"]
+    assert cached["samples"] == 1
+    assert "CV MAPE, shapes with prefix-cache hits (1)" in page
+    assert f"{cached['cv_mape'] * 100:.1f} %" in page
     config = chart_config(page, "fit-chart-config")
     points, diagonal = config["data"]["datasets"]
     assert diagonal["label"] == "predicted = measured"

@@ -46,9 +46,13 @@ WINDOW_SECONDS = 5
 REQUESTS_PER_S = 20.0
 PROMPT_TOKENS = 64
 OUTPUT_TOKENS = 24
+# Every request sends the same prompt, so the engine's prefix cache serves all its full blocks
+# but the one holding the last token (always computed): 3 blocks of 16.
+CACHED_TOKENS = 48
 # Known weights, replica-seconds per unit of each feature, with nonlinear terms that matter.
 WEIGHTS_REPLICA_SECONDS = {
     "input_tokens": 1e-4,
+    "cached_input_tokens": 2e-5,
     "output_tokens": 2e-3,
     "input_x_output_per_1000": 0.05,
     "output_sq_per_1000": 0.02,
@@ -162,7 +166,18 @@ def test_it_reads_the_load_of_deployments_from_the_engines_metrics(db, engine_ur
     mean_output_tokens = measured.generation_tokens_per_s / measured.requests_per_s
     assert mean_prompt_tokens == pytest.approx(PROMPT_TOKENS, rel=0.05)
     assert mean_output_tokens == pytest.approx(OUTPUT_TOKENS, rel=0.05)
-    mu_per_request = mu_for(WEIGHTS_REPLICA_SECONDS, Shape(PROMPT_TOKENS, OUTPUT_TOKENS))
+    # The engine's prefix-cache hits are priced at the cached weight, the rest as uncached.
+    assert measured.prefix_cache_hits_per_s / measured.requests_per_s == pytest.approx(
+        CACHED_TOKENS, rel=0.05
+    )
+    mu_per_request = mu_for(
+        WEIGHTS_REPLICA_SECONDS,
+        Shape.from_api(
+            input_tokens=PROMPT_TOKENS,
+            cached_input_tokens=CACHED_TOKENS,
+            output_tokens=OUTPUT_TOKENS,
+        ),
+    )
     assert measured.mu_per_minute == pytest.approx(REQUESTS_PER_S * 60 * mu_per_request, rel=0.2)
     assert measured.mu_per_minute / (measured.requests_per_s * 60) == pytest.approx(
         mu_per_request, rel=0.1
@@ -369,6 +384,28 @@ def test_mu_per_minute_at_a_fractional_mean_shape_is_the_cost_model_at_that_poin
     # Within the interpolation bound on output²: w · 0.25 / 1000 replica-seconds per request.
     bound = requests_per_s * weights["output_sq_per_1000"] * 0.25 / 1000 * 100
     assert mu_per_minute == pytest.approx(requests_per_s * replica_seconds * 100, abs=bound)
+
+
+def test_prefix_cache_hits_are_priced_with_the_cached_weight():
+    # 2 requests/s of 300 prompt tokens, 200 of them served from the engines' prefix caches.
+    mu_per_minute = mu_per_minute_of(
+        _CostModel(),
+        requests_per_s=2.0,
+        prompt_tokens_per_s=2 * 300,
+        prefix_cache_hits_per_s=2 * 200,
+        generation_tokens_per_s=2 * 50,
+    )
+
+    cached = Shape(input_tokens=100, cached_input_tokens=200, output_tokens=50)
+    assert mu_per_minute == pytest.approx(2.0 * 60 * mu_for(WEIGHTS_REPLICA_SECONDS, cached))
+    # Cheaper than the same prompts uncached, by the difference of the two weights.
+    uncached = mu_per_minute_of(
+        _CostModel(), requests_per_s=2.0, prompt_tokens_per_s=600, generation_tokens_per_s=100
+    )
+    saved_replica_seconds_per_s = 400 * (
+        WEIGHTS_REPLICA_SECONDS["input_tokens"] - WEIGHTS_REPLICA_SECONDS["cached_input_tokens"]
+    )
+    assert uncached - mu_per_minute == pytest.approx(saved_replica_seconds_per_s * 100)
 
 
 def test_tokens_in_a_window_without_finished_requests_are_still_load():

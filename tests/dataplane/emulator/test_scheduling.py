@@ -195,8 +195,13 @@ def test_a_burst_of_prompts_is_prefilled_a_token_budget_at_a_time(start_emulator
     emulator = start_emulator(
         config(model(max_num_batched_tokens=2000, prefill_seconds_per_token=2e-4))
     )
-    body = {"model": "tiny", "prompt": list(range(1000)), "max_tokens": 2, "ignore_eos": True}
-    results = start_streams(emulator.url, [body] * 6).result(timeout=20)
+    # Distinct prompts: the same one six times would be served from the prefix cache.
+    bodies = [
+        {"model": "tiny", "prompt": list(range(i * 1000, (i + 1) * 1000)), "max_tokens": 2}
+        | {"ignore_eos": True}
+        for i in range(6)
+    ]
+    results = start_streams(emulator.url, bodies).result(timeout=20)
     ttfts = sorted(r.ttft_seconds for r in results)
     assert ttfts[1] < 0.7  # the first wave: one 0.4 s step
     assert ttfts[-1] > 1.0  # the last wave waits for the two before it

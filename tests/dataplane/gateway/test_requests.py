@@ -513,3 +513,33 @@ def test_a_client_that_leaves_while_redis_decides_still_leaves_its_event(
     record = private_redis.get(f"adm:req:7:1:{left['event_id']}")
     assert record is not None and record.startswith(b"guaranteed:")
     assert emulator_counter(http, url, "vllm:request_success_total") == 1  # never sent on
+
+
+def test_a_chat_request_with_two_images_leaves_an_event_with_images_2_and_the_cached_tokens(
+    world, start_emulator, start_gateway, http, usage_server
+):
+    # The engine reports its prefix-cache hits (vLLM's --enable-prompt-tokens-details).
+    url, _process = start_emulator(args=("--enable-prompt-tokens-details",))
+    world.publication.models["tiny"] = C.model(7, [C.replica(url, deployment="tiny-a")])
+    world.publish()
+    gateway = start_gateway()
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    text = {"type": "text", "text": "compare these two pictures"}
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": [text, image, dict(image)]}],
+        "max_tokens": 4,
+    }
+
+    for _ in range(2):  # the second is served from the engine's prefix cache
+        response = http.post(
+            gateway.url + "/v1/chat/completions", json=body, headers=bearer(world.acme)
+        )
+        assert response.status_code == 200, response.text
+
+    events = wait_for(lambda: len(usage_events(usage_server)) == 2 and usage_events(usage_server))
+    assert [event["images"] for event in events] == [2, 2]
+    # The engine's own count: 4 words and 576 tokens per image (the emulator's default).
+    assert {event["input_tokens"] for event in events} == {4 + 2 * 576}
+    cached = sorted(event["cached_input_tokens"] for event in events)
+    assert cached[0] == 0 and cached[1] > 0 and cached[1] % 16 == 0
