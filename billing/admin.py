@@ -2,9 +2,9 @@ from django import forms
 from django.contrib import admin
 
 from billing.latency import latency_sla_clean
-from billing.models import Invoice, InvoiceLine, RateCard
+from billing.models import Budget, BudgetAlert, Invoice, InvoiceLine, RateCard
 from billing.rates import issued_through, rate_card_used
-from controlplane.audit import AuditedAdminMixin
+from controlplane.audit import AuditedAdminMixin, ReadOnlyAdminMixin
 from controlplane.errors import DomainError
 
 
@@ -126,3 +126,29 @@ class InvoiceLineAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+@admin.register(Budget)
+class BudgetAdmin(AuditedAdminMixin, admin.ModelAdmin):
+    """A customer's monthly budget; the cap follows at the next check (billing.budgets)."""
+
+    list_display = ("customer", "monthly_amount", "currency", "hard_cap", "alert_email")
+    search_fields = ("customer__slug",)
+    list_select_related = ("customer",)
+
+
+@admin.register(BudgetAlert)
+class BudgetAlertAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Alerts claimed and sent by the budget check: a record, never edited."""
+
+    list_display = (
+        "kind",
+        "customer",
+        "period",
+        "threshold_percent",
+        "channel",
+        "sent_at",
+        "error",
+    )
+    list_filter = ("kind", "channel")
+    search_fields = ("customer__slug",)

@@ -143,7 +143,7 @@ def invoice_estimate(*, customer: Customer, period: str | date) -> dict:
     month-to-date estimate; commitments count up to now, not to the month's end."""
     first, lines_by_customer, _ = build_lines(period, customers=[customer], until=timezone.now())
     lines = lines_by_customer.get(customer.pk, [])
-    subtotal, credits, total = _totals(lines)
+    subtotal, credits, total = lines_totals(lines)
     return {
         "customer": customer.slug,
         "period": f"{first:%Y-%m}",
@@ -154,7 +154,7 @@ def invoice_estimate(*, customer: Customer, period: str | date) -> dict:
     }
 
 
-def _totals(lines: list[InvoiceLine]) -> tuple[Decimal, Decimal, Decimal]:
+def lines_totals(lines: list[InvoiceLine]) -> tuple[Decimal, Decimal, Decimal]:
     """(subtotal, credits, total) of lines already rounded: sums, never rounded again; a
     credit larger than the charges leaves a total of zero, not a negative invoice."""
     amounts = [line.amount for line in lines]
@@ -475,7 +475,7 @@ def _store_drafts(first: date, lines_by_customer: dict, result: GenerationResult
                 currency = line.rate_card.currency if line.rate_card else settings.BILLING_CURRENCY
                 by_currency[currency].append(line)
             for currency, currency_lines in sorted(by_currency.items()):
-                subtotal, credits, total = _totals(currency_lines)
+                subtotal, credits, total = lines_totals(currency_lines)
                 invoice = Invoice(
                     customer_id=customer_id,
                     period_start=first,

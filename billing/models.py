@@ -140,3 +140,97 @@ class InvoiceLine(models.Model):
 
     def __str__(self) -> str:
         return f"{self.invoice}: {self.description}"
+
+
+class Budget(models.Model):
+    """A customer's monthly budget (billing.budgets): month-to-date spend is what its invoice
+    for the month holds so far (billing.generation.build_lines, the invoice's own lines), in the
+    budget's currency. Alerts go at 50, 80 and 100 % of it, once each per month; with
+    `hard_cap`, past 100 % admission refuses the customer's best-effort requests.
+
+    Per customer only: usage events and their rollups do not record which key sent a request,
+    so a key's spend cannot be priced from the invoice's lines."""
+
+    customer = models.OneToOneField(Customer, on_delete=models.CASCADE, related_name="budget")
+    monthly_amount = models.DecimalField(
+        max_digits=16, decimal_places=2, validators=[MinValueValidator(Decimal("0.01"))]
+    )
+    currency = models.CharField(
+        max_length=3, default="USD", help_text="The rate cards' currency whose lines count."
+    )
+    hard_cap = models.BooleanField(
+        default=False,
+        help_text="Past 100 % of the budget, refuse best-effort requests (the reservation is "
+        "still admitted).",
+    )
+    alert_email = models.EmailField(
+        blank=True, help_text="Where alerts are mailed; empty: the customer's owners."
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+    updated_by = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["customer__slug"]
+
+    def __str__(self) -> str:
+        return f"{self.customer}: {self.monthly_amount} {self.currency}/month"
+
+
+class BudgetAlert(models.Model):
+    """One alert, on one channel: written (inserted) before it is sent, sent after the commit,
+    so the unique constraints, not the senders, decide that an alert goes at most once per
+    threshold and period whatever the number of concurrent checks."""
+
+    class Kind(models.TextChoices):
+        BUDGET = "budget", "Budget threshold"
+        UNDERUSE = "underuse", "Reservation under-used for a week (sale at risk)"
+
+    class Channel(models.TextChoices):
+        EMAIL = "email", "Email"
+        WEBHOOK = "webhook", "Signed webhook"
+
+    kind = models.CharField(max_length=8, choices=Kind.choices)
+    customer = models.ForeignKey(Customer, on_delete=models.CASCADE, related_name="+")
+    budget = models.ForeignKey(
+        Budget, on_delete=models.CASCADE, null=True, blank=True, related_name="alerts"
+    )
+    reservation = models.ForeignKey(
+        Reservation, on_delete=models.CASCADE, null=True, blank=True, related_name="+"
+    )
+    period = models.CharField(max_length=7, help_text="The month alerted for, YYYY-MM.")
+    threshold_percent = models.PositiveSmallIntegerField(
+        help_text="Of the budget (50, 80, 100), or the utilisation alerted under (20)."
+    )
+    channel = models.CharField(max_length=7, choices=Channel.choices)
+    recipients = models.CharField(max_length=1000, blank=True)
+    detail = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    error = models.CharField(max_length=500, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "pk"]
+        constraints = [
+            # serves: billing.budgets._claim (an insert that conflicts is an alert already sent)
+            models.UniqueConstraint(
+                fields=["budget", "period", "threshold_percent", "channel"],
+                condition=Q(budget__isnull=False),
+                name="budget_alert_once_per_threshold",
+            ),
+            models.UniqueConstraint(
+                fields=["reservation", "period", "threshold_percent", "channel"],
+                condition=Q(reservation__isnull=False),
+                name="underuse_alert_once_per_period",
+            ),
+            models.CheckConstraint(
+                condition=(Q(kind="budget", budget__isnull=False, reservation__isnull=True))
+                | Q(kind="underuse", budget__isnull=True, reservation__isnull=False),
+                name="budget_alert_names_its_subject",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        subject = (
+            f"budget #{self.budget_id}" if self.budget_id else f"reservation #{self.reservation_id}"
+        )
+        return f"{self.kind} {subject} {self.period} {self.threshold_percent} % by {self.channel}"

@@ -1,9 +1,12 @@
-"""The billing app's periodic task, written into django-celery-beat's tables by name."""
+"""The billing app's periodic tasks, written into django-celery-beat's tables by name."""
 
 from django.db import transaction
-from django_celery_beat.models import CrontabSchedule, PeriodicTask
+from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask
 
 NAME = "billing: last month's draft invoices"
+BUDGETS_NAME = "billing: budgets and spend alerts"
+# How stale a hard cap may be: spend past 100 % is refused from the next check on.
+BUDGET_CHECK_MINUTES = 5
 
 
 @transaction.atomic
@@ -17,4 +20,12 @@ def billing_schedules_sync() -> int:
         defaults={"task": "billing.generate_last_month", "crontab": monthly, "interval": None,
                   "queue": "default", "enabled": True},
     )  # fmt: skip
-    return 1
+    every, _ = IntervalSchedule.objects.get_or_create(
+        every=BUDGET_CHECK_MINUTES, period=IntervalSchedule.MINUTES
+    )
+    PeriodicTask.objects.update_or_create(
+        name=BUDGETS_NAME,
+        defaults={"task": "billing.check_budgets", "interval": every, "crontab": None,
+                  "queue": "default", "enabled": True},
+    )  # fmt: skip
+    return 2

@@ -15,6 +15,7 @@ from capacity.models import (
     ActuatorCircuit,
     AdmissionAllowance,
     AllocationDecision,
+    BudgetCap,
     CapacityRisk,
     CapacitySample,
     CostModel,
@@ -460,6 +461,16 @@ class RequestLimitAdmin(admin.ModelAdmin):
     def delete_queryset(self, request, queryset):
         for limit in queryset.select_related("customer", "api_key"):
             self.delete_model(request, limit)
+
+
+@admin.register(BudgetCap)
+class BudgetCapAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Customers whose best-effort admission a spent budget's hard cap refuses: set and lifted
+    by billing's budget check (billing.budgets) through the audited service, never by hand."""
+
+    list_display = ["customer", "reason", "since"]
+    search_fields = ["customer__slug"]
+    list_select_related = ["customer"]
 
 
 @admin.register(ReservationChange)

@@ -470,6 +470,15 @@ if ALERT_WEBHOOK_URL and not ALERT_WEBHOOK_SECRET:
     raise ImproperlyConfigured("ALERT_WEBHOOK_URL needs ALERT_WEBHOOK_SECRET to sign alerts.")
 ALERT_WEBHOOK_ATTEMPTS = env_int("ALERT_WEBHOOK_ATTEMPTS", 3, minimum=1)
 ALERT_WEBHOOK_TIMEOUT_SECONDS = env_int("ALERT_WEBHOOK_TIMEOUT_SECONDS", 5, minimum=1)
+# Mail (budget and under-use alerts, billing.budgets), through Django's SMTP backend: the
+# server and its credentials are operator settings, never API fields.
+EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("EMAIL_PORT", 25, minimum=1)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT_SECONDS", 10, minimum=1)
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "control-plane@localhost")
 # Named Kubernetes clusters an actuator config picks with `cluster`.
 KUBERNETES_CLUSTERS = env_parsed(
     "KUBERNETES_CLUSTERS",

@@ -16,17 +16,20 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts import scopes as S
+from accounts.models import Customer
 from accounts.permissions import scoped_permission
 from accounts.principals import principal_of
 from accounts.selectors import customers_visible_to
+from billing import budgets
 from billing.exports import invoice_download
 from billing.generation import invoice_estimate, invoice_issue, period_bounds
 from billing.latency import MAX_TTFT_OBJECTIVE_MS
 from billing.margin import model_margins
-from billing.models import Invoice, InvoiceLine, RateCard
+from billing.models import Budget, Invoice, InvoiceLine, RateCard
 from billing.rates import rate_card_create, rate_card_update
 from capacity.models import ServedModel
-from controlplane.api.serializers import InstantField, StrictModelSerializer
+from controlplane.api.serializers import InstantField, StrictModelSerializer, StrictSerializer
+from controlplane.audit import actor_of
 
 LINE_FIELDS = [
     "kind",
@@ -295,4 +298,151 @@ class RateCardViewSet(
     def perform_update(self, serializer):
         serializer.instance = rate_card_update(
             rate_card=serializer.instance, **serializer.validated_data
+        )
+
+
+# --- Budgets: a customer's monthly budget, its spend to date, its alerts ---------------------
+
+BudgetPermission = scoped_permission(
+    "BudgetPermission",
+    message="Only planners or a service key with the customers:write scope set budgets.",
+    write_scope=S.CUSTOMERS_WRITE,
+)
+
+_AMOUNT_HELP = "The most the customer means to spend in a month, in `currency`."
+_CAP_HELP = "Past 100 % of the budget, admission refuses best-effort requests (429, limit budget)."
+_EMAIL_HELP = "Where alerts are mailed; empty: the customer's owners."
+
+
+class BudgetSerializer(StrictModelSerializer):
+    customer = serializers.SlugRelatedField(slug_field="slug", queryset=Customer.objects.all())
+    monthly_amount = serializers.DecimalField(
+        max_digits=16, decimal_places=2, min_value=Decimal("0.01"), help_text=_AMOUNT_HELP
+    )
+    currency = serializers.RegexField(r"^[A-Za-z]{3}$", required=False)
+    hard_cap = serializers.BooleanField(required=False, default=False, help_text=_CAP_HELP)
+    alert_email = serializers.EmailField(
+        required=False, allow_blank=True, default="", help_text=_EMAIL_HELP
+    )
+
+    class Meta:
+        model = Budget
+        fields = [
+            "id", "customer", "monthly_amount", "currency", "hard_cap", "alert_email",
+            "updated_at", "updated_by",
+        ]  # fmt: skip
+        read_only_fields = ["id", "updated_at", "updated_by"]
+        validators: list = []  # one budget per customer: the service's 409
+
+
+class BudgetChangeSerializer(StrictSerializer):
+    unknown_field_message = "cannot be changed; delete the budget and create another."
+
+    monthly_amount = serializers.DecimalField(
+        max_digits=16, decimal_places=2, min_value=Decimal("0.01"), required=False
+    )
+    currency = serializers.RegexField(r"^[A-Za-z]{3}$", required=False)
+    hard_cap = serializers.BooleanField(required=False)
+    alert_email = serializers.EmailField(required=False, allow_blank=True)
+
+
+class BudgetFilter(filters.FilterSet):
+    customer = filters.CharFilter(field_name="customer__slug")
+
+    class Meta:
+        model = Budget
+        fields = ["customer"]
+
+
+class BudgetViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.UpdateModelMixin,
+    mixins.DestroyModelMixin,
+    viewsets.GenericViewSet,
+):
+    """A customer's monthly budget: alerts at 50, 80 and 100 % of it (email and signed webhook,
+    once each per month), and with `hard_cap` best-effort refused past 100 %. Customers read
+    their own; planners and provisioning services (customers:write) write. `GET .../spend`:
+    month-to-date spend from the invoice's own lines, and the alerts sent."""
+
+    serializer_class = BudgetSerializer
+    permission_classes = [BudgetPermission]
+    filterset_class = BudgetFilter
+    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
+
+    def get_queryset(self):
+        principal = principal_of(self.request)
+        queryset = Budget.objects.select_related("customer").order_by("pk")
+        if principal.sees_all_customers or self.request.method not in ("GET", "HEAD", "OPTIONS"):
+            return queryset
+        return queryset.filter(customer_id__in=principal.customer_ids)
+
+    def perform_create(self, serializer):
+        data = serializer.validated_data
+        serializer.instance = budgets.budget_create(
+            customer=data["customer"],
+            monthly_amount=data["monthly_amount"],
+            currency=data.get("currency"),
+            hard_cap=data.get("hard_cap", False),
+            alert_email=data.get("alert_email", ""),
+            actor=actor_of(principal_of(self.request)),
+        )
+
+    @extend_schema(request=BudgetChangeSerializer, responses=BudgetSerializer)
+    def partial_update(self, request, *args, **kwargs):
+        budget = self.get_object()
+        serializer = BudgetChangeSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        changed = budgets.budget_update(
+            budget=budget,
+            changes=dict(serializer.validated_data),
+            actor=actor_of(principal_of(request)),
+        )
+        return Response(BudgetSerializer(changed).data)
+
+    def update(self, request, *args, **kwargs):
+        if not kwargs.get("partial"):
+            raise PermissionDenied("Change a budget with PATCH.")
+        return super().update(request, *args, **kwargs)
+
+    def perform_destroy(self, instance):
+        budgets.budget_delete(budget=instance, actor=actor_of(principal_of(self.request)))
+
+    @extend_schema(
+        responses=inline_serializer(
+            "BudgetSpend",
+            {
+                "period": serializers.CharField(),
+                "spend": serializers.DecimalField(max_digits=16, decimal_places=2),
+                "currency": serializers.CharField(),
+                "percent": serializers.FloatField(),
+                "capped": serializers.BooleanField(),
+                "alerts": serializers.ListField(child=serializers.DictField()),
+            },
+        )
+    )
+    @action(detail=True, methods=["get"])
+    def spend(self, request, pk=None):
+        budget = self.get_object()
+        status = budgets.budget_status(budget)
+        return Response(
+            {
+                "period": status.period,
+                "spend": str(status.spend),
+                "currency": budget.currency,
+                "percent": round(status.percent, 2),
+                "capped": status.capped,
+                "alerts": [
+                    {
+                        "period": a.period,
+                        "threshold_percent": a.threshold_percent,
+                        "channel": a.channel,
+                        "sent_at": a.sent_at,
+                        "error": a.error,
+                    }
+                    for a in budgets.alerts_of_budget(budget)
+                ],
+            }
         )

@@ -78,8 +78,8 @@ class Admission:
     # spillover: a best-effort request may carry a guaranteed part).
     guaranteed_mu: float = 0.0
     best_effort_mu: float = 0.0
-    # Refused: which limit bit ("mu", "rpm", "tpm", "concurrency") and, for a request limit,
-    # whose ("customer" or "api_key").
+    # Refused: which limit bit ("mu", "rpm", "tpm", "concurrency", "budget": the budget's hard
+    # cap) and, for a request limit, whose ("customer" or "api_key").
     limit: str | None = None
     limit_scope: str | None = None
     # Set while the model's healthy capacity is short (capacity.health.degradation): the max_tokens
@@ -300,6 +300,11 @@ _LIMIT_NAMES = {
 
 
 def _refusal_reason(decision) -> str:
+    if decision.limit == "budget":
+        return (
+            "the customer's monthly budget is spent and its hard cap refuses best-effort "
+            "requests; requests within the reservation are still admitted"
+        )
     if decision.limit in _LIMIT_NAMES:
         whose = "the API key's" if decision.limit_scope == "api_key" else "the customer's"
         return f"over {whose} limit of {_LIMIT_NAMES[decision.limit]} ({decision.limit})"

@@ -24,10 +24,11 @@ documents (capacity.publication): the whole set, so a removed limit is gone from
 from __future__ import annotations
 
 from django.db import transaction
+from django.utils import timezone
 
 from accounts.models import ApiKey, Customer
 from capacity.admission.redis_buckets import api_key_scope, customer_scope
-from capacity.models import RequestLimit
+from capacity.models import BudgetCap, RequestLimit
 from capacity.publication import publish_after_commit
 from controlplane.audit import audit_change, audit_record, current_actor
 from controlplane.errors import ConflictError, DomainError
@@ -153,8 +154,10 @@ def request_limits_of_customer(customer: Customer) -> list[RequestLimit]:
 
 def published_request_limits() -> dict[str, dict[str, int]]:
     """Every scope's limits as admission's script reads them: "c:<customer id>" or
-    "k:<key prefix>" -> {"rpm" | "tpm" | "concurrency": int} (capacity.publication)."""
-    published = {}
+    "k:<key prefix>" -> {"rpm" | "tpm" | "concurrency" | "budget": int} (capacity.publication).
+    `budget: 1` on a customer's scope: its budget's hard cap refuses its best-effort requests
+    (`budget_cap_set`)."""
+    published: dict[str, dict[str, int]] = {}
     for limit in RequestLimit.objects.select_related("api_key").order_by("pk"):
         scope = (
             api_key_scope(limit.api_key.prefix)
@@ -162,4 +165,49 @@ def published_request_limits() -> dict[str, dict[str, int]]:
             else customer_scope(limit.customer_id)
         )
         published[scope] = limit.limits
+    for customer_id in BudgetCap.objects.values_list("customer_id", flat=True):
+        published.setdefault(customer_scope(customer_id), {})[BUDGET_CAP_FIELD] = 1
     return published
+
+
+# --- The budget cap: best-effort refused for a customer whose budget is spent ----------------
+
+# The field of a customer's published limits hash that admission's script reads
+# (capacity.admission.redis_buckets).
+BUDGET_CAP_FIELD = "budget"
+
+
+@transaction.atomic
+def budget_cap_set(
+    *, customer: Customer, capped: bool, reason: str = "", actor: str | None = None
+) -> bool:
+    """Cap the customer's best-effort admission (`capped`) or lift the cap; True when that
+    changed anything. Billing's hard cap calls it (billing.budgets): capacity owns the flag and
+    enforces it, billing decides when. Audited and published to admission and gateways."""
+    if capped and not reason.strip():
+        raise DomainError("A cap says why it refuses best-effort requests.", field="reason")
+    Customer.objects.select_for_update().filter(pk=customer.pk).first()
+    cap = BudgetCap.objects.filter(customer=customer).first()
+    actor = actor or current_actor()
+    if capped and cap is None:
+        cap = BudgetCap.objects.create(customer=customer, reason=reason[:300], since=timezone.now())
+        audit_record(actor=actor, action="budget_cap.set", obj=cap, after={"reason": cap.reason})
+    elif not capped and cap is not None:
+        before = {"reason": cap.reason, "since": cap.since}
+        cap.delete()
+        audit_record(
+            actor=actor,
+            action="budget_cap.lift",
+            object_type=BudgetCap._meta.label_lower,
+            object_id=customer.pk,
+            object_repr=f"{customer} capped",
+            before=before,
+        )
+    else:
+        return False
+    publish_after_commit("budget cap changed")
+    return True
+
+
+def budget_cap_of(customer: Customer) -> BudgetCap | None:
+    return BudgetCap.objects.filter(customer=customer).first()

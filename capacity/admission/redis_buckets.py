@@ -235,6 +235,11 @@ local window = tonumber(ARGV[6])
 local cc_ttl = tonumber(ARGV[7])
 local g = tonumber(mu_limits[1])
 local be = tonumber(mu_limits[2])
+-- A customer whose budget's hard cap is on (field 'budget' of its request limits hash) has no
+-- best-effort bucket: what its guarantee covers is admitted, nothing beyond.
+local capped = KEYS[5] ~= '' and redis.call('HGET', KEYS[5], 'budget') == '1'
+local be_rate = be
+if capped then be_rate = nil end
 
 local scopes = {}
 for i, name in ipairs({'customer', 'api_key'}) do
@@ -254,8 +259,10 @@ for _, s in ipairs(scopes) do
 end
 if limit == '' then
   local _
-  class, g_mu, _, wait = gcra_split(KEYS[2], KEYS[3], g, be, now, cost, burst_ms, ttl_ms)
-  if class == 'refused' then
+  class, g_mu, _, wait = gcra_split(KEYS[2], KEYS[3], g, be_rate, now, cost, burst_ms, ttl_ms)
+  if class == 'refused' and capped then
+    limit, scope = 'budget', 'customer'
+  elseif class == 'refused' then
     limit = 'mu'
   else
     for _, s in ipairs(scopes) do
@@ -272,7 +279,8 @@ if KEYS[4] ~= '' then
   if class == 'refused' then
     -- A refusal by the MU buckets of a customer that holds a reservation is a refused
     -- *guaranteed* request: the one kind that can earn an SLA credit. A refusal by the
-    -- customer's own request limits is neither guaranteed nor best-effort demand.
+    -- customer's own request limits (or by its budget's hard cap) is neither guaranteed nor
+    -- best-effort demand.
     if limit ~= 'mu' then recorded = 'refused_limit'
     elseif g ~= nil and g > 0 then recorded = 'refused_guaranteed' end
   end
@@ -356,8 +364,9 @@ class BucketDecision:
     # Of the request's MU: the part taken from each bucket (partial spillover, bucket.split).
     guaranteed_mu: float = 0.0
     best_effort_mu: float = 0.0
-    # Refused: the limit that refused it, "mu" (the buckets) or a request limit ("rpm", "tpm",
-    # "concurrency", of the scope in limit_scope: "customer" or "api_key"); None when admitted.
+    # Refused: the limit that refused it, "mu" (the buckets), a request limit ("rpm", "tpm",
+    # "concurrency", of the scope in limit_scope: "customer" or "api_key") or "budget" (the
+    # customer's budget is spent and its hard cap refuses best-effort); None when admitted.
     limit: str | None = None
     limit_scope: str | None = None
     # Admitted under a concurrency limit: it holds a slot until `release` (or its usage event,
@@ -532,7 +541,7 @@ def queue_request_limits(
     pipe, limits: Mapping[str, Mapping[str, int]], previous: Iterable[bytes | str]
 ) -> None:
     """Queue on `pipe` the writes that make the published request limits exactly `limits`
-    (scope -> {"rpm" | "tpm" | "concurrency": int}): each scope's hash whole, the scopes
+    (scope -> {"rpm" | "tpm" | "concurrency" | "budget": int}): each scope's hash whole, the scopes
     published before and gone now deleted (`previous`: the index as read before). No TTL: a
     gateway goes on enforcing the last limits while the control plane is down."""
     gone = {s.decode() if isinstance(s, bytes) else s for s in previous} - set(limits)

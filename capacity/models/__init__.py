@@ -16,7 +16,7 @@ from capacity.models.health import (
     Replica,
 )
 from capacity.models.history import CapacitySample
-from capacity.models.request_limits import RequestLimit
+from capacity.models.request_limits import BudgetCap, RequestLimit
 from capacity.models.reservations import Reservation, ReservationChange
 from capacity.models.risk import CapacityRisk
 from capacity.models.usage import (
@@ -34,6 +34,7 @@ __all__ = [
     "AllocationDecision",
     "ActuatorKind",
     "AdmissionClass",
+    "BudgetCap",
     "CapacityRisk",
     "CapacitySample",
     "CostModel",

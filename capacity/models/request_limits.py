@@ -77,3 +77,17 @@ class RequestLimit(models.Model):
             "concurrency": self.concurrent_requests,
         }
         return {name: value for name, value in values.items() if value is not None}
+
+
+class BudgetCap(models.Model):
+    """A customer whose best-effort requests admission refuses, for the reason given: billing's
+    hard cap on a spent monthly budget sets and lifts it (billing.budgets), through
+    capacity.admission.limits.budget_cap_set, which audits and publishes every change. Requests
+    within the customer's reservation are admitted as before. A row is a cap; no row, none."""
+
+    customer = models.OneToOneField(Customer, on_delete=models.CASCADE, related_name="budget_cap")
+    reason = models.CharField(max_length=300)
+    since = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.customer} capped since {self.since:%Y-%m-%d %H:%M}"

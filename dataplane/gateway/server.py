@@ -729,7 +729,17 @@ class Gateway:
                 headers={"Retry-After": str(wait)},
             ).response(request_id)
         limit = usage.extra.get("limit")
-        if limit in _REQUEST_LIMITS:
+        if limit == "budget":
+            # The customer's budget is spent and its hard cap refuses best-effort
+            # (adm:rl:c:<customer> field `budget`); its reservation still admits.
+            error = GatewayError(
+                429,
+                "Budget reached: your monthly budget is spent and its hard cap refuses "
+                "requests beyond your reservation.",
+                code="budget_exceeded",
+                headers={"Retry-After": str(seconds)},
+            )
+        elif limit in _REQUEST_LIMITS:
             whose = "this API key's" if usage.extra.get("limit_scope") == "api_key" else "your"
             error = GatewayError(
                 429,
@@ -746,8 +756,8 @@ class Gateway:
                 code="rate_limit_exceeded",
                 headers={"Retry-After": str(seconds)},
             )
-        # Which limit bit, beside OpenAI's fields: "mu" (the MU buckets), "rpm", "tpm" or
-        # "concurrency", and whose ("customer" or "api_key").
+        # Which limit bit, beside OpenAI's fields: "mu" (the MU buckets), "rpm", "tpm",
+        # "concurrency" or "budget", and whose ("customer" or "api_key").
         error.extra = {"limit": limit or "mu", "limit_scope": usage.extra.get("limit_scope")}
         return error.response(request_id)
 

@@ -27,7 +27,7 @@ from accounts.services import api_key_create
 from benchmarking.models import BenchmarkRun
 from benchmarking.services import suite_create
 from billing.generation import invoice_generate
-from billing.models import Invoice
+from billing.models import Budget, Invoice
 from billing.rates import rate_card_create
 from capacity.health.services import degradation_policy_save
 from capacity.models import AllocationDecision, CostModel, RequestLimit, Reservation
@@ -157,6 +157,12 @@ GET /api/v1/invoices/{pk}/                               | 401  ok    ok     404
 GET /api/v1/invoices/{pk}/csv/                           | 401  ok    ok     404      ok     403     403     403   ok     403     403     403   403    403   403    ok
 GET /api/v1/invoices/{pk}/pdf/                           | 401  ok    ok     404      ok     403     403     403   ok     403     403     403   403    403   403    ok
 POST /api/v1/invoices/{pk}/issue/                        | 401  403   403    403      403    403     403     403   403    403     403     403   403    403   403    ok
+GET /api/v1/budgets/                                     | 401  ok    ok     ok       ok     403     403     403   ok     403     403     403   403    403   403    ok
+POST /api/v1/budgets/                                    | 401  403   403    403      403    403     403     403   403    403     403     403   403    403   ok     ok
+DELETE /api/v1/budgets/{pk}/                             | 401  403   403    403      403    403     403     403   403    403     403     403   403    403   ok     ok
+GET /api/v1/budgets/{pk}/                                | 401  ok    ok     404      ok     403     403     403   ok     403     403     403   403    403   403    ok
+PATCH /api/v1/budgets/{pk}/                              | 401  403   403    403      403    403     403     403   403    403     403     403   403    403   ok     ok
+GET /api/v1/budgets/{pk}/spend/                          | 401  ok    ok     404      ok     403     403     403   ok     403     403     403   403    403   403    ok
 GET /api/v1/rate-cards/                                  | 401  ok    ok     ok       ok     403     403     403   ok     403     403     403   403    403   403    ok
 POST /api/v1/rate-cards/                                 | 401  403   403    403      403    403     403     403   403    403     403     403   403    ok    403    ok
 GET /api/v1/rate-cards/{pk}/                             | 401  ok    ok     ok       ok     403     403     403   ok     403     403     403   403    403   403    ok
@@ -280,6 +286,7 @@ def world(acme, globex, owner, member, outsider, planner, served_model, gpu_type
         "/benchmark-runs/{pk}": run.pk,
         "/invoices/{pk}": Invoice.objects.get(customer=acme).pk,
         "/rate-cards/{pk}": card.pk,
+        "/budgets/{pk}": Budget.objects.create(customer=acme, monthly_amount=Decimal(100)).pk,
         "/gpu-types/{name}": gpu_type.name,
         "/gpu-pools/{name}": deployment.gpu_pool.name,
         "/models/{name}": served_model.name,
