@@ -7,6 +7,7 @@ from decimal import Decimal
 import pytest
 from drf_spectacular.generators import SchemaGenerator
 
+from billing.models import Budget
 from billing.rates import rate_card_create
 from capacity.models import Deployment, RequestLimit, Reservation
 from tests.support.factories import GpuTypeFactory
@@ -35,6 +36,7 @@ def rows(served_model, acme, sellable):
         ).pk,
         "cost-models": sellable.pk,  # activate and reject take a reason, and nothing else
         "request-limits": RequestLimit.objects.create(customer=acme, requests_per_minute=60).pk,
+        "budgets": Budget.objects.create(customer=acme, monthly_amount=Decimal(100)).pk,
     }  # fmt: skip
 
 
