@@ -12,7 +12,7 @@ import httpx
 import pytest
 import redis
 
-from capacity.admission.redis_buckets import Buckets, api_key_scope, in_flight_key
+from capacity.admission.redis_buckets import Buckets, api_key_scope, customer_scope, in_flight_key
 from tests.support.processes import free_port
 
 from . import contract as C
@@ -273,6 +273,26 @@ def test_a_keys_request_limits_bind_its_slot_frees_at_each_end_and_a_429_names_t
     assert world.rds.zcard(in_flight_key(scope)) == 0
     events = wait_for(lambda: len(usage_events(usage_server)) == 4 and usage_events(usage_server))
     assert [e["outcome"] for e in events].count("refused") == 1
+
+
+def test_a_customer_past_its_budgets_hard_cap_gets_budget_exceeded_for_best_effort(
+    served, http, usage_server
+):
+    world, gateway, _url = served
+    set_limits(world.rds, {(1, 7): (0.0, 1000.0)})  # no reservation: best-effort only
+    Buckets(world.rds, burst_seconds=10, idle_ttl_seconds=600, record_ttl_s=3600)\
+        .publish_request_limits({customer_scope(1): {"budget": 1}})  # fmt: skip
+
+    response = http.post(
+        gateway.url + "/v1/chat/completions", json=CHAT, headers=bearer(world.acme)
+    )
+
+    assert response.status_code == 429, response.text
+    error = response.json()["error"]
+    assert (error["code"], error["limit"]) == ("budget_exceeded", "budget")
+    assert "budget" in error["message"]
+    events = wait_for(lambda: usage_events(usage_server))
+    assert [e["outcome"] for e in events] == ["refused"]
 
 
 def test_best_effort_is_refused_while_the_model_is_degraded(served, http, usage_server):
