@@ -18,10 +18,37 @@ from tests.support.subprocesses import stop, wait_until_answering
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# Ports for the servers tests start: below Linux's ephemeral range (32768-60999), which the
+# kernel hands to outgoing connections and to bind(port 0), so a port chosen here and bound a
+# moment later by the server cannot have been taken meanwhile by a connection or by another
+# xdist worker's choice. Each worker (gw0, gw1, ...) owns its own slice of the range.
+_PORT_SLICE = 1500
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+_PORT_BASE = 20000 + _PORT_SLICE * (int(_WORKER[2:]) + 1 if _WORKER[2:].isdigit() else 0)
+_port_offset = 0
+
+
+def free_ports(count: int = 1) -> int:
+    """The first of `count` consecutive free ports in this worker's slice; successive calls
+    move on through the slice, so a port a test just closed is not handed out again soon."""
+    global _port_offset
+    for _ in range(_PORT_SLICE):
+        if _port_offset + count > _PORT_SLICE:
+            _port_offset = 0
+        first = _PORT_BASE + _port_offset
+        _port_offset += count
+        try:
+            for port in range(first, first + count):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return first
+    raise RuntimeError(f"no {count} consecutive free ports in {_PORT_BASE}+{_PORT_SLICE}")
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_ports(1)
 
 
 def emulator_command(config_path, port: int, *args: str) -> list[str]:

@@ -13,6 +13,7 @@ import pytest
 
 from dataplane.supervisor.server import make_server
 from dataplane.supervisor.supervisor import ProcessSupervisor
+from tests.support.processes import free_ports
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -41,20 +42,7 @@ OTHER_ENGINES = {
 
 def free_port_range(count: int) -> int:
     """A base port with `count` consecutive free ports."""
-    for _ in range(50):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            base_port = sock.getsockname()[1]
-        if base_port + count > 65535:
-            continue
-        try:
-            for port in range(base_port, base_port + count):
-                with socket.socket() as sock:
-                    sock.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base_port
-    raise RuntimeError(f"no {count} consecutive free ports")
+    return free_ports(count)
 
 
 def wait_until(predicate, *, timeout_seconds: float = 15.0, what: str = "condition", detail=None):
