@@ -25,8 +25,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from sklearn.linear_model import LinearRegression
-from sklearn.model_selection import KFold
 
 from capacity.pricing.features import (
     FEATURES,
@@ -141,6 +139,10 @@ def _fit_weights(x: np.ndarray, replica_seconds: np.ndarray) -> np.ndarray:
     # far more reliably on unit-norm columns. A positive rescaling keeps w ≥ 0 equivalent.
     column_norms = np.linalg.norm(scaled, axis=0)
     column_norms[column_norms == 0] = 1.0
+    # Imported here: scikit-learn costs every process that loads the URL conf ~0.4 s at start
+    # (gunicorn and Celery workers, management commands), and only fits need it.
+    from sklearn.linear_model import LinearRegression
+
     model = LinearRegression(positive=True, fit_intercept=False)
     model.fit(scaled / column_norms, np.ones(len(replica_seconds)))
     return np.maximum(model.coef_ / column_norms, 0.0)
@@ -168,6 +170,8 @@ def _group_splits(
     if n_splits >= len(group_ids):
         folds = [(np.delete(group_ids, i), group_ids[i : i + 1]) for i in range(len(group_ids))]
     else:
+        from sklearn.model_selection import KFold
+
         kfold = KFold(n_splits=n_splits, shuffle=True, random_state=seed)
         folds = [(group_ids[a], group_ids[b]) for a, b in kfold.split(group_ids)]
     return [

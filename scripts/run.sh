@@ -56,10 +56,11 @@ trap cleanup INT TERM EXIT
 
 $BIN/python scripts/services.py redis
 $BIN/python manage.py migrate --noinput
-$BIN/python manage.py collectstatic --noinput --verbosity 0
-$BIN/python manage.py create_planner "$DEMO_PLANNER" --skip-password-validation
+# migrate ran Django's system checks; the commands after it skip them (~1.5 s each).
+$BIN/python manage.py collectstatic --noinput --verbosity 0 --skip-checks
+$BIN/python manage.py create_planner "$DEMO_PLANNER" --skip-password-validation --skip-checks
 echo "== demo data"
-SEED_OUTPUT="$($BIN/python manage.py seed_demo --emulator-url "http://$HOST:$EMULATOR_PORT" \
+SEED_OUTPUT="$($BIN/python manage.py seed_demo --skip-checks --emulator-url "http://$HOST:$EMULATOR_PORT" \
   --supervisor-url "http://$HOST:$SUPERVISOR_PORT" --replica-base-port "$REPLICA_BASE_PORT")"
 printf '%s\n' "$SEED_OUTPUT"
 # The keys' secrets are shown once, on the terminal, and kept in this process's memory only:
@@ -72,7 +73,7 @@ GATEWAY_SERVICE_KEY="$(seed_key 'Service  *gateway')"
 export GATEWAY_SERVICE_KEY
 DEMO_CUSTOMER_KEY="$(seed_key 'Customer acme')"
 GLOBEX_KEY="$(seed_key 'Customer globex')"
-$BIN/python manage.py setup_periodic_tasks
+$BIN/python manage.py setup_periodic_tasks --skip-checks
 
 # The engine emulator stands in for the data plane (a vLLM fleet) in the demo, with priority
 # scheduling, as seed_demo's priority_scheduling=True on its deployments says (admission's

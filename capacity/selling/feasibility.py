@@ -30,11 +30,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from scipy import sparse
-from scipy.optimize import linprog
+
+if TYPE_CHECKING:
+    from scipy import sparse
 
 # MU/min below this, relative to the sold total, is the solver's rounding, not a shortfall.
 RELATIVE_TOLERANCE = 1e-7
@@ -202,6 +203,9 @@ class Programme:
         self.pools = [by_id[pool_id] for pool_id in pool_ids]
         pool_row = {pool_id: i for i, pool_id in enumerate(pool_ids)}
         n_units = len(self.units)
+        # Imported on first use: SciPy costs every process that loads the URL conf ~0.2 s.
+        from scipy import sparse
+
         self.gpus = sparse.csr_matrix(
             (
                 [float(unit.gpus_per_replica) for unit in self.units],
@@ -228,6 +232,8 @@ class Programme:
             return Shortfall(np.zeros((0, n_models)), ())
         # Per moment: [x (units), s (models)]; rows [pools, models]:
         #   G x ≤ G_p    and    −R x − s ≤ −sold
+        from scipy import sparse
+
         block = sparse.bmat(
             [
                 [self.gpus, sparse.csr_matrix((n_pools, n_models))],
@@ -265,6 +271,8 @@ class Programme:
         target = self.model_index[model_id]
         rows = n_pools + n_models
         # Per moment: [x (units)] rows [pools, models]; one shared z:  −R_m x + z ≤ −sold_m.
+        from scipy import sparse
+
         block = sparse.vstack([self.gpus, -self.rates], format="csr")
         stacked = sparse.kron(sparse.identity(moments, format="csr"), block, format="csr")
         z_rows = np.arange(moments) * rows + n_pools + target
@@ -330,6 +338,8 @@ def _solve(
     infeasible_ok: bool = False,
 ) -> Any:
     """HiGHS's answer (an OptimizeResult); None for an infeasible one when that is an answer."""
+
+    from scipy.optimize import linprog
 
     result = linprog(cost, A_ub=a_ub, b_ub=b_ub, bounds=bounds, method="highs")
     if result.status == 2 and infeasible_ok:

@@ -569,7 +569,11 @@ class ProcessSupervisor:
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT if log_file is not None else None,
-                start_new_session=True,
+                # A process group of its own (signalled whole: the engine and its workers),
+                # in the supervisor's session: Linux's autogroup scheduling shares the CPU
+                # equally between sessions, so an engine in a new session would escape the
+                # priority (nice) the operator gave the supervisor.
+                process_group=0,
             )
         except OSError as error:
             replica.last_error = f"cannot start {argv[0]!r}: {error}"
@@ -763,7 +767,7 @@ class ProcessSupervisor:
 
 
 def _signal_group(process: subprocess.Popen[bytes], signum: int) -> None:
-    # start_new_session made the engine its group's leader, so its pid is the group id.
+    # process_group=0 made the engine its group's leader, so its pid is the group id.
     with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is gone
         os.killpg(process.pid, signum)
 

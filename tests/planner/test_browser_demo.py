@@ -136,7 +136,7 @@ def red_boxes(page) -> list[str]:
     return [text.strip() for text in page.locator(RED).all_inner_texts()]
 
 
-@pytest.mark.slow(seconds=90)
+@pytest.mark.serial
 def test_a_fresh_demo_shows_data_decisions_and_no_red_box_within_two_minutes(chromium, tmp_path):
     started = time.monotonic()
     deadline = started + WITHIN_SECONDS
