@@ -1,4 +1,5 @@
-"""One sale checked jointly (the linear programme), beside the per-model check it replaced.
+"""One sale checked jointly (whole replicas; the figures keep their `joint_lp` names), beside the
+per-model check it replaced.
 
 50 models on 20 GPU pools of 64 GPUs, each model deployed on two pools (model i on pools i mod
 20 and (i + 7) mod 20: every model shares pools, so all 50 are one group to check and lock),

@@ -127,8 +127,10 @@ class PointResult:
     # lateness), which every response waits behind before its time is read.
     client_lag_mean_ms: float | None = None
     client_lag_p99_ms: float | None = None
-    # How many of the endpoints' engines counted requests during the point.
+    # How many of the endpoints' engines counted requests during the point, and the base
+    # URLs of those whose own counter (vllm:request_success) did not move.
     engines_measured: int | None = None
+    engines_silent: tuple[str, ...] = ()
     # The shape's prefix share and images per request (GridShape), the mean prompt tokens
     # the engines counted, and the share of them their prefix caches served over the point
     # (vllm:prefix_cache_hits / vllm:prefix_cache_queries, read before and after it).
@@ -694,7 +696,7 @@ async def measure_point(
         prefix_share=prefix_share,
         images=images,
         prompt_tokens_mean=sum(r.prompt_tokens for r in ok) / len(ok) if ok else None,
-        **_engine_view(ok, engines_before, engines_after),
+        **_engine_view(ok, engines_before, engines_after, endpoint.bases),
     )
 
 
@@ -707,9 +709,10 @@ async def _idle_lag_ms(ticks: int = 5) -> float:
     return sum(lags) / len(lags)
 
 
-def _engine_view(ok: list[RequestResult], before: list, after: list) -> dict:
+def _engine_view(ok: list[RequestResult], before: list, after: list, bases: Sequence[str]) -> dict:
     """The point's client and engine mean TTFT over the same requests (all the point's), and
-    how many engines served them; nothing where an engine does not expose its metrics."""
+    how many engines served them (and which did not); nothing where an engine does not expose
+    its metrics."""
     if not ok or any(b is None for b in before) or any(a is None for a in after):
         return {}
     moved = [
@@ -724,6 +727,7 @@ def _engine_view(ok: list[RequestResult], before: list, after: list) -> dict:
         else None,
         "engine_ttft_mean_ms": 1000 * sum(m[1] for m in moved) / counted if counted else None,
         "engines_measured": sum(1 for m in moved if m[0] > 0),
+        "engines_silent": tuple(base for base, m in zip(bases, moved, strict=True) if not m[0] > 0),
         # Every request of the point was admitted between the two reads: the share is the
         # point's own (None where the engines keep no prefix cache).
         "cache_hit_share": sum(m[4] for m in moved) / queried if queried else None,
@@ -761,7 +765,9 @@ async def sweep_shape(
             raise RunnerError(
                 f"only {point.engines_measured} of the {len(endpoint.urls)} benchmarked "
                 f"replicas' engines counted requests at {input_len}/{output_len}, concurrency "
-                f"{concurrency}: the measurement would not be per replica"
+                f"{concurrency}; by its own metrics (vllm:request_success) no engine served "
+                f"the requests sent to {', '.join(point.engines_silent)}: the measurement "
+                "would not be per replica"
             )
         if point.error_rate > spec.max_error_rate:
             raise RunnerError(

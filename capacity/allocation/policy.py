@@ -30,7 +30,10 @@ fleet simulator run the very same code. Rules, in order:
    window (default 120 s), and not at all while no tick has recommended inside it. Unknown
    load holds the current count rather than scaling down.
 6. No demand and no reservation keeping the model warm: keep one replica until the model has
-   been idle for its deployment's `scale_to_zero_after_seconds`, then none.
+   been idle for its deployment's `scale_to_zero_after_seconds`, then none. Only a replica the
+   policy planned is kept: when the last recommendation for the deployment was none, what
+   runs there was never the customers' (a benchmark's held replicas, just released: the tick
+   plans without them) and goes, scale to zero or not.
 7. Never below min, never above max or the pool's inventory.
 
 Admission allowances: each customer's guaranteed bucket is its reservation, always (a request
@@ -357,6 +360,13 @@ def _fill(
     return max(0.0, need_mu), total_added
 
 
+def _last_recommendation(deployment: DeploymentState) -> int | None:
+    """The newest recommendation inside the window the snapshot gave, None without one."""
+    if not deployment.recent_recommendations:
+        return None
+    return min(deployment.recent_recommendations)[1]
+
+
 def decide(snapshot: Snapshot) -> Decisions:
     pool_free = {pool.pool_id: pool.gpu_count for pool in snapshot.pools}
     replicas: dict[int, int] = {}
@@ -471,10 +481,7 @@ def decide(snapshot: Snapshot) -> Decisions:
                 if keep_warm:
                     recommended = max(1, recommended)
                     why.append(Reason("keep_warm", "a reservation keeps the model warm", {}))
-                elif idle_window is None:
-                    recommended = 1
-                    why.append(Reason("never_scale_to_zero", "scale to zero is off", {}))
-                elif idle is None or idle >= idle_window:
+                elif idle_window is not None and (idle is None or idle >= idle_window):
                     why.append(
                         Reason(
                             "scale_to_zero",
@@ -482,6 +489,18 @@ def decide(snapshot: Snapshot) -> Decisions:
                             {"idle_seconds": idle},
                         )
                     )
+                elif _last_recommendation(d) == 0:
+                    why.append(
+                        Reason(
+                            "not_planned",
+                            "the last plan had no replica here for customers (those running "
+                            "were not theirs: a benchmark's, just released): none is kept warm",
+                            {},
+                        )
+                    )
+                elif idle_window is None:
+                    recommended = 1
+                    why.append(Reason("never_scale_to_zero", "scale to zero is off", {}))
                 else:
                     recommended = 1
                     why.append(

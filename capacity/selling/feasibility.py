@@ -4,10 +4,10 @@ Pure: plain data in, numbers out (numpy and SciPy's HiGHS, no Django), so sellin
 catalogue's and pricing's re-checks, the allocation tick and the bench all ask the same
 programme.
 
-Sold capacity is feasible at a moment when some split of every pool's GPUs among the
-deployments on it serves every model's sold MU/min then:
+Sold capacity is feasible at a moment when some assignment of every pool's GPUs to the
+deployments on it, in whole replicas, serves every model's sold MU/min then:
 
-    variables   x_d ≥ 0          replicas of deployment d (a continuous relaxation: see below)
+    variables   x_d ∈ {0, 1, 2, …}   replicas of deployment d
     per pool    Σ_{d in p} g_d x_d ≤ G_p                   (GPUs)
     per d       x_d ≤ min(max_replicas_d, ⌊G_p / g_d⌋)
     per model   Σ_{d of m} r_d x_d ≥ sold_m                (r_d: the MU/min a replica mints,
@@ -16,32 +16,49 @@ deployments on it serves every model's sold MU/min then:
 Models that share no pool, directly or through other models, never compete: the check runs
 per connected component of the model–pool graph (`connected_models`).
 
-The relaxation lets two models share a replica's worth of a pool; it can overstate what is
-sellable by less than one replica per deployment that shares its pool with another, which a
-model's headroom covers. The bound ⌊G_p / g_d⌋ keeps a lone deployment whole.
+Two programmes answer. The mixed-integer one above (HiGHS's branch and bound, `milp`) decides:
+whether a sale fits (`whole_fits`) and how much a model can still take (`whole_available`).
+Its linear relaxation (x_d ≥ 0 real, `linprog`) explains: its duals name the pools and
+deployments that bind, and it screens (a sale the relaxation refuses, whole replicas refuse
+too). The relaxation alone would let two models split a replica's GPUs: 405 + 157.5 MU/min of
+two models on one 8-GPU pool fit it fractionally (4.5 replicas of 1 GPU, 1.75 of 2) and need 9
+whole GPUs. The least unserved MU/min of what is already sold (`shortfall`: the at-risk
+re-checks, the oversold state, the tick) is still the relaxation's: it can understate a
+shortfall by less than one replica per deployment that shares its pool with another.
 
 The moments checked are the first moment of the span and every start of a reservation in it:
 the sold total only rises there. A moment whose sold vector is at or below another's in every
-model needs no check of its own (`pareto_moments`), and the componentwise maximum over the span
-is tried first: when it fits, every moment fits (one small programme, the common case).
+model needs no check of its own (`pareto_moments`). Each mixed-integer programme is one
+moment's, small (a model's group of pools and deployments): the componentwise maximum of a
+set of moments dominates each of them, so it is tried first for the whole span (when it fits,
+every moment fits: one programme, the common case) and a set whose maximum does not fit is
+split in two. A branch and bound over moments that takes longer than WHOLE_REPLICAS_SECONDS
+stops undecided (None), and the caller falls back to the relaxation's answer.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from functools import cached_property
+from typing import Any
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from scipy import sparse
+from scipy import sparse
+from scipy.optimize import Bounds, LinearConstraint, linprog, milp
 
 # MU/min below this, relative to the sold total, is the solver's rounding, not a shortfall.
 RELATIVE_TOLERANCE = 1e-7
 ABSOLUTE_TOLERANCE_MU = 1e-6
 # A dual value (MU/min per GPU, or per replica) this small says the constraint does not bind.
 MARGINAL_TOLERANCE = 1e-9
+# The most one whole-replica answer (every moment of a span) may take; past it, undecided.
+WHOLE_REPLICAS_SECONDS = 2.0
+
+
+class Undecided(Exception):
+    """The branch and bound ran out of WHOLE_REPLICAS_SECONDS before it could answer."""
 
 
 @dataclass(frozen=True)
@@ -203,9 +220,6 @@ class Programme:
         self.pools = [by_id[pool_id] for pool_id in pool_ids]
         pool_row = {pool_id: i for i, pool_id in enumerate(pool_ids)}
         n_units = len(self.units)
-        # Imported on first use: SciPy costs every process that loads the URL conf ~0.2 s.
-        from scipy import sparse
-
         self.gpus = sparse.csr_matrix(
             (
                 [float(unit.gpus_per_replica) for unit in self.units],
@@ -232,8 +246,6 @@ class Programme:
             return Shortfall(np.zeros((0, n_models)), ())
         # Per moment: [x (units), s (models)]; rows [pools, models]:
         #   G x ≤ G_p    and    −R x − s ≤ −sold
-        from scipy import sparse
-
         block = sparse.bmat(
             [
                 [self.gpus, sparse.csr_matrix((n_pools, n_models))],
@@ -271,8 +283,6 @@ class Programme:
         target = self.model_index[model_id]
         rows = n_pools + n_models
         # Per moment: [x (units)] rows [pools, models]; one shared z:  −R_m x + z ≤ −sold_m.
-        from scipy import sparse
-
         block = sparse.vstack([self.gpus, -self.rates], format="csr")
         stacked = sparse.kron(sparse.identity(moments, format="csr"), block, format="csr")
         z_rows = np.arange(moments) * rows + n_pools + target
@@ -303,6 +313,134 @@ class Programme:
             moment,
             self._binding(marginals[moment, :n_pools], upper_marginals[moment], x[moment]),
         )
+
+    # --- Whole replicas: the decision ---------------------------------------------------
+
+    def whole_fits(
+        self,
+        demand: np.ndarray,
+        model_id: int,
+        mu_per_minute: float,
+        *,
+        hint: int | None = None,
+        seconds: float = WHOLE_REPLICAS_SECONDS,
+    ) -> bool | None:
+        """Whether adding `mu_per_minute` to `model_id` at every moment (rows of `demand`)
+        leaves each moment servable in whole replicas; None when undecided in `seconds`. A set
+        of moments is checked at its componentwise maximum, and split in two when that does
+        not fit: a moment that does not fit alone refuses. `hint`: the moment to try first
+        (where the relaxation binds: the likeliest to refuse)."""
+        added = demand.copy()
+        added[:, self.model_index[model_id]] += mu_per_minute
+        deadline = time.monotonic() + seconds
+        pending = [np.arange(added.shape[0])]
+        try:
+            if hint is not None and self._whole(added[hint], None, deadline) is None:
+                return False
+            while pending:
+                subset = pending.pop()
+                if self._whole(added[subset].max(axis=0), None, deadline) is not None:
+                    continue
+                if subset.size == 1:
+                    return False
+                half = subset.size // 2
+                pending += [subset[half:], subset[:half]]
+        except Undecided:
+            return None
+        return True
+
+    def whole_available(
+        self,
+        demand: np.ndarray,
+        model_id: int,
+        *,
+        hint: int | None = None,
+        seconds: float = WHOLE_REPLICAS_SECONDS,
+    ) -> tuple[float | None, int] | None:
+        """The most MU/min an addition to `model_id` gets at every moment in whole replicas,
+        others met, and the moment (row of `demand`) where it binds: (None, row) when the
+        others' sales cannot all be served there; None when undecided in `seconds`.
+
+        A branch and bound over moments: what fits at a set's componentwise maximum is a lower
+        bound for each of its moments, and a set whose bound is no better than the best single
+        moment found is not split. `hint`: the moment to try first (the relaxation's)."""
+        column = self.model_index[model_id]
+        deadline = time.monotonic() + seconds
+        best, best_row = np.inf, 0
+        pending = [np.arange(demand.shape[0])]
+        try:
+            if hint is not None:
+                value = self._whole(demand[hint], column, deadline)
+                best, best_row = (-np.inf if value is None else value), hint
+            while pending:
+                subset = pending.pop()
+                value = self._whole(demand[subset].max(axis=0), column, deadline)
+                bound = -np.inf if value is None else value
+                if subset.size == 1:
+                    if bound < best:
+                        best, best_row = bound, int(subset[0])
+                    continue
+                if bound >= best:
+                    continue
+                half = subset.size // 2
+                pending += [subset[half:], subset[:half]]
+        except Undecided:
+            return None
+        return (None if best == -np.inf else float(best)), best_row
+
+    @cached_property
+    def _whole_rows(self) -> sparse.csr_matrix:
+        """[pools; models] × units: G x ≤ G_p over −R x ≤ −sold."""
+        return sparse.vstack([self.gpus, -self.rates], format="csr")
+
+    def _whole(self, sold: np.ndarray, column: int | None, deadline: float) -> float | None:
+        """One moment in whole replicas. With `column`: the most MU/min that model gets beyond
+        its `sold`, the others' met (None when they cannot be). Without: 0.0 when `sold` is
+        servable, None when not. Undecided when the deadline passes."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise Undecided
+        n_units, n_pools = len(self.units), len(self.pools)
+        # Within the solver's rounding, an exact fit fits (the others' sales; what the model
+        # itself gets is the answer, not a need).
+        need = sold - tolerance(float(sold.sum()))
+        if column is not None:
+            need[column] = sold[column]
+        b = np.concatenate([self.gpu_counts, -need])
+        if column is None:
+            if n_units == 0:
+                return 0.0 if (b[n_pools:] >= 0).all() else None
+            a = self._whole_rows
+            cost = np.zeros(n_units)
+            bounds = Bounds(np.zeros(n_units), self.upper)
+            integrality = np.ones(n_units)
+        else:
+            # [x, z]: z ≤ R_m x − sold_m, maximised.
+            z = sparse.csr_matrix(
+                ([1.0], ([n_pools + column], [0])), shape=(n_pools + len(self.model_ids), 1)
+            )
+            a = sparse.hstack([self._whole_rows, z], format="csr")
+            cost = np.zeros(n_units + 1)
+            cost[-1] = -1.0
+            bounds = Bounds(
+                np.concatenate([np.zeros(n_units), [-np.inf]]),
+                np.concatenate([self.upper, [np.inf]]),
+            )
+            integrality = np.concatenate([np.ones(n_units), [0.0]])
+        result = milp(
+            cost,
+            constraints=LinearConstraint(a, -np.inf, b),
+            bounds=bounds,
+            integrality=integrality,
+            options={"time_limit": remaining},
+        )
+        if result.status == 2:
+            return None
+        if result.status == 1:
+            raise Undecided
+        if result.status != 0:
+            raise RuntimeError(f"the whole-replica programme failed: {result.message}")
+        return 0.0 if column is None else float(-result.fun)
 
     def _binding(
         self, pool_marginals: np.ndarray, upper_marginals: np.ndarray, replicas: np.ndarray
@@ -338,8 +476,6 @@ def _solve(
     infeasible_ok: bool = False,
 ) -> Any:
     """HiGHS's answer (an OptimizeResult); None for an infeasible one when that is an answer."""
-
-    from scipy.optimize import linprog
 
     result = linprog(cost, A_ub=a_ub, b_ub=b_ub, bounds=bounds, method="highs")
     if result.status == 2 and infeasible_ok:

@@ -3,9 +3,9 @@
 Every write that can grow what is sold first locks the rows of the served model and of every
 model that shares a GPU pool with it (in id order: `lock_models_sharing_pools`), so
 concurrent sales of models that compete for GPUs are checked one after another against the
-same numbers. A sale is checked jointly with the other models' sales, as a linear programme
+same numbers. A sale is checked jointly with the other models' sales, in whole replicas
 (capacity.selling.feasibility); one that does not fit at every moment of its term is refused
-with the shortfall and the pools (or deployments) that bind.
+with the shortfall and the pools (or deployments) that bind (the linear relaxation's duals).
 """
 
 from datetime import datetime, timedelta

@@ -9,11 +9,13 @@ there best MU per GPU first, each up to its max replicas, as if no other model u
 
 Sellable capacity is joint: models that share a pool (directly or through other models)
 compete for its GPUs, so what a model can sell is what remains *given the other models'
-sales*, found by the linear programme of `capacity.selling.feasibility` over the group of
-models that share pools with it (`models_sharing_pools`). Selling locks that whole group's
-rows (`lock_models_sharing_pools`), in id order.
+sales*, in whole replicas, found by the programmes of `capacity.selling.feasibility` over the
+group of models that share pools with it (`models_sharing_pools`). Selling locks that whole
+group's rows (`lock_models_sharing_pools`), in id order.
 """
 
+import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -28,6 +30,7 @@ from capacity.pricing.cost_models import active_cost_model
 from capacity.pricing.exchange import DEFAULT_MIX, MeanShape
 from capacity.pricing.exchange import replica_mu_per_minute as exchange_rate
 from capacity.selling.feasibility import (
+    WHOLE_REPLICAS_SECONDS,
     Available,
     PoolSpec,
     Programme,
@@ -38,6 +41,8 @@ from capacity.selling.feasibility import (
     pareto_moments,
     tolerance,
 )
+
+logger = logging.getLogger(__name__)
 
 MIX_LOOKBACK = timedelta(hours=1)
 
@@ -420,28 +425,86 @@ def sold_moments(
     )
 
 
-def available_for(fleet: JointFleet, sold: SoldMoments, model_id: int) -> Available:
-    """The most MU/min an open-ended addition to the model fits at every moment of `sold`
-    (checked at every moment that no other dominates); its moment indexes `sold.moments`."""
-    if sold.demand.shape[0] == 1:
-        return fleet.programme.available(sold.demand, model_id)
-    kept = pareto_moments(sold.demand)
-    exact = fleet.programme.available(sold.demand[kept], model_id)
-    return Available(exact.mu_per_minute, int(kept[exact.moment_index]), exact.binding)
+def _kept(demand: np.ndarray) -> np.ndarray:
+    return np.arange(1) if demand.shape[0] == 1 else pareto_moments(demand)
+
+
+def whole_available(
+    fleet: JointFleet,
+    demand: np.ndarray,
+    model_id: int,
+    *,
+    seconds: float = WHOLE_REPLICAS_SECONDS,
+) -> Available:
+    """The most MU/min an open-ended addition to the model gets in whole replicas at every
+    moment (rows of `demand`, none dominated by another), its moment, and what binds there
+    (the relaxation's duals). The relaxation's answer when whole replicas stay undecided in
+    `seconds` (none: the relaxation's at once)."""
+    programme = fleet.programme
+    relaxed = programme.available(demand, model_id)
+    if relaxed.mu_per_minute is None or seconds <= 0:
+        return relaxed  # the others' sales do not fit even in split replicas
+    whole = programme.whole_available(demand, model_id, hint=relaxed.moment_index, seconds=seconds)
+    if whole is None:
+        logger.warning(
+            "whole replicas undecided in %.1f s for %s (%d moments): the relaxation's %s MU/min",
+            seconds,
+            fleet.model_names.get(model_id, model_id),
+            demand.shape[0],
+            relaxed.mu_per_minute,
+        )
+        return relaxed
+    value, row = whole
+    binding = (
+        relaxed.binding
+        if row == relaxed.moment_index
+        else programme.available(demand[row : row + 1], model_id).binding
+    )
+    return Available(value, row, binding)
+
+
+def available_for(
+    fleet: JointFleet,
+    sold: SoldMoments,
+    model_id: int,
+    *,
+    seconds: float = WHOLE_REPLICAS_SECONDS,
+) -> Available:
+    """The most MU/min an open-ended addition to the model fits at every moment of `sold`, in
+    whole replicas (checked at every moment that no other dominates); its moment indexes
+    `sold.moments`."""
+    kept = _kept(sold.demand)
+    found = whole_available(fleet, sold.demand[kept], model_id, seconds=seconds)
+    return Available(found.mu_per_minute, int(kept[found.moment_index]), found.binding)
 
 
 def fits(fleet: JointFleet, sold: SoldMoments, model_id: int, mu_per_minute: float) -> bool:
-    """Whether adding `mu_per_minute` to the model leaves every moment feasible: the quick
-    check at the peak first, the exact one only when the quick one cannot tell."""
+    """Whether adding `mu_per_minute` to the model leaves every moment servable in whole
+    replicas: at the peak of the span first (one small programme: the common case), then, when
+    that does not fit, the relaxation over every moment (what it refuses, whole replicas
+    refuse too) and whole replicas moment by moment."""
     programme = fleet.programme
     slack = tolerance(float(sold.demand.sum(axis=1).max(initial=0.0)) + mu_per_minute)
-    quick = programme.available(sold.demand.max(axis=0, keepdims=True), model_id)
-    if quick.mu_per_minute is not None and quick.mu_per_minute >= mu_per_minute - slack:
-        return True
-    if sold.demand.shape[0] == 1:
+    if sold.demand.shape[0] > 1:
+        peak = sold.demand.max(axis=0, keepdims=True)
+        if programme.whole_fits(peak, model_id, mu_per_minute - slack):
+            return True
+    kept = sold.demand[_kept(sold.demand)]
+    relaxed = programme.available(kept, model_id)
+    if relaxed.mu_per_minute is None or relaxed.mu_per_minute < mu_per_minute - slack:
         return False
-    exact = programme.available(sold.demand[pareto_moments(sold.demand)], model_id)
-    return exact.mu_per_minute is not None and exact.mu_per_minute >= mu_per_minute - slack
+    whole = programme.whole_fits(kept, model_id, mu_per_minute - slack, hint=relaxed.moment_index)
+    if whole is None:
+        logger.warning(
+            "whole replicas undecided in %s s for a sale of %s MU/min of %s (%d moments): "
+            "the relaxation's answer (fits)",
+            WHOLE_REPLICAS_SECONDS,
+            mu_per_minute,
+            fleet.model_names.get(model_id, model_id),
+            kept.shape[0],
+        )
+        return True
+    return whole
 
 
 @dataclass(frozen=True)
@@ -462,32 +525,54 @@ def joint_capacity(
     model_ids: Iterable[int], *, now: datetime | None = None
 ) -> dict[int, JointCapacity]:
     """Per model: what it could have sold now given the others' sales now, and what an
-    open-ended sale from now could still take (never below 0). Each group of models that
-    share pools is read once."""
+    open-ended sale from now could still take (never below 0), in whole replicas. Each group
+    of models that share pools is read once. The figures of all the models share one
+    WHOLE_REPLICAS_SECONDS (the tick records them every minute): those left when it has run
+    out are the relaxation's."""
     now = now or timezone.now()
     wanted = set(model_ids)
     group_ids = models_sharing_pools(wanted)
     edges = deployment_edges()
     result: dict[int, JointCapacity] = {}
+    deadline = time.monotonic() + WHOLE_REPLICAS_SECONDS
+    relaxed_only = []
+
+    def left() -> float:
+        return deadline - time.monotonic()
+
     for group in components(edges, group_ids):
         if not group & wanted:
             continue
         fleet = joint_fleet(group, now=now)
         sold = sold_moments(fleet, start=now)
         for model_id in sorted(group & wanted):
+            if left() <= 0:
+                relaxed_only.append(fleet.model_names[model_id])
             column = fleet.programme.model_index[model_id]
             now_demand = sold.demand[:1]
-            at_now = fleet.programme.available(now_demand, model_id)
+            at_now = whole_available(fleet, now_demand, model_id, seconds=left())
             if at_now.mu_per_minute is None:
-                at_now = fleet.programme.available(_servable(fleet, now_demand, model_id), model_id)
-            horizon = available_for(fleet, sold, model_id)
+                at_now = whole_available(
+                    fleet, _servable(fleet, now_demand, model_id), model_id, seconds=left()
+                )
+            horizon = available_for(fleet, sold, model_id, seconds=left())
             if horizon.mu_per_minute is None:
-                kept = sold.demand[pareto_moments(sold.demand)]
-                horizon = fleet.programme.available(_servable(fleet, kept, model_id), model_id)
+                kept = sold.demand[_kept(sold.demand)]
+                horizon = whole_available(
+                    fleet, _servable(fleet, kept, model_id), model_id, seconds=left()
+                )
             result[model_id] = JointCapacity(
                 sellable_mu_per_minute=max(
                     0.0, float(now_demand[0, column]) + (at_now.mu_per_minute or 0.0)
                 ),
                 available_mu_per_minute=max(0.0, horizon.mu_per_minute or 0.0),
             )
+    if relaxed_only:
+        logger.warning(
+            "sellable figures of %d model(s) are the relaxation's (split replicas): whole "
+            "replicas took over %s s for the others (%s)",
+            len(relaxed_only),
+            WHOLE_REPLICAS_SECONDS,
+            ", ".join(relaxed_only[:10]),
+        )
     return result

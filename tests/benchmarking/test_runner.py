@@ -4,6 +4,7 @@ import asyncio
 import json
 import threading
 
+import httpx
 import pytest
 from aiohttp import web
 
@@ -53,11 +54,14 @@ def emulator():
 
 class _FlakyServer:
     """Streams a valid completion, except every `fail_every`-th request gets a 500 (or never
-    answers, to exercise timeouts)."""
+    answers, to exercise timeouts). With `idle_metrics` it also answers /metrics with vLLM's
+    counters, which never move: what a URL in front of some other engine (a proxy, a stale
+    address) shows."""
 
-    def __init__(self, *, fail_every: int, hang: bool = False):
+    def __init__(self, *, fail_every: int, hang: bool = False, idle_metrics: bool = False):
         self.fail_every = fail_every
         self.hang = hang
+        self.idle_metrics = idle_metrics
         self.count = 0
         self.prompts: set[tuple[int, ...]] = set()
         self.url = ""
@@ -81,10 +85,21 @@ class _FlakyServer:
         await response.write(b"data: [DONE]\n\n")
         return response
 
+    async def metrics(self, request):
+        return web.Response(
+            text="# TYPE vllm:request_success_total counter\n"
+            'vllm:request_success_total{model_name="tiny"} 0.0\n'
+            "# TYPE vllm:time_to_first_token_seconds histogram\n"
+            'vllm:time_to_first_token_seconds_count{model_name="tiny"} 0.0\n'
+            'vllm:time_to_first_token_seconds_sum{model_name="tiny"} 0.0\n'
+        )
+
     def _serve(self):
         loop = asyncio.new_event_loop()
         app = web.Application()
         app.router.add_post("/v1/completions", self.completions)
+        if self.idle_metrics:
+            app.router.add_get("/metrics", self.metrics)
         app_runner = web.AppRunner(app, shutdown_timeout=0.5)
         loop.run_until_complete(app_runner.setup())
         site = web.TCPSite(app_runner, "127.0.0.1", 0)
@@ -189,6 +204,64 @@ def test_the_runner_sends_no_load_where_its_policy_refuses():
             runner.run_grid(host_policy=only_the_lab, base_url=server.url, model="m", spec=spec())
         )
     assert server.count == 0
+
+
+def test_two_replicas_are_measured_and_their_prefix_cache_hits_read_from_both_engines():
+    # Restored from ea572b4 (backed out with the features branch in c831cf1), on today's
+    # GridShape: a run over two held replicas reads every engine's counters, so each must
+    # count requests, and the hit share is the shape's whichever replica served a request.
+    config = parse_config({"seed": 1, "models": [TINY]})
+    shared = runner.GridShape(256, 8, prefix_share=0.5)
+    with BackgroundEmulator(config) as first, BackgroundEmulator(config) as second:
+        (shape,) = asyncio.run(
+            runner.run_grid(
+                host_policy=LOOPBACK,
+                base_url=[first.url, second.url],
+                model="tiny",
+                spec=spec(grid=(shared,), concurrency_start=4, max_concurrency=4),
+            )
+        )
+        hits = [_counter(engine.url, "vllm:prefix_cache_hits_total") for engine in (first, second)]
+    point = shape.sustainable
+    assert point.engines_measured == 2 and point.engines_silent == ()
+    assert all(hit > 0 for hit in hits), hits  # both engines' caches served the prefix
+    # 128 shared tokens, eight full blocks: hit by every request but each engine's first.
+    assert point.cache_hit_share == pytest.approx(0.5, rel=0.03)
+    assert point.cached_input_tokens == pytest.approx(128, rel=0.03)
+
+
+def test_a_url_whose_engine_counts_none_of_its_requests_stops_the_run_naming_it(emulator):
+    # Two URLs, one of them served by no engine that counts (its /metrics never moves): the
+    # throughput could not be divided per replica, so the runner stops at the first point.
+    with (
+        _FlakyServer(fail_every=10**9, idle_metrics=True) as stranger,
+        pytest.raises(runner.RunnerError) as raised,
+    ):
+        asyncio.run(
+            runner.run_grid(
+                host_policy=LOOPBACK,
+                base_url=[emulator.url, stranger.url],
+                model="tiny",
+                spec=spec(),
+            )
+        )
+    message = str(raised.value)
+    assert message.startswith(
+        "only 1 of the 2 benchmarked replicas' engines counted requests at 64/32, concurrency 2"
+    )
+    assert f"no engine served the requests sent to {stranger.url}:" in message
+    assert emulator.url not in message
+    assert "would not be per replica" in message
+    assert stranger.count > 1  # it was sent its lanes' share of the load
+
+
+def _counter(url: str, name: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=5).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") or line.startswith(name + " ")
+    )
 
 
 def test_a_point_of_hundreds_of_streams_is_spread_over_client_processes_counting_each_once():

@@ -333,3 +333,56 @@ def test_bad_limits_are_a_clear_400_or_409_naming_the_field(acme, globex, make_k
     )
     assert again.status_code == 409
     assert "customer" in again.json()["error"]["fields"]
+
+
+def test_limits_saved_in_the_admin_are_audited_and_published_like_the_apis(
+    acme, client, django_user_model, clean_admission, django_capture_on_commit_callbacks
+):
+    client.force_login(django_user_model.objects.create_superuser("root", "r@example.com", "pw"))
+    published = request_limits_key(customer_scope(acme.pk))
+
+    with django_capture_on_commit_callbacks(execute=True):
+        added = client.post(
+            "/admin/capacity/requestlimit/add/",
+            {"customer": acme.pk, "api_key": "", "requests_per_minute": 60,
+             "tokens_per_minute": "", "concurrent_requests": 4},
+        )  # fmt: skip
+    assert added.status_code == 302, added.content.decode()[-2000:]
+    limit = RequestLimit.objects.get(customer=acme, api_key=None)
+    assert clean_admission.hgetall(published) == {b"rpm": b"60", b"concurrency": b"4"}
+    created = AuditEntry.objects.get(action="request_limit.create")
+    assert created.actor == "user:root"
+    assert created.after == {"api_key": None, "requests_per_minute": 60,
+                             "tokens_per_minute": None, "concurrent_requests": 4}  # fmt: skip
+    assert limit.updated_by == "user:root"
+
+    with django_capture_on_commit_callbacks(execute=True):
+        changed = client.post(
+            f"/admin/capacity/requestlimit/{limit.pk}/change/",
+            {"requests_per_minute": "", "tokens_per_minute": 5000, "concurrent_requests": 4},
+        )
+    assert changed.status_code == 302, changed.content.decode()[-2000:]
+    assert clean_admission.hgetall(published) == {b"tpm": b"5000", b"concurrency": b"4"}
+    updated = AuditEntry.objects.get(action="request_limit.update")
+    assert (updated.actor, updated.before, updated.after) == (
+        "user:root",
+        {"requests_per_minute": 60, "tokens_per_minute": None},
+        {"requests_per_minute": None, "tokens_per_minute": 5000},
+    )
+
+    # A row that limits nothing is refused with the services' reason, and nothing changes.
+    with django_capture_on_commit_callbacks(execute=True):
+        empty = client.post(
+            f"/admin/capacity/requestlimit/{limit.pk}/change/",
+            {"requests_per_minute": "", "tokens_per_minute": "", "concurrent_requests": ""},
+        )
+    assert empty.status_code == 200
+    assert "Set at least one of requests_per_minute" in empty.content.decode()
+    assert clean_admission.hgetall(published) == {b"tpm": b"5000", b"concurrency": b"4"}
+    assert AuditEntry.objects.filter(action__startswith="request_limit.").count() == 2
+
+    with django_capture_on_commit_callbacks(execute=True):
+        deleted = client.post(f"/admin/capacity/requestlimit/{limit.pk}/delete/", {"post": "yes"})
+    assert deleted.status_code == 302
+    assert not clean_admission.exists(published)
+    assert AuditEntry.objects.get(action="request_limit.delete").actor == "user:root"

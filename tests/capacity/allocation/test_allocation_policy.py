@@ -210,6 +210,31 @@ def test_an_idle_model_keeps_one_replica_until_the_idle_window_then_scales_to_ze
     assert "scale_to_zero" in codes(gone)
 
 
+def test_with_scale_to_zero_off_only_a_replica_the_last_plan_had_is_kept_warm():
+    def idle_with(last):
+        return decide(
+            snapshot(
+                [customer(recent=0)],
+                [
+                    deployment(
+                        scale_to_zero_after_seconds=None,
+                        recent_recommendations=((30.0, last), (15.0, last)),
+                    )
+                ],
+                idle_seconds=3600,
+            )
+        )
+
+    # The customers' own replica stays: scale to zero is off.
+    kept = idle_with(1)
+    assert target(kept) == 1
+    assert "never_scale_to_zero" in codes(kept)
+    # One the last plan did not have (a benchmark's, released since) goes.
+    released = idle_with(0)
+    assert target(released) == 0
+    assert "not_planned" in codes(released)
+
+
 def test_a_keep_warm_reservation_prevents_scale_to_zero():
     decisions = decide(
         snapshot(

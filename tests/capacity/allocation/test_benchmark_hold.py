@@ -54,3 +54,40 @@ def test_a_held_replica_is_never_published_to_the_gateways(fleet):
     [document] = model_documents(now=now).values()
 
     assert [r["endpoint"] for r in document["replicas"]] == ["http://10.0.0.6:8000"]
+
+
+def test_a_deployment_at_zero_gets_its_benchmark_replica_for_the_run_and_loses_it_after(
+    sellable, served_model
+):
+    Deployment.objects.filter(name="llama-8b-h100").update(
+        current_replicas=0, min_replicas=0, target_utilisation=1.0
+    )
+    deployment = Deployment.objects.get(name="llama-8b-h100")
+    assert allocation_tick().decisions[0]["target_replicas"] == 0  # idle, nothing sold: zero
+
+    Deployment.objects.filter(pk=deployment.pk).update(benchmark_held_replicas=1)
+    allocation_tick()
+
+    # Started for the run: the target is the held replica alone (customers need none).
+    started = AllocationDecision.objects.filter(deployment=deployment).order_by("-id").first()
+    assert (started.current_replicas, started.recommended_replicas) == (0, 0)
+    assert started.target_replicas == 1
+    assert "benchmark_hold" in {r["code"] for r in started.reasons}
+    deployment.refresh_from_db()
+    assert deployment.current_replicas == 1  # a dry run applies what it is told
+
+    # Running, it is still no capacity: nothing ready for customers, no MU/min minted.
+    running = allocation_tick()
+    [outcome] = [m for m in running.models if m["model_id"] == served_model.pk]
+    assert outcome["ready_mu_per_minute"] == 0
+    latest = AllocationDecision.objects.filter(deployment=deployment).order_by("-id").first()
+    assert (latest.current_replicas, latest.target_replicas, latest.ready_replicas) == (1, 1, 0)
+
+    # Released: stopped after the run, back to zero at once.
+    Deployment.objects.filter(pk=deployment.pk).update(benchmark_held_replicas=0)
+    allocation_tick()
+    stopped = AllocationDecision.objects.filter(deployment=deployment).order_by("-id").first()
+    assert (stopped.current_replicas, stopped.target_replicas) == (1, 0), stopped.reasons
+    assert "benchmark_hold" not in {r["code"] for r in stopped.reasons}
+    deployment.refresh_from_db()
+    assert deployment.current_replicas == 0

@@ -159,6 +159,43 @@ def test_raising_headroom_or_lowering_overcommit_is_checked(planner_client, sold
     )
 
 
+def test_lowering_overcommit_under_sold_reservations_is_refused_naming_them_unless_forced(
+    planner_client, sold, served_model
+):
+    # 8 GPUs × 100 MU/min × 0.9 sell 720 at overcommit 1; at 0.5 they sell 360 of the 600 sold.
+    refused = planner_client.patch("/api/v1/models/llama-8b/", {"overcommit": 0.5}, format="json")
+    assert refused.status_code == 409
+    error = refused.json()["error"]
+    assert error["code"] == "capacity_at_risk"
+    assert sorted(r["id"] for r in error["details"]["reservations_at_risk"]) == sorted(sold)
+    assert {r["customer"] for r in error["details"]["reservations_at_risk"]} == {"acme", "globex"}
+    [model] = error["details"]["models"]
+    assert (model["model"], model["oversold_mu_per_minute"]) == ("llama-8b", pytest.approx(240))
+    for reservation_id in sold:
+        assert str(reservation_id) in error["message"]
+    served_model.refresh_from_db()
+    assert served_model.overcommit == 1.0
+    assert not CapacityRisk.objects.filter(oversold_since__isnull=False).exists()
+
+    forced = planner_client.patch(
+        "/api/v1/models/llama-8b/",
+        {"overcommit": 0.5, "force": True, "force_reason": "the SLO was tightened"},
+        format="json",
+    )
+
+    assert forced.status_code == 200, forced.json()
+    served_model.refresh_from_db()
+    assert served_model.overcommit == 0.5
+    entry = AuditEntry.objects.get(action="served_model.update.forced")
+    assert entry.reason == "the SLO was tightened"
+    assert sorted(entry.after["reservations_at_risk"]) == sorted(sold)
+    risk = planner_client.get("/api/v1/models/llama-8b/capacity").json()["risk"]
+    assert risk["oversold"] is True
+    assert risk["oversold_mu_per_minute"] == pytest.approx(240)
+    assert risk["customers_at_risk"] == ["acme", "globex"]
+    assert metric(planner_client, "mu_oversold_mu_per_minute") == pytest.approx(240)
+
+
 def test_activating_a_refit_that_lowers_an_exchange_rate_is_refused_unless_forced(
     planner_client, acme, served_model, gpu_type
 ):

@@ -1,5 +1,6 @@
 """Two models on one 8-GPU pool compete for its GPUs: what is sold of both must fit at once."""
 
+import math
 import random
 import threading
 from datetime import timedelta
@@ -72,6 +73,43 @@ def test_the_sale_that_breaks_a_shared_pool_is_refused_whatever_the_order(
     # What is left of the pool sells exactly, and then nothing more, to either model.
     assert sell(planner_client, second, half[second]).status_code == 201
     assert sell(planner_client, first, 1).status_code == 409
+    assert sell(planner_client, second, 1).status_code == 409
+    assert Reservation.objects.count() == 2
+
+
+@pytest.mark.parametrize("first", ["llama", "qwen"])
+def test_sales_that_fit_only_in_split_replicas_are_refused_whole_replicas_are_what_a_pool_holds(
+    planner_client, acme, shared, first
+):
+    # 405 MU/min of llama is 4.5 replicas of 1 GPU, 157.5 of qwen 1.75 replicas of 2 GPUs:
+    # 8 GPUs if replicas could be split, 5 + 4 = 9 whole ones.
+    llama, qwen = shared
+    wanted = {"llama": 405, "qwen": 157.5}
+    second = {"llama": "qwen", "qwen": "llama"}[first]
+    assert sell(planner_client, first, wanted[first]).status_code == 201
+    # The relaxation alone would sell it: exactly what is left of the pool, split.
+    fleet = joint_fleet([llama.pk, qwen.pk])
+    sold = sold_moments(fleet, start=timezone.now())
+    model = {"llama": llama, "qwen": qwen}[second]
+    split = fleet.programme.available(sold.demand, model.pk).mu_per_minute
+    assert split == pytest.approx(wanted[second])
+
+    refused = sell(planner_client, second, wanted[second])
+
+    assert refused.status_code == 409, refused.json()
+    error = refused.json()["error"]
+    assert error["code"] == "insufficient_capacity"
+    details = error["details"]
+    # What whole replicas leave: qwen one replica (3 GPUs free), llama four (4 GPUs free).
+    whole = {"qwen": 90, "llama": 360}[second]
+    assert details["sellable_mu_per_minute"] == pytest.approx(whole)
+    assert details["shortfall_mu_per_minute"] == pytest.approx(wanted[second] - whole)
+    assert details["binding_pools"] == ["shared-h100"]
+    assert f"{whole:g} MU/min is sellable" in error["message"]
+    # The figures a planner reads say the same before selling.
+    assert model_capacity(model).available_mu_per_minute == pytest.approx(whole)
+    assert model_capacity(model).sellable_mu_per_minute == pytest.approx(whole)
+    assert sell(planner_client, second, whole).status_code == 201
     assert sell(planner_client, second, 1).status_code == 409
     assert Reservation.objects.count() == 2
 
@@ -159,10 +197,11 @@ def test_fifty_concurrent_sales_across_two_models_never_oversell(shared):
         for name in ("llama", "qwen")
     }
     assert stored == pytest.approx(sold)
-    # Never oversold: llama uses 1/90 GPU per MU/min, qwen 1/45, and there are 8 GPUs.
-    assert sold["llama"] / 90 + sold["qwen"] / 45 <= 8 + 1e-9
-    # The LP's own answer, on what was sold: it all fits, and every refusal was right (what
-    # is sold only grew, so what was left when a sale was refused was no more than now).
+    # Never oversold: in whole replicas (90 MU/min each; llama's take 1 GPU, qwen's 2), what
+    # was sold needs no more than the 8 GPUs.
+    assert math.ceil(sold["llama"] / 90 - 1e-9) + 2 * math.ceil(sold["qwen"] / 90 - 1e-9) <= 8
+    # The programmes' own answer, on what was sold: it all fits, and every refusal was right
+    # (what is sold only grew, so what was left when a sale was refused was no more than now).
     fleet = joint_fleet([llama.pk, qwen.pk])
     now = timezone.now()
     for model in (llama, qwen):

@@ -16,7 +16,7 @@ from capacity.admission.redis_buckets import Buckets, api_key_scope, customer_sc
 from tests.support.processes import free_port
 
 from . import contract as C
-from .conftest import bearer, set_limits, usage_events, wait_for
+from .conftest import bearer, set_limits, tiny_model, usage_events, wait_for
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hello there"}]}
 
@@ -273,6 +273,88 @@ def test_a_keys_request_limits_bind_its_slot_frees_at_each_end_and_a_429_names_t
     assert world.rds.zcard(in_flight_key(scope)) == 0
     events = wait_for(lambda: len(usage_events(usage_server)) == 4 and usage_events(usage_server))
     assert [e["outcome"] for e in events].count("refused") == 1
+
+
+def test_a_customers_concurrency_limit_refuses_the_second_request_in_flight_until_the_first_ends(
+    world, start_emulator, start_gateway, http, usage_server
+):
+    # 20 ms a token: a 50-token answer stays in flight for a second.
+    url, _process = start_emulator(
+        {"seed": 0, "models": [tiny_model(decode_step_base_seconds=0.02)]}
+    )
+    world.publication.models["tiny"] = C.model(7, [C.replica(url, deployment="tiny-a")])
+    world.publish()
+    gateway = start_gateway()
+    scope = customer_scope(1)
+    Buckets(world.rds, burst_seconds=10, idle_ttl_seconds=600, record_ttl_s=3600)\
+        .publish_request_limits({scope: {"concurrency": 1}})  # fmt: skip
+    slow = {**CHAT, "max_tokens": 50, "ignore_eos": True, "stream": True}
+
+    with http.stream(
+        "POST", gateway.url + "/v1/chat/completions", json=slow, headers=bearer(world.acme)
+    ) as first:
+        assert first.status_code == 200
+        lines = first.iter_lines()
+        assert next(line for line in lines if line.startswith("data:"))  # admitted, streaming
+        assert world.rds.zcard(in_flight_key(scope)) == 1
+        second = http.post(
+            gateway.url + "/v1/chat/completions", json=CHAT, headers=bearer(world.acme)
+        )
+        rest = [line for line in lines if line.startswith("data:")]
+
+    assert rest[-1] == "data: [DONE]"  # the first ran to its end, unhurt by the refusal
+    assert second.status_code == 429, second.text
+    error = second.json()["error"]
+    assert (error["code"], error["limit"], error["limit_scope"]) == (
+        "concurrency_limit_exceeded",
+        "concurrency",
+        "customer",
+    )
+    assert "over your limit of requests in flight" in error["message"]
+    assert int(second.headers["Retry-After"]) >= 1
+    # The gateway's end of the first request frees its slot: the next one is admitted.
+    wait_for(lambda: world.rds.zcard(in_flight_key(scope)) == 0)
+    third = http.post(gateway.url + "/v1/chat/completions", json=CHAT, headers=bearer(world.acme))
+    assert third.status_code == 200, third.text
+    events = wait_for(lambda: len(usage_events(usage_server)) == 3 and usage_events(usage_server))
+    assert sorted(e["outcome"] for e in events) == ["completed", "completed", "refused"]
+
+
+def test_a_keys_tokens_per_minute_count_input_and_max_tokens_and_a_429_names_the_limit(
+    served, http, usage_server
+):
+    world, gateway, _url = served
+    scope = api_key_scope(world.acme.prefix)
+    Buckets(world.rds, burst_seconds=10, idle_ttl_seconds=600, record_ttl_s=3600)\
+        .publish_request_limits({scope: {"tpm": 1000}})  # fmt: skip
+    # A short prompt and at most 400 tokens out: about 410 tokens each, two fit in 1,000.
+    asked = {**CHAT, "max_tokens": 400}
+    answers = [
+        http.post(gateway.url + "/v1/chat/completions", json=asked, headers=bearer(world.acme))
+        for _ in range(3)
+    ]
+
+    assert [a.status_code for a in answers] == [200, 200, 429], [a.text for a in answers]
+    error = answers[2].json()["error"]
+    assert (error["code"], error["limit"], error["limit_scope"]) == (
+        "tpm_limit_exceeded",
+        "tpm",
+        "api_key",
+    )
+    assert "this API key's limit of tokens per minute" in error["message"]
+    # The two admitted leave the window a minute after they came.
+    assert 50 <= int(answers[2].headers["Retry-After"]) <= 60
+    # A request larger than the whole limit never fits, and says so.
+    huge = http.post(
+        gateway.url + "/v1/chat/completions",
+        json={**CHAT, "max_tokens": 1500},
+        headers=bearer(world.acme),
+    )
+    assert huge.status_code == 429
+    assert huge.json()["error"]["limit"] == "tpm"
+    assert "never fits" in huge.json()["error"]["message"]
+    events = wait_for(lambda: len(usage_events(usage_server)) == 4 and usage_events(usage_server))
+    assert [e["outcome"] for e in events].count("refused") == 2
 
 
 def test_a_customer_past_its_budgets_hard_cap_gets_budget_exceeded_for_best_effort(
