@@ -114,6 +114,8 @@ class InvoiceLine(models.Model):
         BEST_EFFORT = "best_effort", "Best-effort usage"
         CREDIT = "credit", "SLA credit"
         ADJUSTMENT = "adjustment", "Adjustment"
+        # The latency SLA's attainment when no credit is due (billing.latency): 0.00.
+        LATENCY_SLA = "latency_sla", "Latency SLA (no credit due)"
 
     invoice = models.ForeignKey(Invoice, on_delete=models.CASCADE, related_name="lines")
     kind = models.CharField(max_length=11, choices=Kind.choices)
