@@ -110,7 +110,15 @@ def check(capture):
 
 
 def test_a_usage_event_keeps_the_key_its_admission_recorded_whatever_the_sender_claims(
-    card, sellable, served_model, acme, two_keys, make_key, key_client, clean_admission
+    card,
+    sellable,
+    served_model,
+    acme,
+    two_keys,
+    make_key,
+    key_client,
+    clean_admission,
+    planner_client,
 ):
     (ci, ci_client), (web, _) = two_keys
     gateway = gateway_client(make_key, key_client)
@@ -140,6 +148,17 @@ def test_a_usage_event_keeps_the_key_its_admission_recorded_whatever_the_sender_
         "",
         "unrecorded",
     )
+    # The customer audits it in its receipts, and sees the key in the portal.
+    receipts = planner_client.get("/api/v1/usage/events?customer=acme").json()["results"]
+    assert {r["event_id"]: r["api_key"] for r in receipts} == {
+        honest: ci.prefix,
+        lying: ci.prefix,
+        silent_id: None,
+    }
+    csv_text = b"".join(
+        planner_client.get("/api/v1/usage/events/csv?customer=acme").streaming_content
+    ).decode()
+    assert "api_key" in csv_text.splitlines()[0] and ci.prefix in csv_text
 
 
 def test_a_keys_budget_is_spent_by_its_own_requests_and_alerts_once_per_threshold(
