@@ -1,7 +1,7 @@
 from django.contrib import admin
 
 from accounts.hooks import keys_changed
-from accounts.models import ApiKey, Customer, Membership, Tier
+from accounts.models import DEFAULT_TIER, ApiKey, Customer, Membership, Tier
 from controlplane.audit import AuditedAdminMixin
 
 
@@ -26,15 +26,23 @@ class MembershipInline(admin.TabularInline):
 
 @admin.register(Tier)
 class TierAdmin(KeysChangedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
-    """Planners define tiers here. Customers refer to a tier by name, so a tier's name is
-    fixed once created; a change of weight reaches the next allocation tick, a change of
-    shed order the next degradation step, and gateways get the customers' tiers at once."""
+    """Planners define tiers here (the planners group holds the tier permissions), in the
+    planner UI (/planner/tiers/) or through /api/v1/tiers/. Customers refer to a tier by name,
+    so a tier's name is fixed once created; a change of weight reaches the next allocation
+    tick, a change of shed order the next degradation step, and gateways get the customers'
+    tiers at once."""
 
     list_display = ["name", "label", "weight", "shed_order"]
     ordering = ["shed_order"]
 
     def get_readonly_fields(self, request, obj=None):
         return ["name"] if obj is not None else []
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        # New customers go to the default tier: it stays (accounts.services.tier_delete).
+        if obj is not None and obj.name == DEFAULT_TIER:
+            return False
+        return super().has_delete_permission(request, obj)
 
 
 @admin.register(Customer)

@@ -78,3 +78,12 @@ def membership_of_user(user, slug: str) -> Membership | None:
     return (
         Membership.objects.filter(user=user, customer__slug=slug).select_related("customer").first()
     )
+
+
+def tiers_with_customer_counts() -> list:
+    """Every tier in shed order, each with `customer_count` (one grouped query)."""
+    from django.db.models import Count
+
+    from accounts.models import Tier
+
+    return list(Tier.objects.annotate(customer_count=Count("customers")).order_by("shed_order"))

@@ -1,11 +1,12 @@
 """Writes for customers, memberships and API keys."""
 
+import math
+import re
 from dataclasses import dataclass
 from datetime import datetime
 
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Group
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from accounts import keys
@@ -243,6 +244,170 @@ def planner_create(*, username: str, password: str, email: str = ""):
         user.email = email
     user.set_password(password)
     user.save()
-    group, _ = Group.objects.get_or_create(name=PLANNERS_GROUP)
-    user.groups.add(group)
+    # The group with its model permissions: a planner defines tiers in the admin too.
+    user.groups.add(planners_group_ensure())
     return user, created
+
+
+# --- Tiers: planner-defined (name, weight, shed order) -----------------------------------------
+
+TIER_FIELDS = ("label", "weight", "shed_order")
+_TIER_AUDIT_FIELDS = ("name", "label", "weight", "shed_order")
+MAX_SHED_ORDER = 32767  # the column is a PostgreSQL smallint
+MAX_TIER_WEIGHT = 1_000_000.0
+TIER_NAME = re.compile(r"[-a-zA-Z0-9_]+")
+
+
+def _check_tier(values: dict) -> None:
+    weight = values.get("weight")
+    if weight is not None and (
+        isinstance(weight, bool)
+        or not isinstance(weight, int | float)
+        or not math.isfinite(weight)
+        or not 0 <= weight <= MAX_TIER_WEIGHT
+    ):
+        raise DomainError(
+            f"weight is a number from 0 to {MAX_TIER_WEIGHT:g} (its share of the even part of "
+            "best-effort slack, relative to the other tiers').",
+            field="weight",
+        )
+    shed_order = values.get("shed_order")
+    if shed_order is not None and (
+        isinstance(shed_order, bool)
+        or not isinstance(shed_order, int)
+        or not 1 <= shed_order <= MAX_SHED_ORDER
+    ):
+        raise DomainError(
+            f"shed_order is a whole number from 1 to {MAX_SHED_ORDER} (the lowest is shed first).",
+            field="shed_order",
+        )
+    label = values.get("label")
+    if label is not None and len(label) > 100:
+        raise DomainError("label is at most 100 characters.", field="label")
+
+
+def _shed_order_free(shed_order: int, *, tier: Tier | None = None) -> None:
+    taken = Tier.objects.filter(shed_order=shed_order).exclude(pk=tier.pk if tier else None)
+    holder = taken.first()
+    if holder is not None:
+        raise ConflictError(
+            f"The tier {holder.name} is shed at {shed_order} already: each tier has its own "
+            "place in the shed order.",
+            field="shed_order",
+        )
+
+
+def _save_tier(tier: Tier) -> None:
+    """Save; a name or shed order taken meanwhile (the unique constraints decide) is a 409."""
+    try:
+        with transaction.atomic():
+            tier.save()
+    except IntegrityError:
+        raise ConflictError(
+            f"The name {tier.name} or the shed order {tier.shed_order} was taken meanwhile.",
+            field="shed_order",
+        ) from None
+
+
+@transaction.atomic
+def tier_create(
+    *, name: str, shed_order: int, label: str = "", weight: float = 1.0, actor: str | None = None
+) -> Tier:
+    """A new tier. Its name is what customers refer to it by, so it is fixed once made."""
+    if not name or len(name) > 20 or not TIER_NAME.fullmatch(name):
+        raise DomainError("name is 1 to 20 letters, digits, hyphens or underscores.", field="name")
+    _check_tier({"label": label, "weight": weight, "shed_order": shed_order})
+    if Tier.objects.filter(name=name).exists():
+        raise ConflictError(f"A tier named '{name}' exists already.", field="name")
+    _shed_order_free(shed_order)
+    tier = Tier(name=name, label=label, weight=float(weight), shed_order=shed_order)
+    _save_tier(tier)
+    audit_record(
+        actor=actor, action="tier.create", obj=tier, after=snapshot(tier, _TIER_AUDIT_FIELDS)
+    )
+    keys_changed()  # gateways' copy names the customers' tiers
+    return tier
+
+
+@transaction.atomic
+def tier_update(*, tier: Tier, changes: dict, actor: str | None = None) -> Tier:
+    """Change a tier's label, weight or shed order (`changes`: field -> value). A weight
+    reaches the next allocation tick, a shed order the next degradation step."""
+    unknown = sorted(set(changes) - set(TIER_FIELDS))
+    if unknown:
+        raise DomainError(
+            f"{unknown[0]} cannot be changed (a tier's name is fixed: customers refer to it).",
+            field=unknown[0],
+        )
+    _check_tier(changes)
+    tier = Tier.objects.select_for_update().get(pk=tier.pk)
+    if "shed_order" in changes:
+        _shed_order_free(changes["shed_order"], tier=tier)
+    before = snapshot(tier, _TIER_AUDIT_FIELDS)
+    for name, value in changes.items():
+        setattr(tier, name, float(value) if name == "weight" else value)
+    _save_tier(tier)
+    if audit_change(
+        actor=actor,
+        action="tier.update",
+        obj=tier,
+        before=before,
+        after=snapshot(tier, _TIER_AUDIT_FIELDS),
+    ):
+        keys_changed()
+    return tier
+
+
+@transaction.atomic
+def tier_delete(*, tier: Tier, actor: str | None = None) -> None:
+    """Delete a tier no customer is in; the default tier (new customers') stays."""
+    tier = Tier.objects.select_for_update().get(pk=tier.pk)
+    if tier.name == DEFAULT_TIER:
+        raise ConflictError(
+            f"The tier {DEFAULT_TIER} is where new customers go: it cannot be deleted.",
+            field="name",
+        )
+    in_it = Customer.objects.filter(tier=tier).count()
+    if in_it:
+        raise ConflictError(
+            f"{in_it} customer(s) are in the tier {tier.name}: move them to another first.",
+            field="name",
+            details={"customers": in_it},
+        )
+    before = snapshot(tier, _TIER_AUDIT_FIELDS)
+    pk, label = tier.pk, str(tier)
+    tier.delete()
+    audit_record(
+        actor=actor,
+        action="tier.delete",
+        object_type=Tier._meta.label_lower,
+        object_id=pk,
+        object_repr=label,
+        before=before,
+    )
+    keys_changed()
+
+
+# What planners may do in the admin beyond the planner UI: define tiers.
+PLANNER_MODEL_PERMISSIONS = (
+    ("accounts", "add_tier"),
+    ("accounts", "change_tier"),
+    ("accounts", "delete_tier"),
+    ("accounts", "view_tier"),
+)
+
+
+def planners_group_ensure(*, apps=None, using: str = "default"):
+    """The planners group, holding the model permissions planners use in the admin (tiers).
+    `apps`: a migration state's (post_migrate), else the live models."""
+    if apps is None:
+        from django.apps import apps
+    group_model = apps.get_model("auth", "Group")
+    permission_model = apps.get_model("auth", "Permission")
+    group, _ = group_model._default_manager.using(using).get_or_create(name=PLANNERS_GROUP)
+    wanted = permission_model._default_manager.using(using).filter(
+        content_type__app_label__in={app for app, _ in PLANNER_MODEL_PERMISSIONS},
+        codename__in={codename for _, codename in PLANNER_MODEL_PERMISSIONS},
+    )
+    group.permissions.add(*wanted)
+    return group

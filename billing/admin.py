@@ -128,13 +128,31 @@ class InvoiceLineAdmin(admin.ModelAdmin):
         return False
 
 
+class BudgetAdminForm(forms.ModelForm):
+    """The API's rule: a key's budget is one of the customer's keys."""
+
+    class Meta:
+        model = Budget
+        fields = ["customer", "api_key", "monthly_amount", "currency", "hard_cap", "alert_email"]
+
+    def clean(self):
+        cleaned = super().clean()
+        customer, api_key = cleaned.get("customer"), cleaned.get("api_key")
+        if customer is not None and api_key is not None and api_key.customer_id != customer.pk:
+            self.add_error("api_key", f"The key {api_key.prefix} is not one of {customer}'s keys.")
+        return cleaned
+
+
 @admin.register(Budget)
 class BudgetAdmin(AuditedAdminMixin, admin.ModelAdmin):
-    """A customer's monthly budget; the cap follows at the next check (billing.budgets)."""
+    """A monthly budget of a customer, or of one of its keys; the cap follows at the next check
+    (billing.budgets)."""
 
-    list_display = ("customer", "monthly_amount", "currency", "hard_cap", "alert_email")
-    search_fields = ("customer__slug",)
-    list_select_related = ("customer",)
+    list_display = ("customer", "api_key", "monthly_amount", "currency", "hard_cap", "alert_email")
+    search_fields = ("customer__slug", "api_key__prefix")
+    list_select_related = ("customer", "api_key")
+    raw_id_fields = ("api_key",)
+    form = BudgetAdminForm
 
 
 @admin.register(BudgetAlert)

@@ -1,8 +1,15 @@
 """Budgets and spend alerts (issue 23 part 2).
 
-- **Spend** is month-to-date: what the customer's invoice for this month holds so far, from
+A budget is a customer's (over all its keys) or one key's (the requests sent with it).
+
+- **Spend** is month-to-date. A customer's: what its invoice for this month holds so far, from
   the invoice's own lines (`billing.generation.build_lines(..., until=now)`), counting the
-  lines in the budget's currency: there is no second pricing path.
+  lines in the budget's currency: there is no second pricing path. A key's: what the requests
+  sent with that key were billed beyond the reservations, i.e. their best-effort MU (the key
+  rollups, `capacity.UsageKeyMinute`, from the key each usage event's admission record
+  names) priced per model and rate card in force exactly as the invoice's best-effort lines
+  price them. The commitment is the customer's, not a key's: it counts in the customer's
+  budget only.
 - **Alerts** at 50, 80 and 100 % of a budget, and when a reservation in term for the whole
   last week used under 20 % of it over that week (the sale is at risk). Each goes by email
   (Django's mail: the SMTP server is an operator setting; to the budget's `alert_email`, else
@@ -11,11 +18,12 @@
   per channel, inserted before it is sent and sent after the commit: the unique constraints
   decide that it goes at most once per threshold (budget) or reservation (under-use) and month,
   however many checks run at once. A delivery that fails is recorded on its row, not retried.
-- **Hard cap**: past 100 % of a budget with `hard_cap`, admission refuses the customer's
-  best-effort requests (`limit: "budget"`); capacity owns the flag
-  (`capacity.admission.limits.budget_cap_set`), billing decides when. A new month, a larger
-  budget or the cap turned off lifts it at the next check (or at once, for a change made
-  through the services).
+- **Hard cap**: past 100 % of a budget with `hard_cap`, admission refuses the best-effort
+  requests of the customer (`limit: "budget"`, `limit_scope: "customer"`) or of the key
+  (`limit_scope: "api_key"`; the customer's other keys are admitted as before); capacity owns
+  the flag (`capacity.admission.limits.budget_cap_set`), billing decides when. A new month, a
+  larger budget or the cap turned off lifts it at the next check (or at once, for a change
+  made through the services).
 
 `budgets_check` runs every BUDGET_CHECK_MINUTES (billing.schedules, Celery
 `billing.check_budgets`).
@@ -31,15 +39,17 @@ from decimal import Decimal
 from django.conf import settings
 from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
+from django.db.models import F, Sum
 from django.utils import timezone
 
-from accounts.models import Customer, Membership
-from billing.generation import build_lines, lines_totals
+from accounts.models import ApiKey, Customer, Membership
+from billing.generation import build_lines, lines_totals, period_bounds
 from billing.models import Budget, BudgetAlert
 from billing.money import money
-from capacity.admission.limits import budget_cap_of, budget_cap_set
+from billing.rates import cards_by_model, rate_segments
+from capacity.admission.limits import budget_cap_of, budget_cap_set, budget_caps_of_customers
 from capacity.metering.utilisation import customer_utilisation
-from capacity.models import Reservation
+from capacity.models import Reservation, UsageKeyMinute
 from capacity.selling.at_risk import send_alert
 from controlplane.audit import all_fields, audit_change, audit_record, current_actor, snapshot
 from controlplane.errors import ConflictError, DomainError
@@ -79,23 +89,32 @@ def budget_create(
     *,
     customer: Customer,
     monthly_amount: Decimal,
+    api_key: ApiKey | None = None,
     currency: str | None = None,
     hard_cap: bool = False,
     alert_email: str = "",
     actor: str | None = None,
 ) -> Budget:
+    """The customer's budget, or with `api_key` one of its keys' (one of each at most)."""
     values = {"monthly_amount": monthly_amount, "currency": currency}
     _check(values)
+    if api_key is not None and api_key.customer_id != customer.pk:
+        raise DomainError(
+            f"The key {api_key.prefix} is not one of {customer.slug}'s keys.", field="api_key"
+        )
     Customer.objects.select_for_update().filter(pk=customer.pk).first()
-    if Budget.objects.filter(customer=customer).exists():
+    existing = Budget.objects.filter(customer=customer, api_key=api_key).first()
+    if existing is not None:
+        whose = f"The key {api_key.prefix}" if api_key is not None else customer.slug
         raise ConflictError(
-            f"{customer.slug} has a budget already: change it with PATCH.",
-            field="customer",
+            f"{whose} has a budget already (#{existing.pk}): change it with PATCH.",
+            field="api_key" if api_key is not None else "customer",
             code="exists",
         )
     actor = actor or current_actor()
     budget = Budget.objects.create(
         customer=customer,
+        api_key=api_key,
         monthly_amount=monthly_amount,
         currency=(currency or settings.BILLING_CURRENCY).upper(),
         hard_cap=hard_cap,
@@ -132,7 +151,7 @@ def budget_update(*, budget: Budget, changes: dict, actor: str | None = None) ->
 def budget_delete(*, budget: Budget, actor: str | None = None) -> None:
     actor = actor or current_actor()
     before = _state(budget)
-    pk, label, customer = budget.pk, str(budget), budget.customer
+    pk, label, customer, api_key = budget.pk, str(budget), budget.customer, budget.api_key
     budget.delete()
     audit_record(
         actor=actor,
@@ -142,11 +161,15 @@ def budget_delete(*, budget: Budget, actor: str | None = None) -> None:
         object_repr=label,
         before=before,
     )
-    budget_cap_set(customer=customer, capped=False, actor=actor)
+    budget_cap_set(customer=customer, api_key=api_key, capped=False, actor=actor)
 
 
 def _state(budget: Budget) -> dict:
-    return snapshot(budget, [f for f in all_fields(budget) if f != "updated_by"])
+    fields = [f for f in all_fields(budget) if f not in ("updated_by", "api_key")]
+    return {
+        **snapshot(budget, fields),
+        "api_key": budget.api_key.prefix if budget.api_key_id else None,
+    }
 
 
 # --- Reads ------------------------------------------------------------------------------------
@@ -155,6 +178,8 @@ def _state(budget: Budget) -> dict:
 def _spend_by_customer(customer_ids: list[int], *, now: datetime) -> dict[int, dict[str, Decimal]]:
     """customer -> currency -> month-to-date total of its invoice's lines (one build_lines for
     every customer asked)."""
+    if not customer_ids:
+        return {}
     customers = list(Customer.objects.filter(pk__in=customer_ids))
     _, lines_by_customer, _ = build_lines(f"{now:%Y-%m}", customers=customers, until=now)
     spend: dict[int, dict[str, Decimal]] = {}
@@ -167,6 +192,67 @@ def _spend_by_customer(customer_ids: list[int], *, now: datetime) -> dict[int, d
     return spend
 
 
+def _spend_by_key(keys: list[tuple[int, str]], *, now: datetime) -> dict[str, dict[str, Decimal]]:
+    """key prefix -> currency -> month-to-date best-effort charge of the requests sent with the
+    key (`keys`: (customer id, prefix)). Priced as the invoice prices best-effort usage
+    (billing.generation's best-effort lines): per model and rate card in force, MU used outside
+    the guarantee / 1,000 × the card's best-effort price, each (model, card) rounded to cents
+    like a line, then summed. A fixed number of queries per model and card, whatever the
+    number of keys."""
+    if not keys:
+        return {}
+    _, start, end = period_bounds(f"{now:%Y-%m}")
+    end = max(start, min(end, now))
+    rows = UsageKeyMinute.objects.filter(
+        customer_id__in={c for c, _ in keys},
+        api_key_prefix__in={p for _, p in keys},
+        minute__gte=start,
+        minute__lt=end,
+    )
+    model_ids = set(rows.values_list("served_model_id", flat=True).distinct())
+    cards = cards_by_model(model_ids)
+    spend: dict[str, dict[str, Decimal]] = {}
+    for model_id in sorted(model_ids):
+        for rate in rate_segments(cards.get(model_id, []), start, end):
+            used = (
+                rows.filter(
+                    served_model_id=model_id, minute__gte=rate.starts_at, minute__lt=rate.ends_at
+                )
+                .values("api_key_prefix")
+                .annotate(mu=Sum(F("mu") - F("guaranteed_mu")))
+                .order_by()
+            )
+            for row in used:
+                mu = row["mu"] or 0.0
+                if mu <= 0:
+                    continue
+                amount = money(
+                    Decimal(str(mu)) / Decimal(1000) * rate.card.best_effort_price_per_1000_mu
+                )
+                by_currency = spend.setdefault(row["api_key_prefix"], {})
+                currency = rate.card.currency.upper()
+                by_currency[currency] = by_currency.get(currency, Decimal(0)) + amount
+    return spend
+
+
+def _spend_of(budgets: list[Budget], *, now: datetime) -> dict[int, dict[str, Decimal]]:
+    """budget -> currency -> month-to-date spend (a customer's or a key's)."""
+    by_customer = _spend_by_customer(
+        sorted({b.customer_id for b in budgets if b.api_key_id is None}), now=now
+    )
+    by_key = _spend_by_key(
+        sorted({(b.customer_id, b.api_key.prefix) for b in budgets if b.api_key_id}), now=now
+    )
+    return {
+        budget.pk: (
+            by_key.get(budget.api_key.prefix, {})
+            if budget.api_key_id
+            else by_customer.get(budget.customer_id, {})
+        )
+        for budget in budgets
+    }
+
+
 def _status(budget: Budget, spend: dict[str, Decimal], now: datetime, capped: bool):
     amount = money(spend.get(budget.currency.upper(), Decimal(0)))
     percent = float(amount / budget.monthly_amount * 100) if budget.monthly_amount else 0.0
@@ -175,12 +261,30 @@ def _status(budget: Budget, spend: dict[str, Decimal], now: datetime, capped: bo
 
 def budget_status(budget: Budget, *, now: datetime | None = None) -> BudgetStatus:
     now = now or timezone.now()
-    spend = _spend_by_customer([budget.customer_id], now=now).get(budget.customer_id, {})
-    return _status(budget, spend, now, budget_cap_of(budget.customer) is not None)
+    spend = _spend_of([budget], now=now)[budget.pk]
+    capped = budget_cap_of(budget.customer, budget.api_key) is not None
+    return _status(budget, spend, now, capped)
+
+
+def budget_statuses(budgets: list[Budget], *, now: datetime | None = None) -> list[BudgetStatus]:
+    """The status of each budget, spend computed once for them all."""
+    now = now or timezone.now()
+    spend = _spend_of(budgets, now=now)
+    caps = budget_caps_of_customers({b.customer_id for b in budgets})
+    return [_status(b, spend[b.pk], now, (b.customer_id, b.api_key_id) in caps) for b in budgets]
 
 
 def budget_of_customer(customer: Customer) -> Budget | None:
-    return Budget.objects.filter(customer=customer).first()
+    """The customer's own budget (over all its keys)."""
+    return Budget.objects.filter(customer=customer, api_key__isnull=True).first()
+
+
+def budgets_of_customer(customer: Customer) -> list[Budget]:
+    """The customer's budget first, then its keys' by prefix."""
+    return sorted(
+        Budget.objects.filter(customer=customer).select_related("api_key"),
+        key=lambda b: (b.api_key_id is not None, b.api_key.prefix if b.api_key_id else ""),
+    )
 
 
 def alerts_of_budget(budget: Budget, *, limit: int = 20) -> list[BudgetAlert]:
@@ -194,12 +298,12 @@ def budgets_check(*, now: datetime | None = None) -> dict:
     """Every budget against its month-to-date spend (alerts, hard cap), then every reservation's
     last week (under-use alerts). Alerts are sent after the commit of the rows that claim them."""
     now = now or timezone.now()
-    budgets = list(Budget.objects.select_related("customer").order_by("pk"))
-    spend = _spend_by_customer([b.customer_id for b in budgets], now=now)
+    budgets = list(Budget.objects.select_related("customer", "api_key").order_by("pk"))
+    spend = _spend_of(budgets, now=now)
     claimed = 0
     for budget in budgets:
         with transaction.atomic():
-            status = _status(budget, spend.get(budget.customer_id, {}), now, False)
+            status = _status(budget, spend[budget.pk], now, False)
             claimed += _budget_alerts(status, now)
             _enforce_cap(budget, status, actor=SYSTEM_ACTOR)
     claimed += reservations_underuse_check(now=now)
@@ -208,11 +312,14 @@ def budgets_check(*, now: datetime | None = None) -> dict:
 
 def _enforce_cap(budget: Budget, status: BudgetStatus, *, actor: str) -> None:
     over = budget.hard_cap and status.percent >= 100
+    whose = f"key {budget.api_key.prefix}'s " if budget.api_key_id else ""
     reason = (
-        f"monthly budget of {budget.monthly_amount} {budget.currency} spent "
+        f"{whose}monthly budget of {budget.monthly_amount} {budget.currency} spent "
         f"({status.spend} {budget.currency} in {status.period}): hard cap"
     )
-    budget_cap_set(customer=budget.customer, capped=over, reason=reason, actor=actor)
+    budget_cap_set(
+        customer=budget.customer, api_key=budget.api_key, capped=over, reason=reason, actor=actor
+    )
 
 
 def _budget_alerts(status: BudgetStatus, now: datetime) -> int:
@@ -222,6 +329,8 @@ def _budget_alerts(status: BudgetStatus, now: datetime) -> int:
         return 0
     detail = {
         "customer": budget.customer.slug,
+        # The key whose budget it is (None: the customer's own, over all its keys).
+        "api_key": budget.api_key.prefix if budget.api_key_id else None,
         "period": status.period,
         "spend": str(status.spend),
         "monthly_amount": str(budget.monthly_amount),
@@ -255,7 +364,7 @@ def reservations_underuse_check(*, now: datetime | None = None) -> int:
         .select_related("customer", "served_model")
         .order_by("pk")
     )
-    budgets = {b.customer_id: b for b in Budget.objects.all()}
+    budgets = {b.customer_id: b for b in Budget.objects.filter(api_key__isnull=True)}
     utilisation: dict[tuple[int, int], float | None] = {}
     claimed = 0
     for reservation in reservations:
@@ -387,18 +496,32 @@ def alerts_deliver(alert_ids: list[int]) -> None:
 def _message(alert: BudgetAlert) -> tuple[str, str]:
     d = alert.detail
     if alert.kind == BudgetAlert.Kind.BUDGET:
-        subject = (
-            f"[{d['customer']}] {alert.threshold_percent} % of the monthly budget spent "
-            f"({d['period']})"
-        )
-        body = (
-            f"{d['customer']} has spent {d['spend']} {d['currency']} of its monthly budget of "
-            f"{d['monthly_amount']} {d['currency']} in {d['period']} ({d['percent']} %).\n"
-        )
+        key = d.get("api_key")
+        if key:
+            subject = (
+                f"[{d['customer']}] key {key}: {alert.threshold_percent} % of its monthly "
+                f"budget spent ({d['period']})"
+            )
+            body = (
+                f"The requests {d['customer']} sent with the API key {key} have spent "
+                f"{d['spend']} {d['currency']} beyond the reservations of the key's monthly "
+                f"budget of {d['monthly_amount']} {d['currency']} in {d['period']} "
+                f"({d['percent']} %).\n"
+            )
+        else:
+            subject = (
+                f"[{d['customer']}] {alert.threshold_percent} % of the monthly budget spent "
+                f"({d['period']})"
+            )
+            body = (
+                f"{d['customer']} has spent {d['spend']} {d['currency']} of its monthly budget "
+                f"of {d['monthly_amount']} {d['currency']} in {d['period']} ({d['percent']} %).\n"
+            )
         if d.get("hard_cap") and alert.threshold_percent >= 100:
+            whose = f"sent with the key {key} " if key else ""
             body += (
-                "The budget's hard cap is on: requests beyond the reservations (best-effort) "
-                "are refused until the month ends or the budget is raised.\n"
+                f"The budget's hard cap is on: requests {whose}beyond the reservations "
+                "(best-effort) are refused until the month ends or the budget is raised.\n"
             )
         return subject, body
     subject = (

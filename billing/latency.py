@@ -4,15 +4,21 @@ attainment to credit.
 Attainment is, per customer, model and rate card in force, the share of the month's guaranteed
 requests that ran (refused ones earn the refusal credit instead) whose first token came within
 the objective. Requests that reported no `ttft_ms` are not in it either way: they are counted
-and shown on the credit's evidence, never guessed. The credit is the share of that model's
-commitment under that card which the first tier the attainment falls below names (the tiers
-credit more the lower they reach).
+and shown, never guessed. The credit is the share of that model's commitment under that card
+which the first tier the attainment falls below names (the tiers credit more the lower they
+reach).
+
+Every invoice line of a commitment under a card with an SLA is answered by one line of its
+latency SLA, with the attainment and the counts as evidence: the credit when one is due, else a
+line of kind `latency_sla` for 0.00 (the SLA met, or nothing to measure: no guaranteed request
+reported a TTFT), so the customer sees the attainment and the requests without a TTFT every
+month, in the JSON, the CSV and the PDF alike.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
 
@@ -103,10 +109,19 @@ class _Window:
     ends_at: object
 
 
-def latency_counts(segments, reserved_customers: dict[int, set[int]]) -> dict:
+@dataclass
+class SlaCounts:
+    """What latency_counts found: each customer's counts per (model, card) with an SLA, and
+    the window of every such (model, card) in the period."""
+
+    counts: dict[tuple[int, int, int], TtftCounts] = field(default_factory=dict)
+    windows: dict[tuple[int, int], _Window] = field(default_factory=dict)
+
+
+def latency_counts(segments, reserved_customers: dict[int, set[int]]) -> SlaCounts:
     """(customer, model, card) -> TtftCounts for every rate-card segment with a latency SLA:
     one grouped query per segment, over the customers with a reservation of the model."""
-    counts: dict[tuple[int, int, int], tuple[TtftCounts, _Window]] = {}
+    found = SlaCounts()
     for model_id, model_segments in segments.items():
         customers = reserved_customers.get(model_id)
         if not customers:
@@ -115,7 +130,9 @@ def latency_counts(segments, reserved_customers: dict[int, set[int]]) -> dict:
             card = rate.card
             if card.ttft_objective_ms is None or not card.latency_credit_tiers:
                 continue
-            window = _Window(model_id, card, rate.starts_at, rate.ends_at)
+            found.windows[(model_id, card.pk)] = _Window(
+                model_id, card, rate.starts_at, rate.ends_at
+            )
             by_customer = guaranteed_ttft_counts(
                 served_model_id=model_id,
                 customer_ids=sorted(customers),
@@ -124,25 +141,76 @@ def latency_counts(segments, reserved_customers: dict[int, set[int]]) -> dict:
                 objective_ms=card.ttft_objective_ms,
             )
             for customer_id, customer_counts in by_customer.items():
-                counts[(customer_id, model_id, card.pk)] = (customer_counts, window)
-    return counts
+                found.counts[(customer_id, model_id, card.pk)] = customer_counts
+    return found
 
 
-def latency_credit_lines(customer_id: int, counts: dict, commitment_lines) -> list[InvoiceLine]:
-    """The customer's latency credits: per model and card with an SLA whose attainment fell
-    below a tier, that tier's share of the commitment billed under the card."""
+NOTHING_COUNTED = TtftCounts(0, 0, 0)
+
+
+def _report_line(model_id: int, window: _Window, ttft: TtftCounts, commitment) -> InvoiceLine:
+    """The SLA's line when no credit is due: what was measured, for 0.00."""
+    objective = window.card.ttft_objective_ms
+    tiers = window.card.latency_credit_tiers
+    first = max(t["below_attainment_percent"] for t in tiers)
+    attainment = round(ttft.within * 100 / ttft.counted, 3) if ttft.counted else None
+    if attainment is not None:
+        description = (
+            f"Latency SLA met: {attainment:.3f} % of {ttft.counted:,} guaranteed requests had "
+            f"their first token within {objective:,} ms (credits start below {first:g} %)"
+        )
+    elif ttft.without_ttft:
+        description = (
+            f"Latency SLA not measured: no guaranteed request reported a TTFT (objective "
+            f"{objective:,} ms)"
+        )
+    else:
+        description = f"Latency SLA: no guaranteed requests ran (objective {objective:,} ms)"
+    if ttft.without_ttft:
+        description += f"; {ttft.without_ttft:,} without a TTFT, not counted"
+    description += "; no credit due"
+    return InvoiceLine(
+        kind=InvoiceLine.Kind.LATENCY_SLA,
+        served_model_id=model_id,
+        rate_card=window.card,
+        description=description[:300],
+        starts_at=window.starts_at,
+        ends_at=window.ends_at,
+        quantity=Decimal(ttft.counted),
+        unit="requests with a TTFT",
+        unit_price=Decimal(0),
+        amount=Decimal("0.00"),
+        evidence={
+            "sla": "ttft",
+            "ttft_objective_ms": objective,
+            "attainment_percent": attainment,
+            "requests_counted": ttft.counted,
+            "requests_within_objective": ttft.within,
+            "requests_without_ttft": ttft.without_ttft,
+            "below_attainment_percent": None,
+            "credit_percent": 0,
+            "commitment": str(commitment),
+        },
+    )
+
+
+def latency_credit_lines(customer_id: int, found: SlaCounts, commitment_lines) -> list[InvoiceLine]:
+    """The customer's latency SLA lines: per model and card with an SLA, a credit of the tier's
+    share of the commitment billed under the card when the attainment fell below a tier, else
+    a 0.00 line of kind `latency_sla` with the same evidence (no credit due)."""
     committed: dict[tuple[int, int], Decimal] = defaultdict(Decimal)
     for line in commitment_lines:
         if line.kind == InvoiceLine.Kind.COMMITMENT:
             committed[(line.served_model_id, line.rate_card.pk)] += line.amount
     lines = []
     for (model_id, card_id), commitment in sorted(committed.items()):
-        found = counts.get((customer_id, model_id, card_id))
-        if found is None or commitment <= 0:
-            continue
-        ttft, window = found
+        window = found.windows.get((model_id, card_id))
+        if window is None or commitment <= 0:
+            continue  # no SLA on the card
+        ttft = found.counts.get((customer_id, model_id, card_id), NOTHING_COUNTED)
         tier = credit_tier(window.card.latency_credit_tiers, ttft)
         if tier is None:
+            lines.append(_report_line(model_id, window, ttft, commitment))
             continue
         objective = window.card.ttft_objective_ms
         attainment = round(ttft.within * 100 / ttft.counted, 3)

@@ -10,7 +10,7 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
 
-from accounts.models import Customer
+from accounts.models import ApiKey, Customer
 from capacity.models import Reservation, ServedModel
 
 ZERO = Decimal("0")
@@ -114,6 +114,8 @@ class InvoiceLine(models.Model):
         BEST_EFFORT = "best_effort", "Best-effort usage"
         CREDIT = "credit", "SLA credit"
         ADJUSTMENT = "adjustment", "Adjustment"
+        # The latency SLA's attainment when no credit is due (billing.latency): 0.00.
+        LATENCY_SLA = "latency_sla", "Latency SLA (no credit due)"
 
     invoice = models.ForeignKey(Invoice, on_delete=models.CASCADE, related_name="lines")
     kind = models.CharField(max_length=11, choices=Kind.choices)
@@ -143,15 +145,26 @@ class InvoiceLine(models.Model):
 
 
 class Budget(models.Model):
-    """A customer's monthly budget (billing.budgets): month-to-date spend is what its invoice
-    for the month holds so far (billing.generation.build_lines, the invoice's own lines), in the
-    budget's currency. Alerts go at 50, 80 and 100 % of it, once each per month; with
-    `hard_cap`, past 100 % admission refuses the customer's best-effort requests.
+    """A monthly budget of a customer (`api_key` empty) or of one of its keys (billing.budgets).
 
-    Per customer only: usage events and their rollups do not record which key sent a request,
-    so a key's spend cannot be priced from the invoice's lines."""
+    A customer's month-to-date spend is what its invoice for the month holds so far
+    (billing.generation.build_lines, the invoice's own lines); a key's is what the requests
+    sent with it were billed beyond the reservations (their best-effort MU, from the key
+    rollups, at the rate cards' best-effort price, as the invoice's best-effort lines price
+    them; the commitment is the customer's, not a key's). Both in the budget's currency.
+    Alerts go at 50, 80 and 100 % of it, once each per month; with `hard_cap`, past 100 %
+    admission refuses the best-effort requests of the customer, or of the key."""
 
-    customer = models.OneToOneField(Customer, on_delete=models.CASCADE, related_name="budget")
+    customer = models.ForeignKey(Customer, on_delete=models.CASCADE, related_name="budgets")
+    api_key = models.ForeignKey(
+        ApiKey,
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="budgets",
+        help_text="Empty: the customer's budget, over all its keys. A key's budget counts the "
+        "requests sent with that key.",
+    )
     monthly_amount = models.DecimalField(
         max_digits=16, decimal_places=2, validators=[MinValueValidator(Decimal("0.01"))]
     )
@@ -160,8 +173,8 @@ class Budget(models.Model):
     )
     hard_cap = models.BooleanField(
         default=False,
-        help_text="Past 100 % of the budget, refuse best-effort requests (the reservation is "
-        "still admitted).",
+        help_text="Past 100 % of the budget, refuse best-effort requests of the customer (or of "
+        "the key); requests within the reservation are still admitted.",
     )
     alert_email = models.EmailField(
         blank=True, help_text="Where alerts are mailed; empty: the customer's owners."
@@ -170,10 +183,21 @@ class Budget(models.Model):
     updated_by = models.CharField(max_length=200, blank=True)
 
     class Meta:
-        ordering = ["customer__slug"]
+        ordering = ["customer__slug", "pk"]
+        constraints = [
+            # serves: billing.budgets.budget_create (one customer-wide budget)
+            models.UniqueConstraint(
+                fields=["customer"],
+                condition=Q(api_key__isnull=True),
+                name="budget_one_per_customer",
+            ),
+            # serves: billing.budgets.budget_create (one budget per key)
+            models.UniqueConstraint(fields=["api_key"], name="budget_one_per_key"),
+        ]
 
     def __str__(self) -> str:
-        return f"{self.customer}: {self.monthly_amount} {self.currency}/month"
+        whose = f"{self.customer} key {self.api_key.prefix}" if self.api_key_id else self.customer
+        return f"{whose}: {self.monthly_amount} {self.currency}/month"
 
 
 class BudgetAlert(models.Model):

@@ -1,6 +1,7 @@
 """An invoice as a PDF a finance team can send: the rows of its CSV (billing.exports), its
-totals and its credits with their evidence, laid out by WeasyPrint (HTML and CSS, through
-Debian's Pango) from the template billing/invoice_pdf.html.
+totals, its credits with their evidence and the latency SLA's attainment when no credit is due,
+laid out by WeasyPrint (HTML and CSS, through Debian's Pango) from the template
+billing/invoice_pdf.html.
 
 WeasyPrint would fetch what a document links to (images, style sheets); an invoice links to
 nothing, so every fetch is refused: nothing in a line's text can make the server reach out.
@@ -13,8 +14,24 @@ from billing.models import Invoice, InvoiceLine
 
 
 def credit_evidence(line: InvoiceLine) -> str:
-    """What a credit rests on, in a sentence."""
+    """What a credit (or the latency SLA's line without one) rests on, in a sentence."""
     evidence = line.evidence or {}
+    if evidence.get("sla") == "ttft" and line.kind == InvoiceLine.Kind.LATENCY_SLA:
+        without = evidence.get("requests_without_ttft") or 0
+        if evidence.get("attainment_percent") is None:
+            text = (
+                f"No guaranteed request reported a time to first token against the "
+                f"{evidence['ttft_objective_ms']:,} ms objective: attainment not measured."
+            )
+        else:
+            text = (
+                f"Attainment {evidence['attainment_percent']:.3f} %: "
+                f"{evidence['requests_within_objective']:,} of {evidence['requests_counted']:,} "
+                f"guaranteed requests had their first token within "
+                f"{evidence['ttft_objective_ms']:,} ms; no credit is due."
+            )
+        text += f" {without:,} requests reported no TTFT and are not counted."
+        return text
     if evidence.get("sla") == "ttft":
         text = (
             f"Attainment {evidence['attainment_percent']:.3f} %: "
@@ -58,9 +75,15 @@ def invoice_pdf(invoice: Invoice) -> bytes:
         for line, row in zip(lines, rows, strict=True)
         if line.kind == InvoiceLine.Kind.CREDIT
     ]
+    # The latency SLA's attainment in the months no credit is due (billing.latency).
+    latency = [
+        {"row": row, "evidence": credit_evidence(line)}
+        for line, row in zip(lines, rows, strict=True)
+        if line.kind == InvoiceLine.Kind.LATENCY_SLA
+    ]
     html = render_to_string(
         "billing/invoice_pdf.html",
-        {"invoice": invoice, "rows": rows, "credits": credits},
+        {"invoice": invoice, "rows": rows, "credits": credits, "latency": latency},
     )
     # No protocol allowed: any URL a document names is refused, never fetched.
     refuse_all = URLFetcher(allowed_protocols=frozenset())

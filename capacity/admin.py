@@ -37,6 +37,7 @@ from capacity.models import (
     ReservationChange,
     ServedModel,
     UsageEvent,
+    UsageKeyMinute,
     UsageMinute,
 )
 from capacity.publication import publish_after_commit
@@ -465,12 +466,13 @@ class RequestLimitAdmin(admin.ModelAdmin):
 
 @admin.register(BudgetCap)
 class BudgetCapAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
-    """Customers whose best-effort admission a spent budget's hard cap refuses: set and lifted
-    by billing's budget check (billing.budgets) through the audited service, never by hand."""
+    """Customers (or keys) whose best-effort admission a spent budget's hard cap refuses: set
+    and lifted by billing's budget check (billing.budgets) through the audited service, never
+    by hand."""
 
-    list_display = ["customer", "reason", "since"]
-    search_fields = ["customer__slug"]
-    list_select_related = ["customer"]
+    list_display = ["customer", "api_key", "reason", "since"]
+    search_fields = ["customer__slug", "api_key__prefix"]
+    list_select_related = ["customer", "api_key"]
 
 
 @admin.register(ReservationChange)
@@ -495,6 +497,7 @@ class UsageEventAdmin(admin.ModelAdmin):
         "admission_class",
         "verification",
         "self_reported",
+        "api_key_prefix",
         "mu",
         "guaranteed_mu",
         "best_effort_mu",
@@ -508,7 +511,7 @@ class UsageEventAdmin(admin.ModelAdmin):
         "rolled_up",
         "served_model",
     ]
-    search_fields = ["event_id", "customer__slug"]
+    search_fields = ["event_id", "customer__slug", "api_key_prefix"]
     list_select_related = ["customer", "served_model"]
     show_full_result_count = False  # counting millions of events on every page would crawl
 
@@ -524,10 +527,43 @@ class UsageEventAdmin(admin.ModelAdmin):
 class FallbackAdmissionAdmin(admin.ModelAdmin):
     """Decisions the Redis-down fallback made: evidence for billing, so read-only."""
 
-    list_display = ["decided_at", "customer", "served_model", "request_id", "admission_class"]
+    list_display = [
+        "decided_at",
+        "customer",
+        "served_model",
+        "request_id",
+        "admission_class",
+        "api_key_prefix",
+    ]
     list_filter = ["admission_class", "served_model"]
     search_fields = ["request_id", "customer__slug"]
     list_select_related = ["customer", "served_model"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(UsageKeyMinute)
+class UsageKeyMinuteAdmin(admin.ModelAdmin):
+    """What each customer key's requests used per model and minute: rolled up from the events
+    (capacity.metering.rollups), what a key's budget is priced from; read-only."""
+
+    list_display = [
+        "customer",
+        "api_key_prefix",
+        "served_model",
+        "minute",
+        "requests",
+        "mu",
+        "best_effort_mu",
+    ]
+    list_filter = ["served_model"]
+    search_fields = ["customer__slug", "api_key_prefix"]
+    list_select_related = ["customer", "served_model"]
+    show_full_result_count = False
 
     def has_add_permission(self, request) -> bool:
         return False

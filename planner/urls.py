@@ -9,6 +9,7 @@ app_name = "planner"
 urlpatterns = [
     path("", fleet.fleet, name="fleet"),
     path("customers/", include("planner.customers.urls")),
+    path("tiers/", include("planner.tiers.urls")),
     path("benchmarks/", include("planner.benchmarks.urls")),
     path("allocation/", include("planner.allocation.urls")),
     path("health/", include("planner.health.urls")),

@@ -19,9 +19,10 @@ from accounts.selectors import (
     memberships_of_user,
 )
 from accounts.services import api_key_create, api_key_revoke
-from billing.budgets import budget_of_customer, budget_status
+from billing.budgets import budget_statuses, budgets_of_customer
 from billing.exports import INVOICE_FORMATS, invoice_download
 from billing.selectors import invoice_of_customer, invoices_of_customer, lines_of_invoice
+from capacity.admission.limits import request_limits_of_customer
 from capacity.allocation.selectors import admission_allowances_of_customer
 from capacity.metering.selectors import usage_events_of_customer_newest_first
 from capacity.selling.entitlements import entitled_model_names
@@ -139,7 +140,9 @@ def limits(request, access):
         "entitled_models": entitled_model_names(customer),
         "reservations": page_of(request, reservations_of_customer(customer), per_page=20),
         "allowances": admission_allowances_of_customer(customer),
-        "budget": budget_status(budget) if (budget := budget_of_customer(customer)) else None,
+        # The customer's own first, then its keys' (by prefix).
+        "request_limits": request_limits_of_customer(customer),
+        "budgets": budget_statuses(budgets_of_customer(customer)),
         "write_rate": settings.API_THROTTLE_WRITES,
         "usage_rate": settings.API_THROTTLE_USAGE,
         "now": timezone.now(),

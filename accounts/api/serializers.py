@@ -4,7 +4,8 @@ from django.utils import timezone
 from rest_framework import serializers
 
 from accounts import scopes as S
-from accounts.models import ApiKey, Customer
+from accounts.models import ApiKey, Customer, Tier
+from accounts.services import MAX_SHED_ORDER, MAX_TIER_WEIGHT
 from controlplane.api.serializers import (
     StrictModelSerializer,
     StrictSerializer,
@@ -109,3 +110,52 @@ class MeSerializer(serializers.Serializer):
     api_key_prefix = serializers.CharField(allow_null=True)
     scopes = serializers.ListField(child=serializers.CharField())
     customers = MeMembershipSerializer(many=True)
+
+
+_WEIGHT_HELP = (
+    "The tier's share of the even part of best-effort slack, relative to the other tiers' "
+    "(capacity.allocation.policy); reaches the next allocation tick."
+)
+_SHED_HELP = (
+    "Its place in the order degradation sheds best-effort traffic: level 1 refuses the lowest "
+    "first, then the next each window. One tier per place."
+)
+
+
+class TierSerializer(StrictModelSerializer):
+    name = serializers.SlugField(
+        max_length=20, help_text="What customers refer to the tier by: fixed once created."
+    )
+    label = serializers.CharField(
+        max_length=100, required=False, allow_blank=True, default="",
+        validators=[no_control_characters],
+    )  # fmt: skip
+    weight = serializers.FloatField(
+        min_value=0.0, max_value=MAX_TIER_WEIGHT, required=False, default=1.0,
+        help_text=_WEIGHT_HELP,
+    )  # fmt: skip
+    shed_order = serializers.IntegerField(
+        min_value=1, max_value=MAX_SHED_ORDER, help_text=_SHED_HELP
+    )
+
+    class Meta:
+        model = Tier
+        fields = ["name", "label", "weight", "shed_order"]
+        # A name or shed order taken is the service's 409, not a validation 400.
+        validators: list = []
+
+
+class TierChangeSerializer(StrictSerializer):
+    unknown_field_message = (
+        "cannot be changed: a tier's name is fixed (customers refer to it); create another."
+    )
+
+    label = serializers.CharField(
+        max_length=100, required=False, allow_blank=True, validators=[no_control_characters]
+    )
+    weight = serializers.FloatField(
+        min_value=0.0, max_value=MAX_TIER_WEIGHT, required=False, help_text=_WEIGHT_HELP
+    )
+    shed_order = serializers.IntegerField(
+        min_value=1, max_value=MAX_SHED_ORDER, required=False, help_text=_SHED_HELP
+    )

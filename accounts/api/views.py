@@ -15,8 +15,10 @@ from accounts.api.serializers import (
     ApiKeySerializer,
     CustomerSerializer,
     MeSerializer,
+    TierChangeSerializer,
+    TierSerializer,
 )
-from accounts.models import ApiKey, Customer
+from accounts.models import ApiKey, Customer, Tier
 from accounts.permissions import scoped_permission
 from accounts.principals import principal_of
 from controlplane.audit import actor_of
@@ -192,3 +194,62 @@ class MeView(APIView):
             "customers": customers,
         }
         return Response(MeSerializer(body).data)
+
+
+TierPermission = scoped_permission(
+    "TierPermission",
+    message="Only planners define tiers.",
+    write_scope=None,
+)
+
+
+class TierViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.UpdateModelMixin,
+    mixins.DestroyModelMixin,
+    viewsets.GenericViewSet,
+):
+    """Customer tiers, in shed order: each one's weight in the even part of the best-effort
+    split and its place in the order degradation sheds best-effort traffic (the lowest first).
+    Everyone signed in reads them; planners define them (audited). A tier's name is fixed once
+    made (customers refer to it); a tier with customers, and the default tier, cannot be
+    deleted (409)."""
+
+    serializer_class = TierSerializer
+    permission_classes = [TierPermission]
+    lookup_field = "name"
+    lookup_value_regex = r"[-a-zA-Z0-9_]+"
+    queryset = Tier.objects.order_by("shed_order")
+    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
+
+    def perform_create(self, serializer):
+        data = serializer.validated_data
+        serializer.instance = services.tier_create(
+            name=data["name"],
+            label=data.get("label", ""),
+            weight=data.get("weight", 1.0),
+            shed_order=data["shed_order"],
+            actor=actor_of(principal_of(self.request)),
+        )
+
+    @extend_schema(request=TierChangeSerializer, responses=TierSerializer)
+    def partial_update(self, request, *args, **kwargs):
+        tier = self.get_object()
+        serializer = TierChangeSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        changed = services.tier_update(
+            tier=tier,
+            changes=dict(serializer.validated_data),
+            actor=actor_of(principal_of(request)),
+        )
+        return Response(TierSerializer(changed).data)
+
+    def update(self, request, *args, **kwargs):
+        if not kwargs.get("partial"):
+            raise PermissionDenied("Change a tier with PATCH.")
+        return super().update(request, *args, **kwargs)
+
+    def perform_destroy(self, instance):
+        services.tier_delete(tier=instance, actor=actor_of(principal_of(self.request)))

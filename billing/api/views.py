@@ -16,7 +16,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts import scopes as S
-from accounts.models import Customer
+from accounts.models import ApiKey, Customer
 from accounts.permissions import scoped_permission
 from accounts.principals import principal_of
 from accounts.selectors import customers_visible_to
@@ -312,10 +312,22 @@ BudgetPermission = scoped_permission(
 _AMOUNT_HELP = "The most the customer means to spend in a month, in `currency`."
 _CAP_HELP = "Past 100 % of the budget, admission refuses best-effort requests (429, limit budget)."
 _EMAIL_HELP = "Where alerts are mailed; empty: the customer's owners."
+_KEY_HELP = (
+    "The prefix of one of the customer's keys: the key's own budget, spent by the requests sent "
+    "with it beyond the reservations (their best-effort usage), capped for that key alone; "
+    "null: the customer's budget, over all its keys (its invoice's total)."
+)
 
 
 class BudgetSerializer(StrictModelSerializer):
     customer = serializers.SlugRelatedField(slug_field="slug", queryset=Customer.objects.all())
+    api_key = serializers.SlugRelatedField(
+        slug_field="prefix",
+        queryset=ApiKey.objects.filter(customer__isnull=False),
+        allow_null=True,
+        required=False,
+        help_text=_KEY_HELP,
+    )
     monthly_amount = serializers.DecimalField(
         max_digits=16, decimal_places=2, min_value=Decimal("0.01"), help_text=_AMOUNT_HELP
     )
@@ -328,11 +340,11 @@ class BudgetSerializer(StrictModelSerializer):
     class Meta:
         model = Budget
         fields = [
-            "id", "customer", "monthly_amount", "currency", "hard_cap", "alert_email",
-            "updated_at", "updated_by",
+            "id", "customer", "api_key", "monthly_amount", "currency", "hard_cap",
+            "alert_email", "updated_at", "updated_by",
         ]  # fmt: skip
         read_only_fields = ["id", "updated_at", "updated_by"]
-        validators: list = []  # one budget per customer: the service's 409
+        validators: list = []  # one budget per customer and per key: the service's 409
 
 
 class BudgetChangeSerializer(StrictSerializer):
@@ -348,10 +360,11 @@ class BudgetChangeSerializer(StrictSerializer):
 
 class BudgetFilter(filters.FilterSet):
     customer = filters.CharFilter(field_name="customer__slug")
+    api_key = filters.CharFilter(field_name="api_key__prefix")
 
     class Meta:
         model = Budget
-        fields = ["customer"]
+        fields = ["customer", "api_key"]
 
 
 class BudgetViewSet(
@@ -362,10 +375,12 @@ class BudgetViewSet(
     mixins.DestroyModelMixin,
     viewsets.GenericViewSet,
 ):
-    """A customer's monthly budget: alerts at 50, 80 and 100 % of it (email and signed webhook,
-    once each per month), and with `hard_cap` best-effort refused past 100 %. Customers read
-    their own; planners and provisioning services (customers:write) write. `GET .../spend`:
-    month-to-date spend from the invoice's own lines, and the alerts sent."""
+    """A monthly budget of a customer (api_key null) or of one of its keys: alerts at 50, 80
+    and 100 % of it (email and signed webhook, once each per month), and with `hard_cap`
+    best-effort refused past 100 % (the customer's, or only the key's). Customers read their
+    own; planners and provisioning services (customers:write) write. `GET .../spend`:
+    month-to-date spend (a customer's from the invoice's own lines, a key's from the
+    best-effort usage its requests were billed) and the alerts sent."""
 
     serializer_class = BudgetSerializer
     permission_classes = [BudgetPermission]
@@ -374,7 +389,7 @@ class BudgetViewSet(
 
     def get_queryset(self):
         principal = principal_of(self.request)
-        queryset = Budget.objects.select_related("customer").order_by("pk")
+        queryset = Budget.objects.select_related("customer", "api_key").order_by("pk")
         if principal.sees_all_customers or self.request.method not in ("GET", "HEAD", "OPTIONS"):
             return queryset
         return queryset.filter(customer_id__in=principal.customer_ids)
@@ -383,6 +398,7 @@ class BudgetViewSet(
         data = serializer.validated_data
         serializer.instance = budgets.budget_create(
             customer=data["customer"],
+            api_key=data.get("api_key"),
             monthly_amount=data["monthly_amount"],
             currency=data.get("currency"),
             hard_cap=data.get("hard_cap", False),
@@ -415,6 +431,7 @@ class BudgetViewSet(
             "BudgetSpend",
             {
                 "period": serializers.CharField(),
+                "api_key": serializers.CharField(allow_null=True),
                 "spend": serializers.DecimalField(max_digits=16, decimal_places=2),
                 "currency": serializers.CharField(),
                 "percent": serializers.FloatField(),
@@ -430,6 +447,7 @@ class BudgetViewSet(
         return Response(
             {
                 "period": status.period,
+                "api_key": budget.api_key.prefix if budget.api_key_id else None,
                 "spend": str(status.spend),
                 "currency": budget.currency,
                 "percent": round(status.percent, 2),

@@ -225,7 +225,9 @@ def admit(
             api_key_prefix=api_key_prefix,
         )
     except redis.RedisError:
-        return _degraded(customer_id, info.model_id, cost, request_id=request_id)
+        return _degraded(
+            customer_id, info.model_id, cost, request_id=request_id, api_key_prefix=api_key_prefix
+        )
     admission_class = decision.admission_class
     reason = "" if admission_class != REFUSED else _refusal_reason(decision)
     limit = decision.limit
@@ -301,8 +303,9 @@ _LIMIT_NAMES = {
 
 def _refusal_reason(decision) -> str:
     if decision.limit == "budget":
+        whose = "the API key's" if decision.limit_scope == "api_key" else "the customer's"
         return (
-            "the customer's monthly budget is spent and its hard cap refuses best-effort "
+            f"{whose} monthly budget is spent and its hard cap refuses best-effort "
             "requests; requests within the reservation are still admitted"
         )
     if decision.limit in _LIMIT_NAMES:
@@ -329,7 +332,12 @@ def _reserved_mu_per_minute(customer_id: int, model_id: int) -> float:
 
 
 def _degraded(
-    customer_id: int, model_id: int, cost: float, *, request_id: str | None = None
+    customer_id: int,
+    model_id: int,
+    cost: float,
+    *,
+    request_id: str | None = None,
+    api_key_prefix: str | None = None,
 ) -> Admission:
     mode = settings.ADMISSION_ON_REDIS_DOWN
     reserved = _reserved_mu_per_minute(customer_id, model_id) if mode == "guaranteed" else 0.0
@@ -348,7 +356,7 @@ def _degraded(
         recorded = admission_class
         if admission_class == REFUSED and reserved > 0:
             recorded = REFUSED_GUARANTEED
-        _spool_record(customer_id, model_id, request_id, recorded, cost)
+        _spool_record(customer_id, model_id, request_id, recorded, cost, api_key_prefix or "")
     return Admission(
         admitted=admitted,
         admission_class=admission_class,
@@ -386,7 +394,12 @@ def _take_local(customer_id: int, model_id: int, cost: float, reserved: float) -
 
 
 def _spool_record(
-    customer_id: int, model_id: int, request_id: str, recorded_class: str, cost: float
+    customer_id: int,
+    model_id: int,
+    request_id: str,
+    recorded_class: str,
+    cost: float,
+    api_key_prefix: str,
 ) -> None:
     """Keep the fallback's decision where ingestion will look for it (Redis is down)."""
     FallbackAdmission.objects.update_or_create(
@@ -396,6 +409,7 @@ def _spool_record(
             "served_model_id": model_id,
             "admission_class": recorded_class,
             "estimated_mu": cost,
+            "api_key_prefix": api_key_prefix,
             "decided_at": timezone.now(),
         },
     )
@@ -438,7 +452,12 @@ def admission_records(
             customer_id, model_id, request_id = requests[index]
             row = spooled.get((customer_id, request_id))
             if row is not None and row.served_model_id == model_id:
-                found[index] = AdmissionRecord(row.admission_class, row.estimated_mu, spooled=True)
+                found[index] = AdmissionRecord(
+                    row.admission_class,
+                    row.estimated_mu,
+                    spooled=True,
+                    api_key_prefix=row.api_key_prefix,
+                )
     return found
 
 

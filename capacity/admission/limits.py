@@ -155,8 +155,9 @@ def request_limits_of_customer(customer: Customer) -> list[RequestLimit]:
 def published_request_limits() -> dict[str, dict[str, int]]:
     """Every scope's limits as admission's script reads them: "c:<customer id>" or
     "k:<key prefix>" -> {"rpm" | "tpm" | "concurrency" | "budget": int} (capacity.publication).
-    `budget: 1` on a customer's scope: its budget's hard cap refuses its best-effort requests
-    (`budget_cap_set`)."""
+    `budget: 1` on a customer's scope: its budget's hard cap refuses its best-effort requests;
+    on a key's scope: that key's budget's hard cap refuses the best-effort requests sent with
+    it (`budget_cap_set`)."""
     published: dict[str, dict[str, int]] = {}
     for limit in RequestLimit.objects.select_related("api_key").order_by("pk"):
         scope = (
@@ -165,42 +166,59 @@ def published_request_limits() -> dict[str, dict[str, int]]:
             else customer_scope(limit.customer_id)
         )
         published[scope] = limit.limits
-    for customer_id in BudgetCap.objects.values_list("customer_id", flat=True):
-        published.setdefault(customer_scope(customer_id), {})[BUDGET_CAP_FIELD] = 1
+    for cap in BudgetCap.objects.select_related("api_key").order_by("pk"):
+        scope = (
+            api_key_scope(cap.api_key.prefix) if cap.api_key_id else customer_scope(cap.customer_id)
+        )
+        published.setdefault(scope, {})[BUDGET_CAP_FIELD] = 1
     return published
 
 
-# --- The budget cap: best-effort refused for a customer whose budget is spent ----------------
+# --- The budget cap: best-effort refused for a customer (or key) whose budget is spent -------
 
-# The field of a customer's published limits hash that admission's script reads
+# The field of a customer's (or key's) published limits hash that admission's script reads
 # (capacity.admission.redis_buckets).
 BUDGET_CAP_FIELD = "budget"
 
 
 @transaction.atomic
 def budget_cap_set(
-    *, customer: Customer, capped: bool, reason: str = "", actor: str | None = None
+    *,
+    customer: Customer,
+    capped: bool,
+    api_key: ApiKey | None = None,
+    reason: str = "",
+    actor: str | None = None,
 ) -> bool:
-    """Cap the customer's best-effort admission (`capped`) or lift the cap; True when that
-    changed anything. Billing's hard cap calls it (billing.budgets): capacity owns the flag and
-    enforces it, billing decides when. Audited and published to admission and gateways."""
+    """Cap the best-effort admission of the customer, or of the requests sent with its key
+    `api_key` (`capped`), or lift the cap; True when that changed anything. Billing's hard cap
+    calls it (billing.budgets): capacity owns the flag and enforces it, billing decides when.
+    Audited and published to admission and gateways."""
     if capped and not reason.strip():
         raise DomainError("A cap says why it refuses best-effort requests.", field="reason")
+    if api_key is not None and api_key.customer_id != customer.pk:
+        raise DomainError(
+            f"The key {api_key.prefix} is not one of {customer.slug}'s keys.", field="api_key"
+        )
     Customer.objects.select_for_update().filter(pk=customer.pk).first()
-    cap = BudgetCap.objects.filter(customer=customer).first()
+    cap = BudgetCap.objects.filter(customer=customer, api_key=api_key).first()
     actor = actor or current_actor()
+    whose = f"{customer} key {api_key.prefix}" if api_key is not None else str(customer)
     if capped and cap is None:
-        cap = BudgetCap.objects.create(customer=customer, reason=reason[:300], since=timezone.now())
-        audit_record(actor=actor, action="budget_cap.set", obj=cap, after={"reason": cap.reason})
+        cap = BudgetCap.objects.create(
+            customer=customer, api_key=api_key, reason=reason[:300], since=timezone.now()
+        )
+        audit_record(actor=actor, action="budget_cap.set", obj=cap, after=_cap_state(cap, api_key))
     elif not capped and cap is not None:
-        before = {"reason": cap.reason, "since": cap.since}
+        before = {**_cap_state(cap, api_key), "since": cap.since}
+        pk = cap.pk
         cap.delete()
         audit_record(
             actor=actor,
             action="budget_cap.lift",
             object_type=BudgetCap._meta.label_lower,
-            object_id=customer.pk,
-            object_repr=f"{customer} capped",
+            object_id=pk,
+            object_repr=f"{whose} capped",
             before=before,
         )
     else:
@@ -209,5 +227,19 @@ def budget_cap_set(
     return True
 
 
-def budget_cap_of(customer: Customer) -> BudgetCap | None:
-    return BudgetCap.objects.filter(customer=customer).first()
+def _cap_state(cap: BudgetCap, api_key: ApiKey | None) -> dict:
+    return {"api_key": api_key.prefix if api_key is not None else None, "reason": cap.reason}
+
+
+def budget_cap_of(customer: Customer, api_key: ApiKey | None = None) -> BudgetCap | None:
+    """The cap of the customer (`api_key` None) or of its key."""
+    return BudgetCap.objects.filter(customer=customer, api_key=api_key).first()
+
+
+def budget_caps_of_customers(customer_ids) -> set[tuple[int, int | None]]:
+    """The caps on these customers as (customer id, key id or None for the customer's own)."""
+    return set(
+        BudgetCap.objects.filter(customer_id__in=customer_ids).values_list(
+            "customer_id", "api_key_id"
+        )
+    )

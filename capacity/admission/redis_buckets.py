@@ -235,9 +235,15 @@ local window = tonumber(ARGV[6])
 local cc_ttl = tonumber(ARGV[7])
 local g = tonumber(mu_limits[1])
 local be = tonumber(mu_limits[2])
--- A customer whose budget's hard cap is on (field 'budget' of its request limits hash) has no
--- best-effort bucket: what its guarantee covers is admitted, nothing beyond.
-local capped = KEYS[5] ~= '' and redis.call('HGET', KEYS[5], 'budget') == '1'
+-- A customer whose budget's hard cap is on (field 'budget' of its request limits hash), or a
+-- request sent with a key whose own budget's hard cap is on (the same field of the key's
+-- hash), has no best-effort bucket: what the guarantee covers is admitted, nothing beyond.
+local capped = nil
+if KEYS[5] ~= '' and redis.call('HGET', KEYS[5], 'budget') == '1' then
+  capped = 'customer'
+elseif KEYS[9] ~= '' and redis.call('HGET', KEYS[9], 'budget') == '1' then
+  capped = 'api_key'
+end
 local be_rate = be
 if capped then be_rate = nil end
 
@@ -261,7 +267,7 @@ if limit == '' then
   local _
   class, g_mu, _, wait = gcra_split(KEYS[2], KEYS[3], g, be_rate, now, cost, burst_ms, ttl_ms)
   if class == 'refused' and capped then
-    limit, scope = 'budget', 'customer'
+    limit, scope = 'budget', capped
   elseif class == 'refused' then
     limit = 'mu'
   else
@@ -366,7 +372,8 @@ class BucketDecision:
     best_effort_mu: float = 0.0
     # Refused: the limit that refused it, "mu" (the buckets), a request limit ("rpm", "tpm",
     # "concurrency", of the scope in limit_scope: "customer" or "api_key") or "budget" (the
-    # customer's budget is spent and its hard cap refuses best-effort); None when admitted.
+    # budget of the customer, or of the key in limit_scope "api_key", is spent and its hard cap
+    # refuses best-effort); None when admitted.
     limit: str | None = None
     limit_scope: str | None = None
     # Admitted under a concurrency limit: it holds a slot until `release` (or its usage event,

@@ -84,14 +84,17 @@ AdmissionResponse = inline_serializer(
             help_text="Of estimated_mu, the part beyond the guarantee: best-effort."
         ),
         "limit": serializers.ChoiceField(
-            ["mu", "rpm", "tpm", "concurrency", "degradation"],
+            ["mu", "rpm", "tpm", "concurrency", "budget", "degradation"],
             allow_null=True,
-            help_text="Refused: the limit that bit (null when admitted).",
+            help_text="Refused: the limit that bit (null when admitted); budget: the monthly "
+            "budget of the customer (or, with limit_scope api_key, of the key) is spent and its "
+            "hard cap refuses best-effort.",
         ),
         "limit_scope": serializers.ChoiceField(
             ["customer", "api_key"],
             allow_null=True,
-            help_text="Refused by a request limit: whose (the customer's or the key's).",
+            help_text="Refused by a request limit or a budget's hard cap: whose (the "
+            "customer's or the key's).",
         ),
     },
 )

@@ -69,6 +69,11 @@ class ReceiptSerializer(serializers.Serializer):
     )
     verification = serializers.CharField(help_text="Where the class came from.")
     self_reported = serializers.BooleanField(help_text="Posted by the customer's own key.")
+    api_key = serializers.CharField(
+        allow_null=True,
+        help_text="The prefix of the customer's key the request was admitted under, as its "
+        "admission record names it (null: none recorded). What a key's budget is spent from.",
+    )
     ttft_ms = serializers.FloatField(allow_null=True, help_text="Time to first token, if sent.")
     mu = serializers.FloatField(help_text="MU the request used (0 for a refused request).")
     guaranteed_mu = serializers.FloatField(help_text="Of mu: the part admitted as guaranteed.")

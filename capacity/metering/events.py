@@ -70,6 +70,10 @@ class UsageEventIn(BaseModel):
     # What the sender believes; the admission record of `event_id` decides
     # (capacity.metering.ingestion).
     admission_class: Literal["guaranteed", "best_effort", "none"] | None = None
+    # The prefix of the customer's key the request came with, as the sender believes. Checked
+    # against the admission record, which alone decides the key stored (and whose budget the
+    # request spends): never taken from the sender.
+    api_key: _identifier(16) | None = None
     ttft_ms: Annotated[float, Field(ge=0, le=MAX_TTFT_MS, allow_inf_nan=False)] | None = None
     # A refused request's estimated MU, as the sender's admission computed it. Stored only for
     # refused events, and only when the control plane has no admission record of its own.

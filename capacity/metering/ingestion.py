@@ -16,6 +16,11 @@ of the guarantee and spilled the rest to best-effort is billed in both parts. An
 a record is billed as best-effort and flagged `unrecorded`; one whose outcome or class
 contradicts its record is billed by the record and flagged `contradicted`; an event claiming
 `refused` for a request admission admitted is rejected, since it would make used capacity free.
+
+The customer key a request came with (`api_key_prefix`, what a key's budget is spent from) is
+the record's too: the key admission counted the request under. A sender's `api_key` that
+differs from it flags the event `contradicted`; without a record no key is stored, whatever
+the sender says.
 """
 
 from dataclasses import dataclass, field
@@ -69,6 +74,7 @@ COLUMNS = (
     "admission_class",
     "verification",
     "self_reported",
+    "api_key_prefix",
     "ttft_ms",
     "mu",
     "guaranteed_mu",
@@ -298,7 +304,7 @@ def _class_of(event: UsageEventIn, record: AdmissionRecord | None) -> _Class | s
                 "or error), not refused"
             )
         claimed = event.admission_class
-        agrees = claimed in (None, record.admission_class)
+        agrees = claimed in (None, record.admission_class) and _same_key(event, record)
         return _Class(
             record.admission_class,
             verified if agrees else Verification.CONTRADICTED,
@@ -313,8 +319,13 @@ def _class_of(event: UsageEventIn, record: AdmissionRecord | None) -> _Class | s
         # It ran although admission refused it: billed as best-effort, flagged.
         return _Class(BEST_EFFORT, Verification.CONTRADICTED)
     claimed = event.admission_class
-    agrees = claimed in (None, refused_class)
+    agrees = claimed in (None, refused_class) and _same_key(event, record)
     return _Class(refused_class, verified if agrees else Verification.CONTRADICTED)
+
+
+def _same_key(event: UsageEventIn, record: AdmissionRecord) -> bool:
+    """The sender's key agrees with the record's (or the sender names none)."""
+    return event.api_key is None or event.api_key == record.api_key_prefix
 
 
 def _classify(valid, *, reject) -> list:
@@ -363,6 +374,8 @@ def _rows(valid, *, deployments, ingested_at, self_reported: bool):
             decided.admission_class,
             decided.verification,
             self_reported,
+            # The key admission recorded, never the sender's claim.
+            record.api_key_prefix if record is not None else "",
             event.ttft_ms,
             used,
             guaranteed_mu,

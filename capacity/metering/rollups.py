@@ -1,4 +1,5 @@
-"""Per-minute usage rollups (customer × model × minute), recomputed from raw events.
+"""Per-minute usage rollups (customer × model × minute, and customer × key × model × minute
+for the events a recorded key sent), recomputed from raw events.
 
 Each pass takes a slice of events not yet rolled up, recomputes *from all raw events* every
 (customer, model, minute) they touch, upserts those rows and marks the slice rolled up.
@@ -11,14 +12,14 @@ write an older total last.
 from django.db import connection, transaction
 from django.db.models import Count, Q, Sum
 
-from capacity.models import UsageEvent, UsageMinute
+from capacity.models import UsageEvent, UsageKeyMinute, UsageMinute
 from controlplane.db import Lock, try_lock_for_transaction
 
 BATCH_EVENTS = 50_000
 
 _PG_PASS = """
 WITH picked AS (
-    SELECT id, customer_id, served_model_id, minute
+    SELECT id, customer_id, served_model_id, minute, api_key_prefix
     FROM capacity_usageevent
     WHERE NOT rolled_up
     ORDER BY id
@@ -81,6 +82,33 @@ WITH picked AS (
         prompt_bytes = EXCLUDED.prompt_bytes,
         prompt_bytes_input_tokens = EXCLUDED.prompt_bytes_input_tokens
     RETURNING 1
+), key_touched AS (
+    SELECT DISTINCT customer_id, api_key_prefix, served_model_id, minute
+    FROM picked WHERE api_key_prefix <> ''
+), key_totals AS (
+    SELECT e.customer_id, e.api_key_prefix, e.served_model_id, e.minute,
+           count(*) FILTER (WHERE e.outcome <> 'refused') AS requests,
+           count(*) FILTER (WHERE e.outcome = 'refused') AS refused_requests,
+           coalesce(sum(e.mu), 0) AS mu,
+           coalesce(sum(e.guaranteed_mu), 0) AS guaranteed_mu,
+           coalesce(sum(e.best_effort_mu), 0) AS best_effort_mu
+    FROM capacity_usageevent e
+    JOIN key_touched t USING (customer_id, api_key_prefix, served_model_id, minute)
+    GROUP BY e.customer_id, e.api_key_prefix, e.served_model_id, e.minute
+), key_upserted AS (
+    INSERT INTO capacity_usagekeyminute (
+        customer_id, api_key_prefix, served_model_id, minute, requests, refused_requests, mu,
+        guaranteed_mu, best_effort_mu)
+    SELECT customer_id, api_key_prefix, served_model_id, minute, requests, refused_requests,
+           mu, guaranteed_mu, best_effort_mu
+    FROM key_totals
+    ON CONFLICT (customer_id, api_key_prefix, served_model_id, minute) DO UPDATE SET
+        requests = EXCLUDED.requests,
+        refused_requests = EXCLUDED.refused_requests,
+        mu = EXCLUDED.mu,
+        guaranteed_mu = EXCLUDED.guaranteed_mu,
+        best_effort_mu = EXCLUDED.best_effort_mu
+    RETURNING 1
 )
 -- PostgreSQL runs a data-modifying CTE even when nothing reads it.
 UPDATE capacity_usageevent SET rolled_up = TRUE
@@ -116,6 +144,31 @@ _AGGREGATES = {
 }
 
 
+# A key's minute: what its requests used (UsageKeyMinute), the columns a key's budget needs.
+_KEY_AGGREGATES = {
+    name: _AGGREGATES[name]
+    for name in ("requests", "refused_requests", "mu", "guaranteed_mu", "best_effort_mu")
+}
+_KEY_GROUP = ("customer_id", "api_key_prefix", "served_model_id", "minute")
+
+
+def _aggregate_keys(queryset) -> list[dict]:
+    """Rows of (customer_id, api_key_prefix, served_model_id, minute) with the key rollup's
+    columns, for the events a recorded key sent."""
+    rows = (
+        queryset.exclude(api_key_prefix="")
+        .values(*_KEY_GROUP)
+        .annotate(**{f"total_{name}": expression for name, expression in _KEY_AGGREGATES.items()})
+    )
+    return [
+        {
+            **{name: row[name] for name in _KEY_GROUP},
+            **{name: row[f"total_{name}"] or 0 for name in _KEY_AGGREGATES},
+        }
+        for row in rows.order_by()
+    ]
+
+
 def _aggregate(queryset) -> list[dict]:
     """Rows of (customer_id, served_model_id, minute) with the rollup's columns."""
     # Annotations may not reuse the model's field names, hence the prefix.
@@ -139,22 +192,31 @@ def _portable_pass(limit: int) -> int:
     picked = list(
         UsageEvent.objects.filter(rolled_up=False)
         .order_by("id")
-        .values_list("id", "customer_id", "served_model_id", "minute")[:limit]
+        .values_list("id", "customer_id", "served_model_id", "minute", "api_key_prefix")[:limit]
     )
     if not picked:
         return 0
-    touched = {(c, m, minute) for _, c, m, minute in picked}
+    touched = {(c, m, minute) for _, c, m, minute, _ in picked}
     minutes = {minute for _, _, minute in touched}
-    rows = _aggregate(
-        UsageEvent.objects.filter(minute__in=minutes, customer_id__in={c for c, _, _ in touched})
+    events = UsageEvent.objects.filter(
+        minute__in=minutes, customer_id__in={c for c, _, _ in touched}
     )
-    for row in rows:
+    for row in _aggregate(events):
         if (row["customer_id"], row["served_model_id"], row["minute"]) not in touched:
             continue
         key = {name: row.pop(name) for name in ("customer_id", "served_model_id", "minute")}
         UsageMinute.objects.update_or_create(
             **key, defaults={name: value or 0 for name, value in row.items()}
         )
+    keys_touched = {(c, p, m, minute) for _, c, m, minute, p in picked if p}
+    if keys_touched:
+        for row in _aggregate_keys(
+            events.filter(api_key_prefix__in={p for _, p, _, _ in keys_touched})
+        ):
+            if tuple(row[name] for name in _KEY_GROUP) not in keys_touched:
+                continue
+            key = {name: row.pop(name) for name in _KEY_GROUP}
+            UsageKeyMinute.objects.update_or_create(**key, defaults=row)
     UsageEvent.objects.filter(pk__in=[pk for pk, *_ in picked]).update(rolled_up=True)
     return len(picked)
 
@@ -176,6 +238,15 @@ def usage_rollup(*, limit: int = BATCH_EVENTS, max_passes: int = 100) -> dict:
         if done < limit:
             break
     return {"events": events, "skipped": False}
+
+
+def direct_key_aggregation(**filters) -> dict[tuple, dict]:
+    """The key rollup computed straight from raw events (for checks and tests): (customer id,
+    key prefix, model id, minute) -> columns."""
+    return {
+        tuple(row.pop(name) for name in _KEY_GROUP): row
+        for row in _aggregate_keys(UsageEvent.objects.filter(**filters))
+    }
 
 
 def direct_aggregation(**filters) -> dict[tuple, dict]:

@@ -24,6 +24,7 @@ from capacity.models.usage import (
     FallbackAdmission,
     Outcome,
     UsageEvent,
+    UsageKeyMinute,
     UsageMinute,
     Verification,
 )
@@ -58,6 +59,7 @@ __all__ = [
     "ReservationChange",
     "ServedModel",
     "UsageEvent",
+    "UsageKeyMinute",
     "UsageMinute",
     "Verification",
 ]

@@ -80,14 +80,36 @@ class RequestLimit(models.Model):
 
 
 class BudgetCap(models.Model):
-    """A customer whose best-effort requests admission refuses, for the reason given: billing's
-    hard cap on a spent monthly budget sets and lifts it (billing.budgets), through
-    capacity.admission.limits.budget_cap_set, which audits and publishes every change. Requests
-    within the customer's reservation are admitted as before. A row is a cap; no row, none."""
+    """A customer (`api_key` empty), or one of its keys, whose best-effort requests admission
+    refuses, for the reason given: billing's hard cap on a spent monthly budget sets and lifts
+    it (billing.budgets), through capacity.admission.limits.budget_cap_set, which audits and
+    publishes every change. Requests within the customer's reservation are admitted as before.
+    A row is a cap; no row, none."""
 
-    customer = models.OneToOneField(Customer, on_delete=models.CASCADE, related_name="budget_cap")
+    customer = models.ForeignKey(Customer, on_delete=models.CASCADE, related_name="budget_caps")
+    api_key = models.ForeignKey(
+        ApiKey,
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="budget_caps",
+        help_text="Empty: the customer's cap, over all its keys.",
+    )
     reason = models.CharField(max_length=300)
     since = models.DateTimeField()
 
+    class Meta:
+        constraints = [
+            # serves: budget_cap_set (one customer-wide cap) and the publication's scopes
+            models.UniqueConstraint(
+                fields=["customer"],
+                condition=Q(api_key__isnull=True),
+                name="budget_cap_one_per_customer",
+            ),
+            # serves: budget_cap_set (one cap per key)
+            models.UniqueConstraint(fields=["api_key"], name="budget_cap_one_per_key"),
+        ]
+
     def __str__(self) -> str:
-        return f"{self.customer} capped since {self.since:%Y-%m-%d %H:%M}"
+        whose = f"{self.customer} key {self.api_key.prefix}" if self.api_key_id else self.customer
+        return f"{whose} capped since {self.since:%Y-%m-%d %H:%M}"

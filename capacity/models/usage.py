@@ -69,6 +69,11 @@ class UsageEvent(models.Model):
     # Posted by a key of the customer itself (allowed per customer by a planner), not by a
     # platform gateway: shown as such on the invoice.
     self_reported = models.BooleanField(default=False, db_default=False)
+    # The customer's API key the request was sent with (its prefix), as the control plane
+    # recorded it when it admitted the request (the admission record), never as the sender
+    # claims: empty when no record names one. What a key's budget is spent from
+    # (UsageKeyMinute, billing.budgets).
+    api_key_prefix = models.CharField(max_length=16, blank=True, default="", db_default="")
     ttft_ms = models.FloatField(null=True, blank=True)
     mu = models.FloatField()
     # How `mu` splits between the classes it is billed in (partial spillover,
@@ -168,6 +173,36 @@ class UsageMinute(models.Model):
         return f"{self.customer_id}/{self.served_model_id} {self.minute:%Y-%m-%d %H:%M}"
 
 
+class UsageKeyMinute(models.Model):
+    """Per customer × API key × model × minute: what the requests sent with one of the
+    customer's keys used, recomputed from raw events by the same rollup pass as UsageMinute
+    (capacity.metering.rollups). Events without a recorded key are in UsageMinute only. What a
+    key's budget is priced from (billing.budgets)."""
+
+    customer = models.ForeignKey(Customer, on_delete=models.CASCADE, related_name="+")
+    api_key_prefix = models.CharField(max_length=16)
+    served_model = models.ForeignKey(ServedModel, on_delete=models.CASCADE, related_name="+")
+    minute = models.DateTimeField()
+    requests = models.PositiveIntegerField(default=0)
+    refused_requests = models.PositiveIntegerField(default=0)
+    mu = models.FloatField(default=0.0)
+    guaranteed_mu = models.FloatField(default=0.0)
+    best_effort_mu = models.FloatField(default=0.0)
+
+    class Meta:
+        constraints = [
+            # serves: rollups' upsert; billing.budgets' key spend (a key's minutes of a model
+            # in a rate card's window: a range of this index)
+            models.UniqueConstraint(
+                fields=["customer", "api_key_prefix", "served_model", "minute"],
+                name="usagekeyminute_unique_key",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.api_key_prefix}/{self.served_model_id} {self.minute:%Y-%m-%d %H:%M}"
+
+
 class FallbackAdmission(models.Model):
     """An admission decided while Redis was unreachable (ADMISSION_ON_REDIS_DOWN).
 
@@ -182,6 +217,8 @@ class FallbackAdmission(models.Model):
     # guaranteed, best_effort, refused_guaranteed or refused (as in Redis's records).
     admission_class = models.CharField(max_length=20)
     estimated_mu = models.FloatField()
+    # The customer key the request came with, as the Redis records keep it ("" for none).
+    api_key_prefix = models.CharField(max_length=16, blank=True, default="", db_default="")
     decided_at = models.DateTimeField()
 
     class Meta:

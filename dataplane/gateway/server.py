@@ -235,6 +235,9 @@ class Usage:
             event["replica"] = self.replica
         if self.admission_class in (GUARANTEED, BEST_EFFORT):
             event["admission_class"] = self.admission_class
+        if self.api_key_prefix:
+            # What the control plane checks against its admission record (which decides).
+            event["api_key"] = self.api_key_prefix
         if self.ttft_ms is not None:
             event["ttft_ms"] = round(self.ttft_ms, 3)
         if self.outcome == "refused":
@@ -730,11 +733,13 @@ class Gateway:
             ).response(request_id)
         limit = usage.extra.get("limit")
         if limit == "budget":
-            # The customer's budget is spent and its hard cap refuses best-effort
-            # (adm:rl:c:<customer> field `budget`); its reservation still admits.
+            # The budget of the customer (adm:rl:c:<customer> field `budget`) or of this key
+            # (adm:rl:k:<prefix>) is spent and its hard cap refuses best-effort; the
+            # reservation still admits.
+            whose = "this API key's" if usage.extra.get("limit_scope") == "api_key" else "your"
             error = GatewayError(
                 429,
-                "Budget reached: your monthly budget is spent and its hard cap refuses "
+                f"Budget reached: {whose} monthly budget is spent and its hard cap refuses "
                 "requests beyond your reservation.",
                 code="budget_exceeded",
                 headers={"Retry-After": str(seconds)},

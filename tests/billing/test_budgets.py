@@ -2,6 +2,7 @@
 and signed webhook; a week under 20 % of a reservation alerts once; the hard cap refuses
 best-effort admission past 100 % while the reservation still admits."""
 
+import json
 import threading
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -112,6 +113,44 @@ def test_alerts_fire_once_per_threshold_by_mail_and_webhook(
         (80, "email", True),
         (80, "webhook", True),
     ]
+
+
+def test_the_100_percent_alert_goes_once_by_mail_and_by_webhook(
+    card, served_model, acme, owner_with_mail, receiver, django_capture_on_commit_callbacks
+):
+    budget = budget_create(customer=acme, monthly_amount=Decimal("100"), hard_cap=True)
+    spend(acme, served_model, 85)
+    check(django_capture_on_commit_callbacks)  # 50 and 80
+    assert len(mail.outbox) == 2 and len(receiver.received) == 2
+
+    spend(acme, served_model, 20)  # $105 of $100
+    check(django_capture_on_commit_callbacks)
+
+    assert len(mail.outbox) == 3
+    message = mail.outbox[2]
+    assert message.subject == "[acme] 100 % of the monthly budget spent (2026-11)"
+    assert message.to == ["owner@acme.example"]
+    assert "105.00 USD of its monthly budget of 100.00 USD in 2026-11 (105.0 %)" in message.body
+    assert "hard cap is on: requests beyond the reservations (best-effort) are refused" in (
+        message.body
+    )
+    assert len(receiver.received) == 3
+    hook = json.loads(receiver.received[2].raw_body)
+    assert (hook["kind"], hook["threshold_percent"], hook["customer"], hook["spend"]) == (
+        "billing_budget",
+        100,
+        "acme",
+        "105.00",
+    )
+    assert receiver.received[2].status == 200  # signed with the secret, the receiver checked
+    sent = BudgetAlert.objects.filter(budget=budget, threshold_percent=100)
+    assert sorted((a.channel, a.sent_at is not None, a.error) for a in sent) == [
+        ("email", True, ""),
+        ("webhook", True, ""),
+    ]
+
+    check(django_capture_on_commit_callbacks)  # past 100 % still: nothing is sent again
+    assert len(mail.outbox) == 3 and len(receiver.received) == 3
 
 
 def test_a_budgets_alert_email_goes_through_a_real_smtp_server(

@@ -1,6 +1,8 @@
 """The latency SLA on the rate card: guaranteed requests' time to first token against the
 model's objective, per customer and month, credited by attainment tier with its evidence."""
 
+import csv
+import io
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
@@ -10,6 +12,7 @@ from billing.generation import invoice_generate
 from billing.models import Invoice, RateCard
 from billing.rates import rate_card_create
 from capacity.models import Reservation
+from tests.billing.test_pdf import pdf_text
 from tests.conftest import make_cost_model
 from tests.support.usage import store_events
 
@@ -78,7 +81,17 @@ def a_month(acme, globex, cost_model, *, late: int) -> None:
 
 def latency_credits(customer):
     invoice = Invoice.objects.get(customer=customer, period_start="2026-11-01")
-    return invoice, [line for line in invoice.lines.all() if line.evidence.get("sla") == "ttft"]
+    return invoice, [
+        line
+        for line in invoice.lines.all()
+        if line.kind == "credit" and line.evidence.get("sla") == "ttft"
+    ]
+
+
+def latency_reports(customer):
+    """The latency SLA's lines without a credit (kind latency_sla)."""
+    invoice = Invoice.objects.get(customer=customer, period_start="2026-11-01")
+    return list(invoice.lines.filter(kind="latency_sla"))
 
 
 def test_a_month_with_3_percent_of_guaranteed_requests_late_credits_the_first_tier(
@@ -135,6 +148,89 @@ def test_the_tier_is_the_lowest_threshold_the_attainment_is_below(
     assert [c.amount for c in credits] == ([] if credited is None else [credited])
 
 
+def test_a_month_that_meets_the_sla_shows_its_attainment_and_the_requests_without_a_ttft(
+    sla, acme, globex, owner_client
+):
+    a_month(acme, globex, sla, late=5)  # 99.5 %: no credit
+    invoice_generate(period="2026-11")
+    invoice, credits = latency_credits(acme)
+    assert credits == []
+    (report,) = latency_reports(acme)
+    assert report.amount == Decimal("0.00")
+    assert report.evidence == {
+        "sla": "ttft",
+        "ttft_objective_ms": 500,
+        "attainment_percent": 99.5,
+        "requests_counted": 1000,
+        "requests_within_objective": 995,
+        "requests_without_ttft": 20,
+        "below_attainment_percent": None,
+        "credit_percent": 0,
+        "commitment": "3600.00",
+    }
+    assert report.description == (
+        "Latency SLA met: 99.500 % of 1,000 guaranteed requests had their first token within "
+        "500 ms (credits start below 99 %); 20 without a TTFT, not counted; no credit due"
+    )
+    assert (invoice.subtotal, invoice.credits, invoice.total) == (
+        Decimal("3600.00"),
+        Decimal("0.00"),
+        Decimal("3600.00"),
+    )
+
+    # In every export the customer downloads: the JSON detail, the CSV and the PDF.
+    lines = owner_client.get(f"/api/v1/invoices/{invoice.pk}/").json()["lines"]
+    shown = next(line for line in lines if line["kind"] == "latency_sla")
+    assert (shown["evidence"]["attainment_percent"], shown["amount"]) == (99.5, "0.00")
+    assert shown["evidence"]["requests_without_ttft"] == 20
+    exported = list(
+        csv.DictReader(
+            io.StringIO(owner_client.get(f"/api/v1/invoices/{invoice.pk}/csv/").content.decode())
+        )
+    )
+    (row,) = [row for row in exported if row["kind"] == "latency_sla"]
+    assert "99.500 % of 1,000" in row["description"]
+    assert "20 without a TTFT" in row["description"]
+    assert row["amount"] == "0.00"
+    text = pdf_text(owner_client.get(f"/api/v1/invoices/{invoice.pk}/pdf/").content)
+    assert "Latency SLA" in text
+    assert (
+        "Attainment 99.500 %: 995 of 1,000 guaranteed requests had their first token within "
+        "500 ms; no credit is due. 20 requests reported no TTFT and are not counted."
+    ) in text
+
+
+def test_a_month_in_which_no_guaranteed_request_reported_a_ttft_says_so(
+    sla, acme, globex, owner_client
+):
+    store_events(requests(acme, sla, count=40, ttft_ms=None, prefix="no-ttft"))
+    invoice_generate(period="2026-11")
+    invoice, credits = latency_credits(acme)
+    assert credits == []
+    (report,) = latency_reports(acme)
+    assert (report.amount, report.quantity) == (Decimal("0.00"), Decimal(0))
+    assert report.evidence["attainment_percent"] is None
+    assert report.evidence["requests_without_ttft"] == 40
+    assert report.description == (
+        "Latency SLA not measured: no guaranteed request reported a TTFT (objective 500 ms); "
+        "40 without a TTFT, not counted; no credit due"
+    )
+    text = pdf_text(owner_client.get(f"/api/v1/invoices/{invoice.pk}/pdf/").content)
+    assert "attainment not measured. 40 requests reported no TTFT and are not counted." in text
+    # globex, reserved and silent all month, is told there was nothing to measure.
+    (silent,) = latency_reports(globex)
+    assert silent.description == (
+        "Latency SLA: no guaranteed requests ran (objective 500 ms); no credit due"
+    )
+
+
+def test_a_month_with_a_credit_has_no_second_latency_line(sla, acme, globex):
+    a_month(acme, globex, sla, late=30)
+    invoice_generate(period="2026-11")
+    assert latency_reports(acme) == []
+    assert len(latency_credits(acme)[1]) == 1
+
+
 def test_no_objective_on_the_card_means_no_latency_credit(served_model, gpu_type, acme, globex):
     rate_card_create(
         served_model=served_model,
@@ -150,6 +246,7 @@ def test_no_objective_on_the_card_means_no_latency_credit(served_model, gpu_type
     invoice_generate(period="2026-11")
     invoice, credits = latency_credits(acme)
     assert credits == [] and invoice.total == Decimal("3600.00")
+    assert latency_reports(acme) == []  # no SLA, nothing to report
 
 
 def test_the_credit_and_its_evidence_are_in_the_customers_exports(sla, acme, globex, owner_client):

@@ -79,6 +79,11 @@ GET /api/v1/api-keys/                                    | 401  ok    ok     ok 
 POST /api/v1/api-keys/                                   | 401  ok    ok     ok       403    ok      403     403   403    403     403     403   403    403   ok     ok
 GET /api/v1/api-keys/{pk}/                               | 401  ok    ok     404      ok     403     403     403   404    403     403     403   403    403   403    ok
 POST /api/v1/api-keys/{pk}/revoke/                       | 401  ok    ok     404      403    ok      403     403   404    404     404     404   404    404   ok     ok
+GET /api/v1/tiers/                                       | 401  ok    ok     ok       ok     403     403     403   ok     403     403     403   403    403   403    ok
+POST /api/v1/tiers/                                      | 401  403   403    403      403    403     403     403   403    403     403     403   403    403   403    ok
+DELETE /api/v1/tiers/{name}/                             | 401  403   403    403      403    403     403     403   403    403     403     403   403    403   403    ok
+GET /api/v1/tiers/{name}/                                | 401  ok    ok     ok       ok     403     403     403   ok     403     403     403   403    403   403    ok
+PATCH /api/v1/tiers/{name}/                              | 401  403   403    403      403    403     403     403   403    403     403     403   403    403   403    ok
 POST /api/v1/cost-models/estimate                        | 401  ok    ok     ok       ok     403     403     403   ok     403     403     403   403    403   403    ok
 GET /api/v1/usage/events                                 | 401  ok    ok     ok       ok     403     403     403   ok     403     403     403   403    403   403    ok
 POST /api/v1/usage/events                                | 401  403   403    403      403    403     ok      403   403    403     ok      403   403    403   403    ok
@@ -287,6 +292,7 @@ def world(acme, globex, owner, member, outsider, planner, served_model, gpu_type
         "/invoices/{pk}": Invoice.objects.get(customer=acme).pk,
         "/rate-cards/{pk}": card.pk,
         "/budgets/{pk}": Budget.objects.create(customer=acme, monthly_amount=Decimal(100)).pk,
+        "/tiers/{name}": "premium",
         "/gpu-types/{name}": gpu_type.name,
         "/gpu-pools/{name}": deployment.gpu_pool.name,
         "/models/{name}": served_model.name,

@@ -48,6 +48,7 @@ def _concrete(path: str, rows, deployment, acme, served_model) -> str:
         "gpu-types": deployment.gpu_pool.gpu_type.name,
         "models": served_model.name,
         "benchmark-suites": "nightly",
+        "tiers": "premium",
     }
     return (
         path.replace("{name}", names.get(resource, ""))

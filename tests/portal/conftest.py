@@ -66,6 +66,7 @@ def _side(customer, served_model, cost_model, *, mu_per_minute, used_mu, events,
             admission_class="guaranteed",
             ttft_ms=120.0,
             mu=0.5,
+            guaranteed_mu=0.5,
             cost_model=cost_model,
             ingested_at=now,
         )

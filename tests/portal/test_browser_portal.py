@@ -1,7 +1,8 @@
 """The portal in a real browser, one walk: acme's owner logs in, sees the chart of its
-reservation against its use, creates a key and sees it exactly once, downloads an invoice,
-and finds globex's pages answer 404; then acme's member finds no way to create a key. No
-script or style is refused by the Content Security Policy on the way."""
+reservation against its use, creates a key and sees it exactly once, downloads an invoice as
+CSV and as PDF (read back with pdftotext), and finds globex's pages answer 404; then acme's
+member finds no way to create a key. No script or style is refused by the Content Security
+Policy on the way."""
 
 import csv
 import io
@@ -11,6 +12,7 @@ import pytest
 
 from accounts.keys import hash_secret
 from accounts.models import ApiKey
+from tests.billing.test_pdf import pdf_text
 from tests.support.browser import chart_points, log_in, screenshot
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -59,6 +61,12 @@ def test_the_portal_walk(site, page, world):
     assert download.suggested_filename == f"invoice-acme-2026-10-{acme.invoice.pk}.csv"
     rows = list(csv.DictReader(io.StringIO(Path(download.path()).read_text())))
     assert [(row["kind"], row["amount"]) for row in rows] == [("commitment", "480.00")]
+    with page.expect_download() as download_info:
+        page.get_by_role("link", name="PDF").click()
+    download = download_info.value
+    assert download.suggested_filename == f"invoice-acme-2026-10-{acme.invoice.pk}.pdf"
+    text = pdf_text(Path(download.path()).read_bytes())
+    assert "Total 480.00 USD" in text and "240 MU/min of llama-8b for acme" in text
     screenshot(page, "invoices")
 
     for path in (
@@ -67,6 +75,7 @@ def test_the_portal_walk(site, page, world):
         f"/portal/globex/invoices/{globex.invoice.pk}/",
         f"/portal/acme/invoices/{globex.invoice.pk}/",
         f"/portal/acme/invoices/{globex.invoice.pk}/download/csv",
+        f"/portal/acme/invoices/{globex.invoice.pk}/download/pdf",
     ):
         assert page.goto(site + path).status == 404, path
     screenshot(page, "another-customer-404")

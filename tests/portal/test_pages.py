@@ -4,12 +4,21 @@ import csv
 import io
 import json
 import re
+from datetime import timedelta
+from decimal import Decimal
 
 import pytest
+from django.utils import timezone
 
 from accounts.services import api_key_create
+from billing.budgets import budget_create
+from billing.rates import rate_card_create
+from capacity.admission.limits import request_limit_set
+from capacity.metering.rollups import usage_rollup
+from tests.billing.test_pdf import pdf_text
 from tests.conftest import _client_for_key
 from tests.support.factories import CustomerFactory, MembershipFactory
+from tests.support.usage import store_events
 
 pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
 
@@ -71,6 +80,96 @@ def test_the_limits_page_shows_ones_reservations_and_admission(acme_client, worl
     assert "240.00" in allowances and "24.00" in allowances  # guaranteed, best-effort
     assert "30.00" not in allowances
     assert "600/min" in page  # writes per key (API_THROTTLE_WRITES)
+
+
+def test_the_limits_page_shows_ones_request_limits_for_the_account_and_each_key(acme_client, world):
+    acme, globex = world["acme"], world["globex"]
+    request_limit_set(customer=acme.customer, requests_per_minute=120, tokens_per_minute=50_000)
+    request_limit_set(customer=acme.customer, api_key=acme.key, concurrent_requests=4)
+    request_limit_set(customer=globex.customer, requests_per_minute=987)
+    request_limit_set(customer=globex.customer, api_key=globex.key, concurrent_requests=65)
+
+    page = acme_client.get("/portal/acme/limits/").content.decode()
+
+    table = page.split('data-testid="request-limits"')[1].split("</table>")[0]
+    rows = [
+        re.sub(r"<[^>]+>|\s+", " ", row).split()
+        for row in re.findall(r"<tr>(.*?)</tr>", table, re.S)[1:]
+    ]
+    # The account's first (all its keys), then the key's, each limit or "no limit".
+    assert rows == [
+        ["all", "your", "keys", "120", "50000", "no", "limit"],
+        ["key", acme.key.prefix, "(acme", "gateway)", "no", "limit", "no", "limit", "4"],
+    ]
+    # Exactly acme's two rows above: none of globex's.
+    assert globex.key.prefix not in page
+
+
+def test_the_limits_page_shows_the_accounts_and_each_keys_budget_and_spend(
+    acme_client, world, served_model, sellable
+):
+    acme, globex = world["acme"], world["globex"]
+    now = timezone.now()
+    rate_card_create(
+        served_model=served_model,
+        effective_from=now - timedelta(days=400),
+        reserved_price_per_mu_minute_hour=Decimal("0"),
+        best_effort_price_per_1000_mu=Decimal("2.00"),
+    )
+    # 5,000 best-effort MU sent with acme's key this month: $10.00.
+    store_events(
+        [{"event_id": f"k-{n}", "customer_id": acme.customer.pk,
+          "served_model_id": served_model.pk, "cost_model_id": sellable.pk,
+          "finished_at": now - timedelta(seconds=n), "api_key_prefix": acme.key.prefix,
+          "mu": 1000.0} for n in range(5)]
+    )  # fmt: skip
+    usage_rollup()
+    budget_create(customer=acme.customer, monthly_amount=Decimal("250"))
+    budget_create(customer=acme.customer, api_key=acme.key, monthly_amount=Decimal("40"),
+                  hard_cap=True)  # fmt: skip
+    budget_create(customer=globex.customer, api_key=globex.key, monthly_amount=Decimal("777"))
+
+    page = acme_client.get("/portal/acme/limits/").content.decode()
+
+    table = page.split('data-testid="budgets"')[1].split("</table>")[0]
+    rows = [
+        " ".join(re.sub(r"<[^>]+>", " ", row).split())
+        for row in re.findall(r"<tr>(.*?)</tr>", table, re.S)
+    ]
+    month = f"{timezone.now():%Y-%m}"
+    assert rows[1:] == [
+        f"your account 250.00 USD 10.00 USD ({month}) 4.0 off",
+        f"key {acme.key.prefix} (acme gateway) 40.00 USD 10.00 USD ({month}) 25.0 on: past 100 %, "
+        "requests with this key beyond your reservations are refused",
+    ]
+    assert globex.key.prefix not in page
+
+
+def test_the_invoice_pdf_downloads_with_its_total(acme_client, outsider_client, world):
+    acme_invoice, globex_invoice = world["acme"].invoice, world["globex"].invoice
+    listing = acme_client.get("/portal/acme/invoices/").content.decode()
+    assert f"/portal/acme/invoices/{acme_invoice.pk}/download/pdf" in listing
+
+    download = acme_client.get(f"/portal/acme/invoices/{acme_invoice.pk}/download/pdf")
+
+    assert download.status_code == 200
+    assert download["Content-Type"] == "application/pdf"
+    assert download["Content-Disposition"] == (
+        f'attachment; filename="invoice-acme-2026-10-{acme_invoice.pk}.pdf"'
+    )
+    text = pdf_text(download.content)
+    assert "Total 480.00 USD" in text
+    assert "240 MU/min of llama-8b for acme" in text
+    assert "600.00" not in text  # globex's total
+    # Another customer's invoice is not there for acme, nor acme's for another customer.
+    assert (
+        acme_client.get(f"/portal/acme/invoices/{globex_invoice.pk}/download/pdf").status_code
+        == 404
+    )
+    assert (
+        outsider_client.get(f"/portal/acme/invoices/{acme_invoice.pk}/download/pdf").status_code
+        == 404
+    )
 
 
 def test_invoices_list_ones_own_and_download_as_the_api_exports_them(acme_client, world):

@@ -112,6 +112,7 @@ def store_events(events: list[dict]) -> None:
             "admission_class": "best_effort",
             "verification": "recorded",
             "self_reported": False,
+            "api_key_prefix": "",
             "ttft_ms": None,
             "mu": 1.0,
             "estimated_mu": None,

@@ -190,7 +190,7 @@ def test_usage_is_refused_with_503_and_nothing_stored_while_records_cannot_be_re
 
 
 def test_the_redis_down_fallback_spools_its_records_and_they_price_the_events(
-    sellable, served_model, acme, gateway, private_redis
+    sellable, served_model, acme, gateway, private_redis, make_key
 ):
     stop, restart = private_redis
     from capacity.models import AdmissionAllowance
@@ -203,16 +203,25 @@ def test_the_redis_down_fallback_spools_its_records_and_they_price_the_events(
         tick_id="00000000-0000-0000-0000-000000000001",
         updated_at=timezone.now(),
     )
+    api_key, _ = make_key(customer=acme, scopes=[S.ADMISSION])
     stop()
-    decision = ask(acme, served_model, request_id="during-outage", **SMALL)
+    decision = admission.admit(
+        customer_id=acme.pk,
+        model=served_model.name,
+        request_id="during-outage",
+        api_key_prefix=api_key.prefix,
+        **SMALL,
+    )
     assert (decision.admission_class, decision.degraded) == ("guaranteed", True)
     spooled = FallbackAdmission.objects.get(request_id="during-outage")
-    assert spooled.admission_class == "guaranteed"
+    assert (spooled.admission_class, spooled.api_key_prefix) == ("guaranteed", api_key.prefix)
     restart()  # an empty Redis: the record is only in the spool
     admission.reset()
     assert post(gateway, event("during-outage")).status_code == 200
     stored = UsageEvent.objects.get(event_id="during-outage")
     assert (stored.admission_class, stored.verification) == ("guaranteed", "fallback")
+    # The spooled record names the key too: a key's budget counts the outage's requests.
+    assert stored.api_key_prefix == api_key.prefix
 
 
 def test_event_ids_are_unique_per_customer_not_across_tenants(

@@ -377,6 +377,38 @@ def test_a_customer_past_its_budgets_hard_cap_gets_budget_exceeded_for_best_effo
     assert [e["outcome"] for e in events] == ["refused"]
 
 
+def test_a_key_past_its_budgets_hard_cap_gets_budget_exceeded_and_another_key_is_admitted(
+    served, http, usage_server
+):
+    world, gateway, _url = served
+    other = C.key(customer_id=1, customer="acme")
+    world.publication.keys[other.prefix] = other.doc
+    version = world.publish()
+    wait_for(lambda: http.get(gateway.url + "/healthz").json()["contract_version"] == version)
+    set_limits(world.rds, {(1, 7): (0.0, 1000.0)})  # no reservation: best-effort only
+    # The hard cap of the budget of acme's first key (adm:rl:k:<prefix> field `budget`).
+    Buckets(world.rds, burst_seconds=10, idle_ttl_seconds=600, record_ttl_s=3600)\
+        .publish_request_limits({api_key_scope(world.acme.prefix): {"budget": 1}})  # fmt: skip
+
+    capped = http.post(gateway.url + "/v1/chat/completions", json=CHAT, headers=bearer(world.acme))
+    admitted = http.post(gateway.url + "/v1/chat/completions", json=CHAT, headers=bearer(other))
+
+    assert capped.status_code == 429, capped.text
+    error = capped.json()["error"]
+    assert (error["code"], error["limit"], error["limit_scope"]) == (
+        "budget_exceeded",
+        "budget",
+        "api_key",
+    )
+    assert "this API key's monthly budget" in error["message"]
+    assert admitted.status_code == 200, admitted.text
+    events = wait_for(lambda: len(usage_events(usage_server)) == 2 and usage_events(usage_server))
+    # Each event names the key it came with, for the control plane to check against its record.
+    assert sorted((e["api_key"], e["outcome"]) for e in events) == sorted(
+        [(world.acme.prefix, "refused"), (other.prefix, "completed")]
+    )
+
+
 def test_best_effort_is_refused_while_the_model_is_degraded(served, http, usage_server):
     world, gateway, url = served
     set_limits(world.rds, {(1, 7): (0.0, 1000.0)})  # no reservation: best-effort only
