@@ -30,15 +30,17 @@ mkdir -p var
 # - the tests marked `serial` measure real throughput or latency (engines, the runner, a whole
 #   `make run` within two minutes); they run one at a time at normal CPU priority. Most of
 #   their time they wait on the processes they drive;
-# - everything else runs on WORKERS xdist workers at the lowest CPU priority, and so do the
-#   processes they start: they take the CPU the timing-sensitive tests leave idle and yield it
-#   when one of those wants it. The end-to-end tests among them wait for real processes
-#   (ticks, probes), hence more workers than cores. Linux shares the CPU equally between
-#   sessions (autogroup scheduling) whatever their processes' nice, so the pass runs in a
-#   session of its own whose autogroup is niced too.
+# - everything else runs on WORKERS xdist workers at nice 10, and so do the processes they
+#   start: they take the CPU the timing-sensitive tests leave idle, and a tenth of it when
+#   those want it all (nice 10 weighs 110 against nice 0's 1024: low enough not to disturb a
+#   measurement, high enough that a process they start is never starved for a minute). The
+#   end-to-end tests among them wait for real processes (ticks, probes), hence more workers
+#   than cores. Linux shares the CPU equally between sessions (autogroup scheduling) whatever
+#   their processes' nice, so the pass runs in a session of its own whose autogroup is niced
+#   too.
 # The timing-sensitive pass has its own Redis database (the one below the workers'), test
 # database (no worker suffix), port slice (tests/support/processes.py) and temp folder.
-echo "== pytest: timing-sensitive tests alone (PostgreSQL), beside the rest on $WORKERS workers at nice 19"
+echo "== pytest: timing-sensitive tests alone (PostgreSQL), beside the rest on $WORKERS workers at nice 10"
 SERIAL_LOG=var/test-serial.log
 REDIS_URL="${REDIS_URL%/*}/$(( ${REDIS_URL##*/} - WORKERS ))" \
   $BIN/pytest --create-db -m serial --durations=10 --basetemp=var/pytest-serial "$@" \
@@ -46,7 +48,7 @@ REDIS_URL="${REDIS_URL%/*}/$(( ${REDIS_URL##*/} - WORKERS ))" \
 serial_pid=$!
 # In a background job of a script (no job control) setsid need not fork: $! is pytest's pid,
 # its session's and its process group's id.
-( exec setsid bash -c 'echo 19 > /proc/self/autogroup 2>/dev/null || true; exec nice -n 19 "$@"' \
+( exec setsid bash -c 'echo 10 > /proc/self/autogroup 2>/dev/null || true; exec nice -n 10 "$@"' \
     niced $BIN/pytest -p tests.support.worker_env -n "$WORKERS" --maxschedchunk 1 --create-db \
     -m "not serial" --durations=15 "$@" ) &
 parallel_pid=$!

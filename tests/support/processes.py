@@ -13,7 +13,7 @@ from pathlib import Path
 
 from django.db import connection
 
-from tests.support.subprocesses import stop, wait_until_answering
+from tests.support.subprocesses import START_SECONDS, stop, wait_until_answering
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -141,7 +141,7 @@ def celery_worker_process(tmp_path: Path, *, queues: str = "benchmarks,default")
         stderr=subprocess.STDOUT,
     )
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + START_SECONDS
         while "ready" not in (log_path.read_text() if log_path.exists() else ""):
             if process.poll() is not None or time.monotonic() > deadline:
                 text = log_path.read_text() if log_path.exists() else "(no log)"
@@ -175,7 +175,7 @@ def celery_beat_process(tmp_path: Path, *, max_interval_seconds: int = 1):
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + START_SECONDS
         while "beat: Starting" not in (log_path.read_text() if log_path.exists() else ""):
             if process.poll() is not None or time.monotonic() > deadline:
                 text = log_path.read_text() if log_path.exists() else "(no log)"
