@@ -580,6 +580,23 @@ def _start_gateway(folder: Path, usage_url: str) -> tuple[subprocess.Popen, str,
     return process, url, log
 
 
+def _start_relay(emulator_port: int) -> tuple[subprocess.Popen, str]:
+    """bench/relay.py in front of the emulator, with the gateway's worker count: the floor."""
+    port = _free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bench.relay", "127.0.0.1", str(emulator_port), str(port),
+         str(WORKERS)],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_answering(url + "/health", process, "the relay", Path(os.devnull))
+    except Exception:
+        _stop(process)
+        raise
+    return process, url
+
+
 # -- LiteLLM ----------------------------------------------------------------------------------
 
 
@@ -856,12 +873,12 @@ def _table(
         header,
         "-" * len(header),
     ]
-    for name in ("direct", "gateway", "litellm"):
+    for name in ("direct", "relay", "gateway", "litellm"):
         sample, one = samples.get(name), single.get(name)
         if sample is None or one is None:
             lines.append(f"{name:<8} n/a: {litellm_reason}")
             continue
-        hop = "proxy" if name == "litellm" else "gateway"
+        hop = {"litellm": "proxy", "relay": "relay"}.get(name, "gateway")
         lines.append(
             f"{name:<8} {sample.rps:7.0f} {sample.rps / direct.rps:8.2f} {sample.p(0.5):7.1f} "
             f"{sample.p(0.99):7.1f} {sample.ttft(0.5):7.1f} "
@@ -873,7 +890,16 @@ def _table(
     lines += _open_block(light, light_rate, OPEN_LOAD_LIGHT)
 
     gateway, gateway1, gateway_open = samples["gateway"], single["gateway"], opened["gateway"]
+    relay = samples["relay"]
     ratio = gateway.rps / direct.rps
+    lines += [
+        "",
+        f"relay: a hop that forwards bytes and does nothing else (bench/relay.py, {WORKERS} "
+        f"processes): {relay.rps / direct.rps:.2f}x direct, {_cpu(relay, 'relay').strip()} us "
+        f"of CPU per request; the gateway: {gateway.rps / relay.rps:.2f}x the relay's "
+        "throughput, its own work beyond forwarding "
+        f"{gateway.cpu_us('gateway') - relay.cpu_us('relay'):.0f} us per request",
+    ]
     added = gateway.p(0.5) - direct.p(0.5)
     added1 = gateway1.p(0.5) - direct1.p(0.5)
     added_open = gateway_open.p(0.5) - direct_open.p(0.5)
@@ -1022,9 +1048,12 @@ def run() -> list[Figure]:
             key = _publish_contract(rds, emulator_url)
             gateway, gateway_url, _ = _start_gateway(folder, recorder.url)
             processes.append(gateway)
+            relay, relay_url = _start_relay(port)
+            processes.append(relay)
             pids = {
                 "direct": {"emulator": emulator.pid},
                 "gateway": {"emulator": emulator.pid, "gateway": gateway.pid},
+                "relay": {"emulator": emulator.pid, "relay": relay.pid},
             }
             setups = {
                 "direct": (f"{emulator_url}/v1/chat/completions", {}),
@@ -1032,6 +1061,7 @@ def run() -> list[Figure]:
                     f"{gateway_url}/v1/chat/completions",
                     {"Authorization": f"Bearer {key}"},
                 ),
+                "relay": (f"{relay_url}/v1/chat/completions", {}),
             }
             if os.environ.get("BENCH_LITELLM", "1") == "0":
                 litellm_reason = "skipped: BENCH_LITELLM=0"
@@ -1105,6 +1135,20 @@ def run() -> list[Figure]:
             unit="us",
             baseline=direct.cpu_us("emulator"),
             baseline_name=f"the emulator's CPU per request, direct, {CONCURRENCY} streams",
+        ),
+        Figure(
+            name=f"relay_requests_per_s_at_{CONCURRENCY}_streams",
+            value=samples["relay"].rps,
+            unit="requests/s",
+            baseline=direct.rps,
+            baseline_name="direct to the emulator (a hop that only forwards bytes: the floor)",
+        ),
+        Figure(
+            name=f"gateway_requests_per_s_over_relay_at_{CONCURRENCY}_streams",
+            value=samples["gateway"].rps,
+            unit="requests/s",
+            baseline=samples["relay"].rps,
+            baseline_name="the relay (bench/relay.py) in front of the same emulator",
         ),
         *_open_figures(opened, rate, OPEN_LOAD),
         *_open_figures(light, light_rate, OPEN_LOAD_LIGHT),
