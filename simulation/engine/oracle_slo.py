@@ -27,11 +27,11 @@ oracle-slo
        count over the next cold start and tick, so a replica is ready when its window begins
        (`oracle.ScheduleAutoscaler`, as the old oracle asks).
     3. Check: the whole trace is simulated under that schedule exactly as `compare` runs every
-       policy (at most `checks` times). Where it keeps the objective, step 1b again with part of
-       the misses it had left, on windows not relaxed yet; where it does not, replicas back
-       where the check missed most (`_repair`). The cheapest schedule that kept the objective
-       wins; so does a candidate simulated already (the old oracle's schedule), if it kept the
-       objective for less.
+       policy (at most `checks` times). Where it keeps the objective with at least a quarter of
+       the misses it allows to spare, step 1b again with part of what is left, on windows not
+       relaxed yet; where it does not keep it, replicas back where the check missed most
+       (`_repair`). The cheapest schedule that kept the objective wins; so does a candidate
+       simulated already (the old oracle's schedule), if it kept the objective for less.
 
     The windows are simulated apart, so a window inherits the backlog of its lead-in at its
     own fleet size, not its predecessor's; the checks catch what that misses. The search costs
@@ -71,6 +71,9 @@ WINDOW_SECONDS = 60
 LEAD_IN_SECONDS = 30.0
 # Simulations of the whole trace (step 3): each relaxes further or repairs.
 CHECKS = 3
+# A check that kept the objective is relaxed again only with this share of the misses it
+# allows still unspent.
+RELAX_AGAIN_SHARE = 0.25
 # The share of the misses the objective allows that the relaxation (step 1b) may plan for;
 # the rest is margin for what simulating windows apart misses.
 BUDGET_SHARE = 0.5
@@ -416,6 +419,8 @@ def oracle_slo(
         if attainment(scored.scored) >= search.target:
             if best is None or scored.scored.gpu_hours < best[1].scored.gpu_hours:
                 best = autoscaler, scored
+            if allowed - spent < RELAX_AGAIN_SHARE * allowed:
+                break  # little room left: not worth another simulation of the trace
             # Room left: relax the windows not relaxed yet with part of what is left.
             relaxable &= counts >= plan.counts
             changed = plan.relaxed(budget_share * (allowed - spent), relaxable, counts)
