@@ -8,7 +8,8 @@ the reference for `savings_vs_static`) and returns
                          ttft_p95_ms, ttft_p99_ms, tpot_p95_ms, guaranteed_refused,
                          scale_events, refused_guaranteed_share, refused_best_effort_share,
                          refused_within_reservation_share, within_reservation_refused,
-                         guaranteed_slo_attainment, admitted_slo_attainment}}}
+                         guaranteed_slo_attainment, admitted_slo_attainment, static_replicas,
+                         savings_vs_static_slo, oracle_slo_savings_share}}}
 
 A request's cost in MU is `mu_of` its ground-truth replica-seconds at a full batch (× R / 60),
 so one saturated replica mints R = 100 MU/min. `slo_attainment` is over every request (refused
@@ -51,7 +52,15 @@ simulation; it does not change the results.
 Policies: static-peak, kpa, hpa-rps, oracle (`baselines`, `oracle`) and modelunit, the live
 allocation policy (`simulation.engine.modelunit.ModelUnitAutoscaler`), imported by name
 when asked for; if it cannot be imported it is left out with the reason
-(`unavailable_policies`).
+(`unavailable_policies`). And two found by search in the simulator (`oracle_slo`), each run
+as every policy is (behind admission, capped, scored after the warm-up): static-slo, the
+cheapest static fleet that keeps the TTFT objective (`oracle_slo.SLO_TARGET` of the scored
+requests within `slo_ttft_ms`), searched from static-peak's size (whose run it reuses); and
+oracle-slo, the hindsight trajectory that keeps it (the old oracle's schedule is one of its
+candidates: its run is reused when oracle ran first, else made). `static_replicas` is a static
+policy's fleet (NaN for the others); `savings_vs_static_slo` is 1 - GPU-hours / static-slo's
+and `oracle_slo_savings_share` a policy's saving over static-slo divided by oracle-slo's (NaN
+unless both ran; oracle-slo's is 1).
 """
 
 from __future__ import annotations
