@@ -78,7 +78,13 @@ from capacity.pricing.features import REPLICA_MU_PER_MINUTE, mu_of, replica_seco
 
 from .admission import refusal_figures, within_reservation
 from .autoscaling import Autoscaler, Observation
-from .baselines import HPARpsAutoscaler, KPAAutoscaler, StaticPeakAutoscaler, replicas_for
+from .baselines import (
+    HPARpsAutoscaler,
+    KPAAutoscaler,
+    StaticPeakAutoscaler,
+    replicas_for,
+    static_peak_replicas,
+)
 from .fleet import (
     ADMITTED_GUARANTEED,
     NOT_ADMITTED,
@@ -89,7 +95,7 @@ from .fleet import (
     simulate,
 )
 from .modelunit import ModelUnitAutoscaler, behind_admission
-from .oracle import OracleAutoscaler, required_replicas
+from .oracle import OracleAutoscaler, ScheduleAutoscaler, required_replicas
 from .oracle_slo import (
     SLO_TARGET,
     Scored,
@@ -330,8 +336,12 @@ def compare(
     request_mu: Callable[[TraceRequest], float] | None = None,
     replica_mu_per_minute: float = REPLICA_MU_PER_MINUTE,
     scale_to_zero_after_seconds: float | None = DEFAULT_SCALE_TO_ZERO_AFTER_SECONDS,
+    reference: bool = True,
 ) -> dict[str, dict[str, dict[str, float]]]:
     """Simulate each policy over `requests` (see the module docstring for the result).
+
+    `reference=False` leaves static-peak out unless asked for (a caller that runs it in another
+    call; `savings_vs_static` is then NaN).
 
     `stabilisation_seconds`: the modelunit policy's scale-down stabilisation window, the live
     tick's setting (ALLOCATION_STABILISATION_SECONDS), which the caller reads; None: the
@@ -358,6 +368,8 @@ def compare(
         raise PolicyError(missing[MODELUNIT])
     cold_start = model.cold_start_seconds if cold_start_seconds is None else cold_start_seconds
     order = [REFERENCE] + [p for p in dict.fromkeys(policies) if p != REFERENCE]
+    if not reference and REFERENCE not in policies:
+        order.remove(REFERENCE)
     reservations = dict(reservations or {})
     guaranteed = np.asarray([r.client in reservations for r in requests], dtype=bool)
     replayed_clients: list[str] = []
@@ -438,12 +450,13 @@ def compare(
     results: dict[str, dict[str, float]] = {}
     static_replicas: dict[str, int] = {}
     static_run: Scored | None = None
-    # The old oracle's schedule, simulated: one of oracle-slo's candidates.
+    # The old oracle's schedule, simulated (when oracle runs before oracle-slo): one of
+    # oracle-slo's candidates, which it simulates itself only if it could cost less.
     oracle_run: tuple[OracleAutoscaler, Scored] | None = None
     for name in order:
         context = shared_context
         if name == STATIC_SLO:
-            peak = static_replicas[REFERENCE]
+            peak = static_replicas.get(REFERENCE) or static_peak_replicas(shared_context)
             if max_replicas is not None:
                 peak = min(peak, shared_context.max_replicas)
             static_replicas[name], outcome = cheapest_static(
@@ -461,17 +474,17 @@ def compare(
                 context=replace(context, future_requests=tuple(replayed)),
                 burst_seconds=burst_seconds,
             )
-            if oracle_run is None:
-                oracle = OracleAutoscaler(replace(context, future_requests=tuple(replayed)))
-                oracle_run = oracle, run(oracle, oracle)
+            oracle_candidate: tuple[ScheduleAutoscaler, Scored | None] = (
+                oracle_run
+                if oracle_run is not None
+                else (OracleAutoscaler(replace(context, future_requests=tuple(replayed))), None)
+            )
             _, outcome = oracle_slo(
                 search,
                 lambda schedule: run(schedule, schedule),
                 scored_from_s=scored_from_s,
-                candidates=[oracle_run],
+                candidates=[oracle_candidate],
             )
-        elif name == "oracle" and oracle_run is not None:
-            outcome = oracle_run[1]  # simulated already, as a candidate of oracle-slo
         else:
             if name == "oracle":
                 context = replace(context, future_requests=tuple(replayed))
@@ -503,7 +516,7 @@ def compare(
         }
         if on_policy is not None:
             on_policy(name, len(results), len(order))
-    reference_hours = results[REFERENCE]["gpu_hours"]
+    reference_hours = results[REFERENCE]["gpu_hours"] if REFERENCE in results else math.nan
     static_slo_hours = results[STATIC_SLO]["gpu_hours"] if STATIC_SLO in results else math.nan
     oracle_slo_hours = results[ORACLE_SLO]["gpu_hours"] if ORACLE_SLO in results else math.nan
     out: dict[str, dict[str, float]] = {}

@@ -102,6 +102,17 @@ class ScheduleAutoscaler:
         now_s = observation.timestamp_s
         return self._max_over(now_s, now_s + self.lead_s)
 
+    def asked_replica_seconds(self, from_s: float, until_s: float, tick_s: float) -> float:
+        """Replica-seconds asked for at the ticks (multiples of `tick_s`) in [from_s, until_s):
+        a floor on what a run of it holds from `from_s` on, when `until_s` is no later than the
+        run's last arrival (a run holds at least what it asked for until the next tick, and
+        what drains too, and goes on until every request is done)."""
+        first = int(math.ceil(from_s / tick_s - 1e-9))
+        last = int(math.ceil(until_s / tick_s - 1e-9))
+        return tick_s * sum(
+            self._max_over(t * tick_s, t * tick_s + self.lead_s) for t in range(first, last)
+        )
+
 
 class OracleAutoscaler(ScheduleAutoscaler):
     """The cheapest schedule that knows the future (see the module docstring)."""

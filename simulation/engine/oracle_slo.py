@@ -284,8 +284,9 @@ class WindowSearch:
                 continue
             lead = bisect.bisect_left(arrivals, start_s - self.lead_in_seconds)
             allowances.advance(start_s)
+            offset_s = start_s - self.lead_in_seconds
             shifted = [
-                replace(r, arrival_s=r.arrival_s - (start_s - self.lead_in_seconds))
+                TraceRequest(r.arrival_s - offset_s, r.input_tokens, r.output_tokens, r.client)
                 for r in requests[lead:last]
             ]
             tried = self._fewest(
@@ -382,11 +383,12 @@ def oracle_slo(
     scored_from_s: float = 0.0,
     checks: int = CHECKS,
     budget_share: float = BUDGET_SHARE,
-    candidates: Sequence[tuple[ScheduleAutoscaler, Scored]] = (),
+    candidates: Sequence[tuple[ScheduleAutoscaler, Scored | None]] = (),
 ) -> tuple[ScheduleAutoscaler, Scored]:
     """Steps 1-3: the schedule and its (checked) run; or the cheapest of the `candidates`
-    (schedules already simulated, such as the old oracle's) that keeps the objective, if it
-    costs less."""
+    (other schedules, such as the old oracle's, with their run if it was made) that keeps the
+    objective, if it costs less. A candidate not run yet is run only if what it asks for could
+    cost less than the best found."""
     context = search.context
     width = search.window_seconds
     search_from_s = max(0.0, scored_from_s - SEARCH_BEFORE_SCORED_SECONDS)
@@ -438,10 +440,18 @@ def oracle_slo(
         if np.array_equal(changed, counts):
             break
         counts = changed
-    for candidate in candidates:
-        keeps = attainment(candidate[1].scored) >= search.target
-        if keeps and (best is None or candidate[1].scored.gpu_hours < best[1].scored.gpu_hours):
-            best = candidate
+    gpus = search.settings.gpus_per_replica
+    for schedule_of, known in candidates:
+        if known is None:
+            tick_s = search.settings.tick_seconds
+            last_s = max((r.arrival_s for r in search.requests), default=0.0)
+            asked_s = schedule_of.asked_replica_seconds(scored_from_s, last_s, tick_s)
+            if best is not None and asked_s * gpus / 3600 >= best[1].scored.gpu_hours:
+                continue
+            known = run(schedule_of)
+        keeps = attainment(known.scored) >= search.target
+        if keeps and (best is None or known.scored.gpu_hours < best[1].scored.gpu_hours):
+            best = schedule_of, known
     return best if best is not None else (autoscaler, scored)
 
 

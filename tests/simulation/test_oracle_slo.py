@@ -12,8 +12,9 @@ from django.core.management import call_command
 
 from dataplane.emulator.config import ModelConfig
 from simulation.engine import SimulationSettings, StaticAutoscaler, simulate
-from simulation.engine.compare import METRICS, compare
+from simulation.engine.compare import METRICS, build_context, compare
 from simulation.engine.fleet import SimulationResult
+from simulation.engine.oracle import OracleAutoscaler
 from simulation.engine.oracle_slo import Scored, WindowPlan, cheapest_static
 from simulation.engine.traces import TraceRequest
 
@@ -202,3 +203,34 @@ def test_the_simulate_command_runs_the_searched_policies():
     assert list(report) == ["static-peak", "oracle-slo", "static-slo"]
     assert report["oracle-slo"]["slo_attainment"] >= 0.99
     assert report["static-slo"]["slo_attainment"] >= 0.99
+
+
+def test_without_the_reference_only_the_policies_asked_for_run():
+    requests = poisson(np.random.default_rng(3), 3.0, 0, 300)
+    report = compare(
+        requests, model=MODEL, policies=["static-slo"], slo_ttft_ms=2000, reference=False
+    )["policies"]
+    assert list(report) == ["static-slo"]
+    assert np.isnan(report["static-slo"]["savings_vs_static"])
+    assert report["static-slo"]["slo_attainment"] >= 0.99
+
+
+def test_what_a_schedule_asks_for_is_a_floor_on_what_its_run_holds():
+    # oracle-slo skips simulating a candidate schedule that asks for more than its best.
+    requests = bursty_trace()
+    context = build_context(
+        requests,
+        model=MODEL,
+        cold_start_seconds=60.0,
+        target_utilisation=0.8,
+        tick_seconds=15.0,
+        future=True,
+    )
+    oracle = OracleAutoscaler(context)
+    settings = SimulationSettings(model=MODEL, initial_replicas=oracle.initial_replicas())
+    result = simulate(requests, settings, oracle)
+    last_s = requests[-1].arrival_s
+    for from_s in (0.0, 300.0, 600.0):
+        held_s = result.since(from_s, 0).gpu_hours * 3600
+        asked_s = oracle.asked_replica_seconds(from_s, last_s, 15.0)
+        assert 0.9 * held_s <= asked_s <= held_s + 1e-6
