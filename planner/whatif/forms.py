@@ -13,6 +13,9 @@ POLICY_HELP = {
     "hpa-rps": "Kubernetes HPA on requests/s",
     "oracle": "knows the future: a lower bound, not a real option",
     "modelunit": "this control plane's allocation policy",
+    "static-slo": "the cheapest static fleet that keeps the SLO, found by search (a few runs)",
+    "oracle-slo": "knows the future: the fewest replicas at the SLO, a reference, not a real "
+    "option (costs about three policies' runs)",
 }
 
 

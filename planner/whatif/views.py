@@ -28,6 +28,8 @@ COLUMNS = [
     ("tpot_p95_ms", "TPOT p95 (ms)", "ms1"),
     ("guaranteed_refused", "Guaranteed refused", "count"),
     ("scale_events", "Scale events", "count"),
+    # Over static-slo (both searched policies run): 100 % is oracle-slo's.
+    ("oracle_slo_savings_share", "Share of oracle-slo's saving", "percent"),
 ]
 
 

@@ -8,7 +8,8 @@ the reference for `savings_vs_static`) and returns
                          ttft_p95_ms, ttft_p99_ms, tpot_p95_ms, guaranteed_refused,
                          scale_events, refused_guaranteed_share, refused_best_effort_share,
                          refused_within_reservation_share, within_reservation_refused,
-                         guaranteed_slo_attainment, admitted_slo_attainment}}}
+                         guaranteed_slo_attainment, admitted_slo_attainment, static_replicas,
+                         savings_vs_static_slo, oracle_slo_savings_share}}}
 
 A request's cost in MU is `mu_of` its ground-truth replica-seconds at a full batch (× R / 60),
 so one saturated replica mints R = 100 MU/min. `slo_attainment` is over every request (refused
@@ -51,7 +52,15 @@ simulation; it does not change the results.
 Policies: static-peak, kpa, hpa-rps, oracle (`baselines`, `oracle`) and modelunit, the live
 allocation policy (`simulation.engine.modelunit.ModelUnitAutoscaler`), imported by name
 when asked for; if it cannot be imported it is left out with the reason
-(`unavailable_policies`).
+(`unavailable_policies`). And two found by search in the simulator (`oracle_slo`), each run
+as every policy is (behind admission, capped, scored after the warm-up): static-slo, the
+cheapest static fleet that keeps the TTFT objective (`oracle_slo.SLO_TARGET` of the scored
+requests within `slo_ttft_ms`), searched from static-peak's size (whose run it reuses); and
+oracle-slo, the hindsight trajectory that keeps it (the old oracle's schedule is one of its
+candidates: its run is reused when oracle ran first, else made). `static_replicas` is a static
+policy's fleet (NaN for the others); `savings_vs_static_slo` is 1 - GPU-hours / static-slo's
+and `oracle_slo_savings_share` a policy's saving over static-slo divided by oracle-slo's (NaN
+unless both ran; oracle-slo's is 1).
 """
 
 from __future__ import annotations
@@ -69,7 +78,13 @@ from capacity.pricing.features import REPLICA_MU_PER_MINUTE, mu_of, replica_seco
 
 from .admission import refusal_figures, within_reservation
 from .autoscaling import Autoscaler, Observation
-from .baselines import HPARpsAutoscaler, KPAAutoscaler, StaticPeakAutoscaler, replicas_for
+from .baselines import (
+    HPARpsAutoscaler,
+    KPAAutoscaler,
+    StaticPeakAutoscaler,
+    replicas_for,
+    static_peak_replicas,
+)
 from .fleet import (
     ADMITTED_GUARANTEED,
     NOT_ADMITTED,
@@ -80,7 +95,15 @@ from .fleet import (
     simulate,
 )
 from .modelunit import ModelUnitAutoscaler, behind_admission
-from .oracle import OracleAutoscaler, required_replicas
+from .oracle import OracleAutoscaler, ScheduleAutoscaler, required_replicas
+from .oracle_slo import (
+    SLO_TARGET,
+    Scored,
+    StaticFleet,
+    WindowSearch,
+    cheapest_static,
+    oracle_slo,
+)
 from .policy_context import PolicyContext
 from .profile import ModelConfig, ground_truth_replica_seconds
 from .traces import TraceRequest, summarise
@@ -89,6 +112,11 @@ REFERENCE = "static-peak"
 # A deployment's idle window before scale to zero, unless the caller gives its own.
 DEFAULT_SCALE_TO_ZERO_AFTER_SECONDS = 600.0
 MODELUNIT = "modelunit"
+# Found by search in the simulator (oracle_slo): the cheapest static fleet that keeps the SLO,
+# and the hindsight reference at the SLO.
+STATIC_SLO = "static-slo"
+ORACLE_SLO = "oracle-slo"
+SEARCHED = (STATIC_SLO, ORACLE_SLO)
 MODELUNIT_PATH = "simulation.engine.modelunit:ModelUnitAutoscaler"
 METRICS = (
     "gpu_hours",
@@ -106,6 +134,9 @@ METRICS = (
     "within_reservation_refused",
     "guaranteed_slo_attainment",
     "admitted_slo_attainment",
+    "static_replicas",
+    "savings_vs_static_slo",
+    "oracle_slo_savings_share",
 )
 
 _BUILT_IN: dict[str, Callable[[PolicyContext], Autoscaler]] = {
@@ -167,6 +198,7 @@ def policy_registry() -> tuple[dict[str, Callable[[PolicyContext], Autoscaler]],
     """(name -> factory, name -> why it is missing). The modelunit policy is imported here."""
     registry = dict(_BUILT_IN)
     missing: dict[str, str] = {}
+    # The searched policies have no factory: compare runs their searches.
     factory, reason = _load_modelunit()
     if factory is not None:
         registry[MODELUNIT] = factory
@@ -176,7 +208,7 @@ def policy_registry() -> tuple[dict[str, Callable[[PolicyContext], Autoscaler]],
 
 
 def known_policies() -> tuple[str, ...]:
-    return (*_BUILT_IN, MODELUNIT)
+    return (*_BUILT_IN, MODELUNIT, *SEARCHED)
 
 
 def request_mu_of_model(model: ModelConfig) -> Callable[[TraceRequest], float]:
@@ -304,8 +336,12 @@ def compare(
     request_mu: Callable[[TraceRequest], float] | None = None,
     replica_mu_per_minute: float = REPLICA_MU_PER_MINUTE,
     scale_to_zero_after_seconds: float | None = DEFAULT_SCALE_TO_ZERO_AFTER_SECONDS,
+    reference: bool = True,
 ) -> dict[str, dict[str, dict[str, float]]]:
     """Simulate each policy over `requests` (see the module docstring for the result).
+
+    `reference=False` leaves static-peak out unless asked for (a caller that runs it in another
+    call; `savings_vs_static` is then NaN).
 
     `stabilisation_seconds`: the modelunit policy's scale-down stabilisation window, the live
     tick's setting (ALLOCATION_STABILISATION_SECONDS), which the caller reads; None: the
@@ -325,13 +361,15 @@ def compare(
     if slo_ttft_ms <= 0:
         raise ValueError(f"slo_ttft_ms must be > 0, got {slo_ttft_ms}")
     registry, missing = policy_registry() if MODELUNIT in policies else (dict(_BUILT_IN), {})
-    unknown = [p for p in policies if p not in registry and p not in missing]
+    unknown = [p for p in policies if p not in registry and p not in missing and p not in SEARCHED]
     if unknown:
         raise PolicyError(f"unknown policy {unknown[0]!r} (known: {', '.join(known_policies())})")
     if MODELUNIT in policies and MODELUNIT in missing:
         raise PolicyError(missing[MODELUNIT])
     cold_start = model.cold_start_seconds if cold_start_seconds is None else cold_start_seconds
     order = [REFERENCE] + [p for p in dict.fromkeys(policies) if p != REFERENCE]
+    if not reference and REFERENCE not in policies:
+        order.remove(REFERENCE)
     reservations = dict(reservations or {})
     guaranteed = np.asarray([r.client in reservations for r in requests], dtype=bool)
     replayed_clients: list[str] = []
@@ -373,39 +411,97 @@ def compare(
         replica_mu_per_minute=replica_mu_per_minute,
         scale_to_zero_after_seconds=scale_to_zero_after_seconds,
     )
-    results: dict[str, dict[str, float]] = {}
-    for name in order:
-        context = shared_context
-        if name == "oracle":
-            context = replace(context, future_requests=tuple(replayed))
-        if name == MODELUNIT and stabilisation_seconds is not None:
-            # The modelunit factory is ModelUnitAutoscaler, loaded by name (_load_modelunit).
-            factory = cast(_ModelUnitFactory, registry[name])
-            autoscaler = factory(context, stabilisation_seconds=stabilisation_seconds)
-        else:
-            autoscaler = registry[name](context)
-        policy = autoscaler
+    first_scored = len(replayed) - len(requests)
+
+    def run(autoscaler: Autoscaler, policy: Autoscaler, *, max_misses: int | None = None) -> Scored:
+        """One policy's simulation as every policy is run: capped, behind admission, with the
+        opening fleet it asks for; and its scored part. With `max_misses`, it stops once more
+        of the scored requests miss the SLO."""
         if max_replicas is not None:
-            autoscaler = _Capped(autoscaler, context.max_replicas)
+            autoscaler = _Capped(autoscaler, shared_context.max_replicas)
         initial = getattr(autoscaler, "initial_replicas", None)
         initial_replicas = int(initial()) if initial else 0
         gate = None
         if admission:
             autoscaler, gate = behind_admission(
                 autoscaler,
-                context,
+                shared_context,
                 allowances_of=policy if isinstance(policy, ModelUnitAutoscaler) else None,
                 initial_replicas=initial_replicas,
                 burst_seconds=burst_seconds,
             )
         settings = SimulationSettings(
-            **settings_kwargs, initial_replicas=initial_replicas, admission=gate
+            **settings_kwargs,
+            initial_replicas=initial_replicas,
+            admission=gate,
+            max_misses=max_misses,
+            misses_from=first_scored,
         )
-        result = simulate(replayed, settings, autoscaler)
-        first_scored = len(replayed) - len(requests)
-        within = _within_reservation(result, replayed_clients, reservations, admission)
-        if scored_from_s:
-            result = result.since(scored_from_s, first_scored)
+        full = simulate(replayed, settings, autoscaler)
+        scored = full.since(scored_from_s, first_scored) if scored_from_s else full
+        return Scored(full, scored)
+
+    def run_static(replicas: int, *, search: bool = True) -> Scored:
+        """A static fleet; in the search, stopped once it has surely missed the objective."""
+        fleet = StaticFleet(replicas)
+        allowed = int((1 - SLO_TARGET) * len(requests) + 1e-9) if search else None
+        return run(fleet, fleet, max_misses=allowed)
+
+    results: dict[str, dict[str, float]] = {}
+    static_replicas: dict[str, int] = {}
+    static_run: Scored | None = None
+    # The old oracle's schedule, simulated (when oracle runs before oracle-slo): one of
+    # oracle-slo's candidates, which it simulates itself only if it could cost less.
+    oracle_run: tuple[OracleAutoscaler, Scored] | None = None
+    for name in order:
+        context = shared_context
+        if name == STATIC_SLO:
+            peak = static_replicas.get(REFERENCE) or static_peak_replicas(shared_context)
+            if max_replicas is not None:
+                peak = min(peak, shared_context.max_replicas)
+            static_replicas[name], outcome = cheapest_static(
+                run_static,
+                first_guess=peak,
+                max_replicas=shared_context.max_replicas,
+                known={} if static_run is None else {peak: static_run},
+            )
+            if outcome.full.stopped:  # no static fleet keeps the objective: the largest, whole
+                outcome = run_static(static_replicas[name], search=False)
+        elif name == ORACLE_SLO:
+            search = WindowSearch(
+                requests=replayed,
+                settings=SimulationSettings(**settings_kwargs),
+                context=replace(context, future_requests=tuple(replayed)),
+                burst_seconds=burst_seconds,
+            )
+            oracle_candidate: tuple[ScheduleAutoscaler, Scored | None] = (
+                oracle_run
+                if oracle_run is not None
+                else (OracleAutoscaler(replace(context, future_requests=tuple(replayed))), None)
+            )
+            _, outcome = oracle_slo(
+                search,
+                lambda schedule: run(schedule, schedule),
+                scored_from_s=scored_from_s,
+                candidates=[oracle_candidate],
+            )
+        else:
+            if name == "oracle":
+                context = replace(context, future_requests=tuple(replayed))
+            if name == MODELUNIT and stabilisation_seconds is not None:
+                # The modelunit factory is ModelUnitAutoscaler, loaded by name (_load_modelunit).
+                factory = cast(_ModelUnitFactory, registry[name])
+                policy = factory(context, stabilisation_seconds=stabilisation_seconds)
+            else:
+                policy = registry[name](context)
+            outcome = run(policy, policy)
+            if isinstance(policy, OracleAutoscaler):
+                oracle_run = policy, outcome
+            if name == REFERENCE:
+                static_run = outcome
+                static_replicas[name] = cast(StaticPeakAutoscaler, policy).replicas
+        full, result = outcome.full, outcome.scored
+        within = _within_reservation(full, replayed_clients, reservations, admission)
         results[name] = {
             "gpu_hours": result.gpu_hours,
             "slo_attainment": result.slo_attainment,
@@ -415,17 +511,31 @@ def compare(
             "tpot_p95_ms": result.tpot_ms(95),
             "guaranteed_refused": int(np.count_nonzero(guaranteed & (result.outcome != SERVED))),
             "scale_events": result.scale_events,
+            "static_replicas": static_replicas.get(name, math.nan),
             **_refusals(result, guaranteed, within[first_scored:], admission),
         }
         if on_policy is not None:
             on_policy(name, len(results), len(order))
-    reference_hours = results[REFERENCE]["gpu_hours"]
+    reference_hours = results[REFERENCE]["gpu_hours"] if REFERENCE in results else math.nan
+    static_slo_hours = results[STATIC_SLO]["gpu_hours"] if STATIC_SLO in results else math.nan
+    oracle_slo_hours = results[ORACLE_SLO]["gpu_hours"] if ORACLE_SLO in results else math.nan
     out: dict[str, dict[str, float]] = {}
     for name in order:
-        row = results[name]
-        savings = 1.0 - row["gpu_hours"] / reference_hours if reference_hours > 0 else math.nan
-        out[name] = {key: (savings if key == "savings_vs_static" else row[key]) for key in METRICS}
+        row = dict(results[name])
+        hours = row["gpu_hours"]
+        row["savings_vs_static"] = _saving(reference_hours, hours)
+        row["savings_vs_static_slo"] = _saving(static_slo_hours, hours)
+        headroom = static_slo_hours - oracle_slo_hours
+        row["oracle_slo_savings_share"] = (
+            (static_slo_hours - hours) / headroom if headroom > 0 else math.nan
+        )
+        out[name] = {key: row[key] for key in METRICS}
     return {"policies": out}
+
+
+def _saving(reference_hours: float, hours: float) -> float:
+    """1 - hours / reference_hours; NaN without a reference (or one of no GPU-hours)."""
+    return 1.0 - hours / reference_hours if reference_hours > 0 else math.nan
 
 
 def _admitted(result: SimulationResult, admission: bool) -> np.ndarray:

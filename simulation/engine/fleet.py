@@ -66,6 +66,11 @@ class SimulationSettings:
     horizon_s: float | None = None
     request_mu: Callable[[TraceRequest], float] | None = None
     admission: Admission | None = None
+    # Stop as soon as more than `max_misses` of the requests from index `misses_from` on (in
+    # the order given) miss the TTFT SLO: refused, timed out, or a first token later than the
+    # SLO. A search in the simulator only needs to know that a fleet misses its objective.
+    max_misses: int | None = None
+    misses_from: int = 0
 
 
 @dataclass(frozen=True)
@@ -91,6 +96,9 @@ class SimulationResult:
     # NOT_ADMITTED), and its MU (NaN without `request_mu`).
     admission_class: np.ndarray | None = None
     request_mu: np.ndarray | None = None
+    # Stopped at `end_s` on its `max_misses`: requests not resolved by then count as misses
+    # (their outcome is -1), and GPU-hours stop there.
+    stopped: bool = False
 
     def since(self, from_s: float, first_request: int) -> SimulationResult:
         """The part of the run from `from_s` on: requests from `first_request` on (in the order
@@ -163,6 +171,13 @@ class SimulationResult:
             "tpot_p95_ms": self.tpot_ms(95),
             "scale_events": self.scale_events,
         }
+
+
+class _Stopped(Exception):
+    """Raised inside the event loop when the run has missed more than its `max_misses`."""
+
+    def __init__(self, t_s: float):
+        self.t_s = t_s
 
 
 def _percentile_ms(values_s: np.ndarray, percentile: float) -> float:
@@ -294,6 +309,9 @@ class _Fleet:
         self.completed_mu: list[tuple[str, float, float]] = []
         self.refused_mu: list[tuple[str, float, float, bool]] = []
         self.last_target: int | None = None
+        self.misses = 0
+        self.max_misses = settings.max_misses
+        self.stopped = False
         self.scale_events = 0
         self.scale_event_times: list[float] = []
 
@@ -304,12 +322,20 @@ class _Fleet:
         for _ in range(settings.initial_replicas):
             self.ready.append(self._add_replica(_READY, 0.0))
         self._push(0.0, _TICK, None, 0)
-        arrival, order, heap = self.arrival, self.order, self.heap
         horizon_s = settings.horizon_s
         if horizon_s is None:
-            horizon_s = arrival[order[-1]] if order else 0.0
+            horizon_s = self.arrival[self.order[-1]] if self.order else 0.0
+        try:
+            end_s = self._loop(horizon_s)
+        except _Stopped as stop:
+            end_s, self.stopped = stop.t_s, True
+        self._count_alive(end_s, 0)
+        return self._result(end_s)
+
+    def _loop(self, horizon_s: float) -> float:
+        settings = self.settings
+        arrival, order, heap = self.arrival, self.order, self.heap
         position, count = 0, len(order)
-        end_s = 0.0
         while True:
             next_arrival_s = arrival[order[position]] if position < count else math.inf
             if heap[0][0] < next_arrival_s:
@@ -327,14 +353,11 @@ class _Fleet:
                 else:
                     self._tick(t_s)
                     if position >= count and self.unresolved == 0 and t_s >= horizon_s:
-                        end_s = t_s
-                        break
+                        return t_s
                     self._push(t_s + settings.tick_seconds, _TICK, None, 0)
             else:
                 self._arrive(order[position], next_arrival_s)
                 position += 1
-        self._count_alive(end_s, 0)
-        return self._result(end_s)
 
     def _push(self, t_s: float, kind: int, replica: _Replica | None, version: int) -> None:
         self.sequence += 1
@@ -364,6 +387,8 @@ class _Fleet:
             self.outcome[index] = REFUSED
             self.unresolved -= 1
             self.window[2] += 1
+            if self.max_misses is not None:
+                self._missed(index, t_s)
         elif self.ready:
             self._route(index, t_s)
         else:
@@ -400,7 +425,15 @@ class _Fleet:
         self.finish[index] = deadline_s
         self.unresolved -= 1
         self.window[3] += 1
+        if self.max_misses is not None:
+            self._missed(index, t_s)
         return True
+
+    def _missed(self, index: int, t_s: float) -> None:
+        if index >= self.settings.misses_from:
+            self.misses += 1
+            if self.max_misses is not None and self.misses > self.max_misses:
+                raise _Stopped(t_s)
 
     # --- replicas --------------------------------------------------------------------------
 
@@ -431,6 +464,11 @@ class _Fleet:
             first_s = replica.time_after(1)
             for index in admitted:
                 self.first[index] = first_s
+            if self.max_misses is not None:
+                slo_s = self.settings.ttft_slo_seconds
+                for index in admitted:
+                    if first_s - self.arrival[index] > slo_s:
+                        self._missed(index, t_s)
             # Held back only by the prompt budget, the queue moves on at the very next step.
             self._schedule(replica, 1 if replica.budget_spent else running[0][0] - done)
         elif replica.state == _DRAINING and not replica.waiting:
@@ -602,6 +640,7 @@ class _Fleet:
             scale_events=self.scale_events,
             admission_class=np.asarray(self.admission_class, np.int8),
             request_mu=np.asarray(self.mu, float),
+            stopped=self.stopped,
         )
 
 

@@ -80,14 +80,15 @@ def fill_short_gaps(need: np.ndarray, max_gap_s: float) -> np.ndarray:
     return schedule
 
 
-class OracleAutoscaler:
-    """The cheapest schedule that knows the future (see the module docstring)."""
+class ScheduleAutoscaler:
+    """A fleet that follows a per-second replica schedule known in advance (step 4 above): at
+    each tick, the largest count over the next cold start and tick; the run starts with the
+    replicas scheduled within the first cold start already warm."""
 
-    def __init__(self, context: PolicyContext):
-        self.cold_start_s = context.cold_start_seconds
-        self.lead_s = int(math.ceil(context.cold_start_seconds + context.tick_seconds))
-        self.required = required_replicas(context)
-        self.schedule = fill_short_gaps(self.required, context.cold_start_seconds)
+    def __init__(self, schedule: np.ndarray, *, cold_start_s: float, tick_s: float):
+        self.schedule = schedule
+        self.cold_start_s = cold_start_s
+        self.lead_s = int(math.ceil(cold_start_s + tick_s))
 
     def _max_over(self, start_s: float, end_s: float) -> int:
         lo = max(0, int(math.floor(start_s)))
@@ -100,3 +101,26 @@ class OracleAutoscaler:
     def decide(self, observation: Observation) -> int:
         now_s = observation.timestamp_s
         return self._max_over(now_s, now_s + self.lead_s)
+
+    def asked_replica_seconds(self, from_s: float, until_s: float, tick_s: float) -> float:
+        """Replica-seconds asked for at the ticks (multiples of `tick_s`) in [from_s, until_s):
+        a floor on what a run of it holds from `from_s` on, when `until_s` is no later than the
+        run's last arrival (a run holds at least what it asked for until the next tick, and
+        what drains too, and goes on until every request is done)."""
+        first = int(math.ceil(from_s / tick_s - 1e-9))
+        last = int(math.ceil(until_s / tick_s - 1e-9))
+        return tick_s * sum(
+            self._max_over(t * tick_s, t * tick_s + self.lead_s) for t in range(first, last)
+        )
+
+
+class OracleAutoscaler(ScheduleAutoscaler):
+    """The cheapest schedule that knows the future (see the module docstring)."""
+
+    def __init__(self, context: PolicyContext):
+        self.required = required_replicas(context)
+        super().__init__(
+            fill_short_gaps(self.required, context.cold_start_seconds),
+            cold_start_s=context.cold_start_seconds,
+            tick_s=context.tick_seconds,
+        )

@@ -132,6 +132,21 @@ def test_executing_stores_a_comparison_of_every_chosen_policy_and_static_peak():
     assert whatif.whatif_execute(run.pk) is None
 
 
+def test_a_whatif_runs_the_searched_references_and_never_calls_oracle_slo_best():
+    run = create(trace_csv=trace_csv(minutes=3), policies=["modelunit", "static-slo", "oracle-slo"])
+
+    done = whatif.whatif_execute(run.pk)
+
+    assert done.status == WhatIfRun.Status.SUCCEEDED, done.error
+    rows = done.result["policies"]
+    assert set(rows) == {"static-peak", "modelunit", "static-slo", "oracle-slo"}
+    assert rows["oracle-slo"]["oracle_slo_savings_share"] == pytest.approx(1.0)
+    assert rows["static-slo"]["static_replicas"] >= 1
+    assert rows["oracle-slo"]["slo_attainment"] >= 0.99
+    # It reads the future: a reference, never the best policy to run.
+    assert whatif.best_policy(done) in {"static-peak", "modelunit", "static-slo"}
+
+
 def test_only_the_first_minutes_of_a_bundled_rate_window_trace_are_simulated():
     run = create(trace_name="diurnal-2d", duration_minutes=5, policies=["kpa"])
     done = whatif.whatif_execute(run.pk)
