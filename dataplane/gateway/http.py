@@ -123,6 +123,12 @@ class Exchange:
         if data:
             self._connection.write(b"%x\r\n%b\r\n" % (len(data), data))
 
+    def cork(self) -> None:
+        self._connection.cork()
+
+    def uncork(self) -> None:
+        self._connection.uncork()
+
     def end(self) -> None:
         if self._state != 1:
             return
@@ -172,6 +178,7 @@ class ServerConnection(asyncio.Protocol):
         self._task: asyncio.Task[None] | None = None
         self._idle: asyncio.TimerHandle | None = None
         self._reading = True
+        self._corked: list[bytes] | None = None
         self.closed = False
 
     # -- the transport -------------------------------------------------------------------
@@ -216,10 +223,24 @@ class ServerConnection(asyncio.Protocol):
             self._fail(431, "The request's headers are too large.", "headers_too_large")
 
     def write(self, data: bytes) -> None:
-        if not self.closed and self._transport is not None:
+        if self._corked is not None:
+            self._corked.append(data)
+        elif not self.closed and self._transport is not None:
             self._transport.write(data)
 
+    def cork(self) -> None:
+        """Hold writes until `uncork`, then send them in one: what an engine's one read
+        brings (often the usage chunk, [DONE] and the end of the stream) costs one send."""
+        if self._corked is None:
+            self._corked = []
+
+    def uncork(self) -> None:
+        corked, self._corked = self._corked, None
+        if corked:
+            self.write(corked[0] if len(corked) == 1 else b"".join(corked))
+
     def close(self) -> None:
+        self.uncork()
         if self._transport is not None and not self.closed:
             self._transport.close()
 

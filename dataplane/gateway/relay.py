@@ -120,6 +120,12 @@ class EngineAnswer:
 
     # -- the Sink -------------------------------------------------------------------------
 
+    def reading(self, begun: bool) -> None:
+        if begun:
+            self._exchange.cork()
+        else:
+            self._exchange.uncork()
+
     def head(self, status: int, content_type: str) -> None:
         self.status = status
         self.content_type = content_type

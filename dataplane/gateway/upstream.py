@@ -23,6 +23,10 @@ MAX_IDLE_PER_REPLICA = 1024
 class Sink(Protocol):
     """Who receives an engine's answer. Exactly one of `done` and `failed` is called last."""
 
+    def reading(self, begun: bool) -> None:
+        """Around each read from the engine (True before, False after): the writes it causes
+        may be sent as one."""
+
     def head(self, status: int, content_type: str) -> None: ...
 
     def body(self, data: bytes) -> None: ...
@@ -56,10 +60,16 @@ class EngineConnection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
 
     def data_received(self, data: bytes) -> None:
+        sink = self.sink
+        if sink is not None:
+            sink.reading(True)
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as error:
             self._fail(EngineError(f"malformed answer from the engine: {error}"))
+        finally:
+            if sink is not None:
+                sink.reading(False)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
