@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
-from aiohttp import web
+if TYPE_CHECKING:
+    from .http import Exchange
 
 _TYPES = {
     400: "invalid_request_error",
@@ -48,16 +50,11 @@ class GatewayError(Exception):
             body["error"].update(self.extra)  # type: ignore[attr-defined]
         return body
 
-    def response(self, request_id: str | None = None) -> web.Response:
+    def respond(self, exchange: Exchange, request_id: str | None = None) -> None:
         headers = dict(self.headers)
         if request_id:
             headers["X-Request-Id"] = request_id
-        return web.Response(
-            status=self.status,
-            body=json.dumps(self.body()).encode(),
-            content_type="application/json",
-            headers=headers,
-        )
+        exchange.respond(self.status, json.dumps(self.body()).encode(), headers=headers)
 
 
 def error_body(
@@ -71,3 +68,8 @@ def error_body(
             "code": code,
         }
     }
+
+
+def error_json(status: int, message: str, code: str) -> bytes:
+    """The body of an error the HTTP layer answers itself (a malformed request)."""
+    return json.dumps(error_body(status, message, code=code)).encode()

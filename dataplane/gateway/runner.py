@@ -1,7 +1,7 @@
 """Starting the gateway: GATEWAY_WORKERS processes, each with one asyncio event loop, all
 listening on the same port with SO_REUSEPORT (the kernel spreads connections over them).
-Each loop is uvloop's (a dependency): aiohttp's sockets, timers and callbacks cost about half
-of what they cost on asyncio's own loop.
+Each loop is uvloop's (a dependency): sockets, timers and callbacks cost about half of what
+they cost on asyncio's own loop.
 
 With more than one worker, prometheus_client's multiprocess mode (PROMETHEUS_MULTIPROC_DIR,
 a private temporary directory unless set) makes `/metrics` report the sum of the workers.
@@ -24,14 +24,13 @@ from .settings import Settings, SettingsError
 
 log = logging.getLogger("dataplane.gateway")
 JOIN_AFTER_GRACE_SECONDS = 10
+# After the grace: how long the requests cut get to record themselves.
+CUT_SECONDS = 1.0
 
 
 def serve(settings: Settings) -> None:
-    """One worker: one event loop serving the app until SIGTERM/SIGINT."""
+    """One worker: one event loop serving until SIGTERM (or SIGINT, when it is not ignored)."""
     import uvloop
-    from aiohttp import web
-
-    from .server import create_app
 
     logging.basicConfig(
         level=settings.log_level.upper(),
@@ -47,19 +46,47 @@ def serve(settings: Settings) -> None:
     gc.set_threshold(10_000, 10, 10)
     loop = uvloop.new_event_loop()
     asyncio.set_event_loop(loop)
-    web.run_app(
-        create_app(settings),
+    try:
+        loop.run_until_complete(_run(settings))
+    finally:
+        loop.close()
+
+
+async def _run(settings: Settings) -> None:
+    from .errors import error_json
+    from .http import serve as listen
+    from .server import Gateway
+
+    loop = asyncio.get_running_loop()
+    gateway = Gateway(settings)
+    await gateway.start()
+    server, connections = await listen(
+        gateway.dispatch,
+        error_json,
         host=settings.host,
         port=settings.port,
+        max_body_bytes=settings.max_body_bytes,
         reuse_port=True,
-        handler_cancellation=True,  # a client that leaves cancels its request upstream
-        access_log=None,
-        print=None,
-        # The grace for requests in flight is the app's own (Gateway.drain, on shutdown);
-        # aiohttp then cancels what is left within a second.
-        shutdown_timeout=1.0,
-        loop=loop,
     )
+    stopping = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, stopping.set)
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        loop.add_signal_handler(signal.SIGINT, stopping.set)
+    await stopping.wait()
+    # No new connections; idle kept-alive ones are closed now, busy ones after their answer.
+    server.close()
+    for connection in list(connections):
+        if connection.idle():
+            connection.close()
+    # The grace for requests in flight (Gateway.drain), then the rest is cut: closing a
+    # connection cancels the task answering it, which records its request as cancelled.
+    await gateway.drain()
+    for connection in list(connections):
+        connection.close()
+    deadline = loop.time() + CUT_SECONDS
+    while gateway.answering and loop.time() < deadline:
+        await asyncio.sleep(0.01)
+    await gateway.stop()
 
 
 def _worker(settings: Settings) -> None:

@@ -1,9 +1,11 @@
-"""The gateway's HTTP side: an aiohttp application (one event loop per worker process).
+"""The gateway's requests: one Gateway per worker process (one event loop).
 
 Per request: authenticate locally, check the body, estimate MU, admit in one Redis round
 trip (`capacity.admission.redis_buckets.Buckets.admit`: the customer's and its key's request
 limits, then the MU buckets), route to the ready replica with the least outstanding MU, forward
-(SSE passed through), free its concurrency slot at its end, and leave exactly one usage event.
+(SSE passed through, dataplane/gateway/relay.py), free its concurrency slot at its end, and
+leave exactly one usage event. HTTP itself: dataplane/gateway/http.py (the clients) and
+dataplane/gateway/upstream.py (the engines).
 """
 
 from __future__ import annotations
@@ -14,17 +16,13 @@ import logging
 import math
 import os
 import random
-import re
 import time
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import redis.asyncio as aioredis
-from aiohttp import web
 from redis.exceptions import RedisError
-from yarl import URL
 
 from capacity.admission.redis_buckets import (
     BEST_EFFORT,
@@ -47,6 +45,7 @@ from .estimate import (
     output_tokens_of,
     parse_body,
 )
+from .http import ClientGone, Exchange, Request
 from .metrics import (
     CONTRACT_VERSION,
     INFLIGHT_MU,
@@ -59,31 +58,22 @@ from .metrics import (
 from .metrics import (
     WAITING as WAITING_GAUGE,
 )
+from .relay import EngineAnswer, Retry
 from .routing import Router
 from .settings import Settings
-from .usage import UsageSink
+from .upstream import EngineConnection, Engines
+from .usage import Usage, UsageSink
 
 log = logging.getLogger("dataplane.gateway")
 
-_JSON = {"Content-Type": "application/json"}
-
 # vLLM's priority: lower is served first. Forwarded only to engines with priority scheduling.
 PRIORITY = {GUARANTEED: 0, BEST_EFFORT: 1}
-
-GATEWAY_KEY: web.AppKey[Gateway] = web.AppKey("gateway")
 
 WAKE_PATH = "/api/v1/allocation/wake"
 WAKE_EVERY_SECONDS = 1.0
 # A request held for a model that just woke asks admission again this often while the first
 # allowances of the new replica are on their way.
 ADMISSION_RETRY_SECONDS = 0.5
-
-# In an SSE data event: a "usage" that is not null (the engine's counts: its final chunk, or
-# every chunk with continuous usage stats). Only such events are parsed.
-_USAGE = re.compile(rb'"usage"\s*:\s*(?!null)')
-# A choice's generated text that is not empty: "text" (completions) or "content" (a chat delta).
-# A quote inside a JSON string is escaped, so these bytes are a key, never a string's content.
-_TEXT = re.compile(rb'"(?:text|content)"\s*:\s*"(?!")')
 
 # Waiting demand for a model at zero, kept consistent across workers and gateways by one script.
 # KEYS[1] gw:v1:waiting; ARGV: model, requests delta, MU delta, now
@@ -116,155 +106,6 @@ def _ignore_outcome(future: asyncio.Future[Any]) -> None:
     """A release's answer: nothing to do with it (a Redis error is logged, the slot lapses)."""
     if not future.cancelled() and future.exception() is not None:
         log.warning("freeing a concurrency slot failed: %s", future.exception())
-
-
-class ClientGone(Exception):  # noqa: N818 - a signal: the client closed its connection
-    """Writing to the client failed. aiohttp raises ClientConnectionResetError there, which is
-    also an aiohttp.ClientError: left as it is, a client that leaves would read as a replica
-    that failed (outcome error instead of cancelled)."""
-
-
-async def _to_client(response: web.StreamResponse, data: bytes) -> None:
-    try:
-        await response.write(data)
-    except ConnectionResetError as error:
-        raise ClientGone(str(error)) from error
-
-
-class _TokenWatchdog:
-    """A stream's per-token timeout: the engine's next bytes are due within `seconds` of the
-    last ones (or of the answer's head). Counted only while the gateway waits for them, not
-    while a slow client takes what was passed on (as aiohttp's sock_read pauses with reading).
-    One timer per stream, set again only when it fires early, where sock_read cancels and sets
-    a timer on every read; when it is due, the stream's next read raises a TimeoutError."""
-
-    __slots__ = ("_content", "_handle", "_loop", "_seconds", "since")
-
-    def __init__(
-        self, loop: asyncio.AbstractEventLoop, seconds: float, content: aiohttp.StreamReader
-    ):
-        self._loop = loop
-        self._seconds = seconds
-        self._content = content
-        self.since: float | None = loop.time()  # waiting since; None while not waiting
-        self._handle = loop.call_at(self.since + seconds, self._check)
-
-    def _check(self) -> None:
-        now = self._loop.time()
-        since = self.since
-        if since is None or now < since + self._seconds:
-            self._handle = self._loop.call_at((since or now) + self._seconds, self._check)
-            return
-        self._content.set_exception(
-            aiohttp.ServerTimeoutError(f"no data from the engine within {self._seconds:g} s")
-        )
-
-    def cancel(self) -> None:
-        self._handle.cancel()
-
-
-class Retry(Exception):  # noqa: N818 - a signal, not a failure the client sees
-    """An attempt failed before the client got a byte: another replica may take it."""
-
-    def __init__(self, reason: str, status: int = 502, body: bytes = b""):
-        super().__init__(reason)
-        self.status = status
-        self.body = body
-
-
-@dataclass
-class Usage:
-    """What becomes the request's one usage event."""
-
-    request_id: str
-    customer: str
-    model: str
-    started_at: float
-    input_tokens: int
-    estimated_mu: float
-    admission_class: str | None = None
-    outcome: str = "error"
-    deployment: str | None = None
-    replica: str | None = None  # the endpoint that served it
-    cached_input_tokens: int = 0
-    output_tokens: int = 0
-    images: int = 0
-    ttft_ms: float | None = None
-    engine_usage: bool = False
-    # The prompt's text in bytes (None for prompts given as token ids): sent beside the
-    # engine's own input token count, it calibrates the model's bytes per token.
-    prompt_bytes: int | None = None
-    # What request limits count: the input and the most it may generate (tokens per minute),
-    # and the customer key it came with (its own limits); whether it holds a slot in flight.
-    limit_tokens: int = 0
-    customer_id: int = 0
-    api_key_prefix: str | None = None
-    holds_slot: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def take_engine_usage(self, usage: Any) -> None:
-        if not isinstance(usage, dict):
-            return
-        prompt = usage.get("prompt_tokens")
-        completion = usage.get("completion_tokens")
-        if isinstance(prompt, int) and isinstance(completion, int):
-            self.input_tokens = prompt
-            self.output_tokens = completion
-            details = usage.get("prompt_tokens_details") or {}
-            cached = details.get("cached_tokens") if isinstance(details, dict) else None
-            self.cached_input_tokens = cached if isinstance(cached, int) else 0
-            self.engine_usage = True
-
-    def event(self, finished_at: float) -> dict[str, Any]:
-        event: dict[str, Any] = {
-            "event_id": self.request_id,
-            "customer": self.customer,
-            "model": self.model,
-            "started_at": _iso(self.started_at),
-            "finished_at": _iso(max(finished_at, self.started_at)),
-            "input_tokens": max(0, self.input_tokens),
-            "cached_input_tokens": min(max(0, self.cached_input_tokens), self.input_tokens),
-            "output_tokens": max(0, self.output_tokens),
-            "outcome": self.outcome,
-        }
-        if self.images:
-            event["images"] = self.images
-        if self.deployment:
-            event["deployment"] = self.deployment
-        if self.replica:
-            event["replica"] = self.replica
-        if self.admission_class in (GUARANTEED, BEST_EFFORT):
-            event["admission_class"] = self.admission_class
-        if self.api_key_prefix:
-            # What the control plane checks against its admission record (which decides).
-            event["api_key"] = self.api_key_prefix
-        if self.ttft_ms is not None:
-            event["ttft_ms"] = round(self.ttft_ms, 3)
-        if self.outcome == "refused":
-            event["estimated_mu"] = self.estimated_mu
-        elif self.engine_usage and self.prompt_bytes is not None:
-            event["prompt_bytes"] = self.prompt_bytes
-        return event
-
-
-_ISO_SECOND: list[Any] = [None, ""]  # the last whole second formatted, and its text
-
-
-def _iso(moment: float) -> str:
-    """`datetime.fromtimestamp(moment, UTC).isoformat()`, the date and time of day formatted
-    once per second (two per request otherwise, on every worker's hot path)."""
-    fraction, whole = math.modf(moment)
-    micro = round(fraction * 1e6)  # half to even, as fromtimestamp rounds
-    if micro >= 1_000_000:
-        whole, micro = whole + 1.0, micro - 1_000_000
-    elif micro < 0:  # before 1970
-        whole, micro = whole - 1.0, micro + 1_000_000
-    if _ISO_SECOND[0] != whole:
-        text = datetime.fromtimestamp(whole, tz=UTC).isoformat()
-        _ISO_SECOND[0], _ISO_SECOND[1] = whole, text.removesuffix("+00:00")
-    if micro:
-        return f"{_ISO_SECOND[1]}.{micro:06d}+00:00"
-    return f"{_ISO_SECOND[1]}+00:00"
 
 
 class Gateway:
@@ -302,34 +143,32 @@ class Gateway:
             timeout_seconds=settings.usage_timeout_seconds,
         )
         self._waiting_script = self.redis.register_script(_WAITING_LUA)
+        # The control plane's wake endpoint (not the hot path): aiohttp's client.
         self.session: aiohttp.ClientSession | None = None
+        self.engines = Engines(connect_timeout_seconds=settings.connect_timeout_seconds)
         self._tasks: list[asyncio.Task[None]] = []
-        # Built once: the upstream timeouts, and each replica's URLs (yarl parses a string on
-        # every request otherwise). A stream's per-token timeout is not aiohttp's sock_read
-        # (a timer cancelled and set again on every read): the answer's head and any error body
-        # are read under one asyncio.timeout, its events under a _TokenWatchdog.
-        self._stream_timeout = aiohttp.ClientTimeout(
-            total=None, connect=settings.connect_timeout_seconds, sock_read=None
-        )
-        self._unary_timeout = aiohttp.ClientTimeout(
-            total=None,
-            connect=settings.connect_timeout_seconds,
-            sock_read=settings.request_timeout_seconds,
-        )
-        self._urls: dict[tuple[str, str], URL] = {}
+        # Each replica's (host, port) and each request line with its Host header, built once.
+        self._targets: dict[tuple[str, str], tuple[tuple[str, int], bytes]] = {}
         self._admission_from: Contract | None = None
         # model -> when this worker last asked the control plane for a tick (at most 1/s).
         self._woken_at: dict[str, float] = {}
         self._wakes: set[asyncio.Task[None]] = set()
+        # Header names as http.py keeps them (lower case).
+        self._customer_header = settings.customer_header.lower()
+        self._session_header = settings.session_header.lower()
+        self._routes: dict[str, tuple[str, Any]] = {
+            "/v1/chat/completions": ("POST", self.chat_completions),
+            "/v1/completions": ("POST", self.completions),
+            "/v1/models": ("GET", self.models),
+            "/metrics": ("GET", self.metrics),
+            "/healthz": ("GET", self.healthz),
+            "/readyz": ("GET", self.readyz),
+        }
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    async def start(self, _app: web.Application) -> None:
-        self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=60),
-            trust_env=False,
-            auto_decompress=False,
-        )
+    async def start(self) -> None:
+        self.session = aiohttp.ClientSession(trust_env=False)
         await self.usage.start()
         await self.reader.refresh()
         self._tasks = [
@@ -337,11 +176,12 @@ class Gateway:
             asyncio.create_task(self.usage.run()),
         ]
 
-    async def stop(self, _app: web.Application) -> None:
+    async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.usage.close()
+        self.engines.close()
         if self.session is not None:
             await self.session.close()
         await self.buckets.close()
@@ -358,32 +198,56 @@ class Gateway:
 
     # -- endpoints ------------------------------------------------------------------------
 
-    async def healthz(self, _request: web.Request) -> web.Response:
+    async def dispatch(self, request: Request, exchange: Exchange) -> None:
+        """The one handler of http.py: the route by path, then by method."""
+        route = self._routes.get(request.path)
+        if route is None:
+            GatewayError(404, f"No such path: {request.path[:200]}", code="not_found").respond(
+                exchange
+            )
+            return
+        method, handler = route
+        if request.method != method:
+            error = GatewayError(
+                405,
+                f"{request.method[:20]} is not allowed here; use {method}.",
+                code="method_not_allowed",
+                headers={"Allow": method},
+            )
+            error.respond(exchange)
+            return
+        try:
+            await handler(request, exchange)
+        except GatewayError as error:
+            error.respond(exchange)
+
+    async def healthz(self, _request: Request, exchange: Exchange) -> None:
         contract = self.reader.contract
-        return web.json_response(
+        _json_answer(
+            exchange,
             {
                 "status": "ok",
                 "contract_version": contract.version,
                 "contract_read_at": contract.read_at or None,
                 "models": len(contract.models),
-            }
+            },
         )
 
-    async def readyz(self, request: web.Request) -> web.Response:
+    async def readyz(self, request: Request, exchange: Exchange) -> None:
         if not self.reader.contract.loaded:
-            return GatewayError(503, "No contract read from Redis yet.").response()
-        return await self.healthz(request)
+            raise GatewayError(503, "No contract read from Redis yet.")
+        await self.healthz(request, exchange)
 
-    async def metrics(self, _request: web.Request) -> web.Response:
+    async def metrics(self, _request: Request, exchange: Exchange) -> None:
         body, content_type = exposition()
-        return web.Response(body=body, headers={"Content-Type": content_type})
+        exchange.respond(200, body, content_type=content_type)
 
-    async def models(self, request: web.Request) -> web.Response:
+    async def models(self, request: Request, exchange: Exchange) -> None:
         contract = self._contract()
         caller = authenticate(
             contract,
-            request.headers.get("Authorization"),
-            request.headers.get(self.settings.customer_header),
+            request.headers.get("authorization"),
+            request.headers.get(self._customer_header),
             require_customer=False,
         )
         names = sorted(
@@ -402,28 +266,32 @@ class Gateway:
             }
             for name in names
         ]
-        return web.json_response({"object": "list", "data": data})
+        _json_answer(exchange, {"object": "list", "data": data})
 
-    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._answer(request, CHAT)
+    async def chat_completions(self, request: Request, exchange: Exchange) -> None:
+        await self._answer(request, exchange, CHAT)
 
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._answer(request, COMPLETION)
+    async def completions(self, request: Request, exchange: Exchange) -> None:
+        await self._answer(request, exchange, COMPLETION)
 
-    async def _answer(self, request: web.Request, kind: str) -> web.StreamResponse:
+    async def _answer(self, request: Request, exchange: Exchange, kind: str) -> None:
         self._answering += 1
         self._idle.clear()
         try:
-            return await self.generate(request, kind)
+            await self.generate(request, exchange, kind)
         finally:
             self._answering -= 1
             if not self._answering:
                 self._idle.set()
 
-    async def drain(self, _app: web.Application) -> None:
+    @property
+    def answering(self) -> int:
+        return self._answering
+
+    async def drain(self) -> None:
         """On SIGTERM, once the listener is closed: wait up to GATEWAY_SHUTDOWN_GRACE_SECONDS
         for the requests in flight to end (a rollout should not cut long streams); what is
-        left is cancelled by aiohttp's own shutdown and recorded as cancelled."""
+        left is then cancelled (runner.py) and recorded as cancelled."""
         if self._answering:
             log.info("shutting down: waiting for %d request(s) in flight", self._answering)
             try:
@@ -441,7 +309,7 @@ class Gateway:
 
     # -- one request ----------------------------------------------------------------------
 
-    async def generate(self, request: web.Request, kind: str) -> web.StreamResponse:
+    async def generate(self, request: Request, exchange: Exchange, kind: str) -> None:
         arrived = time.perf_counter()
         started_at = time.time()
         request_id = "gw-" + os.urandom(16).hex()  # as random as uuid4's hex, 4x cheaper
@@ -449,10 +317,10 @@ class Gateway:
             contract = self._contract()
             caller = authenticate(
                 contract,
-                request.headers.get("Authorization"),
-                request.headers.get(self.settings.customer_header),
+                request.headers.get("authorization"),
+                request.headers.get(self._customer_header),
             )
-            body = parse_body(kind, await self._json(request))
+            body = parse_body(kind, self._json(request))
             model = contract.models.get(body.model)
             if model is None or not may_use(contract, caller, body.model):
                 raise GatewayError(
@@ -467,11 +335,13 @@ class Gateway:
             )
         except GatewayError as error:
             _counted("rejected", "none")
-            return error.response(request_id)
+            error.respond(exchange, request_id)
+            return
         if usage.outcome == "refused":
-            return self._refused(usage, model, request_id)
+            self._refused(exchange, usage, model, request_id)
+            return
         try:
-            return await self._serve(request, body, model, usage, priority_class, arrived)
+            await self._serve(request, exchange, body, model, usage, priority_class, arrived)
         except asyncio.CancelledError:
             if usage.outcome != "completed":
                 usage.outcome = "cancelled"
@@ -495,24 +365,15 @@ class Gateway:
         )
         released.add_done_callback(_ignore_outcome)
 
-    async def _json(self, request: web.Request) -> Any:
-        limit = self.settings.max_body_bytes
-
-        def too_large() -> GatewayError:
-            return GatewayError(
-                413, f"The request body is larger than {limit} bytes.", code="request_too_large"
+    def _json(self, request: Request) -> Any:
+        if request.body_too_large:
+            raise GatewayError(
+                413,
+                f"The request body is larger than {self.settings.max_body_bytes} bytes.",
+                code="request_too_large",
             )
-
-        if request.content_length is not None and request.content_length > limit:
-            raise too_large()
         try:
-            raw = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            raise too_large() from None
-        if len(raw) > limit:
-            raise too_large()
-        try:
-            return json.loads(raw)
+            return json.loads(request.body)
         except (ValueError, UnicodeDecodeError):
             raise GatewayError(
                 400,
@@ -596,14 +457,24 @@ class Gateway:
             return None
         return contract.models.get(name)
 
-    def _url(self, endpoint: str, kind: str) -> URL:
-        url = self._urls.get((endpoint, kind))
-        if url is None:
-            if len(self._urls) > 4096:  # replicas come and go
-                self._urls.clear()
-            path = "/v1/chat/completions" if kind == CHAT else "/v1/completions"
-            url = self._urls[endpoint, kind] = URL(endpoint + path)
-        return url
+    def _target(self, endpoint: str, kind: str) -> tuple[tuple[str, int], bytes]:
+        """A replica's (host, port) and the head of a request to it, up to its length."""
+        target = self._targets.get((endpoint, kind))
+        if target is None:
+            if len(self._targets) > 4096:  # replicas come and go
+                self._targets.clear()
+            url = urlsplit(endpoint)
+            host = url.hostname or "127.0.0.1"
+            port = url.port or (443 if url.scheme == "https" else 80)
+            path = url.path.rstrip("/") + (
+                "/v1/chat/completions" if kind == CHAT else "/v1/completions"
+            )
+            head = (
+                f"POST {path} HTTP/1.1\r\nHost: {url.netloc}\r\n"
+                "Content-Type: application/json\r\nContent-Length: "
+            ).encode("latin-1")
+            target = self._targets[endpoint, kind] = ((host, port), head)
+        return target
 
     def _follow_admission_parameters(self) -> None:
         """The control plane's burst and TTLs when it published them (gw:v1:meta), else the
@@ -711,7 +582,7 @@ class Gateway:
         self.usage.add(usage.event(time.time()))
         _counted(usage.outcome, usage.admission_class or "none")
 
-    def _refused(self, usage: Usage, model: Model, request_id: str) -> web.Response:
+    def _refused(self, exchange: Exchange, usage: Usage, model: Model, request_id: str) -> None:
         wait_ms = float(usage.extra.get("retry_after_ms", -1))
         seconds = (
             max(1, math.ceil(wait_ms / 1000.0))
@@ -724,13 +595,14 @@ class Gateway:
             # Held for the whole cold-start wait and still no replica: turned away as
             # demand (a refused event with its estimate), not as a rate limit.
             wait = max(1, int(self.settings.cold_start_wait_seconds))
-            return GatewayError(
+            GatewayError(
                 503,
                 f"The model '{model.name}' has no ready replica; it is being started. "
                 "Retry shortly.",
                 code="model_not_ready",
                 headers={"Retry-After": str(wait)},
-            ).response(request_id)
+            ).respond(exchange, request_id)
+            return
         limit = usage.extra.get("limit")
         if limit == "budget":
             # The budget of the customer (adm:rl:c:<customer> field `budget`) or of this key
@@ -764,19 +636,20 @@ class Gateway:
         # Which limit bit, beside OpenAI's fields: "mu" (the MU buckets), "rpm", "tpm",
         # "concurrency" or "budget", and whose ("customer" or "api_key").
         error.extra = {"limit": limit or "mu", "limit_scope": usage.extra.get("limit_scope")}
-        return error.response(request_id)
+        error.respond(exchange, request_id)
 
     # -- forwarding -----------------------------------------------------------------------
 
     async def _serve(
         self,
-        request: web.Request,
+        request: Request,
+        exchange: Exchange,
         body: Body,
         model: Model,
         usage: Usage,
         admission_class: str,
         arrived: float,
-    ) -> web.StreamResponse:
+    ) -> None:
         settings = self.settings
         affinity = self._affinity(request, body)
         payloads: dict[bool, bytes] = {}
@@ -792,14 +665,16 @@ class Gateway:
             if replica is None:
                 usage.outcome = "error"
                 if last is not None:
-                    return self._upstream_failed(last, usage.request_id)
-                return GatewayError(
+                    self._upstream_failed(exchange, last, usage.request_id)
+                    return
+                GatewayError(
                     503,
                     f"The model '{model.name}' has no ready replica; it is being started. "
                     "Retry shortly.",
                     code="model_not_ready",
                     headers={"Retry-After": str(max(1, int(settings.cold_start_wait_seconds)))},
-                ).response(usage.request_id)
+                ).respond(exchange, usage.request_id)
+                return
             tried.append(replica.endpoint)
             if replica.priority_scheduling not in payloads:
                 payloads[replica.priority_scheduling] = self._payload(
@@ -813,9 +688,10 @@ class Gateway:
             gauge = _inflight(replica.endpoint)
             gauge.inc(usage.estimated_mu)
             try:
-                return await self._attempt(
-                    request, body, replica, payloads[replica.priority_scheduling], usage, arrived
+                await self._attempt(
+                    exchange, body, replica, payloads[replica.priority_scheduling], usage, arrived
                 )
+                return
             except Retry as retry:
                 last = retry
                 log.info("attempt on %s failed before the first byte: %s", replica.endpoint, retry)
@@ -824,14 +700,15 @@ class Gateway:
                 gauge.dec(usage.estimated_mu)
             if attempt >= settings.retries:
                 usage.outcome = "error"
-                return self._upstream_failed(last, usage.request_id)
+                self._upstream_failed(exchange, last, usage.request_id)
+                return
             attempt += 1
             RETRIES.inc()
             backoff = settings.retry_backoff_seconds * 2 ** (attempt - 1)
             await asyncio.sleep(backoff * random.uniform(0.5, 1.5))  # noqa: S311 - jitter
 
-    def _affinity(self, request: web.Request, body: Body) -> str | None:
-        header = self.settings.session_header
+    def _affinity(self, request: Request, body: Body) -> str | None:
+        header = self._session_header
         if header:
             session = request.headers.get(header)
             if session:
@@ -857,23 +734,19 @@ class Gateway:
             doc["stream_options"] = options
         return json.dumps(doc).encode()
 
-    def _upstream_failed(self, last: Retry | None, request_id: str) -> web.Response:
+    def _upstream_failed(self, exchange: Exchange, last: Retry | None, request_id: str) -> None:
         if last is not None and 500 <= last.status < 600 and last.body:
             try:
                 json.loads(last.body)
             except ValueError:
                 pass
             else:
-                return web.Response(
-                    status=last.status,
-                    body=last.body,
-                    content_type="application/json",
-                    headers={"X-Request-Id": request_id},
-                )
+                exchange.respond(last.status, last.body, headers={"X-Request-Id": request_id})
+                return
         reason = str(last) if last is not None else "no replica answered"
-        return GatewayError(
+        GatewayError(
             502, f"The model's replicas could not serve the request ({reason}).", code="upstream"
-        ).response(request_id)
+        ).respond(exchange, request_id)
 
     async def _wait_for_replica(self, model: Model, mu: float, deadline: float) -> Model:
         """Hold a request for a model without a ready replica until one is published (or the
@@ -937,60 +810,83 @@ class Gateway:
 
     async def _attempt(
         self,
-        request: web.Request,
+        exchange: Exchange,
         body: Body,
         replica: Replica,
         payload: bytes,
         usage: Usage,
         arrived: float,
-    ) -> web.StreamResponse:
-        assert self.session is not None
-        url = self._url(replica.endpoint, body.kind)
-        token_timeout = self.settings.token_timeout_seconds
+    ) -> None:
+        """One replica's try: Retry while nothing reached the client."""
+        address, head = self._target(replica.endpoint, body.kind)
+        data = head + b"%d\r\n\r\n%b" % (len(payload), payload)
+        connection, answer = await self._first_byte(address, data, exchange, body, usage, arrived)
         try:
-            if body.stream:
-                async with asyncio.timeout(token_timeout):
-                    upstream = await self.session.post(
-                        url, data=payload, headers=_JSON, timeout=self._stream_timeout
-                    )
-            else:
-                upstream = await self.session.post(
-                    url, data=payload, headers=_JSON, timeout=self._unary_timeout
-                )
-        except (aiohttp.ClientError, TimeoutError, OSError) as error:
-            raise Retry(f"{type(error).__name__}: {error}") from None
-        try:
-            if upstream.status >= 500:
-                try:
-                    async with asyncio.timeout(token_timeout if body.stream else None):
-                        data = await upstream.read()
-                except (aiohttp.ClientError, TimeoutError):
-                    data = b""
-                raise Retry(f"the replica answered {upstream.status}", upstream.status, data)
-            if not body.stream:
-                return await self._unary(upstream, usage, arrived)
-            if upstream.status != 200:
-                async with asyncio.timeout(token_timeout):
-                    return await self._unary(upstream, usage, arrived)
-            return await self._stream(request, body, upstream, usage, arrived)
+            if answer.status != 200 or not body.stream:
+                self._collected(exchange, answer, usage)
+                return
+            await answer.finished
         finally:
-            # Closing (never reusing) an unfinished upstream connection is what makes the
-            # engine abort the request: a client that left, a timeout, a failure.
-            if not upstream.closed and not upstream.content.at_eof():
-                upstream.close()
-            else:
-                upstream.release()
+            if not answer.complete:
+                # Cancelled (the client left, or shutdown): the engine aborts the request.
+                connection.abort()
 
-    async def _unary(
-        self, upstream: aiohttp.ClientResponse, usage: Usage, arrived: float
-    ) -> web.Response:
-        try:
-            data = await upstream.read()
-        except (aiohttp.ClientError, TimeoutError) as error:
-            raise Retry(f"{type(error).__name__}: {error}") from None
-        TTFT.observe(time.perf_counter() - arrived)
-        content_type = upstream.headers.get("Content-Type", "application/json")
-        if upstream.status == 200:
+    async def _first_byte(
+        self,
+        address: tuple[str, int],
+        data: bytes,
+        exchange: Exchange,
+        body: Body,
+        usage: Usage,
+        arrived: float,
+    ) -> tuple[EngineConnection, EngineAnswer]:
+        """The request sent, and its answer past the point of no retry (Retry before)."""
+        connection = self.engines.take(address)
+        kept_alive = connection is not None
+        while True:
+            if connection is None:
+                try:
+                    connection = await self.engines.connect(address)
+                except (OSError, TimeoutError) as error:
+                    raise Retry(f"{type(error).__name__}: {error}") from None
+            answer = EngineAnswer(
+                connection=connection,
+                exchange=exchange,
+                usage=usage,
+                stream=body.stream,
+                include_usage=body.include_usage,
+                timeout_seconds=(
+                    self.settings.token_timeout_seconds
+                    if body.stream
+                    else self.settings.request_timeout_seconds
+                ),
+                arrived=arrived,
+                started_at=usage.started_at,
+            )
+            connection.send(data, answer)
+            try:
+                await answer.first
+            except Retry as retry:
+                if kept_alive and retry.connection_lost and answer.status == 0:
+                    # A kept-alive connection the engine had closed meanwhile: not the
+                    # replica's failure. Once more, on a new connection.
+                    kept_alive, connection = False, None
+                    continue
+                raise
+            except ClientGone:
+                raise asyncio.CancelledError() from None
+            except asyncio.CancelledError:
+                connection.abort()
+                raise
+            return connection, answer
+
+    def _collected(self, exchange: Exchange, answer: EngineAnswer, usage: Usage) -> None:
+        """A whole answer: a non-streamed one, or an engine's error status."""
+        data = answer.collected()
+        if answer.status >= 500:
+            raise Retry(f"the replica answered {answer.status}", answer.status, data)
+        TTFT.observe(time.perf_counter() - answer.arrived)
+        if answer.status == 200:
             try:
                 doc = json.loads(data)
             except ValueError:
@@ -1001,129 +897,16 @@ class Gateway:
         else:
             usage.outcome = "error"
             usage.output_tokens = 0
-        return web.Response(
-            status=upstream.status,
-            body=data,
-            headers={"Content-Type": content_type, "X-Request-Id": usage.request_id},
+        exchange.respond(
+            answer.status,
+            data,
+            content_type=answer.content_type or "application/json",
+            headers={"X-Request-Id": usage.request_id},
         )
 
-    async def _stream(
-        self,
-        request: web.Request,
-        body: Body,
-        upstream: aiohttp.ClientResponse,
-        usage: Usage,
-        arrived: float,
-    ) -> web.StreamResponse:
-        response: web.StreamResponse | None = None
-        buffer = b""
-        done = False
-        delivered = False  # [DONE] written to the client: a disconnect now is not a cancel
-        usage.output_tokens = 0
-        loop = asyncio.get_running_loop()
-        content = upstream.content
-        watchdog = _TokenWatchdog(loop, self.settings.token_timeout_seconds, content)
-        try:
-            try:
-                while True:
-                    watchdog.since = loop.time()  # waiting for the engine from now
-                    chunk = await content.readany()
-                    watchdog.since = None  # not while the client takes it
-                    if not chunk:
-                        break
-                    buffer = buffer + chunk if buffer else chunk
-                    if buffer.endswith(b"\n\n"):  # the engine writes whole events
-                        complete, buffer = buffer, b""
-                    elif b"\n\n" in buffer:
-                        complete, _, buffer = buffer.rpartition(b"\n\n")
-                        complete += b"\n\n"
-                    else:
-                        continue
-                    out, finished = pass_events(complete, body.include_usage, usage)
-                    done = done or finished
-                    if not out:
-                        continue
-                    if response is None:
-                        response = await self._prepare(request, usage)
-                        usage.ttft_ms = (time.time() - usage.started_at) * 1000.0
-                        TTFT.observe(time.perf_counter() - arrived)
-                    await _to_client(response, out)
-                    delivered = done
-            except (aiohttp.ClientError, TimeoutError) as error:
-                # A per-token timeout (sock_read) or the replica gone.
-                if response is None:
-                    raise Retry(f"{type(error).__name__}: {error}") from None
-                usage.outcome = "error"
-                reason = (
-                    f"no token within {self.settings.token_timeout_seconds:g} s"
-                    if isinstance(error, TimeoutError)
-                    else "the replica failed mid-stream"
-                )
-                await self._stream_error(response, reason)
-                return response
-            if response is None:
-                if not done:
-                    raise Retry("the replica closed the stream without an answer")
-                response = await self._prepare(request, usage)
-            if buffer.strip():
-                out, finished = pass_events(buffer, body.include_usage, usage)
-                done = done or finished
-                if out:
-                    await _to_client(response, out)
-                    delivered = done
-            if not done:
-                usage.outcome = "error"
-                await self._stream_error(response, "the replica ended the stream early")
-                return response
-            usage.outcome = "completed"
-            await response.write_eof()
-            return response
-        except (ClientGone, ConnectionResetError):
-            # The client left: the upstream is closed on the way out. A client that closes as
-            # soon as it reads [DONE] (before the stream's last bytes) got the whole answer.
-            usage.outcome = "completed" if delivered else "cancelled"
-            return response if response is not None else web.Response(status=499)
-        except asyncio.CancelledError:
-            usage.outcome = "completed" if delivered else "cancelled"
-            raise
-        finally:
-            watchdog.cancel()
 
-    async def _prepare(self, request: web.Request, usage: Usage) -> web.StreamResponse:
-        """The client's stream, opened; ClientGone when the client has already left."""
-        response = web.StreamResponse(
-            headers={
-                "Content-Type": "text/event-stream",
-                "Cache-Control": "no-cache",
-                "X-Request-Id": usage.request_id,
-            }
-        )
-        try:
-            await response.prepare(request)
-        except ConnectionResetError as error:
-            raise ClientGone(str(error)) from error
-        return response
-
-    async def _stream_error(self, response: web.StreamResponse, reason: str) -> None:
-        error = {"error": {"message": reason, "type": "api_error", "param": None, "code": 504}}
-        try:
-            await response.write(f"data: {json.dumps(error)}\n\ndata: [DONE]\n\n".encode())
-            await response.write_eof()
-        except ConnectionResetError:
-            pass
-
-
-@web.middleware
-async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
-    try:
-        response: web.StreamResponse = await handler(request)
-        return response
-    except GatewayError as error:
-        return error.response()
-    except web.HTTPException as error:
-        if error.status < 400:
-            raise
-        return GatewayError(error.status, error.reason or "Error").response()
+def _json_answer(exchange: Exchange, doc: Any, status: int = 200) -> None:
+    exchange.respond(status, json.dumps(doc).encode())
 
 
 _COUNTERS: dict[tuple[str, str], Any] = {}
@@ -1146,89 +929,3 @@ def _inflight(endpoint: str) -> Any:
             _INFLIGHT.clear()
         child = _INFLIGHT[endpoint] = INFLIGHT_MU.labels(endpoint)
     return child
-
-
-def pass_events(data: bytes, include_usage: bool, usage: Usage) -> tuple[bytes, bool]:
-    """(what to pass to the client, whether [DONE] came) of whole events (`data` ends with
-    a blank line, or is the stream's unterminated end). The bytes pass through as they
-    came; only an event whose `usage` is not null (the engine's usage chunk) is parsed: it
-    gives the token counts, and is dropped when it has no choices and the client did not
-    ask for it. Until the engine's usage comes, the choices with text are counted (by
-    their bytes, not parsed), which is what a stream cut short is charged."""
-    # The common read: whole data events, none of them [DONE] or the usage: the bytes as they
-    # came, their text choices counted in one scan (what the loop below does, event by event).
-    if (
-        data.endswith(b"\n\n")
-        and data.startswith(b"data:")
-        and data.count(b"\n\n") == data.count(b"\n\ndata:") + 1
-        and b"[DONE]" not in data
-        and not (b'"usage"' in data and _USAGE.search(data))
-    ):
-        if not usage.engine_usage:
-            usage.output_tokens += len(_TEXT.findall(data))
-        return data, False
-    events = data.split(b"\n\n")
-    terminated = not events[-1]
-    if terminated:
-        events.pop()
-    kept: list[bytes] | None = None  # None: every event passed on unchanged
-    done = False
-    for index, event in enumerate(events):
-        payload = event.strip()
-        keep = bool(payload)
-        if payload.startswith(b"data:"):
-            text = payload[5:].strip()
-            if text == b"[DONE]":
-                done = True
-            elif b'"usage"' in text and _USAGE.search(text):
-                keep = _usage_event(text, include_usage, usage)
-            elif not usage.engine_usage:
-                usage.output_tokens += len(_TEXT.findall(text))
-        if keep and kept is not None:
-            kept.append(event)
-        elif not keep and kept is None:
-            kept = events[:index]
-    if kept is None and terminated:
-        return data, done
-    parts = events if kept is None else kept
-    return b"".join(event + b"\n\n" for event in parts), done
-
-
-def _usage_event(text: bytes, include_usage: bool, usage: Usage) -> bool:
-    """Takes the engine's usage from a data event that has some; whether to pass it on."""
-    try:
-        doc = json.loads(text)
-    except ValueError:
-        return True
-    if not isinstance(doc, dict):
-        return True
-    choices = doc.get("choices")
-    if doc.get("usage"):
-        usage.take_engine_usage(doc["usage"])
-        if not choices and not include_usage:
-            return False
-    if choices and not usage.engine_usage:
-        usage.output_tokens += sum(
-            1
-            for c in choices
-            if isinstance(c, dict) and (c.get("text") or (c.get("delta") or {}).get("content"))
-        )
-    return True
-
-
-def create_app(settings: Settings) -> web.Application:
-    # The body limit is enforced by the handler (an OpenAI-shaped 413); aiohttp's own limit
-    # sits just above it.
-    app = web.Application(client_max_size=settings.max_body_bytes + 1, middlewares=[_errors])
-    gateway = Gateway(settings)
-    app[GATEWAY_KEY] = gateway
-    app.on_startup.append(gateway.start)
-    app.on_shutdown.append(gateway.drain)
-    app.on_cleanup.append(gateway.stop)
-    app.router.add_post("/v1/chat/completions", gateway.chat_completions)
-    app.router.add_post("/v1/completions", gateway.completions)
-    app.router.add_get("/v1/models", gateway.models)
-    app.router.add_get("/metrics", gateway.metrics)
-    app.router.add_get("/healthz", gateway.healthz)
-    app.router.add_get("/readyz", gateway.readyz)
-    return app

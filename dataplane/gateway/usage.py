@@ -16,12 +16,17 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 from collections import deque
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
+
+from capacity.admission.redis_buckets import BEST_EFFORT, GUARANTEED
 
 from .contract import SPOOL
 from .metrics import USAGE_POSTED
@@ -182,3 +187,98 @@ def _without_estimate(event: dict[str, Any]) -> dict[str, Any]:
     if ESTIMATED_MU not in event:
         return event
     return {k: v for k, v in event.items() if k != ESTIMATED_MU}
+
+
+@dataclass
+class Usage:
+    """What becomes the request's one usage event."""
+
+    request_id: str
+    customer: str
+    model: str
+    started_at: float
+    input_tokens: int
+    estimated_mu: float
+    admission_class: str | None = None
+    outcome: str = "error"
+    deployment: str | None = None
+    replica: str | None = None  # the endpoint that served it
+    cached_input_tokens: int = 0
+    output_tokens: int = 0
+    images: int = 0
+    ttft_ms: float | None = None
+    engine_usage: bool = False
+    # The prompt's text in bytes (None for prompts given as token ids): sent beside the
+    # engine's own input token count, it calibrates the model's bytes per token.
+    prompt_bytes: int | None = None
+    # What request limits count: the input and the most it may generate (tokens per minute),
+    # and the customer key it came with (its own limits); whether it holds a slot in flight.
+    limit_tokens: int = 0
+    customer_id: int = 0
+    api_key_prefix: str | None = None
+    holds_slot: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def take_engine_usage(self, usage: Any) -> None:
+        if not isinstance(usage, dict):
+            return
+        prompt = usage.get("prompt_tokens")
+        completion = usage.get("completion_tokens")
+        if isinstance(prompt, int) and isinstance(completion, int):
+            self.input_tokens = prompt
+            self.output_tokens = completion
+            details = usage.get("prompt_tokens_details") or {}
+            cached = details.get("cached_tokens") if isinstance(details, dict) else None
+            self.cached_input_tokens = cached if isinstance(cached, int) else 0
+            self.engine_usage = True
+
+    def event(self, finished_at: float) -> dict[str, Any]:
+        event: dict[str, Any] = {
+            "event_id": self.request_id,
+            "customer": self.customer,
+            "model": self.model,
+            "started_at": _iso(self.started_at),
+            "finished_at": _iso(max(finished_at, self.started_at)),
+            "input_tokens": max(0, self.input_tokens),
+            "cached_input_tokens": min(max(0, self.cached_input_tokens), self.input_tokens),
+            "output_tokens": max(0, self.output_tokens),
+            "outcome": self.outcome,
+        }
+        if self.images:
+            event["images"] = self.images
+        if self.deployment:
+            event["deployment"] = self.deployment
+        if self.replica:
+            event["replica"] = self.replica
+        if self.admission_class in (GUARANTEED, BEST_EFFORT):
+            event["admission_class"] = self.admission_class
+        if self.api_key_prefix:
+            # What the control plane checks against its admission record (which decides).
+            event["api_key"] = self.api_key_prefix
+        if self.ttft_ms is not None:
+            event["ttft_ms"] = round(self.ttft_ms, 3)
+        if self.outcome == "refused":
+            event["estimated_mu"] = self.estimated_mu
+        elif self.engine_usage and self.prompt_bytes is not None:
+            event["prompt_bytes"] = self.prompt_bytes
+        return event
+
+
+_ISO_SECOND: list[Any] = [None, ""]  # the last whole second formatted, and its text
+
+
+def _iso(moment: float) -> str:
+    """`datetime.fromtimestamp(moment, UTC).isoformat()`, the date and time of day formatted
+    once per second (two per request otherwise, on every worker's hot path)."""
+    fraction, whole = math.modf(moment)
+    micro = round(fraction * 1e6)  # half to even, as fromtimestamp rounds
+    if micro >= 1_000_000:
+        whole, micro = whole + 1.0, micro - 1_000_000
+    elif micro < 0:  # before 1970
+        whole, micro = whole - 1.0, micro + 1_000_000
+    if _ISO_SECOND[0] != whole:
+        text = datetime.fromtimestamp(whole, tz=UTC).isoformat()
+        _ISO_SECOND[0], _ISO_SECOND[1] = whole, text.removesuffix("+00:00")
+    if micro:
+        return f"{_ISO_SECOND[1]}.{micro:06d}+00:00"
+    return f"{_ISO_SECOND[1]}+00:00"

@@ -9,7 +9,8 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dataplane.gateway.server import Usage, pass_events
+from dataplane.gateway.relay import pass_events
+from dataplane.gateway.usage import Usage
 
 
 def reference(data: bytes, include_usage: bool, usage: Usage) -> tuple[bytes, bool]:
@@ -232,7 +233,7 @@ def test_any_stream_cut_anywhere_at_event_ends(items, include_usage, group):
 def test_event_times_are_formatted_as_datetime_formats_them(moment):
     from datetime import UTC, datetime
 
-    from dataplane.gateway.server import _iso
+    from dataplane.gateway.usage import _iso
 
     assert _iso(moment) == datetime.fromtimestamp(moment, tz=UTC).isoformat()
     assert _iso(moment + 0.5) == datetime.fromtimestamp(moment + 0.5, tz=UTC).isoformat()
@@ -241,7 +242,7 @@ def test_event_times_are_formatted_as_datetime_formats_them(moment):
 def test_event_times_at_the_edges_of_a_second_and_of_a_microsecond():
     from datetime import UTC, datetime
 
-    from dataplane.gateway.server import _iso
+    from dataplane.gateway.usage import _iso
 
     for moment in (
         0.0,
