@@ -8,11 +8,11 @@ one pydantic model per event after the stdlib's JSON parse is about a third of a
 count sent as "12" is refused rather than guessed at.
 """
 
-import re
 from datetime import UTC, datetime
 from typing import Annotated, Literal
 
 import msgspec
+import numpy as np
 from pydantic import (
     AfterValidator,
     AwareDatetime,
@@ -152,8 +152,23 @@ def _fast_identifier(max_length: int):
 
 _FastInstant = Annotated[datetime, msgspec.Meta(tz=True)]
 _FastTokenCount = Annotated[int, msgspec.Meta(ge=0, le=MAX_TOKENS)]
-# More than 6 digits of a second: msgspec rounds them to the microsecond, pydantic truncates.
-_SUB_MICROSECOND = re.compile(rb"\d:\d\d[.,]\d{7}")
+
+
+def _has_sub_microsecond_digits(body: bytes) -> bool:
+    """Whether a time of day in `body` has more than 6 digits of a second (`:SS.fffffff`):
+    msgspec rounds them to the microsecond, pydantic truncates. Vectorised: a regular
+    expression over a batch's megabyte took 15-20 ms, more than msgspec's whole decode."""
+    data = np.frombuffer(body, dtype=np.uint8)
+    digit = (data - np.uint8(ord("0"))) < 10  # bytes below "0" wrap around to large values
+    points = np.flatnonzero((data == ord(".")) | (data == ord(",")))
+    points = points[(points >= 4) & (points + 7 < data.size)]
+    if points.size == 0:
+        return False
+    suspect = digit[points - 4] & (data[points - 3] == ord(":")) & digit[points - 2]
+    suspect &= digit[points - 1]
+    for offset in range(1, 8):
+        suspect &= digit[points + offset]
+    return bool(suspect.any())
 
 
 class UsageEventStruct(msgspec.Struct, forbid_unknown_fields=True):
@@ -195,7 +210,7 @@ def decode_batch(body: bytes) -> DecodedEvents | None:
     """The events of a UTF-8 JSON batch (`{"events": [...]}` or a bare list), each as valid as
     UsageEventIn would make it; None when any part of the body needs the pydantic path (bad
     JSON, a bad event, or anything the fast path does not read exactly as pydantic does)."""
-    if _SUB_MICROSECOND.search(body):
+    if _has_sub_microsecond_digits(body):
         return None
     try:
         decoded = _BATCH_DECODER.decode(body)
