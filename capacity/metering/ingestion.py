@@ -184,9 +184,12 @@ def usage_ingest(*, events, customer: Customer | None, may_name_customer: bool) 
             except ValidationError as error:
                 reject(index, raw, reasons_from(error))
 
+    # The reference GPU comes along: the active cost model is looked up by it.
     models = {
         model.name: model
-        for model in ServedModel.objects.filter(name__in={event.model for _, event in parsed})
+        for model in ServedModel.objects.select_related("reference_gpu_type").filter(
+            name__in={event.model for _, event in parsed}
+        )
     }
     customer_slugs = {event.customer for _, event in parsed if event.customer}
     customers = {c.slug: c for c in Customer.objects.filter(slug__in=customer_slugs)}
