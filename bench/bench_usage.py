@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # (workers, events per batch, batches per round): the headline, the two-worker figure, and the
 # curve over batch sizes. Small batches pay a request's own overhead per 100 events, so they get
 # fewer events to keep the run short.
-SETUPS = ((1, 5_000, 8), (2, 5_000, 8), (1, 1_000, 16), (1, 100, 60))
+SETUPS = ((1, 5_000, 6), (2, 5_000, 8), (1, 1_000, 12), (1, 100, 40))
 ROUNDS = 3
 TARGET_OF_COPY = 0.5  # issue 24, item 1: at least half of COPY's rate, per worker
 CUSTOMERS = 100
