@@ -2,10 +2,15 @@
 
 Each event is priced in MU when it arrives, with the model's active reference cost model,
 whose id is stored with it so a later re-fit never reprices the past. Event ids are unique per
-customer in the database; a batch is inserted with `ON CONFLICT (customer_id, event_id) DO
-NOTHING RETURNING`, so a retried or concurrent duplicate is reported as a duplicate and never
-counted twice. Invalid events are reported by index; the valid events of the same batch are
-stored.
+customer in the database (a unique index), so a retried or concurrent duplicate is reported
+as a duplicate and never counted twice. On PostgreSQL a batch is COPYed straight into the table
+in a savepoint; if the index refuses it (some event is stored already, or by a concurrent
+batch), the batch goes through a staging table with `ON CONFLICT (customer_id, event_id) DO
+NOTHING RETURNING` instead. Invalid events are reported by index; the valid events of the same
+batch are stored.
+
+A batch arrives either decoded and checked already (`DecodedEvents`, from the msgspec fast
+path of capacity.metering.events.decode_batch) or as parsed JSON, checked here with pydantic.
 
 The sender never chooses its own price class. The admission record of the event's id (the
 request id admission was asked with) decides it: admitted as guaranteed or best-effort, or
