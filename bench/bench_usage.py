@@ -1,18 +1,26 @@
 """Usage metering at volume.
 
-- ingestion: events/s through `POST /api/v1/usage/events` (one gunicorn worker process with
-  4 threads, as deployed, so one request's database round trips overlap another's Python;
-  PostgreSQL; batches of 5,000 from 4 clients sending back to back), beside PostgreSQL's own
-  `COPY` of the same rows into a table with the same columns and indexes (foreign keys are not
-  copied by LIKE, so the baseline is the faster for it), on the same machine.
+- ingestion (issue 24, item 1): events/s through `POST /api/v1/usage/events` (gunicorn worker
+  processes with 4 threads each, as deployed, so one request's database round trips overlap
+  another's Python; PostgreSQL; 4 clients per worker sending batches back to back), beside
+  PostgreSQL's own `COPY` of the same rows (selected back from the table the API filled) into a
+  table with the same columns and indexes (foreign keys are not copied by LIKE, so the baseline
+  is the faster for it), on the same machine. Figures: one worker against one COPY stream at
+  batches of 5,000 (the target: at least half of COPY), 1,000 and 100 (the curve: what a
+  request's own overhead costs), and two workers against two concurrent COPY streams. Each
+  figure is the median of 3 rounds; in each round every setup runs once, then its COPY, so a
+  slow spell of the shared machine hits figure and baseline alike.
 - utilisation: p95 latency of the utilisation query (30 days, one step per day) over 30 days
   of minute rollups for 100 customers, beside one plain aggregate (count, sum, max) over the
   same rows: the least any query over them must pay.
+
+`BENCH_USAGE_PROFILE=DIR` records each gunicorn worker with py-spy (`BENCH_PY_SPY`, default
+`/tmp/pv/bin/py-spy`) into DIR as collapsed stacks.
 """
 
-import io
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -32,14 +40,24 @@ from capacity.pricing.cost_models import cost_model_record
 from capacity.pricing.features import mu_coefficients
 
 ROOT = Path(__file__).resolve().parent.parent
-BATCH = 5_000
-BATCHES = 20
+# (workers, events per batch, batches per round): the headline, the two-worker figure, and the
+# curve over batch sizes. Small batches pay a request's own overhead per 100 events, so they get
+# fewer events to keep the run short.
+SETUPS = ((1, 5_000, 6), (2, 5_000, 8), (1, 1_000, 12), (1, 100, 40))
+ROUNDS = 3
+TARGET_OF_COPY = 0.5  # issue 24, item 1: at least half of COPY's rate, per worker
 CUSTOMERS = 100
 DAYS = 30
 UTILISATION_QUERIES = 40
-CLIENTS = 4
+CLIENTS_PER_WORKER = 4
+THREADS_PER_WORKER = 4
 WEIGHTS = {"input_tokens": 1e-4, "output_tokens": 2e-2, "output_sq_per_1000": 1e-3,
            "request": 5e-2}  # fmt: skip
+COPY_COLUMNS = (
+    "event_id, customer_id, served_model_id, deployment_id, started_at, finished_at, minute, "
+    "input_tokens, cached_input_tokens, output_tokens, images, outcome, admission_class, "
+    "verification, self_reported, ttft_ms, mu, cost_model_id, ingested_at, rolled_up"
+)
 
 
 def _catalog():
@@ -56,28 +74,33 @@ def _catalog():
     return model
 
 
-def _events(customer_slug: str) -> list[dict]:
+def _bodies(customer_slug: str, prefix: str, batch: int, batches: int) -> list[bytes]:
+    """`batches` JSON bodies of `batch` events each, ids starting with `prefix` (unique per
+    setup and round, so no event is a duplicate)."""
     now = datetime.now(UTC) - timedelta(minutes=5)
-    events = []
-    for index in range(BATCH * BATCHES):
-        finished = now - timedelta(milliseconds=index * 7)
-        events.append(
-            {
-                "event_id": f"bench-{index:09d}",
-                "customer": customer_slug,
-                "model": "bench-model",
-                "started_at": (finished - timedelta(seconds=2)).isoformat(),
-                "finished_at": finished.isoformat(),
-                "input_tokens": 500 + index % 3000,
-                "cached_input_tokens": index % 200,
-                "output_tokens": 20 + index % 400,
-                "images": 0,
-                "outcome": "completed",
-                "admission_class": ("guaranteed", "best_effort")[index % 2],
-                "ttft_ms": 80.0 + index % 50,
-            }
-        )
-    return events
+    bodies = []
+    for first in range(0, batch * batches, batch):
+        events = []
+        for index in range(first, first + batch):
+            finished = now - timedelta(milliseconds=index * 7)
+            events.append(
+                {
+                    "event_id": f"{prefix}-{index:09d}",
+                    "customer": customer_slug,
+                    "model": "bench-model",
+                    "started_at": (finished - timedelta(seconds=2)).isoformat(),
+                    "finished_at": finished.isoformat(),
+                    "input_tokens": 500 + index % 3000,
+                    "cached_input_tokens": index % 200,
+                    "output_tokens": 20 + index % 400,
+                    "images": 0,
+                    "outcome": "completed",
+                    "admission_class": ("guaranteed", "best_effort")[index % 2],
+                    "ttft_ms": 80.0 + index % 50,
+                }
+            )
+        bodies.append(json.dumps({"events": events}).encode())
+    return bodies
 
 
 def _database_url() -> str:
@@ -96,34 +119,63 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _ingest_through_api(bodies: list[bytes], key: str) -> float:
-    port = _free_port()
-    env = os.environ | {"DATABASE_URL": _database_url(), "SECURE_SSL_REDIRECT": "0"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "controlplane.wsgi:application", "--bind",
-         f"127.0.0.1:{port}", "--workers", "1", "--threads", str(CLIENTS), "--timeout", "300"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(100):
+class _Server:
+    """gunicorn serving the control plane with `workers` worker processes."""
+
+    def __init__(self, workers: int):
+        self.workers = workers
+        port = _free_port()
+        env = os.environ | {"DATABASE_URL": _database_url(), "SECURE_SSL_REDIRECT": "0"}
+        command = [sys.executable, "-m", "gunicorn", "controlplane.wsgi:application", "--bind",
+                   f"127.0.0.1:{port}", "--workers", str(workers), "--threads",
+                   str(THREADS_PER_WORKER), "--timeout", "300"]  # fmt: skip
+        self.process = subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        self.profiler = None
+        self.url = f"http://127.0.0.1:{port}"
+        for _ in range(300):
             try:
-                if httpx.get(url + "/healthz", timeout=1, trust_env=False).status_code == 200:
-                    break
+                if httpx.get(self.url + "/healthz", timeout=1, trust_env=False).status_code == 200:
+                    self._profile()
+                    return
             except httpx.HTTPError:
-                time.sleep(0.2)
+                pass
+            time.sleep(0.2)
+        raise AssertionError("gunicorn did not answer /healthz")
+
+    def _profile(self) -> None:
+        directory = os.environ.get("BENCH_USAGE_PROFILE")
+        if directory:
+            py_spy = os.environ.get("BENCH_PY_SPY", "/tmp/pv/bin/py-spy")
+            self.profiler = subprocess.Popen(
+                [py_spy, "record", "--pid", str(self.process.pid), "--subprocesses", "--format",
+                 "raw", "-r", "250", "-o", f"{directory}/usage-{self.workers}w.raw"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+
+    def stop(self) -> None:
+        if self.profiler is not None:
+            self.profiler.send_signal(signal.SIGINT)  # py-spy writes its profile on SIGINT
+            self.profiler.wait(timeout=60)
+        self.process.terminate()
+        self.process.wait(timeout=20)
+
+    def ingest(self, bodies: list[bytes], key: str, batch: int) -> float:
+        """Events/s of `bodies` posted by CLIENTS_PER_WORKER clients per worker."""
+        clients = CLIENTS_PER_WORKER * self.workers
         headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
         failures = []
 
         def send(share: list[bytes]) -> None:
-            with httpx.Client(base_url=url, timeout=300, trust_env=False) as client:
+            with httpx.Client(base_url=self.url, timeout=300, trust_env=False) as client:
                 for body in share:
                     response = client.post("/api/v1/usage/events", content=body, headers=headers)
-                    if response.status_code != 200 or response.json()["accepted_count"] != BATCH:
+                    if response.status_code != 200 or response.json()["accepted_count"] != batch:
                         failures.append(response.text[:300])
 
         threads = [
-            threading.Thread(target=send, args=(bodies[n::CLIENTS],)) for n in range(CLIENTS)
+            threading.Thread(target=send, args=(bodies[n::clients],)) for n in range(clients)
         ]
         started = time.perf_counter()
         for thread in threads:
@@ -133,35 +185,92 @@ def _ingest_through_api(bodies: list[bytes], key: str) -> float:
         seconds = time.perf_counter() - started
         if failures:
             raise AssertionError(f"ingestion failed: {failures[0]}")
-    finally:
-        process.terminate()
-        process.wait(timeout=20)
-    return len(bodies) * BATCH / seconds
+        return len(bodies) * batch / seconds
 
 
-def _copy_baseline() -> float:
-    """COPY the rows the API stored into a twin table with the same columns and indexes."""
-    columns = (
-        "event_id, customer_id, served_model_id, deployment_id, started_at, finished_at, minute, "
-        "input_tokens, cached_input_tokens, output_tokens, images, outcome, admission_class, "
-        "verification, self_reported, ttft_ms, mu, cost_model_id, ingested_at, rolled_up"
-    )
+def _copy_text(prefix: str) -> str:
+    """The rows the API stored for `prefix`, as COPY's text format."""
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {columns} FROM capacity_usageevent")  # noqa: S608
+        cursor.execute(
+            f"SELECT {COPY_COLUMNS} FROM capacity_usageevent WHERE event_id LIKE %s",  # noqa: S608
+            [prefix + "-%"],
+        )
         rows = cursor.fetchall()
-        buffer = io.StringIO()
-        for row in rows:
-            buffer.write("\t".join("\\N" if v is None else str(v) for v in row) + "\n")
-        data = buffer.getvalue()
+    return "".join("\t".join("\\N" if v is None else str(v) for v in row) + "\n" for row in rows)
+
+
+def _copy_baseline(texts: list[str]) -> float:
+    """Rows/s of COPYing each text in its own concurrent stream (connection) into a fresh twin
+    table with the same columns and indexes."""
+    import psycopg
+
+    url = _database_url()
+    with connection.cursor() as cursor:
+        cursor.execute("DROP TABLE IF EXISTS bench_copy_twin")
         cursor.execute("CREATE TABLE bench_copy_twin (LIKE capacity_usageevent INCLUDING ALL)")
-        raw = cursor.connection  # psycopg 3 connection
-        started = time.perf_counter()
-        with raw.cursor().copy(f"COPY bench_copy_twin ({columns}) FROM STDIN") as copy:
-            copy.write(data)
-        connection.commit() if not connection.get_autocommit() else None
-        seconds = time.perf_counter() - started
+    streams = [psycopg.connect(url, autocommit=False) for _ in texts]
+    ready = threading.Barrier(len(texts) + 1)
+
+    def copy(stream, text: str) -> None:
+        ready.wait()
+        with stream.cursor().copy(f"COPY bench_copy_twin ({COPY_COLUMNS}) FROM STDIN") as out:
+            out.write(text)
+        stream.commit()
+
+    threads = [
+        threading.Thread(target=copy, args=pair) for pair in zip(streams, texts, strict=True)
+    ]
+    for thread in threads:
+        thread.start()
+    ready.wait()
+    started = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    seconds = time.perf_counter() - started
+    for stream in streams:
+        stream.close()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM bench_copy_twin")
+        copied = cursor.fetchone()[0]
         cursor.execute("DROP TABLE bench_copy_twin")
-    return len(rows) / seconds
+    assert copied == sum(text.count("\n") for text in texts)
+    return copied / seconds
+
+
+def _ingestion_figures(customer_slug: str, key: str) -> list[Figure]:
+    servers = {workers: _Server(workers) for workers in sorted({s[0] for s in SETUPS})}
+    api: dict[tuple, list[float]] = {setup: [] for setup in SETUPS}
+    copy: dict[tuple, list[float]] = {setup: [] for setup in SETUPS}
+    try:
+        for round_number in range(ROUNDS):
+            for setup in SETUPS:
+                workers, batch, batches = setup
+                prefix = f"r{round_number}-w{workers}-b{batch}"
+                bodies = _bodies(customer_slug, prefix, batch, batches)
+                api[setup].append(servers[workers].ingest(bodies, key, batch))
+                text = _copy_text(prefix)
+                # One COPY stream per worker, each with its share of the rows.
+                lines = text.splitlines(keepends=True)
+                texts = ["".join(lines[n::workers]) for n in range(workers)]
+                copy[setup].append(_copy_baseline(texts))
+    finally:
+        for server in servers.values():
+            server.stop()
+    figures = []
+    for setup in SETUPS:
+        workers, batch, _ = setup
+        streams = "one COPY stream" if workers == 1 else f"{workers} concurrent COPY streams"
+        figures.append(
+            Figure(
+                name=f"ingest_events_per_s_http_{workers}w_batch{batch}",
+                value=statistics.median(api[setup]),
+                unit="events/s",
+                baseline=statistics.median(copy[setup]),
+                baseline_name=f"PostgreSQL COPY of the same rows, {streams}",
+                target_ratio=TARGET_OF_COPY,
+            )
+        )
+    return figures
 
 
 def _fill_rollups(model_id: int) -> tuple[list[int], datetime]:
@@ -194,12 +303,7 @@ def run() -> list[Figure]:
     # A platform gateway's key, naming the customer: customers' own keys post usage only
     # when a planner allows it.
     key = api_key_create(name="bench", service_name="bench-gateway", scopes=["usage:write"])
-    events = _events(customer.slug)
-    bodies = [
-        json.dumps({"events": events[i : i + BATCH]}).encode() for i in range(0, len(events), BATCH)
-    ]
-    api_events_per_s = _ingest_through_api(bodies, key.plaintext)
-    copy_events_per_s = _copy_baseline()
+    ingestion = _ingestion_figures(customer.slug, key.plaintext)
 
     customers, start = _fill_rollups(model.pk)
     from accounts.models import Customer
@@ -232,13 +336,7 @@ def run() -> list[Figure]:
         return statistics.quantiles(values, n=20)[-1]
 
     return [
-        Figure(
-            name="ingest_events_per_s_http",
-            value=api_events_per_s,
-            unit="events/s",
-            baseline=copy_events_per_s,
-            baseline_name="PostgreSQL COPY of the same rows",
-        ),
+        *ingestion,
         Figure(
             name="utilisation_query_p95_30d",
             value=p95(query_ms),

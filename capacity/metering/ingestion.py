@@ -2,10 +2,15 @@
 
 Each event is priced in MU when it arrives, with the model's active reference cost model,
 whose id is stored with it so a later re-fit never reprices the past. Event ids are unique per
-customer in the database; a batch is inserted with `ON CONFLICT (customer_id, event_id) DO
-NOTHING RETURNING`, so a retried or concurrent duplicate is reported as a duplicate and never
-counted twice. Invalid events are reported by index; the valid events of the same batch are
-stored.
+customer in the database (a unique index), so a retried or concurrent duplicate is reported
+as a duplicate and never counted twice. On PostgreSQL a batch is COPYed straight into the table
+in a savepoint; if the index refuses it (some event is stored already, or by a concurrent
+batch), the batch goes through a staging table with `ON CONFLICT (customer_id, event_id) DO
+NOTHING RETURNING` instead. Invalid events are reported by index; the valid events of the same
+batch are stored.
+
+A batch arrives either decoded and checked already (`DecodedEvents`, from the msgspec fast
+path of capacity.metering.events.decode_batch) or as parsed JSON, checked here with pydantic.
 
 The sender never chooses its own price class. The admission record of the event's id (the
 request id admission was asked with) decides it: admitted as guaranteed or best-effort, or
@@ -27,6 +32,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 import numpy as np
+import psycopg
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
@@ -41,7 +47,14 @@ from capacity.admission.redis_buckets import (
     REFUSED_LIMIT,
     AdmissionRecord,
 )
-from capacity.metering.events import UsageEventIn, context_problems, minute_of, reasons_from
+from capacity.metering.events import (
+    CheckedEvent,
+    DecodedEvents,
+    UsageEventIn,
+    context_problems,
+    minute_of,
+    reasons_from,
+)
 from capacity.models import (
     AdmissionClass,
     CostModel,
@@ -107,7 +120,7 @@ class IngestResult:
         }
 
 
-def _mu_per_event(cost_model: CostModel, events: list[UsageEventIn]) -> np.ndarray:
+def _mu_per_event(cost_model: CostModel, events: list[CheckedEvent]) -> np.ndarray:
     counts = np.array(
         [
             (e.input_tokens, e.cached_input_tokens, e.output_tokens, e.images)
@@ -155,25 +168,33 @@ def usage_ingest(*, events, customer: Customer | None, may_name_customer: bool) 
     longest = timedelta(hours=settings.USAGE_MAX_DURATION_HOURS)
 
     def reject(index: int, raw, reasons: list[str]) -> None:
-        event_id = raw.get("event_id") if isinstance(raw, dict) else None
+        # The raw event's id (a checked event's id is the raw one: never stripped).
+        event_id = raw.get("event_id") if isinstance(raw, dict) else getattr(raw, "event_id", None)
         result.rejected.append(
             {"index": index, "event_id": event_id if isinstance(event_id, str) else None,
              "reasons": reasons}
         )  # fmt: skip
 
-    parsed: list[tuple[int, UsageEventIn]] = []
-    for index, raw in enumerate(events):
-        if not isinstance(raw, dict):
-            reject(index, raw, ["an event must be a JSON object"])
-            continue
-        try:
-            parsed.append((index, UsageEventIn.model_validate(raw)))
-        except ValidationError as error:
-            reject(index, raw, reasons_from(error))
+    parsed: list[tuple[int, CheckedEvent]]
+    if isinstance(events, DecodedEvents):
+        parsed = list(enumerate(events))  # checked as they were decoded
+    else:
+        parsed = []
+        for index, raw in enumerate(events):
+            if not isinstance(raw, dict):
+                reject(index, raw, ["an event must be a JSON object"])
+                continue
+            try:
+                parsed.append((index, UsageEventIn.model_validate(raw)))
+            except ValidationError as error:
+                reject(index, raw, reasons_from(error))
 
+    # The reference GPU comes along: the active cost model is looked up by it.
     models = {
         model.name: model
-        for model in ServedModel.objects.filter(name__in={event.model for _, event in parsed})
+        for model in ServedModel.objects.select_related("reference_gpu_type").filter(
+            name__in={event.model for _, event in parsed}
+        )
     }
     customer_slugs = {event.customer for _, event in parsed if event.customer}
     customers = {c.slug: c for c in Customer.objects.filter(slug__in=customer_slugs)}
@@ -186,7 +207,7 @@ def usage_ingest(*, events, customer: Customer | None, may_name_customer: bool) 
     cost_models: dict[int, CostModel | None] = {}
 
     seen_in_batch: set[tuple[int, str]] = set()
-    valid: list[tuple[UsageEventIn, Customer, ServedModel, CostModel]] = []
+    valid: list[tuple[CheckedEvent, Customer, ServedModel, CostModel]] = []
     for index, event in parsed:
         reasons = []
         owner = customer
@@ -290,7 +311,7 @@ class _Class:
         return 0.0, 0.0
 
 
-def _class_of(event: UsageEventIn, record: AdmissionRecord | None) -> _Class | str:
+def _class_of(event: CheckedEvent, record: AdmissionRecord | None) -> _Class | str:
     """The class an event is billed in, from its admission record; or why it is rejected."""
     if record is None:
         # Nothing says admission let this request in: it ran (if it ran) on slack.
@@ -323,7 +344,7 @@ def _class_of(event: UsageEventIn, record: AdmissionRecord | None) -> _Class | s
     return _Class(refused_class, verified if agrees else Verification.CONTRADICTED)
 
 
-def _same_key(event: UsageEventIn, record: AdmissionRecord) -> bool:
+def _same_key(event: CheckedEvent, record: AdmissionRecord) -> bool:
     """The sender's key agrees with the record's (or the sender names none)."""
     return event.api_key is None or event.api_key == record.api_key_prefix
 
@@ -389,7 +410,7 @@ def _rows(valid, *, deployments, ingested_at, self_reported: bool):
         )
 
 
-def _refused_estimate(event: UsageEventIn, record: AdmissionRecord | None) -> float | None:
+def _refused_estimate(event: CheckedEvent, record: AdmissionRecord | None) -> float | None:
     """What a refused request would have cost: the control plane's own estimate in its
     admission record, else the sender's `estimated_mu`; None for a request that ran."""
     if event.outcome != "refused":
@@ -400,6 +421,27 @@ def _refused_estimate(event: UsageEventIn, record: AdmissionRecord | None) -> fl
 
 
 _MU = COLUMNS.index("mu")
+# The PostgreSQL type (oid) of each of COLUMNS, read once per process: binary COPY needs them.
+_column_types: list[int] = []
+
+
+def _copy(cursor, table: str, rows) -> None:
+    """COPY the rows into `table` in binary: psycopg's compiled dumpers write them, and the
+    server reads numbers and instants without parsing text (the text format's write_row was
+    the largest item of the worker's own time after the decode; py-spy, issue 24)."""
+    if not _column_types:
+        cursor.execute(
+            "SELECT attname, atttypid FROM pg_attribute WHERE attrelid = %s::regclass",
+            [UsageEvent._meta.db_table],
+        )
+        types = dict(cursor.fetchall())
+        _column_types[:] = [types[name] for name in COLUMNS]
+    with cursor.cursor.copy(
+        f"COPY {table} ({', '.join(COLUMNS)}) FROM STDIN (FORMAT BINARY)"
+    ) as copy:
+        copy.set_types(_column_types)
+        for row in rows:
+            copy.write_row(row)
 
 
 def _insert(
@@ -421,6 +463,16 @@ def _insert_rows(rows) -> set[tuple[int, str]]:
     table = UsageEvent._meta.db_table
     columns = ", ".join(COLUMNS)
     if connection.vendor == "postgresql":
+        # Most batches are new: COPY them straight into the table, which is about half the
+        # database's work of the path below (and no second copy of every row). The unique
+        # (customer, event id) index still decides: a batch holding any event stored before,
+        # or by a concurrent batch, fails as a whole and is rolled back to the savepoint.
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                _copy(cursor, table, rows)
+            return {(row[1], row[0]) for row in rows}
+        except psycopg.errors.UniqueViolation:
+            pass
         # COPY the batch into a per-connection staging table (emptied at commit), then move
         # it over in one statement that skips known event ids and returns the ones it stored.
         with connection.cursor() as cursor:
@@ -428,9 +480,7 @@ def _insert_rows(rows) -> set[tuple[int, str]]:
                 "CREATE TEMP TABLE IF NOT EXISTS usage_staging ON COMMIT DELETE ROWS AS "  # noqa: S608
                 f"SELECT {columns} FROM {table} WITH NO DATA"
             )
-            with cursor.cursor.copy(f"COPY usage_staging ({columns}) FROM STDIN") as copy:
-                for row in rows:
-                    copy.write_row(row)
+            _copy(cursor, "usage_staging", rows)
             cursor.execute(
                 f"INSERT INTO {table} ({columns}) SELECT {columns} FROM usage_staging "  # noqa: S608
                 "ON CONFLICT (customer_id, event_id) DO NOTHING RETURNING customer_id, event_id"
