@@ -277,14 +277,18 @@ def usage_ingest(*, events, customer: Customer | None, may_name_customer: bool) 
             stored_now = (owner.pk, event.event_id) in inserted
             (result.accepted if stored_now else result.duplicates).append(event.event_id)
         # Only events stored now settle their admission: a duplicate never settles twice.
+        # Only those with a record in Redis have anything there to settle: a request admitted
+        # under its id has a record, and its slot in flight (if any) is named by that id; a
+        # spooled record (Redis was down) took no bucket and no slot.
         prefixes = {
             (owner.pk, event.event_id): record.api_key_prefix
             for _, event, owner, _, _, _, record in valid
-            if record is not None
+            if record is not None and not record.spooled
         }
         reconcile_usage(
-            [(customer_id, model_id, event_id, mu, prefixes.get((customer_id, event_id), ""))
-             for (customer_id, event_id), (model_id, mu) in inserted.items()]
+            [(customer_id, model_id, event_id, mu, prefixes[(customer_id, event_id)])
+             for (customer_id, event_id), (model_id, mu) in inserted.items()
+             if (customer_id, event_id) in prefixes]
         )  # fmt: skip
     result.rejected.sort(key=lambda item: item["index"])
     metrics.USAGE_EVENTS.labels("accepted").inc(len(result.accepted))
