@@ -48,7 +48,7 @@ from capacity.models import (
 from capacity.publication.publish import publish_gateway_state
 from capacity.selling.at_risk import fleet_recheck
 from capacity.telemetry import metrics
-from controlplane.db import Lock, copy_upsert, exclusive
+from controlplane.db import Lock, copy_update, copy_upsert, exclusive
 
 logger = logging.getLogger(__name__)
 
@@ -358,8 +358,10 @@ def _apply(
         )
         work.append((row, request, deployment.actuator_kind))
     if observed_rows:
-        AllocationDecision.objects.bulk_update(
-            observed_rows, ["observed_spec_replicas", "reasons"], batch_size=1000
+        copy_update(
+            model=AllocationDecision,
+            rows=observed_rows,
+            fields=["observed_spec_replicas", "reasons"],
         )
     if leaving:
         # Before the scale-down: the gateways stop routing to the pods that will go.
@@ -408,10 +410,16 @@ def _apply(
             record_failure(row.deployment_id, outcome.error, now)
             if row.pk in leaving:
                 drain.serve_again(leaving[row.pk])
-    AllocationDecision.objects.bulk_update(
-        [row for row, _ in outcomes],
-        ["actuator_ok", "actuator_attempts", "actuator_error", "observed_replicas", "applied_at"],
-        batch_size=1000,
+    copy_update(
+        model=AllocationDecision,
+        rows=[row for row, _ in outcomes],
+        fields=[
+            "actuator_ok",
+            "actuator_attempts",
+            "actuator_error",
+            "observed_replicas",
+            "applied_at",
+        ],
     )
     record_applied(succeeded)
     # Bounds set: the circuit closes, but the count stays the autoscaler's.
