@@ -1,7 +1,9 @@
 """One allocation tick at fleet scale (issue 24, item 2): 1,000 deployments, 10,000 customers,
 20,000 reservations (plus recent usage for every customer), and the curve at 100 and 10,000
-deployments: 10 deployments per model and 25 per GPU pool throughout; 10 customers and 20
-reservations per deployment up to 10,000 customers (100 deployments: 1,000 and 2,000), held at
+deployments: 10 deployments per model and 25 per GPU pool throughout, each model on 10 of
+the 40 pools of its cluster of 100 models (a larger fleet is more clusters of the same shape:
+models that share pools stay groups of 100, whose sellability the tick re-checks whole); 10
+customers and 20 reservations per deployment up to 10,000 customers (100 deployments: 1,000 and 2,000), held at
 10,000 and 20,000 beyond (writing 100,000 customers, 200,000 reservations and 300,000 rollups
 through the ORM took about three minutes on two cores); 3 recent usage minutes per customer.
 
@@ -48,6 +50,7 @@ CUSTOMERS_PER_DEPLOYMENT = 10
 RESERVATIONS_PER_CUSTOMER = 2
 MAX_CUSTOMERS = 10_000
 DEPLOYMENTS_PER_POOL = 25
+MODELS_PER_CLUSTER = 100
 GPU_TYPES = 4
 # (deployments, timed ticks): the figure the issue sets its target on is 1,000.
 POINTS = ((100, 5), (1_000, 5), (10_000, 3))
@@ -57,6 +60,15 @@ WEIGHTS = {"input_tokens": 1e-4, "output_tokens": 2e-2, "request": 5e-2}
 
 def _customers(deployments: int) -> int:
     return min(MAX_CUSTOMERS, deployments * CUSTOMERS_PER_DEPLOYMENT)
+
+
+def _pool(model: int, deployment: int, pool_count: int) -> int:
+    """The pool of a model's deployment: its cluster's pools, the model's 10 in turn."""
+    per_cluster = min(
+        pool_count, MODELS_PER_CLUSTER * DEPLOYMENTS_PER_MODEL // DEPLOYMENTS_PER_POOL
+    )
+    cluster = model // MODELS_PER_CLUSTER
+    return cluster * per_cluster + (model % MODELS_PER_CLUSTER + deployment) % per_cluster
 
 
 def _fleet(deployments: int) -> None:
@@ -114,7 +126,7 @@ def _fleet(deployments: int) -> None:
             Deployment(
                 name=f"dep-{m}-{d}",
                 served_model=models[m],
-                gpu_pool=pools[(m + d) % pool_count],
+                gpu_pool=pools[_pool(m, d, pool_count)],
                 gpus_per_replica=1,
                 min_replicas=0,
                 max_replicas=16,
@@ -197,7 +209,8 @@ def _point(deployments: int, repeats: int) -> tuple[float, float, float]:
         ticks.append(_seconds(allocation_tick))
     load, tick = statistics.median(loads), statistics.median(ticks)
     print(
-        f"  {deployments:>6} deployments, {_customers(deployments):>6} customers: fixture {fixture:.1f} s, load {load * 1000:.0f} ms, "
+        f"  {deployments:>6} deployments, {_customers(deployments):>6} customers: "
+        f"fixture {fixture:.1f} s, load {load * 1000:.0f} ms, "
         f"policy {policy * 1000:.0f} ms, tick {tick * 1000:.0f} ms = {tick / load:.1f}x the "
         f"load, {tick / deployments * 1e6:.0f} µs per deployment "
         f"(ticks {', '.join(f'{t * 1000:.0f}' for t in ticks)} ms)",
