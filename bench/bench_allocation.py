@@ -3,9 +3,10 @@
 deployments: 10 deployments per model and 25 per GPU pool throughout, each model on 10 of
 the 40 pools of its cluster of 100 models (a larger fleet is more clusters of the same shape:
 models that share pools stay groups of 100, whose sellability the tick re-checks whole); 10
-customers and 20 reservations per deployment up to 10,000 customers (100 deployments: 1,000 and 2,000), held at
-10,000 and 20,000 beyond (writing 100,000 customers, 200,000 reservations and 300,000 rollups
-through the ORM took about three minutes on two cores); 3 recent usage minutes per customer.
+customers and 20 reservations per deployment up to 10,000 customers (100 deployments: 1,000
+and 2,000), held at 10,000 and 20,000 beyond (writing 100,000 customers, 200,000 reservations
+and 300,000 rollups through the ORM took about three minutes on two cores); 3 recent usage
+minutes per customer.
 
 - policy: `capacity.allocation.policy.decide` alone on the snapshot;
 - tick: the whole `allocation_tick` — observation, snapshot queries, policy, decisions and
