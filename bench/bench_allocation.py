@@ -21,6 +21,7 @@ leave a first accurate version): recording 400 versions through the service repu
 the gateway documents after each one, which took most of the old benchmark's two minutes.
 """
 
+import os
 import random
 import statistics
 import time
@@ -220,9 +221,18 @@ def _point(deployments: int, repeats: int) -> tuple[float, float, float]:
     return load, policy, tick
 
 
+def _points() -> tuple[tuple[int, int], ...]:
+    """POINTS, or those BENCH_ALLOCATION_DEPLOYMENTS names (e.g. "100,1000")."""
+    chosen = os.environ.get("BENCH_ALLOCATION_DEPLOYMENTS", "")
+    if not chosen:
+        return POINTS
+    sizes = {int(size) for size in chosen.split(",")}
+    return tuple(point for point in POINTS if point[0] in sizes)
+
+
 def run() -> list[Figure]:
     figures = []
-    for deployments, repeats in POINTS:
+    for deployments, repeats in _points():
         load, policy, tick = _point(deployments, repeats)
         if deployments == 1_000:
             figures.append(
