@@ -390,7 +390,15 @@ def _apply(
         except Exception as error:  # one broken actuator must not stop the others
             return ActuatorResult(ok=False, error=f"{type(error).__name__}: {error}")
 
-    results = push_all(work, push, deadline)
+    # A dry run touches nothing and cannot hang: pushed in line, not one thread each (a
+    # thread per push cost seconds a tick at thousands of deployments).
+    threaded = iter(
+        push_all([item for item in work if item[2] != ActuatorKind.DRY_RUN], push, deadline)
+    )
+    results = [
+        push(item, threading.Event()) if item[2] == ActuatorKind.DRY_RUN else next(threaded)
+        for item in work
+    ]
     outcomes = [(row, outcome) for (row, _, _), outcome in zip(work, results, strict=True)]
     applied_at = timezone.now()
     succeeded, bounded = [], []
