@@ -126,6 +126,11 @@ def copy_upsert(
     return result
 
 
+# Fewer rows than this are written by the ORM's bulk_update: the staging table's four
+# statements cost more than the CASE of a few rows.
+COPY_UPDATE_MIN_ROWS = 200
+
+
 def copy_update(*, model, rows: Sequence, fields: Sequence[str], batch_size: int = 1000) -> None:
     """Write `fields` of model instances `rows` back by primary key: on PostgreSQL one COPY
     into a staging table and one UPDATE … FROM it (the ORM's bulk_update builds a CASE per
@@ -133,7 +138,7 @@ def copy_update(*, model, rows: Sequence, fields: Sequence[str], batch_size: int
     the ORM's bulk_update. Identifiers come from the model's own fields, values through COPY."""
     if not rows:
         return
-    if connection.vendor != "postgresql":
+    if connection.vendor != "postgresql" or len(rows) < COPY_UPDATE_MIN_ROWS:
         model.objects.bulk_update(rows, list(fields), batch_size=batch_size)
         return
     from django.db import transaction
