@@ -87,7 +87,15 @@ def allocation_tick(*, dry_run: bool = False, now: datetime | None = None) -> Ti
         now = now or timezone.now()
         # What runs, read from the data plane before deciding (a dry run only reads the
         # database).
-        observations = {} if dry_run else observe_fleet(list(Deployment.objects.all()), now)
+        # Only Kubernetes workloads can be observed (observe.observable): the rest of the
+        # fleet is not read here.
+        observations = (
+            {}
+            if dry_run
+            else observe_fleet(
+                list(Deployment.objects.filter(actuator_kind=ActuatorKind.KUBERNETES)), now
+            )
+        )
         snapshot, deployments, unhealthy = build_snapshot(now=now)
         decisions = with_holds(
             with_replacements(allocation.decide(snapshot), unhealthy, deployments), deployments
