@@ -54,10 +54,10 @@ MAX_CUSTOMERS = 10_000
 DEPLOYMENTS_PER_POOL = 25
 MODELS_PER_CLUSTER = 100
 GPU_TYPES = 4
-# (deployments, timed ticks): the figure the issue sets its target on is 1,000. One tick at
-# 10,000 (40-60 s on two busy cores, the minute's capacity sample included) keeps the bench
-# near three minutes.
-POINTS = ((100, 5), (1_000, 5), (10_000, 1))
+# (deployments, timed ticks): the figure the issue sets its target on is 1,000. The first tick
+# at 10,000 records the minute's capacity sample (about 30 s of sellability programmes), the
+# others find it recorded: the median is a steady tick.
+POINTS = ((100, 5), (1_000, 5), (10_000, 3))
 TARGET_RATIO = 15.0
 WEIGHTS = {"input_tokens": 1e-4, "output_tokens": 2e-2, "request": 5e-2}
 
