@@ -32,6 +32,7 @@ from datetime import timedelta
 import numpy as np
 import redis
 from django.conf import settings
+from django.db import connection
 from django.utils import timezone
 
 from capacity.admission.bucket import LocalBuckets
@@ -154,6 +155,30 @@ def output_cap_tokens(model_id: int) -> int | None:
     if not outputs:
         return None
     return int(np.ceil(np.percentile(outputs, settings.ADMISSION_OUTPUT_PERCENTILE)))
+
+
+def output_caps_tokens(model_ids) -> dict[int, int | None]:
+    """`output_cap_tokens` of many models: on PostgreSQL in one round trip (each model's
+    recent outputs by the same index scan, through LATERAL), elsewhere one query each."""
+    ids = sorted(set(model_ids))
+    if connection.vendor != "postgresql" or not ids:
+        return {model_id: output_cap_tokens(model_id) for model_id in ids}
+    table = UsageEvent._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT m.id, recent.outputs FROM unnest(%s::bigint[]) AS m(id) "  # noqa: S608
+            "CROSS JOIN LATERAL (SELECT array_agg(e.output_tokens) AS outputs FROM ("
+            f"SELECT output_tokens FROM {table} WHERE served_model_id = m.id "
+            "AND outcome = 'completed' ORDER BY finished_at DESC LIMIT %s) AS e) AS recent",
+            [ids, OUTPUT_SAMPLE],
+        )
+        rows = dict(cursor.fetchall())
+    return {
+        model_id: int(np.ceil(np.percentile(outputs, settings.ADMISSION_OUTPUT_PERCENTILE)))
+        if (outputs := rows.get(model_id))
+        else None
+        for model_id in ids
+    }
 
 
 def _model(name: str) -> _ModelInfo:

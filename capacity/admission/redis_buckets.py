@@ -353,6 +353,19 @@ return {class, tostring(actual - estimate)}
 
 # KEYS: the customer's and the key's requests in flight (or ""); ARGV: the request's member.
 # The gateway's end of a request: its slot frees at once, not when its usage event arrives.
+# The tick's allowances, many (customer, model)s per call: HSET g/be and EXPIRE per key, done in
+# the server rather than as two commands each through the client (tens of thousands per tick).
+# ARGV: ttl seconds, then (guaranteed, best-effort) per key, in the order of KEYS.
+_PUBLISH_LIMITS = """
+local ttl = tonumber(ARGV[1])
+for i = 1, #KEYS do
+  redis.call('HSET', KEYS[i], 'g', ARGV[2 * i], 'be', ARGV[2 * i + 1])
+  redis.call('EXPIRE', KEYS[i], ttl)
+end
+return #KEYS
+"""
+PUBLISH_LIMITS_CHUNK = 2000
+
 _RELEASE = """
 for i = 1, #KEYS do
   if KEYS[i] ~= '' then redis.call('ZREM', KEYS[i], ARGV[1]) end
@@ -590,6 +603,7 @@ class Buckets:
         self._admit = client.register_script(_ADMIT)
         self._reconcile = client.register_script(_RECONCILE)
         self._release = client.register_script(_RELEASE)
+        self._publish_limits = client.register_script(_PUBLISH_LIMITS)
 
     def _evalsha(self, script, keys: list[str], args: list):
         """EVALSHA on this thread's own connection: a decision is one round trip, and the
@@ -669,12 +683,14 @@ class Buckets:
 
     def publish_limits(self, limits: dict[tuple[int, int], tuple[float, float]], ttl_s: int):
         """Write every (customer, model)'s (guaranteed, best-effort) MU/min, each with a TTL."""
-        pipe = self.client.pipeline(transaction=False)
-        for (customer_id, model_id), (guaranteed, best_effort) in limits.items():
-            key = limits_key(customer_id, model_id)
-            pipe.hset(key, mapping={"g": repr(guaranteed), "be": repr(best_effort)})
-            pipe.expire(key, ttl_s)
-        pipe.execute()
+        items = list(limits.items())
+        for start in range(0, len(items), PUBLISH_LIMITS_CHUNK):
+            chunk = items[start : start + PUBLISH_LIMITS_CHUNK]
+            args: list = [int(ttl_s)]
+            for _, (guaranteed, best_effort) in chunk:
+                args.append(repr(guaranteed))
+                args.append(repr(best_effort))
+            self._publish_limits(keys=[limits_key(c, m) for (c, m), _ in chunk], args=args)
 
     def forget_limits(self, keys: list[tuple[int, int]]) -> None:
         if keys:

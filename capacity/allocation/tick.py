@@ -48,7 +48,7 @@ from capacity.models import (
 from capacity.publication.publish import publish_gateway_state
 from capacity.selling.at_risk import fleet_recheck
 from capacity.telemetry import metrics
-from controlplane.db import Lock, copy_upsert, exclusive
+from controlplane.db import Lock, copy_update, copy_upsert, exclusive
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +87,15 @@ def allocation_tick(*, dry_run: bool = False, now: datetime | None = None) -> Ti
         now = now or timezone.now()
         # What runs, read from the data plane before deciding (a dry run only reads the
         # database).
-        observations = {} if dry_run else observe_fleet(list(Deployment.objects.all()), now)
+        # Only Kubernetes workloads can be observed (observe.observable): the rest of the
+        # fleet is not read here.
+        observations = (
+            {}
+            if dry_run
+            else observe_fleet(
+                list(Deployment.objects.filter(actuator_kind=ActuatorKind.KUBERNETES)), now
+            )
+        )
         snapshot, deployments, unhealthy = build_snapshot(now=now)
         decisions = with_holds(
             with_replacements(allocation.decide(snapshot), unhealthy, deployments), deployments
@@ -358,8 +366,10 @@ def _apply(
         )
         work.append((row, request, deployment.actuator_kind))
     if observed_rows:
-        AllocationDecision.objects.bulk_update(
-            observed_rows, ["observed_spec_replicas", "reasons"], batch_size=1000
+        copy_update(
+            model=AllocationDecision,
+            rows=observed_rows,
+            fields=["observed_spec_replicas", "reasons"],
         )
     if leaving:
         # Before the scale-down: the gateways stop routing to the pods that will go.
@@ -388,7 +398,15 @@ def _apply(
         except Exception as error:  # one broken actuator must not stop the others
             return ActuatorResult(ok=False, error=f"{type(error).__name__}: {error}")
 
-    results = push_all(work, push, deadline)
+    # A dry run touches nothing and cannot hang: pushed in line, not one thread each (a
+    # thread per push cost seconds a tick at thousands of deployments).
+    threaded = iter(
+        push_all([item for item in work if item[2] != ActuatorKind.DRY_RUN], push, deadline)
+    )
+    results = [
+        push(item, threading.Event()) if item[2] == ActuatorKind.DRY_RUN else next(threaded)
+        for item in work
+    ]
     outcomes = [(row, outcome) for (row, _, _), outcome in zip(work, results, strict=True)]
     applied_at = timezone.now()
     succeeded, bounded = [], []
@@ -408,10 +426,16 @@ def _apply(
             record_failure(row.deployment_id, outcome.error, now)
             if row.pk in leaving:
                 drain.serve_again(leaving[row.pk])
-    AllocationDecision.objects.bulk_update(
-        [row for row, _ in outcomes],
-        ["actuator_ok", "actuator_attempts", "actuator_error", "observed_replicas", "applied_at"],
-        batch_size=1000,
+    copy_update(
+        model=AllocationDecision,
+        rows=[row for row, _ in outcomes],
+        fields=[
+            "actuator_ok",
+            "actuator_attempts",
+            "actuator_error",
+            "observed_replicas",
+            "applied_at",
+        ],
     )
     record_applied(succeeded)
     # Bounds set: the circuit closes, but the count stays the autoscaler's.

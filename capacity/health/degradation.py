@@ -289,6 +289,28 @@ def current(model_id: int) -> Degradation:
     return degradation
 
 
+def current_of(model_ids) -> dict[int, Degradation]:
+    """`current` of many models, in one query for those at level 0 (most of them): the
+    gateway documents ask for every model each tick."""
+    ids = list(model_ids)
+    degraded = set(
+        DegradationState.objects.filter(served_model_id__in=ids, level__gt=0).values_list(
+            "served_model_id", flat=True
+        )
+    )
+    found = {}
+    for model_id in ids:
+        cached = _cache.get(model_id)
+        if model_id in degraded or (
+            cached is not None and time.monotonic() - cached[1] < CACHE_SECONDS
+        ):
+            found[model_id] = current(model_id)
+        else:
+            _cache[model_id] = (NORMAL, time.monotonic())
+            found[model_id] = NORMAL
+    return found
+
+
 def forget() -> None:
     _cache.clear()
     _tier_cache.clear()

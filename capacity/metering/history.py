@@ -12,7 +12,7 @@ from django.db.models import Avg, Q
 from django.db.models.functions import Trunc
 from django.utils import timezone
 
-from capacity.metering.utilisation import sold_now, used_now
+from capacity.metering.utilisation import sold_and_used_now_of
 from capacity.models import CapacitySample, ServedModel
 from capacity.selling.sellable import joint_capacity, model_capacity
 
@@ -39,6 +39,7 @@ def record_capacity(
     ]
     # The joint figures of every model at once: each group of models sharing pools read once.
     joint = joint_capacity([m.pk for m in models], now=now) if models else {}
+    sold, used = sold_and_used_now_of([m.pk for m in models], now=now)
     rows = []
     for served_model in models:
         capacity = model_capacity(served_model, now=now, joint=joint[served_model.pk])
@@ -50,8 +51,8 @@ def record_capacity(
                 deployable_mu_per_minute=capacity.deployable_mu_per_minute,
                 hot_mu_per_minute=capacity.hot_mu_per_minute,
                 sellable_mu_per_minute=capacity.sellable_mu_per_minute,
-                sold_mu_per_minute=sold_now(served_model, now=now),
-                used_mu_per_minute=used_now(served_model, now=now),
+                sold_mu_per_minute=sold[served_model.pk],
+                used_mu_per_minute=used[served_model.pk],
                 oversold_mu_per_minute=oversold,
                 guaranteed_shortfall_mu_per_minute=short,
             )

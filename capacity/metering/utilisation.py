@@ -185,6 +185,36 @@ def used_now(served_model: ServedModel, *, now: datetime | None = None) -> float
     return (total or 0.0) / (USED_NOW_WINDOW.total_seconds() / 60)
 
 
+def sold_and_used_now_of(
+    model_ids, *, now: datetime | None = None
+) -> tuple[dict[int, float], dict[int, float]]:
+    """`sold_now` and `used_now` of many models, in two grouped queries (the tick records every
+    model's capacity sample each minute)."""
+    now = now or timezone.now()
+    ids = list(model_ids)
+    sold = dict(
+        Reservation.objects.filter(served_model_id__in=ids)
+        .active_at(now)
+        .values("served_model_id")
+        .annotate(total=Sum("mu_per_minute"))
+        .values_list("served_model_id", "total")
+    )
+    minute = now.replace(second=0, microsecond=0)
+    used = dict(
+        UsageMinute.objects.filter(
+            served_model_id__in=ids, minute__gte=minute - USED_NOW_WINDOW, minute__lt=minute
+        )
+        .values("served_model_id")
+        .annotate(total=Sum("mu"))
+        .values_list("served_model_id", "total")
+    )
+    minutes = USED_NOW_WINDOW.total_seconds() / 60
+    return (
+        {pk: sold.get(pk) or 0.0 for pk in ids},
+        {pk: (used.get(pk) or 0.0) / minutes for pk in ids},
+    )
+
+
 def _prometheus_used(served_model: ServedModel) -> tuple[float | None, dict[int, dict]]:
     """Engine-side load from Prometheus, when one is configured. Unknown is None, never 0."""
     if not settings.PROMETHEUS_URL:

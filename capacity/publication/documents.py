@@ -13,8 +13,8 @@ from django.conf import settings
 from django.db.models import Q
 
 from accounts.models import ApiKey, Customer
-from capacity.admission.gate import output_cap_tokens
-from capacity.health.degradation import current as current_degradation
+from capacity.admission.gate import output_caps_tokens
+from capacity.health.degradation import current_of as current_degradations
 from capacity.health.degradation import forget as forget_degradation
 from capacity.metering.calibration import bytes_per_token_by_model
 from capacity.models import CostModel, Entitlement, Replica, ServedModel
@@ -67,10 +67,20 @@ def _pricing_cost_models(served_models: list[ServedModel]) -> dict[int, CostMode
     chosen: dict[int, CostModel] = {}
     rank = {CostModel.Status.ACTIVE: 0, CostModel.Status.CANDIDATE: 1}
     reference = {m.pk: m.reference_gpu_type_id for m in served_models}
-    rows = CostModel.objects.filter(
-        served_model_id__in=list(reference),
-        status__in=list(rank),
-    ).order_by("served_model_id", "gpus_per_replica", "-version")
+    rows = (
+        CostModel.objects.filter(served_model_id__in=list(reference), status__in=list(rank))
+        .order_by("served_model_id", "gpus_per_replica", "-version")
+        # Not the fit's record (candidates, residuals): large JSON read every tick for nothing.
+        .only(
+            "served_model_id",
+            "gpu_type_id",
+            "gpus_per_replica",
+            "status",
+            "version",
+            "weights_replica_seconds",
+            "replica_mu_per_minute",
+        )
+    )
     for row in rows:
         if row.gpu_type_id != reference[row.served_model_id]:
             continue
@@ -111,15 +121,17 @@ def model_documents(*, now: datetime) -> dict[str, dict]:
     # Degradation is cached for admission (a 2 s window); a publication must say what is
     # stored now, since it is made right after a level changes.
     forget_degradation()
+    degradations = current_degradations(m.pk for m in served_models)
+    output_caps = output_caps_tokens(m.pk for m in served_models)
     documents = {}
     for served_model in served_models:
-        degradation = current_degradation(served_model.pk)
+        degradation = degradations[served_model.pk]
         documents[served_model.name] = {
             "model_id": served_model.pk,
             "engine_model_id": served_model.engine_model_id,
             "context_length_tokens": served_model.context_length_tokens,
             "cost_model": _published_cost_model(served_model, cost_models),
-            "output_cap_tokens": output_cap_tokens(served_model.pk),
+            "output_cap_tokens": output_caps[served_model.pk],
             "bytes_per_token": calibrated.get(
                 served_model.pk, settings.PUBLICATION_BYTES_PER_TOKEN
             ),

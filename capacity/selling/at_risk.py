@@ -48,6 +48,7 @@ from capacity.selling.sellable import (
 from capacity.telemetry import metrics
 from controlplane import outbound
 from controlplane.audit import audit_record, current_actor
+from controlplane.db import copy_update
 from controlplane.errors import ConflictError, DomainError
 
 logger = logging.getLogger(__name__)
@@ -316,9 +317,11 @@ def record_risk(
                 alerts.append(_alert(GUARANTEED_SHORTFALL, row, mu, [], now))
         row.checked_at = now
         changed.append(row)
-    CapacityRisk.objects.bulk_update(
-        changed,
-        [
+    # COPY and one UPDATE: every model's row is written every tick.
+    copy_update(
+        model=CapacityRisk,
+        rows=changed,
+        fields=[
             "oversold_mu_per_minute",
             "oversold_at",
             "oversold_since",

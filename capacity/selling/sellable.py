@@ -26,7 +26,7 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from capacity.models import CostModel, Deployment, Reservation, ServedModel, UsageMinute
-from capacity.pricing.cost_models import active_cost_model
+from capacity.pricing.cost_models import active_cost_model, cost_models
 from capacity.pricing.exchange import DEFAULT_MIX, MeanShape
 from capacity.pricing.exchange import replica_mu_per_minute as exchange_rate
 from capacity.selling.feasibility import (
@@ -99,15 +99,23 @@ def workload_mix(served_model: ServedModel, *, now=None) -> MeanShape:
 
 
 def replica_mu_per_minute(
-    *, deployment: Deployment, reference: CostModel, mix: MeanShape
+    *,
+    deployment: Deployment,
+    reference: CostModel,
+    mix: MeanShape,
+    active: dict[tuple[int, int], CostModel] | None = None,
 ) -> tuple[float | None, str]:
-    """MU/min one replica of the deployment mints, and why when it cannot be known."""
+    """MU/min one replica of the deployment mints, and why when it cannot be known. `active`:
+    the model's active cost models by (GPU type, GPUs per replica), when the caller read them."""
     gpu_type = deployment.gpu_pool.gpu_type
-    own = active_cost_model(
-        served_model=deployment.served_model,
-        gpu_type=gpu_type,
-        gpus_per_replica=deployment.gpus_per_replica,
-    )
+    if active is not None:
+        own = active.get((gpu_type.pk, deployment.gpus_per_replica))
+    else:
+        own = active_cost_model(
+            served_model=deployment.served_model,
+            gpu_type=gpu_type,
+            gpus_per_replica=deployment.gpus_per_replica,
+        )
     if own is None:
         return None, (
             f"no active cost model for {gpu_type.name}×{deployment.gpus_per_replica}: "
@@ -133,6 +141,12 @@ def model_capacity(
             "gpu_pool__gpu_type", "served_model"
         )
     )
+    # Every active version of the model in one query (one per deployment before): there is
+    # one per (GPU type, GPUs per replica).
+    active = {
+        (c.gpu_type_id, c.gpus_per_replica): c
+        for c in cost_models().filter(served_model=served_model, status=CostModel.Status.ACTIVE)
+    }
     per_replica: dict[int, tuple[float | None, str]] = {}
     for deployment in deployments:
         if reference is None:
@@ -143,7 +157,7 @@ def model_capacity(
             )
         else:
             per_replica[deployment.pk] = replica_mu_per_minute(
-                deployment=deployment, reference=reference, mix=mix
+                deployment=deployment, reference=reference, mix=mix, active=active
             )
 
     results: list[DeploymentCapacity] = []

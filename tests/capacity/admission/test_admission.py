@@ -235,6 +235,36 @@ def test_the_estimate_caps_max_tokens_at_recent_output_lengths(sellable, served_
     assert decision.estimated_mu == pytest.approx((0.1 + 20 * 0.02 + 0.05) * 100 / 60)
 
 
+def test_output_caps_of_many_models_are_each_models_own(sellable, served_model, acme):
+    """The gateway documents read every model's cap in one query: the same figure as one
+    model's, and None for a model without completed outputs."""
+    from capacity.models import UsageEvent
+
+    now = timezone.now()
+    UsageEvent.objects.bulk_create(
+        UsageEvent(
+            event_id=f"cap-{i}",
+            customer=acme,
+            served_model=served_model,
+            started_at=now - timedelta(seconds=60 - i),
+            finished_at=now - timedelta(seconds=30 - i),
+            minute=(now - timedelta(seconds=30)).replace(second=0, microsecond=0),
+            input_tokens=100,
+            output_tokens=5 + 7 * i,
+            outcome="completed" if i % 5 else "refused",
+            admission_class="guaranteed",
+            mu=1.0,
+            cost_model=sellable,
+            ingested_at=now,
+        )
+        for i in range(25)
+    )
+    caps = admission.output_caps_tokens([served_model.pk, served_model.pk + 1000])
+    assert caps[served_model.pk] == admission.output_cap_tokens(served_model.pk)
+    assert caps[served_model.pk] is not None
+    assert caps[served_model.pk + 1000] is None
+
+
 def test_a_reservation_reaches_admission_with_the_next_tick(sellable, served_model, acme):
     assert ask(acme, served_model).admission_class == "refused"
     reservation = Reservation.objects.create(
