@@ -3,8 +3,9 @@
 - inprocess_decisions_per_s: `capacity.admission.gate.admit` in a loop, one client process, one
   connection, no pipelining, against `redis-benchmark` running EVALSHA of a trivial script
   (`return 1`) with the same connection count and pipelining depth on the same machine — the
-  rate one connection to Redis allows at all. Target: at least 50 % of it. Its p50 and p99
-  latencies are reported beside redis-benchmark's.
+  rate one connection to Redis allows at all. Target (issue 24): at least 60 % of it. Three
+  rounds, redis-benchmark and ours taking turns, each figure the median of the three. Its p50
+  and p99 latencies are reported beside redis-benchmark's.
 - http_decisions_per_s: POST /api/v1/admission with a Bearer key through the Django stack
   (in process, as bench_api_auth), beside an endpoint mounted on the same stack with the same
   authentication that returns a constant. Target: at least 50 % of its throughput.
@@ -44,6 +45,7 @@ from capacity.pricing.features import mu_coefficients
 from capacity.publication.publish import publish_gateway_state
 
 DECISIONS = 20_000
+ROUNDS = 3  # redis-benchmark and our decisions take turns; each figure is their median
 TRIVIAL_SCRIPT = "return 1"
 WEIGHTS = {"input_tokens": 1e-4, "output_tokens": 2e-3, "request": 0.01}
 
@@ -196,13 +198,23 @@ def _request_limits(customer, model, limited, key) -> dict:
 def run() -> list[Figure]:
     customer, model, plaintext = _fixture()
     limited, key = _limited_customer(model)
-    floor = _redis_benchmark()
-    ours = _in_process(customer, model)
+    rounds = []
+    for _ in range(ROUNDS):
+        rounds.append((_redis_benchmark(), _in_process(customer, model)))
+    floor = {k: statistics.median(f[k] for f, _ in rounds) for k in ("rps", "p50_ms", "p99_ms")}
+    ours = {k: statistics.median(o[k] for _, o in rounds) for k in ("rps", "p50_ms", "p99_ms")}
     http = _http(plaintext, model)
     limits = _request_limits(customer, model, limited, key)
-    what = "redis-benchmark EVALSHA 'return 1', 1 connection, no pipelining"
+    what = f"redis-benchmark EVALSHA 'return 1', 1 connection, no pipelining; median of {ROUNDS}"
     return [
-        Figure("inprocess_decisions_per_s", ours["rps"], "decisions/s", floor["rps"], what),
+        Figure(
+            "inprocess_decisions_per_s",
+            ours["rps"],
+            "decisions/s",
+            floor["rps"],
+            what,
+            target_ratio=0.6,
+        ),
         Figure("inprocess_p50_latency", ours["p50_ms"], "ms", floor["p50_ms"], what),
         Figure("inprocess_p99_latency", ours["p99_ms"], "ms", floor["p99_ms"], what),
         Figure(

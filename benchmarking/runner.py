@@ -6,7 +6,8 @@ reports the highest throughput that met the SLO. Exact shapes: the prompt is a l
 ids and `max_tokens` = `min_tokens` = the output length with `ignore_eos`, which vLLM honours;
 timings come from the streamed response.
 
-Pure asyncio + aiohttp; no Django. The service that stores results calls `run_grid`.
+Pure asyncio over the runner's own HTTP client (streams.py); no Django. The service that
+stores results calls `run_grid`.
 
 Load goes only where the operator allows (BENCHMARK_ALLOWED_HOSTS): every connection of the
 runner's clients is checked by a `controlplane.outbound.HostPolicy` when it is opened, on the
@@ -26,9 +27,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
-import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarking.streams import ClientError, StreamClient
 from controlplane import outbound
 
 
@@ -254,13 +255,62 @@ LAG_TICK_SECONDS = 0.02
 
 def make_session(
     concurrency: int, *, timeout_seconds: float, host_policy: outbound.HostPolicy
-) -> aiohttp.ClientSession:
-    """One aiohttp session for every stream, whose connections `host_policy` vets (no
-    redirects, no proxies). aiohttp rather than httpx: at 512 streams httpx's per-request
-    pool bookkeeping made the client, not the engine, the limit (make bench, runner figures)."""
-    return outbound.aiohttp_session(
-        host_policy, timeout_seconds=timeout_seconds, connections=concurrency + 2
-    )
+) -> StreamClient:
+    """One client for every stream, whose connections `host_policy` vets (no redirects, no
+    proxies). Our own (streams.py) rather than aiohttp or httpx: at 512 streams their
+    per-chunk and per-request work made the client, not the engine, the limit (make bench,
+    runner figures). `timeout_seconds` is each request's own."""
+    del timeout_seconds  # every exchange is given its own
+    return StreamClient(host_policy, connections=concurrency + 2)
+
+
+class _StreamReading:
+    """A streamed answer's SSE read as its pieces arrive (in the socket's callback): when its
+    first token came, how many chunks carried text, and the engine's usage."""
+
+    __slots__ = ("pending", "first_token_at", "finished_at", "chunks_with_text", "usage", "done")
+
+    def __init__(self) -> None:
+        self.pending = b""
+        self.first_token_at: float | None = None
+        self.finished_at: float | None = None
+        self.chunks_with_text = 0
+        self.usage: dict | None = None
+        self.done = False
+
+    def feed(self, data: bytes) -> None:
+        if self.done:
+            return
+        # Whatever has arrived is split into lines at once: at hundreds of streams the
+        # client's per-line work is what shows.
+        lines = (self.pending + data).split(b"\n")
+        self.pending = lines.pop()
+        for line in lines:
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                self.done = True
+                self.finished_at = time.perf_counter()
+                return
+            # Decoding every chunk would make the client, not the engine, the limit at high
+            # concurrency: only the first token's chunk and the usage chunk are parsed. A
+            # quoted "prompt_tokens" key appears only in a usage object (inside generated
+            # text the quotes are escaped).
+            if b'"prompt_tokens"' in payload:
+                chunk = json.loads(payload)
+                self.usage = chunk.get("usage") or self.usage
+                if not any(_has_text(c) for c in chunk.get("choices") or []):
+                    continue
+            elif self.first_token_at is not None:
+                self.chunks_with_text += 1
+                continue
+            else:
+                chunk = json.loads(payload)
+            if any(_has_text(choice) for choice in chunk.get("choices") or []):
+                self.chunks_with_text += 1
+                if self.first_token_at is None:
+                    self.first_token_at = time.perf_counter()
 
 
 class Endpoint:
@@ -272,7 +322,7 @@ class Endpoint:
         base_url: str | Sequence[str],
         model: str,
         *,
-        session: aiohttp.ClientSession,
+        session: StreamClient,
         processes: int = 1,
         host_policy: outbound.HostPolicy | None = None,
     ) -> None:
@@ -349,12 +399,10 @@ class Endpoint:
 
     async def _engine_stats(self, base: str) -> tuple[float, ...] | None:
         try:
-            async with self.session.get(
-                base + "/metrics", allow_redirects=False, timeout=aiohttp.ClientTimeout(total=5)
-            ) as response:
-                if response.status != 200:
-                    return None
-                text = await response.text()
+            answer = await self.session.get(base + "/metrics", timeout_seconds=5)
+            if answer.status != 200:
+                return None
+            text = answer.body.decode("utf-8", errors="replace")
             finished = ttft_sum = ttft_count = queries = hits = 0.0
             for family in text_string_to_metric_families(text):
                 if family.name == "vllm:request_success":
@@ -370,7 +418,7 @@ class Endpoint:
                         elif sample.name.endswith("_count"):
                             ttft_count += sample.value
             return finished, ttft_sum, ttft_count, queries, hits
-        except (aiohttp.ClientError, TimeoutError, ValueError):
+        except (ClientError, ValueError):
             return None
 
     async def complete(
@@ -400,67 +448,36 @@ class Endpoint:
         else:
             body["prompt"] = shape_prompt_ids(shape, self._salt)
             url = self.urls[lane % len(self.urls)]
+        reading = _StreamReading()
+        payload = json.dumps(body, separators=(",", ":")).encode()
         started = time.perf_counter()
-        first_token_at = None
-        chunks_with_text = 0
-        usage = None
         try:
-            async with self.session.post(
+            answer = await self.session.post(
                 url,
-                json=body,
-                allow_redirects=False,
-                timeout=aiohttp.ClientTimeout(total=timeout_seconds),
-            ) as response:
-                if response.status != 200:
-                    detail = (await response.read())[:200].decode(errors="replace")
-                    return RequestResult(
-                        ok=False,
-                        started_s=started,
-                        finished_s=time.perf_counter(),
-                        error=f"HTTP {response.status}: {detail}",
-                    )
-                # Whatever has arrived is split into lines at once (not one readline per
-                # line): at hundreds of streams the client's per-line work is what shows.
-                pending = b""
-                done = False
-                async for data in response.content.iter_any():
-                    lines = (pending + data).split(b"\n")
-                    pending = lines.pop()
-                    for line in lines:
-                        if not line.startswith(b"data:"):
-                            continue
-                        payload = line[5:].strip()
-                        if payload == b"[DONE]":
-                            done = True
-                            break
-                        # Decoding every chunk would make the client, not the engine, the
-                        # limit at high concurrency: only the first token's chunk and the
-                        # usage chunk are parsed. A quoted "prompt_tokens" key appears only
-                        # in a usage object (inside generated text the quotes are escaped).
-                        if b'"prompt_tokens"' in payload:
-                            chunk = json.loads(payload)
-                            usage = chunk.get("usage") or usage
-                            if not any(_has_text(c) for c in chunk.get("choices") or []):
-                                continue
-                        elif first_token_at is not None:
-                            chunks_with_text += 1
-                            continue
-                        else:
-                            chunk = json.loads(payload)
-                        if any(_has_text(choice) for choice in chunk.get("choices") or []):
-                            chunks_with_text += 1
-                            if first_token_at is None:
-                                first_token_at = time.perf_counter()
-                    if done:
-                        break
-        except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as error:
+                payload,
+                timeout_seconds=timeout_seconds,
+                on_data=reading.feed,
+            )
+        except (ClientError, json.JSONDecodeError) as error:
             return RequestResult(
                 ok=False,
                 started_s=started,
                 finished_s=time.perf_counter(),
                 error=f"{type(error).__name__}: {error}"[:300],
             )
-        finished = time.perf_counter()
+        if answer.status != 200:
+            detail = answer.body[:200].decode(errors="replace")
+            return RequestResult(
+                ok=False,
+                started_s=started,
+                finished_s=time.perf_counter(),
+                error=f"HTTP {answer.status}: {detail}",
+            )
+        first_token_at = reading.first_token_at
+        chunks_with_text = reading.chunks_with_text
+        usage = reading.usage
+        # The stream's end as the socket's callback saw it, not when this coroutine woke.
+        finished = reading.finished_at or time.perf_counter()
         completion_tokens = int(usage["completion_tokens"]) if usage else chunks_with_text
         prompt_tokens = int(usage["prompt_tokens"]) if usage else input_len
         details = (usage or {}).get("prompt_tokens_details") or {}

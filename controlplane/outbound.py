@@ -360,7 +360,7 @@ _DEFAULT_LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20
 
 
 @lru_cache(maxsize=1)
-def _default_ssl_context() -> ssl.SSLContext:
+def default_ssl_context() -> ssl.SSLContext:
     # Loading the CA bundle costs milliseconds; one context serves every client (it is only
     # read once built). SSL_CERT_FILE / SSL_CERT_DIR still apply: they are the operator's.
     return httpx.create_ssl_context()
@@ -368,7 +368,7 @@ def _default_ssl_context() -> ssl.SSLContext:
 
 def _ssl_context(verify, cert) -> ssl.SSLContext:
     if verify is True and cert is None:
-        return _default_ssl_context()
+        return default_ssl_context()
     return httpx.create_ssl_context(verify=verify, cert=cert)
 
 
@@ -672,7 +672,7 @@ def aiohttp_session(
         limit=connections,
         resolver=guard,
         socket_factory=guard.socket,
-        ssl=_default_ssl_context(),
+        ssl=default_ssl_context(),
         ttl_dns_cache=60,
     )
     return aiohttp.ClientSession(

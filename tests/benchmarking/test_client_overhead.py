@@ -131,8 +131,10 @@ def test_a_run_whose_client_adds_over_10_percent_to_its_ttft_is_unreliable_and_n
 
 
 def test_the_same_run_under_a_limit_it_stays_within_is_fitted(settings):
-    # The control: what kept the cost model out above was the judgement, not the samples.
-    settings.BENCHMARK_MAX_CLIENT_OVERHEAD_PERCENT = 1_000_000
+    # The control: what kept the cost model out above was the judgement, not the samples. No
+    # limit at all: the client's lag may exceed the whole TTFT it measured (a share without
+    # bound), since the runner reads the first token in the socket's callback.
+    settings.BENCHMARK_MAX_CLIENT_OVERHEAD_PERCENT = float("inf")
 
     run = _run("flooded-allowed")
 

@@ -137,7 +137,7 @@ def test_an_unreachable_endpoint_fails_the_run_with_the_reason(suite, deployment
     run.refresh_from_db()
     assert run.status == BenchmarkRun.Status.FAILED
     assert "cannot serve" in run.error
-    assert "Cannot connect to host 127.0.0.1:9" in run.error
+    assert "cannot connect to 127.0.0.1:9" in run.error
     assert run.finished_at is not None
     assert not CostModel.objects.exists()
 
