@@ -123,7 +123,16 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
     ]
     active = {
         (c.served_model_id, c.gpu_type_id, c.gpus_per_replica): c
-        for c in CostModel.objects.filter(status=CostModel.Status.ACTIVE)
+        # Only what the exchange rate reads: the fit records (candidates, residuals, the price
+        # review) are large JSON documents.
+        for c in CostModel.objects.filter(status=CostModel.Status.ACTIVE).only(
+            "pk",
+            "served_model_id",
+            "gpu_type_id",
+            "gpus_per_replica",
+            "weights_replica_seconds",
+            "replica_mu_per_minute",
+        )
     }
     # The reference cost model: the model's reference GPU type, fewest GPUs per replica.
     served_models = {d.served_model_id: d.served_model for d in deployments}
@@ -244,9 +253,15 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
     models = []
     for model_id, model_deployments in by_model.items():
         mix = mixes.get(model_id, DEFAULT_MIX)
+        reference = references.get(model_id)
+        # The model's deployments share a few cost models: each rate computed once.
+        replica_mu: dict[int | None, float | None] = {}
         states = []
         for d in model_deployments:
             own = active.get((model_id, d.gpu_pool.gpu_type_id, d.gpus_per_replica))
+            own_pk = own.pk if own is not None else None
+            if own_pk not in replica_mu:
+                replica_mu[own_pk] = _replica_mu(reference, own, mix)
             broken = min(unhealthy.get(d.pk, 0), d.current_replicas)
             # Benchmark-held replicas are no capacity: the running ones leave current, all of
             # them leave the room under max (`with_holds` adds them back to the target).
@@ -260,7 +275,7 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
                     name=d.name,
                     pool_id=d.gpu_pool_id,
                     gpus_per_replica=d.gpus_per_replica,
-                    mu_per_minute_per_replica=_replica_mu(references.get(model_id), own, mix),
+                    mu_per_minute_per_replica=replica_mu[own_pk],
                     current_replicas=d.current_replicas - broken - running_held,
                     ready_replicas=ready,
                     starting_replicas=starting,
