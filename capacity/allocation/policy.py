@@ -680,30 +680,23 @@ def _allowances(model: ModelSnapshot) -> list[Allowance]:
     slack = max(0.0, _ready_mu(model) - in_use)
     if model.best_effort_ceiling_mu_per_minute is not None:
         slack = min(slack, model.best_effort_ceiling_mu_per_minute)
-    extra = {
-        c.customer_id: max(0.0, _demand(c) - c.reserved_mu_per_minute) for c in model.customers
-    }
-    total_extra = sum(extra.values())
+    # One pass per sum, in the customers' order (the same floats as ever); tens of thousands of
+    # customers a tick, so the loop below does no more than it must.
+    extra = [max(0.0, _demand(c) - c.reserved_mu_per_minute) for c in model.customers]
+    total_extra = sum(extra)
     total_weight = sum(max(0.0, c.tier_weight) for c in model.customers)
     customers = len(model.customers) or 1
+    by_weight = total_weight > EPSILON
+    by_extra = total_extra > EPSILON
+    demand_slack = slack * BEST_EFFORT_DEMAND_SHARE
+    even_slack = slack * (1 - BEST_EFFORT_DEMAND_SHARE)
+    model_id = model.model_id
     result = []
-    for c in model.customers:
+    append = result.append
+    for c, customer_extra in zip(model.customers, extra, strict=True):
         # Tiers all weighted 0 would give no one the slack: split it evenly then.
-        weighted = (
-            max(0.0, c.tier_weight) / total_weight if total_weight > EPSILON else 1 / customers
-        )
-        by_demand = (
-            slack
-            * BEST_EFFORT_DEMAND_SHARE
-            * (extra[c.customer_id] / total_extra if total_extra > EPSILON else weighted)
-        )
-        evenly = slack * (1 - BEST_EFFORT_DEMAND_SHARE) * weighted
-        result.append(
-            Allowance(
-                customer_id=c.customer_id,
-                model_id=model.model_id,
-                guaranteed_mu_per_minute=c.reserved_mu_per_minute,
-                best_effort_mu_per_minute=by_demand + evenly,
-            )
-        )
+        weighted = max(0.0, c.tier_weight) / total_weight if by_weight else 1 / customers
+        by_demand = demand_slack * (customer_extra / total_extra if by_extra else weighted)
+        evenly = even_slack * weighted
+        append(Allowance(c.customer_id, model_id, c.reserved_mu_per_minute, by_demand + evenly))
     return result
