@@ -190,7 +190,8 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
     demand: dict[tuple[int, int], tuple[float, float]] = {}
     refused: dict[tuple[int, int], tuple[float, float]] = {}  # (guaranteed, best-effort)
     in_recent = Q(minute__gte=whole_minute - RECENT_WINDOW)
-    for row in (
+    # Tuples, not a dict per (model, customer): tens of thousands of rows a tick.
+    for model_id, customer_id, recent, peak, refused_mu, refused_guaranteed in (
         UsageMinute.objects.filter(minute__gte=whole_minute - PEAK_WINDOW, minute__lt=whole_minute)
         .values("served_model_id", "customer_id")
         .annotate(
@@ -199,11 +200,14 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
             refused=Sum("refused_mu", filter=in_recent),
             refused_guaranteed=Sum("guaranteed_refused_mu", filter=in_recent),
         )
+        .values_list(
+            "served_model_id", "customer_id", "recent", "peak", "refused", "refused_guaranteed"
+        )
     ):
-        key = (row["served_model_id"], row["customer_id"])
-        demand[key] = ((row["recent"] or 0.0) / recent_minutes, row["peak"] or 0.0)
-        guaranteed_refused = (row["refused_guaranteed"] or 0.0) / recent_minutes
-        all_refused = (row["refused"] or 0.0) / recent_minutes
+        key = (model_id, customer_id)
+        demand[key] = ((recent or 0.0) / recent_minutes, peak or 0.0)
+        guaranteed_refused = (refused_guaranteed or 0.0) / recent_minutes
+        all_refused = (refused_mu or 0.0) / recent_minutes
         if all_refused > 0:
             refused[key] = (guaranteed_refused, max(0.0, all_refused - guaranteed_refused))
     current = _current_use(now)
