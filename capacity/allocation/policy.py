@@ -701,7 +701,7 @@ def _allowances(model: ModelSnapshot, demands: list[float]) -> list[Allowance]:
     demand_slack = slack * BEST_EFFORT_DEMAND_SHARE
     even_slack = slack * (1 - BEST_EFFORT_DEMAND_SHARE)
     model_id = model.model_id
-    result = []
+    result: list[Allowance] = []
     append = result.append
     for c, customer_extra in zip(model.customers, extra, strict=True):
         # Tiers all weighted 0 would give no one the slack: split it evenly then.
