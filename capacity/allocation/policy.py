@@ -403,9 +403,15 @@ def decide(snapshot: Snapshot) -> Decisions:
     # 2. Guaranteed (the warm reservations), across all models, before any best-effort.
     warm: dict[int, float] = {}
     guaranteed_short: dict[int, float] = {}
+    # Each customer's demand and warm reservation, computed once (the steps below read them
+    # three times, for tens of thousands of customers), in the customers' order.
+    demands: dict[int, list[float]] = {}
+    warms: dict[int, list[float]] = {}
     for model in snapshot.models:
         idle_window = idle_window_seconds(model)
-        warm[model.model_id] = sum(warm_reserved(c, idle_window) for c in model.customers)
+        demands[model.model_id] = [_demand(c) for c in model.customers]
+        warms[model.model_id] = [warm_reserved(c, idle_window) for c in model.customers]
+        warm[model.model_id] = sum(warms[model.model_id])
         need = warm[model.model_id] - planned(model)
         guaranteed_short[model.model_id], _ = _fill(
             need, model.deployments, replicas, pool_free, reasons, "guaranteed"
@@ -419,7 +425,7 @@ def decide(snapshot: Snapshot) -> Decisions:
     lead_demand: dict[int, float] = {}
     for model in snapshot.models:
         guaranteed = warm[model.model_id]
-        demand = _best_effort_demand(model, idle_window_seconds(model))
+        demand = _best_effort_demand(model, demands[model.model_id], warms[model.model_id])
         demand = max(demand, _binding_burst(model) - guaranteed)
         if model.best_effort_ceiling_mu_per_minute is not None:
             demand = min(demand, model.best_effort_ceiling_mu_per_minute)
@@ -455,12 +461,11 @@ def decide(snapshot: Snapshot) -> Decisions:
     allowances: list[Allowance] = []
     for model in snapshot.models:
         keep_warm = any(c.keep_warm and c.reserved_mu_per_minute > 0 for c in model.customers)
-        idle_window = idle_window_seconds(model)
         demand_total = (
             model.waiting_mu
             + model.gateway_waiting_mu
             + _binding_burst(model)
-            + sum(max(_demand(c), warm_reserved(c, idle_window)) for c in model.customers)
+            + sum(map(max, demands[model.model_id], warms[model.model_id]))
             + _unmetered(model)
         )
         for d in model.deployments:
@@ -583,7 +588,7 @@ def decide(snapshot: Snapshot) -> Decisions:
                 ready_mu_per_minute=_ready_mu(model),
             )
         )
-        allowances.extend(_allowances(model))
+        allowances.extend(_allowances(model, demands[model.model_id]))
 
     decisions = _fit_pools(decisions, snapshot)
     return Decisions(tuple(decisions), tuple(allowances), tuple(outcomes))
@@ -604,14 +609,15 @@ def _unmetered(model: ModelSnapshot) -> float:
     return max(0.0, model.engine_mu_per_minute - metered)
 
 
-def _best_effort_demand(model: ModelSnapshot, idle_window: float | None) -> float:
+def _best_effort_demand(model: ModelSnapshot, demands: list[float], warms: list[float]) -> float:
     """MU/min beyond the warm reservations: customers' use and refusals above them, the
-    gateways' waiting requests, the engines' queues and what metering missed."""
+    gateways' waiting requests, the engines' queues and what metering missed. `demands` and
+    `warms`: each customer's `_demand` and `warm_reserved`, in the model's order."""
     return (
         model.waiting_mu
         + model.gateway_waiting_mu
         + _unmetered(model)
-        + sum(max(0.0, _demand(c) - warm_reserved(c, idle_window)) for c in model.customers)
+        + sum(max(0.0, d - w) for d, w in zip(demands, warms, strict=True))
     )
 
 
@@ -673,37 +679,34 @@ def _fit_pools(decisions: list[DeploymentDecision], snapshot: Snapshot) -> list[
     return result
 
 
-def _allowances(model: ModelSnapshot) -> list[Allowance]:
+def _allowances(model: ModelSnapshot, demands: list[float]) -> list[Allowance]:
+    """`demands`: each customer's `_demand`, in the model's order."""
     # Ready capacity only: a replica still loading its weights serves nothing yet; and what
     # reservations use now stays theirs.
     in_use = sum(c.reserved_in_use_mu_per_minute for c in model.customers)
     slack = max(0.0, _ready_mu(model) - in_use)
     if model.best_effort_ceiling_mu_per_minute is not None:
         slack = min(slack, model.best_effort_ceiling_mu_per_minute)
-    extra = {
-        c.customer_id: max(0.0, _demand(c) - c.reserved_mu_per_minute) for c in model.customers
-    }
-    total_extra = sum(extra.values())
+    # One pass per sum, in the customers' order (the same floats as ever); tens of thousands of
+    # customers a tick, so the loop below does no more than it must.
+    extra = [
+        max(0.0, d - c.reserved_mu_per_minute)
+        for c, d in zip(model.customers, demands, strict=True)
+    ]
+    total_extra = sum(extra)
     total_weight = sum(max(0.0, c.tier_weight) for c in model.customers)
     customers = len(model.customers) or 1
-    result = []
-    for c in model.customers:
+    by_weight = total_weight > EPSILON
+    by_extra = total_extra > EPSILON
+    demand_slack = slack * BEST_EFFORT_DEMAND_SHARE
+    even_slack = slack * (1 - BEST_EFFORT_DEMAND_SHARE)
+    model_id = model.model_id
+    result: list[Allowance] = []
+    append = result.append
+    for c, customer_extra in zip(model.customers, extra, strict=True):
         # Tiers all weighted 0 would give no one the slack: split it evenly then.
-        weighted = (
-            max(0.0, c.tier_weight) / total_weight if total_weight > EPSILON else 1 / customers
-        )
-        by_demand = (
-            slack
-            * BEST_EFFORT_DEMAND_SHARE
-            * (extra[c.customer_id] / total_extra if total_extra > EPSILON else weighted)
-        )
-        evenly = slack * (1 - BEST_EFFORT_DEMAND_SHARE) * weighted
-        result.append(
-            Allowance(
-                customer_id=c.customer_id,
-                model_id=model.model_id,
-                guaranteed_mu_per_minute=c.reserved_mu_per_minute,
-                best_effort_mu_per_minute=by_demand + evenly,
-            )
-        )
+        weighted = max(0.0, c.tier_weight) / total_weight if by_weight else 1 / customers
+        by_demand = demand_slack * (customer_extra / total_extra if by_extra else weighted)
+        evenly = even_slack * weighted
+        append(Allowance(c.customer_id, model_id, c.reserved_mu_per_minute, by_demand + evenly))
     return result

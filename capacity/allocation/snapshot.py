@@ -20,11 +20,11 @@ import logging
 import time
 from collections import defaultdict
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 from django.conf import settings
-from django.db.models import Count, Max, Q, Sum
+from django.db.models import BigIntegerField, Count, Func, Max, Q, Sum
 from django.db.models.functions import Coalesce, Trunc
 
 from accounts.models import Customer
@@ -62,6 +62,40 @@ IDLE_LOOKBACK = timedelta(days=1)
 CURRENT_USE_WINDOW = timedelta(seconds=20)
 
 
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+MICROSECOND = timedelta(microseconds=1)
+MICROS_PER_SECOND = 10**6
+MINUTE_MICROS = 60 * MICROS_PER_SECOND
+
+
+def _micros(moment: datetime) -> int:
+    """A moment as whole microseconds since the epoch: exact, so a difference of two divided
+    by 10**6 is `timedelta.total_seconds()` to the last bit."""
+    return (moment - EPOCH) // MICROSECOND
+
+
+class EpochMicros(Func):
+    """A timestamp as whole microseconds since the epoch, computed by the database: tens of
+    thousands of timestamps a tick are read as integers rather than parsed into datetimes."""
+
+    output_field = BigIntegerField()
+
+    def as_postgresql(self, compiler, connection, **extra):
+        # EXTRACT(EPOCH …) is an exact numeric since PostgreSQL 14.
+        return self.as_sql(
+            compiler, connection, template="(EXTRACT(EPOCH FROM %(expressions)s) * 1000000)::bigint"
+        )
+
+    def as_sqlite(self, compiler, connection, **extra):
+        # Stored as 'YYYY-MM-DD HH:MM:SS[.ffffff]' in UTC; no fraction casts to 0.
+        sql, params = compiler.compile(self.source_expressions[0])
+        return (
+            f"(CAST(strftime('%%s', {sql}) AS INTEGER) * 1000000"
+            f" + CAST(substr({sql}, 21, 6) AS INTEGER))",
+            (*params, *params),
+        )
+
+
 def _replica_mu(reference: CostModel | None, own: CostModel | None, mix: MeanShape) -> float | None:
     if reference is None or own is None:
         return None
@@ -89,7 +123,16 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
     ]
     active = {
         (c.served_model_id, c.gpu_type_id, c.gpus_per_replica): c
-        for c in CostModel.objects.filter(status=CostModel.Status.ACTIVE)
+        # Only what the exchange rate reads: the fit records (candidates, residuals, the price
+        # review) are large JSON documents.
+        for c in CostModel.objects.filter(status=CostModel.Status.ACTIVE).only(
+            "pk",
+            "served_model_id",
+            "gpu_type_id",
+            "gpus_per_replica",
+            "weights_replica_seconds",
+            "replica_mu_per_minute",
+        )
     }
     # The reference cost model: the model's reference GPU type, fewest GPUs per replica.
     served_models = {d.served_model_id: d.served_model for d in deployments}
@@ -122,23 +165,33 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
                 output_tokens=row["out"],
             )
 
-    reserved: dict[tuple[int, int], list] = defaultdict(lambda: [0.0, False])
-    reserved_since: dict[tuple[int, int], datetime] = {}
-    for model_id, customer_id, mu, keep_warm, starts_at in Reservation.objects.active_at(
-        now
-    ).values_list("served_model_id", "customer_id", "mu_per_minute", "keep_warm", "starts_at"):
-        entry = reserved[(model_id, customer_id)]
-        entry[0] += mu
-        entry[1] = entry[1] or keep_warm
+    now_us = _micros(now)
+    reserved: dict[tuple[int, int], list] = {}
+    # (model, customer) → when its latest active reservation started, in epoch microseconds.
+    reserved_since: dict[tuple[int, int], int] = {}
+    for model_id, customer_id, mu, keep_warm, starts_us in (
+        Reservation.objects.active_at(now)
+        .annotate(starts_us=EpochMicros("starts_at"))
+        .values_list("served_model_id", "customer_id", "mu_per_minute", "keep_warm", "starts_us")
+    ):
         key = (model_id, customer_id)
-        reserved_since[key] = max(reserved_since.get(key, starts_at), starts_at)
+        entry = reserved.get(key)
+        if entry is None:
+            reserved[key] = [0.0 + mu, keep_warm]
+            reserved_since[key] = starts_us
+        else:
+            entry[0] += mu
+            entry[1] = entry[1] or keep_warm
+            if starts_us > reserved_since[key]:
+                reserved_since[key] = starts_us
 
     whole_minute = now.replace(second=0, microsecond=0)
     recent_minutes = RECENT_WINDOW.total_seconds() / 60
     demand: dict[tuple[int, int], tuple[float, float]] = {}
     refused: dict[tuple[int, int], tuple[float, float]] = {}  # (guaranteed, best-effort)
     in_recent = Q(minute__gte=whole_minute - RECENT_WINDOW)
-    for row in (
+    # Tuples, not a dict per (model, customer): tens of thousands of rows a tick.
+    for model_id, customer_id, recent, peak, refused_mu, refused_guaranteed in (
         UsageMinute.objects.filter(minute__gte=whole_minute - PEAK_WINDOW, minute__lt=whole_minute)
         .values("served_model_id", "customer_id")
         .annotate(
@@ -147,11 +200,14 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
             refused=Sum("refused_mu", filter=in_recent),
             refused_guaranteed=Sum("guaranteed_refused_mu", filter=in_recent),
         )
+        .values_list(
+            "served_model_id", "customer_id", "recent", "peak", "refused", "refused_guaranteed"
+        )
     ):
-        key = (row["served_model_id"], row["customer_id"])
-        demand[key] = ((row["recent"] or 0.0) / recent_minutes, row["peak"] or 0.0)
-        guaranteed_refused = (row["refused_guaranteed"] or 0.0) / recent_minutes
-        all_refused = (row["refused"] or 0.0) / recent_minutes
+        key = (model_id, customer_id)
+        demand[key] = ((recent or 0.0) / recent_minutes, peak or 0.0)
+        guaranteed_refused = (refused_guaranteed or 0.0) / recent_minutes
+        all_refused = (refused_mu or 0.0) / recent_minutes
         if all_refused > 0:
             refused[key] = (guaranteed_refused, max(0.0, all_refused - guaranteed_refused))
     current = _current_use(now)
@@ -173,10 +229,14 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
     )
 
     history: dict[int, list[tuple[float, int]]] = defaultdict(list)
-    for deployment_id, created_at, recommended in AllocationDecision.objects.filter(
-        created_at__gte=now - timedelta(seconds=window_seconds), dry_run=False
-    ).values_list("deployment_id", "created_at", "recommended_replicas"):
-        history[deployment_id].append(((now - created_at).total_seconds(), recommended))
+    for deployment_id, created_us, recommended in (
+        AllocationDecision.objects.filter(
+            created_at__gte=now - timedelta(seconds=window_seconds), dry_run=False
+        )
+        .annotate(created_us=EpochMicros("created_at"))
+        .values_list("deployment_id", "created_us", "recommended_replicas")
+    ):
+        history[deployment_id].append(((now_us - created_us) / MICROS_PER_SECOND, recommended))
 
     loads = _loads(deployments)
     load_known = {deployment_id: load.known for deployment_id, load in loads.items()}
@@ -197,9 +257,15 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
     models = []
     for model_id, model_deployments in by_model.items():
         mix = mixes.get(model_id, DEFAULT_MIX)
+        reference = references.get(model_id)
+        # The model's deployments share a few cost models: each rate computed once.
+        replica_mu: dict[int | None, float | None] = {}
         states = []
         for d in model_deployments:
             own = active.get((model_id, d.gpu_pool.gpu_type_id, d.gpus_per_replica))
+            own_pk = own.pk if own is not None else None
+            if own_pk not in replica_mu:
+                replica_mu[own_pk] = _replica_mu(reference, own, mix)
             broken = min(unhealthy.get(d.pk, 0), d.current_replicas)
             # Benchmark-held replicas are no capacity: the running ones leave current, all of
             # them leave the room under max (`with_holds` adds them back to the target).
@@ -213,7 +279,7 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
                     name=d.name,
                     pool_id=d.gpu_pool_id,
                     gpus_per_replica=d.gpus_per_replica,
-                    mu_per_minute_per_replica=_replica_mu(references.get(model_id), own, mix),
+                    mu_per_minute_per_replica=replica_mu[own_pk],
                     current_replicas=d.current_replicas - broken - running_held,
                     ready_replicas=ready,
                     starting_replicas=starting,
@@ -229,10 +295,10 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
                 )
             )
         customers = tuple(
-            _customer_demand(
+            _customer_demands(
                 model_id,
-                customer_id,
-                now,
+                sorted(customers_of.get(model_id, ())),
+                now_us,
                 reserved,
                 demand,
                 current,
@@ -241,7 +307,6 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
                 reserved_since,
                 tier_weights,
             )
-            for customer_id in sorted(customers_of.get(model_id, ()))
         )
         served_model = model_deployments[0].served_model
         engine_loads = [
@@ -283,28 +348,55 @@ _NO_CURRENT = (0.0, 0.0, 0.0)
 _NO_REFUSAL = (0, 0)
 
 
-def _customer_demand(
-    model_id, customer_id, now, reserved, demand, current, refused, last_use, since, weights
-) -> allocation.CustomerDemand:
-    """One customer's demand on one model, each lookup done once (tens of thousands a tick)."""
-    key = (model_id, customer_id)
-    reservation = reserved.get(key, _NO_RESERVATION)
-    recent, peak = demand.get(key, _NO_DEMAND)
-    used_now = current.get(key, _NO_CURRENT)[0]
-    refused_guaranteed, refused_best_effort = refused.get(key, _NO_REFUSAL)
-    return allocation.CustomerDemand(
-        customer_id=customer_id,
-        reserved_mu_per_minute=reservation[0],
-        # The last seconds' use is a floor: rising demand counts before it is rolled up.
-        recent_mu_per_minute=max(recent, used_now),
-        peak_mu_per_minute=peak,
-        keep_warm=reservation[1],
-        refused_guaranteed_mu_per_minute=refused_guaranteed,
-        refused_best_effort_mu_per_minute=refused_best_effort,
-        idle_seconds=_idle_seconds(now, used_now > 0, last_use.get(key), since.get(key)),
-        current_mu_per_minute=used_now,
-        tier_weight=weights.get(customer_id, 1.0),
+def _customer_demands(
+    model_id, customer_ids, now_us, reserved, demand, current, refused, last_use, since, weights
+) -> list[allocation.CustomerDemand]:
+    """Each customer's demand on one model, each lookup done once (tens of thousands a tick,
+    in one loop: a call per customer cost as much as the lookups)."""
+    demands = []
+    append = demands.append
+    customer_demand = allocation.CustomerDemand
+    reserved_get, demand_get, current_get = reserved.get, demand.get, current.get
+    refused_get, last_use_get, since_get, weight_get = (
+        refused.get,
+        last_use.get,
+        since.get,
+        weights.get,
     )
+    for customer_id in customer_ids:
+        key = (model_id, customer_id)
+        reservation = reserved_get(key, _NO_RESERVATION)
+        recent, peak = demand_get(key, _NO_DEMAND)
+        used_now = current_get(key, _NO_CURRENT)[0]
+        refused_guaranteed, refused_best_effort = refused_get(key, _NO_REFUSAL)
+        # Since the customer last used the model or its reservation started, the later.
+        if used_now > 0:
+            idle = 0.0
+        else:
+            started = since_get(key)
+            last = last_use_get(key)
+            if last is not None:
+                # A rollup's minute is its start: the use it counts lasted until its end.
+                last += MINUTE_MICROS
+                if started is None or last > started:
+                    started = last
+            idle = None if started is None else max(0.0, (now_us - started) / MICROS_PER_SECOND)
+        append(
+            customer_demand(
+                customer_id,
+                reservation[0],
+                # The last seconds' use is a floor: rising demand counts before it is rolled up.
+                max(recent, used_now),
+                peak,
+                reservation[1],
+                refused_guaranteed,
+                refused_best_effort,
+                idle,
+                used_now,
+                weight_get(customer_id, 1.0),
+            )
+        )
+    return demands
 
 
 def with_replacements(
@@ -395,32 +487,18 @@ def _current_use(now: datetime) -> dict[tuple[int, int], tuple[float, float, flo
     }
 
 
-def _last_use(now: datetime) -> dict[tuple[int, int], datetime]:
-    """(model, customer) → the last minute with a request that ran, within IDLE_LOOKBACK."""
+def _last_use(now: datetime) -> dict[tuple[int, int], int]:
+    """(model, customer) → the start of the last minute with a request that ran, within
+    IDLE_LOOKBACK, in epoch microseconds."""
     return {
         (model_id, customer_id): last
         for model_id, customer_id, last in UsageMinute.objects.filter(
             minute__gte=now - IDLE_LOOKBACK, requests__gt=0
         )
         .values("served_model_id", "customer_id")
-        .annotate(last=Max("minute"))
+        .annotate(last=EpochMicros(Max("minute")))
         .values_list("served_model_id", "customer_id", "last")
     }
-
-
-def _idle_seconds(
-    now: datetime, using_now: bool, last_use: datetime | None, reserved_since: datetime | None
-) -> float | None:
-    """Since the customer last used the model or its reservation started, the later."""
-    if using_now:
-        return 0.0
-    moments = [reserved_since] if reserved_since is not None else []
-    if last_use is not None:
-        # A rollup's minute is its start: the use it counts lasted until the minute's end.
-        moments.append(last_use + timedelta(minutes=1))
-    if not moments:
-        return None
-    return max(0.0, (now - max(moments)).total_seconds())
 
 
 def _trends(whole_minute: datetime) -> dict[int, float]:

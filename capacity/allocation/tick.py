@@ -15,10 +15,12 @@ corrected. A scale-down chooses the pods that go and drains them from the gatewa
 (capacity/actuation/drain.py).
 """
 
+import gc
 import logging
 import threading
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
@@ -73,10 +75,30 @@ def _tick_lock():
     return exclusive(Lock.ALLOCATION_TICK)
 
 
+@contextmanager
+def _collector_paused():
+    """The cyclic garbage collector off for the tick: the tick allocates hundreds of thousands
+    of objects at fleet scale (snapshot, decisions, allowances), which set off full collections
+    of the whole process's heap, about a fifth of the tick at 1,000 deployments. What the tick
+    leaves in cycles is collected once it is back on; one left off already stays off."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 # --- The tick ---------------------------------------------------------------------------------
 
 
 def allocation_tick(*, dry_run: bool = False, now: datetime | None = None) -> TickResult:
+    with _collector_paused():
+        return _allocation_tick(dry_run=dry_run, now=now)
+
+
+def _allocation_tick(*, dry_run: bool, now: datetime | None) -> TickResult:
     started = time.perf_counter()
     tick_id = uuid.uuid4()
     result = TickResult(tick_id=str(tick_id), dry_run=dry_run)

@@ -37,6 +37,10 @@ ENTITLEMENTS = "gw:v1:entitlements"
 META = "gw:v1:meta"
 CUSTOMERS = "gw:v1:customers"
 CUSTOMER_TIERS = "gw:v1:customer_tiers"
+# json.dumps with separators builds an encoder per call: one, for the tens of thousands of
+# fields (a customer's, its tier's) written every tick. The same text.
+_to_json = json.JSONEncoder(separators=(",", ":")).encode
+
 LOCK = "controlplane:gateway-publication"
 LOCK_TIMEOUT_SECONDS = 30  # a crashed publisher's lock frees itself after this
 LOCK_WAIT_SECONDS = 5.0
@@ -65,10 +69,7 @@ def publish_gateway_state(*, reason: str) -> int | None:
                 if fields:
                     pipe.hset(
                         key,
-                        mapping={
-                            name: json.dumps(value, separators=(",", ":"))
-                            for name, value in fields.items()
-                        },
+                        mapping={name: _to_json(value) for name, value in fields.items()},
                     )
             queue_request_limits(pipe, request_limits, previous_scopes)
             # The admission parameters the buckets' Lua scripts take: a gateway uses the control
