@@ -27,7 +27,10 @@ _pid = [os.getpid()]
 os.register_at_fork(after_in_child=lambda: _pid.__setitem__(0, os.getpid()))
 if "PROMETHEUS_MULTIPROC_DIR" in os.environ or "prometheus_multiproc_dir" in os.environ:
     # Before any metric below is made: each takes its value class when it is constructed.
-    _values.ValueClass = _values.MultiProcessValue(process_identifier=lambda: _pid[0])
+    # (prometheus_client leaves MultiProcessValue unannotated.)
+    _values.ValueClass = _values.MultiProcessValue(  # type: ignore[no-untyped-call]
+        process_identifier=lambda: _pid[0]
+    )
 
 REQUESTS = Counter(
     "gateway_requests_total",
