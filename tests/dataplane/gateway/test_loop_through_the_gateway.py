@@ -50,6 +50,10 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.postgresql_only,
     pytest.mark.slow(seconds=120),
+    # It judges shares of 429s at rates set in real time (a Traffic generator, beat-driven
+    # ticks): beside the niced pass its clients and processes lag, and best-effort that should
+    # be refused at the pool's limit is not (seen in two make test runs).
+    pytest.mark.serial,
 ]
 
 STARTUP_SECONDS = 3  # each replica loads this long before it serves
