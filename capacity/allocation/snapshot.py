@@ -44,6 +44,7 @@ from capacity.models import (
     UsageEvent,
     UsageMinute,
 )
+from capacity.pricing.cost_models import active_cost_models_by_shape
 from capacity.pricing.exchange import DEFAULT_MIX, MeanShape
 from capacity.pricing.exchange import replica_mu_per_minute as exchange_rate
 from capacity.publication.demand import gateway_waiting_mu
@@ -121,19 +122,7 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
         allocation.PoolState(pool.pk, pool.name, max(0, pool.gpu_count - held_gpus[pool.pk]))
         for pool in GpuPool.objects.all()
     ]
-    active = {
-        (c.served_model_id, c.gpu_type_id, c.gpus_per_replica): c
-        # Only what the exchange rate reads: the fit records (candidates, residuals, the price
-        # review) are large JSON documents.
-        for c in CostModel.objects.filter(status=CostModel.Status.ACTIVE).only(
-            "pk",
-            "served_model_id",
-            "gpu_type_id",
-            "gpus_per_replica",
-            "weights_replica_seconds",
-            "replica_mu_per_minute",
-        )
-    }
+    active = active_cost_models_by_shape()
     # The reference cost model: the model's reference GPU type, fewest GPUs per replica.
     served_models = {d.served_model_id: d.served_model for d in deployments}
     references: dict[int, CostModel] = {}

@@ -313,6 +313,26 @@ def cost_models() -> QuerySet[CostModel]:
     return CostModel.objects.select_related("served_model", "gpu_type", "source_run")
 
 
+def active_cost_models_by_shape(*, served_model_ids=None) -> dict[tuple[int, int, int], CostModel]:
+    """Every active version as (model id, GPU type id, GPUs per replica) -> version, with only
+    what pricing and the exchange rate read: the fit records (candidates, residuals, the price
+    review) are large JSON documents. `served_model_ids`: only those models' (None: all)."""
+    queryset = CostModel.objects.filter(status=CostModel.Status.ACTIVE)
+    if served_model_ids is not None:
+        queryset = queryset.filter(served_model_id__in=served_model_ids)
+    return {
+        (c.served_model_id, c.gpu_type_id, c.gpus_per_replica): c
+        for c in queryset.only(
+            "pk",
+            "served_model_id",
+            "gpu_type_id",
+            "gpus_per_replica",
+            "weights_replica_seconds",
+            "replica_mu_per_minute",
+        )
+    }
+
+
 def active_cost_model(
     *,
     served_model: ServedModel,

@@ -26,7 +26,11 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from capacity.models import CostModel, Deployment, Reservation, ServedModel, UsageMinute
-from capacity.pricing.cost_models import active_cost_model, cost_models
+from capacity.pricing.cost_models import (
+    active_cost_model,
+    active_cost_models_by_shape,
+    cost_models,
+)
 from capacity.pricing.exchange import DEFAULT_MIX, MeanShape
 from capacity.pricing.exchange import replica_mu_per_minute as exchange_rate
 from capacity.selling.feasibility import (
@@ -280,19 +284,7 @@ def joint_fleet(model_ids: Iterable[int], *, now: datetime | None = None) -> Joi
             "max_replicas",
         )
     )
-    active = {
-        (c.served_model_id, c.gpu_type_id, c.gpus_per_replica): c
-        for c in CostModel.objects.filter(
-            status=CostModel.Status.ACTIVE, served_model_id__in=ids
-        ).only(
-            "pk",
-            "served_model_id",
-            "gpu_type_id",
-            "gpus_per_replica",
-            "weights_replica_seconds",
-            "replica_mu_per_minute",
-        )
-    }
+    active = active_cost_models_by_shape(served_model_ids=ids)
     # The reference cost model: the model's reference GPU type, fewest GPUs per replica
     # (as `active_cost_model` and the allocation snapshot choose it).
     references: dict[int, CostModel] = {}
