@@ -13,7 +13,10 @@ minutes per customer.
   allowances written, allowances published to Redis, dry-run actuators applied, the fleet's
   sellability re-checked, the capacity sample and the gateway documents published
   (target at 1,000 deployments: ≤ 15× the baseline), each tick at the same moment, so the
-  minute's capacity sample (recorded by the first tick of each minute) is timed apart:
+  minute's capacity sample (recorded by the first tick of each minute) is timed apart, and
+  so is the tick that writes every admission limit to Redis again (the others write those
+  that changed; capacity.admission.redis_buckets.LIMITS_FRESH_KEY):
+- tick writing every limit: one tick after the freshness marker is deleted;
 - capacity sample: `record_capacity` alone for a new minute (every model's sellable figures);
 each beside the time to simply load the same rows (deployments, reservations, recent usage
 rollups) with plain queries, measured in turns with the tick (the median of each).
@@ -35,6 +38,8 @@ from django.utils import timezone
 
 from accounts.models import Customer
 from bench.figures import Figure
+from capacity.admission.gate import buckets
+from capacity.admission.redis_buckets import LIMITS_FRESH_KEY
 from capacity.allocation import policy as allocation
 from capacity.allocation.tick import allocation_tick, build_snapshot
 from capacity.metering.history import record_capacity
@@ -198,11 +203,12 @@ def _seconds(call) -> float:
     return time.perf_counter() - began
 
 
-def _point(deployments: int, repeats: int) -> tuple[float, float, float, float]:
-    """(load, policy, tick, capacity sample) seconds at this size: medians, the load and the
-    tick in turns. Every tick is told the same moment: the first (untimed) records the
-    minute's capacity sample and writes every allowance, the timed ones are the ticks of the
-    rest of a minute; the sample is timed apart, once, for the next minute."""
+def _point(deployments: int, repeats: int) -> tuple[float, float, float, float, float]:
+    """(load, policy, tick, capacity sample, tick writing every limit) seconds at this size:
+    medians, the load and the tick in turns. Every tick is told the same moment: the first three
+    (untimed) record the minute's capacity sample and write every allowance and limit, the
+    timed ones are the ticks of the rest of a minute (only the limits that changed are
+    written); the sample and a tick that writes every limit again are timed apart, once."""
     call_command("flush", interactive=False, verbosity=0)
     began = time.perf_counter()
     _fleet(deployments)
@@ -212,12 +218,19 @@ def _point(deployments: int, repeats: int) -> tuple[float, float, float, float]:
     assert sum(len(m.deployments) for m in snapshot.models) == deployments
     assert sum(len(m.customers) for m in snapshot.models) >= _customers(deployments)
     policy = statistics.median(_seconds(lambda: allocation.decide(snapshot)) for _ in range(3))
-    allocation_tick(now=now)
+    # Untimed: the first ticks of a new fleet rewrite most allowances (and so their limits)
+    # while the decisions' stabilisation history fills; from the fourth on a tick is steady.
+    for _ in range(3):
+        allocation_tick(now=now)
     loads, ticks = [], []
     for _ in range(repeats):
         loads.append(_seconds(_load_rows))
         ticks.append(_seconds(lambda: allocation_tick(now=now)))
     sample = _seconds(lambda: record_capacity(now=now + timedelta(minutes=1)))
+    # The tick that writes every admission limit to Redis again (once a minute, or after
+    # Redis lost them), timed apart like the sample.
+    buckets().client.delete(LIMITS_FRESH_KEY)
+    whole_limits = _seconds(lambda: allocation_tick(now=now))
     load, tick = statistics.median(loads), statistics.median(ticks)
     print(
         f"  {deployments:>6} deployments, {_customers(deployments):>6} customers: "
@@ -225,10 +238,11 @@ def _point(deployments: int, repeats: int) -> tuple[float, float, float, float]:
         f"policy {policy * 1000:.0f} ms, tick {tick * 1000:.0f} ms = {tick / load:.1f}x the "
         f"load, {tick / deployments * 1e6:.0f} µs per deployment "
         f"(ticks {', '.join(f'{t * 1000:.0f}' for t in ticks)} ms); the minute's capacity "
-        f"sample {sample * 1000:.0f} ms",
+        f"sample {sample * 1000:.0f} ms; the minute's tick that writes every limit "
+        f"{whole_limits * 1000:.0f} ms",
         flush=True,
     )
-    return load, policy, tick, sample
+    return load, policy, tick, sample, whole_limits
 
 
 def _points() -> tuple[tuple[int, int], ...]:
@@ -243,7 +257,7 @@ def _points() -> tuple[tuple[int, int], ...]:
 def run() -> list[Figure]:
     figures = []
     for deployments, repeats in _points():
-        load, policy, tick, sample = _point(deployments, repeats)
+        load, policy, tick, sample, whole_limits = _point(deployments, repeats)
         if deployments == 1_000:
             figures.append(
                 Figure(
@@ -263,6 +277,15 @@ def run() -> list[Figure]:
                 baseline_name="loading the same rows",
                 target_ratio=TARGET_RATIO if deployments == 1_000 else None,
                 higher_is_better=False,
+            )
+        )
+        figures.append(
+            Figure(
+                name=f"tick_{deployments}_deployments_writing_every_limit",
+                value=whole_limits * 1000,
+                unit="ms",
+                baseline=load * 1000,
+                baseline_name="loading the same rows",
             )
         )
         figures.append(

@@ -520,16 +520,23 @@ def reconcile_usage(settled: list[tuple[int, int, str, float, str]]) -> None:
         metrics.ADMISSION_DEGRADED.inc()
 
 
-def publish_limits(allowances, previous: set[tuple[int, int]] | None = None) -> None:
+def publish_limits(
+    allowances,
+    previous: set[tuple[int, int]] | None = None,
+    *,
+    changed: set[tuple[int, int]] | None = None,
+) -> None:
     """The tick's allowances into Redis: (customer, model) -> guaranteed and best-effort
-    MU/min. Pairs the tick no longer gives are deleted; every key expires anyway."""
+    MU/min. Pairs the tick no longer gives are deleted; every key expires anyway. `changed`:
+    the pairs whose stored allowance the tick rewrote; while the last whole publication is
+    fresh only those are written (Buckets.publish_limits)."""
     limits = {
         (a.customer_id, a.model_id): (a.guaranteed_mu_per_minute, a.best_effort_mu_per_minute)
         for a in allowances
     }
     try:
         store = buckets()
-        store.publish_limits(limits, settings.ADMISSION_LIMITS_TTL_SECONDS)
+        store.publish_limits(limits, settings.ADMISSION_LIMITS_TTL_SECONDS, changed=changed)
         if previous:
             store.forget_limits(sorted(previous - set(limits)))
     except redis.RedisError:

@@ -131,10 +131,11 @@ def _allocation_tick(*, dry_run: bool, now: datetime | None) -> TickResult:
             result.decisions = [_decision_dict(d, deployments) for d in decisions.deployments]
             result.seconds = time.perf_counter() - started
             return result
-        rows, forgotten = _store(tick_id, now, decisions, deployments, digests)
+        rows, changed, forgotten = _store(tick_id, now, decisions, deployments, digests)
         # Admission limits follow the tick within the tick (a reservation that starts or ends
-        # changes admission within one tick).
-        publish_limits(decisions.allowances, forgotten)
+        # changes admission within one tick): the allowances it rewrote, all of them once a
+        # minute.
+        publish_limits(decisions.allowances, forgotten, changed=changed)
         _apply(rows, decisions, deployments, result, now, observations)
         result.decisions = [_row_dict(row) for row in rows]
         risk = _recheck(now, decisions)
@@ -159,7 +160,9 @@ def _recheck(now, decisions) -> dict[int, tuple[float, float]]:
 
 
 @transaction.atomic
-def _store(tick_id, now, decisions, deployments, digests) -> list[AllocationDecision]:
+def _store(
+    tick_id, now, decisions, deployments, digests
+) -> tuple[list[AllocationDecision], set[tuple[int, int]], set[tuple[int, int]]]:
     rows = [
         AllocationDecision(
             tick_id=tick_id,
@@ -231,8 +234,8 @@ def _store(tick_id, now, decisions, deployments, digests) -> list[AllocationDeci
             row.pk = ids[row.deployment_id]
     else:
         rows = AllocationDecision.objects.bulk_create(rows)
-    forgotten = _store_allowances(tick_id, now, decisions.allowances)
-    return rows, forgotten
+    changed, forgotten = _store_allowances(tick_id, now, decisions.allowances)
+    return rows, changed, forgotten
 
 
 # An allowance that moved by less than this share is not rewritten: best-effort shares drift
@@ -245,9 +248,11 @@ def _close(old: float, new: float) -> bool:
     return abs(old - new) <= max(ALLOWANCE_TOLERANCE_MU, ALLOWANCE_RELATIVE_TOLERANCE * abs(new))
 
 
-def _store_allowances(tick_id, now, allowances) -> set[tuple[int, int]]:
-    """Write only the allowances that changed, and delete those the policy no longer gives
-    (returned as (customer, model) pairs): most are stable from one tick to the next, and
+def _store_allowances(
+    tick_id, now, allowances
+) -> tuple[set[tuple[int, int]], set[tuple[int, int]]]:
+    """Write only the allowances that changed, and delete those the policy no longer gives;
+    returns both as (customer, model) pairs: most are stable from one tick to the next, and
     rewriting tens of thousands of rows every 15 s would cost more than the rest of the tick."""
     rows = AdmissionAllowance.objects.values_list(
         "pk",
@@ -325,7 +330,7 @@ def _store_allowances(tick_id, now, allowances) -> set[tuple[int, int]]:
     stale = [pk for pk, _, _ in existing.values()]
     if stale:
         AdmissionAllowance.objects.filter(pk__in=stale).delete()
-    return set(existing)
+    return {(c, m) for c, m, *_ in changed}, set(existing)
 
 
 def _apply(

@@ -2,6 +2,7 @@
 
 import threading
 import time
+from dataclasses import replace
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -10,6 +11,9 @@ from django.core.management import call_command
 from django.db import close_old_connections, connection
 from django.utils import timezone
 
+from capacity.admission.gate import buckets
+from capacity.admission.redis_buckets import LIMITS_FRESH_KEY, limits_key
+from capacity.allocation.snapshot import build_snapshot, digest
 from capacity.allocation.tick import allocation_tick
 from capacity.models import (
     ActuatorCircuit,
@@ -307,3 +311,49 @@ def test_the_snapshot_carries_each_customers_tier_weight(fleet, served_model, ac
     (model,) = snapshot.models
     # The migrated tiers' weights (accounts.tiers.DEFAULT_TIERS), for the policy's split.
     assert {c.customer_id: c.tier_weight for c in model.customers} == {acme.pk: 1.0, globex.pk: 8.0}
+
+
+def test_a_tick_writes_the_limits_that_changed_and_all_of_them_once_redis_lost_them(
+    fleet, served_model, acme, globex
+):
+    reservation = Reservation.objects.create(
+        customer=acme,
+        served_model=served_model,
+        mu_per_minute=150,
+        starts_at=timezone.now() - timedelta(hours=1),
+        status="active",
+    )
+    use(globex, served_model, 230)
+    allocation_tick()
+    redis = buckets().client
+    acme_key = limits_key(acme.pk, served_model.pk)
+    globex_key = limits_key(globex.pk, served_model.pk)
+    assert float(redis.hget(acme_key, "g")) == 150
+    assert 0 < redis.ttl(LIMITS_FRESH_KEY) <= 60
+
+    # A reservation that grows reaches admission on the next tick.
+    Reservation.objects.filter(pk=reservation.pk).update(mu_per_minute=250)
+    allocation_tick()
+    assert float(redis.hget(acme_key, "g")) == 250
+
+    # Redis lost the limits (a restart without persistence): the next tick writes every
+    # pair again, the ones that did not change included.
+    redis.delete(LIMITS_FRESH_KEY, acme_key, globex_key)
+    allocation_tick()
+    assert float(redis.hget(acme_key, "g")) == 250
+    assert float(redis.hget(globex_key, "be")) > 0
+    assert redis.ttl(globex_key) > 60
+
+
+def test_the_inputs_digest_follows_what_the_policy_read(fleet, served_model, acme, globex):
+    use(acme, served_model, 50)
+    use(globex, served_model, 70)
+    now = timezone.now()
+    model = build_snapshot(now=now)[0].models[0]
+    assert digest(model) == digest(build_snapshot(now=now)[0].models[0])
+    first, *rest = model.customers
+    more_demand = replace(first, recent_mu_per_minute=first.recent_mu_per_minute + 1)
+    assert digest(replace(model, customers=(more_demand, *rest))) != digest(model)
+    assert digest(replace(model, customers=tuple(rest))) != digest(model)
+    bigger = replace(model.deployments[0], max_replicas=model.deployments[0].max_replicas + 1)
+    assert digest(replace(model, deployments=(bigger,))) != digest(model)
