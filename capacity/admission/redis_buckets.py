@@ -115,12 +115,14 @@ end
 # would. Requests in flight are a sorted set of request ids, scored with when each slot lapses
 # (the TTL that bounds what a lost release can leak).
 REQUEST_LIMITS_LUA = """
+-- a scope's request limits (nil: none), and whether its budget's hard cap is on: one read
 local function limits_of(lim_key)
-  if lim_key == '' then return nil end
-  local l = redis.call('HMGET', lim_key, 'rpm', 'tpm', 'concurrency')
+  if lim_key == '' then return nil, false end
+  local l = redis.call('HMGET', lim_key, 'rpm', 'tpm', 'concurrency', 'budget')
   local rpm, tpm, cc = tonumber(l[1]), tonumber(l[2]), tonumber(l[3])
-  if rpm == nil and tpm == nil and cc == nil then return nil end
-  return {rpm = rpm, tpm = tpm, cc = cc}
+  local capped = l[4] == '1'
+  if rpm == nil and tpm == nil and cc == nil then return nil, capped end
+  return {rpm = rpm, tpm = tpm, cc = cc}, capped
 end
 
 -- requests and tokens in the window (now - window, now], once older entries are dropped
@@ -239,23 +241,19 @@ local be = tonumber(mu_limits[2])
 -- A customer whose budget's hard cap is on (field 'budget' of its request limits hash), or a
 -- request sent with a key whose own budget's hard cap is on (the same field of the key's
 -- hash), has no best-effort bucket: what the guarantee covers is admitted, nothing beyond.
+-- The customer's cap is named first when both are on.
 local capped = nil
-if KEYS[5] ~= '' and redis.call('HGET', KEYS[5], 'budget') == '1' then
-  capped = 'customer'
-elseif KEYS[9] ~= '' and redis.call('HGET', KEYS[9], 'budget') == '1' then
-  capped = 'api_key'
-end
-local be_rate = be
-if capped then be_rate = nil end
-
 local scopes = {}
 for i, name in ipairs({'customer', 'api_key'}) do
   local base = 4 + (i - 1) * 4
-  local lim = limits_of(KEYS[base + 1])
+  local lim, budget_capped = limits_of(KEYS[base + 1])
+  if budget_capped and capped == nil then capped = name end
   if lim ~= nil then
     scopes[#scopes + 1] = {name, lim, KEYS[base + 2], KEYS[base + 3], KEYS[base + 4]}
   end
 end
+local be_rate = be
+if capped then be_rate = nil end
 
 local class, g_mu, wait, limit, scope, held = 'refused', 0, 0, '', '', 0
 for _, s in ipairs(scopes) do
