@@ -16,6 +16,7 @@ from tests.support.factories import (
     ServedModelFactory,
     UserFactory,
 )
+from tests.support.once import run_lock
 
 
 @pytest.fixture(autouse=True)
@@ -246,3 +247,13 @@ def pytest_runtest_setup(item):
 
         if connection.vendor != "postgresql":
             pytest.skip("needs PostgreSQL")
+
+
+@pytest.fixture
+def many_db_connections(tmp_path_factory):
+    """For a test that holds about fifty database connections at once (one per concurrent
+    client thread): one such test at a time across the run's workers, so that two of them,
+    beside the other workers' connections, never meet PostgreSQL's max_connections (100 by
+    default) and fail a client with "too many clients already"."""
+    with run_lock(tmp_path_factory, "many-db-connections"):
+        yield

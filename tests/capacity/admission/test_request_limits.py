@@ -169,7 +169,7 @@ def test_a_refusal_by_a_request_limit_takes_nothing_from_the_mu_buckets(
 
 @pytest.mark.django_db(transaction=True)
 def test_a_concurrency_limit_of_4_holds_under_50_concurrent_clients(
-    sellable, served_model, acme, make_key, planner, settings
+    many_db_connections, sellable, served_model, acme, make_key, planner, settings
 ):
     admission.reset()
     limits(acme, served_model, 1e6, 1e6)

@@ -158,7 +158,7 @@ def test_a_model_in_another_pool_is_not_held_back(planner_client, acme, shared, 
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.postgresql_only
-def test_fifty_concurrent_sales_across_two_models_never_oversell(shared):
+def test_fifty_concurrent_sales_across_two_models_never_oversell(many_db_connections, shared):
     llama, qwen = shared
     customer = CustomerFactory(slug="acme")
     rng = random.Random(7)

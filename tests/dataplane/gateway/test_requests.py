@@ -551,8 +551,14 @@ def test_unknown_paths_and_methods_answer_in_openais_shape(served, http):
 def test_metrics_count_requests_by_outcome_and_class(served, http):
     world, gateway, _url = served
     http.post(gateway.url + "/v1/chat/completions", json=CHAT, headers=bearer(world.acme))
-    text = http.get(gateway.url + "/metrics").text
-    assert 'gateway_requests_total{admission_class="guaranteed",outcome="completed"} 1.0' in text
+    completed = 'gateway_requests_total{admission_class="guaranteed",outcome="completed"} 1.0'
+
+    # Counted once the answer is out: the metrics may be asked for first.
+    def metrics_with_it() -> str:
+        page = http.get(gateway.url + "/metrics").text
+        return page if completed in page else ""
+
+    text = wait_for(metrics_with_it)
     assert "gateway_overhead_seconds_bucket" in text
     assert "gateway_time_to_first_token_seconds_bucket" in text
 
@@ -573,8 +579,9 @@ def test_two_workers_share_the_port_and_metrics_sum_them(
             )
             assert response.status_code == 200
 
-    text = http.get(gateway.url + "/metrics").text
-    assert 'gateway_requests_total{admission_class="guaranteed",outcome="completed"} 6.0' in text
+    # A request is counted once its answer is out (the client may ask for the metrics first).
+    completed = 'gateway_requests_total{admission_class="guaranteed",outcome="completed"} 6.0'
+    assert wait_for(lambda: completed in http.get(gateway.url + "/metrics").text)
     assert (
         len(wait_for(lambda: len(usage_events(usage_server)) == 6 and usage_events(usage_server)))
         == 6
