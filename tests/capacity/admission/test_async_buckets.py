@@ -15,6 +15,7 @@ from django.conf import settings
 
 from capacity.admission.redis_buckets import (
     _ADMIT,
+    ADMISSION_CONNECTION_NAME,
     GUARANTEED,
     REFUSED,
     AsyncBuckets,
@@ -198,3 +199,62 @@ def test_commands_are_packed_to_the_bytes_redis_py_packs():
         keys, args = _admit_keys_and_args(buckets, 7, 9, cost, "gw-" + "a" * 32)
         command = ("EVALSHA", buckets._script.sha, len(keys), *keys, *args)
         assert _pack(command) == b"".join(connection.pack_command(*command))
+
+
+def _admission_connection_ids(client: redis.Redis) -> list[int]:
+    return [c["id"] for c in client.client_list() if c.get("name") == ADMISSION_CONNECTION_NAME]
+
+
+def test_a_connection_redis_closed_is_made_again_for_the_next_decision(customer):
+    sync = _sync_buckets()
+    sync.publish_limits({(customer, MODEL_ID): (600.0, 0.0)}, ttl_s=600)
+
+    async def ask():
+        buckets = _async_buckets()
+        try:
+            first = await buckets.admit(
+                customer_id=customer, model_id=MODEL_ID, cost_mu=1.0, request_id="before"
+            )
+            mine = set(_admission_connection_ids(sync.client))
+            for connection_id in mine:
+                sync.client.client_kill_filter(_id=connection_id)
+            await asyncio.sleep(0.2)  # the close reaches the loop
+            second = await buckets.admit(
+                customer_id=customer, model_id=MODEL_ID, cost_mu=1.0, request_id="after"
+            )
+            return first, second, mine
+        finally:
+            await buckets.close()
+
+    first, second, killed = asyncio.run(ask())
+    assert killed  # the connection is named in CLIENT LIST
+    assert (first.admission_class, second.admission_class) == (GUARANTEED, GUARANTEED)
+    records = sync.records([(customer, MODEL_ID, "before"), (customer, MODEL_ID, "after")])
+    assert [r.admission_class for r in records] == [GUARANTEED, GUARANTEED]
+
+
+def test_the_urls_username_and_password_are_used(customer):
+    sync = _sync_buckets()
+    sync.publish_limits({(customer, MODEL_ID): (600.0, 0.0)}, ttl_s=600)
+    user = f"admission-test-{uuid.uuid4().hex[:8]}"
+    password = uuid.uuid4().hex
+    sync.client.acl_setuser(
+        user, enabled=True, passwords=[f"+{password}"], keys=["*"], commands=["+@all"]
+    )
+    base = settings.ADMISSION_REDIS_URL.split("://", 1)[1]
+
+    async def ask(secret):
+        buckets = _async_buckets(f"redis://{user}:{secret}@{base}")
+        try:
+            return await buckets.admit(
+                customer_id=customer, model_id=MODEL_ID, cost_mu=1.0, request_id=None
+            )
+        finally:
+            await buckets.close()
+
+    try:
+        assert asyncio.run(ask(password)).admission_class == GUARANTEED
+        with pytest.raises(redis.RedisError):  # refused by AUTH: nothing is decided
+            asyncio.run(ask("wrong-" + password))
+    finally:
+        sync.client.acl_deluser(user)
