@@ -11,13 +11,13 @@ minutes per customer.
 - policy: `capacity.allocation.policy.decide` alone on the snapshot;
 - tick: the whole `allocation_tick` — observation, snapshot queries, policy, decisions and
   allowances written, allowances published to Redis, dry-run actuators applied, the fleet's
-  sellability re-checked, the capacity sample and the gateway documents published
-  (target at 1,000 deployments: ≤ 15× the baseline), each tick at the same moment, so the
-  minute's capacity sample (recorded by the first tick of each minute) is timed apart, and
-  so is the tick that writes every admission limit to Redis again (the others write those
-  that changed; capacity.admission.redis_buckets.LIMITS_FRESH_KEY):
+  sellability re-checked and the gateway documents published (target at 1,000
+  deployments: ≤ 15× the baseline), each tick at the same moment; the tick that writes every
+  admission limit to Redis again (once a minute; the others write those that changed,
+  capacity.admission.redis_buckets.LIMITS_FRESH_KEY) is timed apart:
 - tick writing every limit: one tick after the freshness marker is deleted;
-- capacity sample: `record_capacity` alone for a new minute (every model's sellable figures);
+- capacity sample: `record_capacity` for a new minute (every model's sellable figures), the
+  work of the `capacity.capacity_sample` task once a minute (once part of the tick);
 each beside the time to simply load the same rows (deployments, reservations, recent usage
 rollups) with plain queries, measured in turns with the tick (the median of each).
 
@@ -206,7 +206,7 @@ def _seconds(call) -> float:
 def _point(deployments: int, repeats: int) -> tuple[float, float, float, float, float]:
     """(load, policy, tick, capacity sample, tick writing every limit) seconds at this size:
     medians, the load and the tick in turns. Every tick is told the same moment: the first three
-    (untimed) record the minute's capacity sample and write every allowance and limit, the
+    (untimed) write every allowance and limit, the
     timed ones are the ticks of the rest of a minute (only the limits that changed are
     written); the sample and a tick that writes every limit again are timed apart, once."""
     call_command("flush", interactive=False, verbosity=0)

@@ -26,6 +26,9 @@ SCHEDULES = {
     "reservations: refresh status": ("capacity.reservations_refresh_status", 60, 55),
     # Expires under the interval, so a backlog never runs stale ticks back to back.
     "allocation: tick": ("capacity.allocation_tick", 15, 12),
+    # One sample per model per minute (a second call in a minute writes nothing): every 30 s,
+    # so that no minute is missed.
+    "capacity: the minute's sample": ("capacity.capacity_sample", 30, 25),
     # Its own queue and worker: probes never wait behind a benchmark or a tick.
     "health: inference probes": (
         "capacity.health_probes",

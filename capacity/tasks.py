@@ -30,6 +30,15 @@ def allocation_tick() -> dict:
             "failed": result.failed, "seconds": result.seconds}  # fmt: skip
 
 
+@shared_task(name="capacity.capacity_sample", expires=25)
+def capacity_sample() -> dict:
+    """The minute's capacity sample of every model, for the fleet page's charts
+    (capacity.metering.history): out of the allocation tick, which it held for seconds."""
+    from capacity.metering.history import record_capacity
+
+    return {"samples": record_capacity()}
+
+
 @shared_task(name="capacity.allocation_wake", queue="allocation", expires=10)
 def allocation_wake(reason: str = "") -> dict:
     """A tick asked for now (capacity.allocation.wake): demand waiting at a model at zero."""

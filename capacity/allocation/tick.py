@@ -38,7 +38,6 @@ from capacity.admission.gate import publish_limits
 from capacity.allocation import policy as allocation
 from capacity.allocation.circuits import record_applied, record_failure
 from capacity.allocation.snapshot import build_snapshot, digest, with_holds, with_replacements
-from capacity.metering.history import record_capacity
 from capacity.models import (
     ActuatorCircuit,
     ActuatorKind,
@@ -138,8 +137,9 @@ def _allocation_tick(*, dry_run: bool, now: datetime | None) -> TickResult:
         publish_limits(decisions.allowances, forgotten, changed=changed)
         _apply(rows, decisions, deployments, result, now, observations)
         result.decisions = [_row_dict(row) for row in rows]
-        risk = _recheck(now, decisions)
-        record_capacity(now=now, risk=risk)
+        # Stored per model (CapacityRisk): the minute's capacity sample, a task of its own
+        # (capacity.metering.history), reads it from there.
+        _recheck(now, decisions)
         # Every tick republishes the gateways' documents whole, so a gateway that starts cold
         # (or missed a change) is serving on the current state within one tick.
         publish_gateway_state(reason="allocation tick")

@@ -6,7 +6,7 @@ from capacity.models.catalog import ServedModel
 class CapacitySample(models.Model):
     """One minute of a model's capacity as the allocation loop saw it: the fleet page's charts.
 
-    Written by the allocation tick at most once per model per minute (capacity.metering.history), so
+    Written at most once per model per minute (capacity.metering.history), so
     the last 24 h and 7 days of deployable / hot / sellable / sold / used can be drawn without
     replaying decisions. Old rows are pruned after CAPACITY_HISTORY_DAYS.
     """
@@ -19,7 +19,7 @@ class CapacitySample(models.Model):
     sold_mu_per_minute = models.FloatField()
     used_mu_per_minute = models.FloatField()
     # Sold MU/min the fleet cannot serve (capacity.selling.at_risk) and the tick's guaranteed
-    # shortfall, as the minute's first tick found them.
+    # shortfall, as the last re-check stored them when the minute was sampled.
     oversold_mu_per_minute = models.FloatField(default=0.0)
     guaranteed_shortfall_mu_per_minute = models.FloatField(default=0.0)
 
