@@ -53,7 +53,13 @@ SUITE = {
 
 @pytest.mark.slow(seconds=40)
 @pytest.mark.django_db
-def test_a_run_with_shared_prefixes_and_images_fits_their_weights_within_10_percent(tmp_path):
+def test_a_run_with_shared_prefixes_and_images_fits_their_weights_within_10_percent(
+    tmp_path, settings
+):
+    # What is judged here is the fit of every feature; whether the client measured itself is
+    # test_client_overhead.py's (beside the niced pass, a few ms of loop lag on this run's
+    # short TTFTs once passed the 10 % limit and no cost model was fitted).
+    settings.BENCHMARK_MAX_CLIENT_OVERHEAD_PERCENT = float("inf")
     gpu_type = GpuTypeFactory(name="EMU-VISION")
     model = ServedModelFactory(name="vision", engine_model_id="vision", reference_gpu_type=gpu_type)
     suite = services.suite_create(name="every-feature", grid=GRID, **SUITE)
@@ -78,6 +84,7 @@ def test_a_run_with_shared_prefixes_and_images_fits_their_weights_within_10_perc
     assert samples[(256 + 2 * 64, 8, 2)].cached_input_len == 0
     assert (128 + 3 * 64, 32, 3) in samples
 
+    assert not run.fit_error, run.fit_error
     cost_model = CostModel.objects.get(source_run=run)
     weights = cost_model.weights_replica_seconds
     print("fitted weights:", weights, "per feature:", cost_model.cv_error_by_feature)

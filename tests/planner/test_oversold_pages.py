@@ -10,6 +10,7 @@ from capacity.allocation.tick import allocation_tick
 from capacity.catalog.services import deployment_update
 from capacity.models import Deployment
 from capacity.selling.reservations import reservation_create
+from capacity.tasks import capacity_sample
 from tests.support.factories import DeploymentFactory, ServedModelFactory
 
 pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
@@ -53,6 +54,7 @@ def test_a_guaranteed_shortfall_is_shown_in_the_banner_and_the_chart_without_an_
                                   min_replicas=6, max_replicas=6)  # fmt: skip
 
     allocation_tick()
+    capacity_sample()  # the minute's sample the chart draws (beat runs it every 30 s)
 
     page = planner_client.get("/planner/").content.decode()
     assert 'data-testid="oversold-llama-8b"' in page
