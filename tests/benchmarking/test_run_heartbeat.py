@@ -59,14 +59,16 @@ def queued_run(suite, deployment, endpoint_url):
 def test_a_point_longer_than_the_stale_window_keeps_its_run_alive_through_a_reaper_pass(
     engine, deployment, settings
 ):
-    settings.BENCHMARK_STALE_AFTER_SECONDS = 1  # beats every 1/6 s
-    # One point of 3 s: three stale windows with no point finished.
+    # Beats every 1/3 s. A 1 s window was once missed beside the niced pass (a starved
+    # beat reaped the live run too); 2 s still takes three windows in a 6 s point.
+    settings.BENCHMARK_STALE_AFTER_SECONDS = 2
+    # One point of 6 s: three stale windows with no point finished.
     suite = services.suite_create(
         name="one-long-point",
         grid=[[4, 2]],
         slo_ttft_p95_ms=2000,
         slo_tpot_p95_ms=2000,
-        duration_per_point_seconds=3,
+        duration_per_point_seconds=6,
         concurrency_start=1,
         max_concurrency=1,
     )
@@ -84,7 +86,7 @@ def test_a_point_longer_than_the_stale_window_keeps_its_run_alive_through_a_reap
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline:  # once the point has run past the window
                 run = BenchmarkRun.objects.get(pk=live.pk)
-                if run.started_at and timezone.now() - run.started_at > timedelta(seconds=2):
+                if run.started_at and timezone.now() - run.started_at > timedelta(seconds=3):
                     break
                 time.sleep(0.05)
             reaped.extend(services.runs_reap_stale())
