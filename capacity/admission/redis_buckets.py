@@ -955,8 +955,15 @@ class AsyncBuckets:
         if self._transport is None:
             self._connecting = asyncio.get_running_loop().create_task(self._connect())
             return
-        batch, self._queue = self._queue, []
-        self._write(batch)
+        self._write_queued()
+
+    def _write_queued(self) -> None:
+        """What was asked meanwhile, once nothing is in flight on a connection whose handshake
+        is done (decisions asked during a round trip ride the next one)."""
+        ready = self._transport is not None and self._connecting is None
+        if self._queue and not self._sent and ready:
+            batch, self._queue = self._queue, []
+            self._write(batch)
 
     def _write(self, batch: list[_Pending]) -> None:
         assert self._transport is not None
@@ -982,15 +989,10 @@ class AsyncBuckets:
         self._settle(pending, reply)
 
     def _after_replies(self) -> None:
-        """What was asked during the round trip just answered goes in the next one (once the
-        handshake is done: _connect writes it then)."""
-        if not self._sent:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-            if self._queue and self._transport is not None and self._connecting is None:
-                batch, self._queue = self._queue, []
-                self._write(batch)
+        if not self._sent and self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._write_queued()
 
     @staticmethod
     def _settle(pending: _Pending, reply: Any) -> None:
@@ -1051,8 +1053,7 @@ class AsyncBuckets:
                 failure = error
                 self._fail(queued, lambda: type(failure)(*failure.args))
             elif isinstance(error, TimeoutError):
-                message = f"Redis did not answer within {self.timeout_seconds:g} s"
-                self._fail(queued, lambda: redis.TimeoutError(message))
+                self._fail(queued, self._timeout_error)
             else:
                 reason = str(error)
                 self._fail(queued, lambda: redis.ConnectionError(reason))
@@ -1064,9 +1065,7 @@ class AsyncBuckets:
                 # waits for ever.
                 queued, self._queue = self._queue, []
                 self._fail(queued, lambda: redis.ConnectionError("no connection to Redis"))
-        if self._queue and not self._sent:
-            batch, self._queue = self._queue, []
-            self._write(batch)
+        self._write_queued()
 
     async def _open(self) -> tuple[asyncio.Transport, _Replies]:
         pool = self.client.connection_pool
@@ -1114,8 +1113,10 @@ class AsyncBuckets:
             return
         # The replies still due can no longer be matched to their commands: the connection
         # goes, and what was not written yet goes on a new one.
-        message = f"Redis did not answer within {self.timeout_seconds:g} s"
-        self._drop(lambda: redis.TimeoutError(message))
+        self._drop(self._timeout_error)
+
+    def _timeout_error(self) -> redis.TimeoutError:
+        return redis.TimeoutError(f"Redis did not answer within {self.timeout_seconds:g} s")
 
     def _lost(self, protocol: _Replies, exc: Exception | None) -> None:
         if protocol is not self._protocol:
