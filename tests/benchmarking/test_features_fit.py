@@ -35,8 +35,11 @@ GRID = [
     {"input_len": 1024, "output_len": 16, "prefix_share": 0.5},
     {"input_len": 2048, "output_len": 32, "prefix_share": 0.5},
     {"input_len": 256, "output_len": 8, "images": 2},
-    {"input_len": 512, "output_len": 16, "images": 1},
-    {"input_len": 128, "output_len": 32, "images": 3},
+    # Up to 8 images a request: the image points are short, so a per-request delay of the
+    # client (one CI run beside the parallel pass fitted a 2.1 ms intercept where the truth
+    # has none) is shared by several images rather than charged to one or two.
+    {"input_len": 512, "output_len": 16, "images": 4},
+    {"input_len": 128, "output_len": 32, "images": 8},
 ]
 SUITE = {
     "slo_ttft_p95_ms": 10_000,
@@ -80,7 +83,7 @@ def test_a_run_with_shared_prefixes_and_images_fits_their_weights(tmp_path, sett
     assert samples[(2048, 16, 0)].cached_input_len == 0  # salted: nothing shared
     # Images counted as the engine counts them: 64 tokens each, beside the text.
     assert samples[(256 + 2 * 64, 8, 2)].cached_input_len == 0
-    assert (128 + 3 * 64, 32, 3) in samples
+    assert (128 + 8 * 64, 32, 8) in samples
 
     assert not run.fit_error, run.fit_error
     cost_model = CostModel.objects.get(source_run=run)
