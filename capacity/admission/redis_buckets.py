@@ -591,6 +591,50 @@ def queue_request_limits(
         pipe.sadd(REQUEST_LIMITS_INDEX, *sorted(limits))
 
 
+class _Wire:
+    """One thread's connection for Buckets' scripts, spoken to at the protocol level: the
+    command packed by hiredis, written with one sendall, the reply read into a hiredis Reader.
+    redis-py's Connection still makes the connection (host and port, a Unix socket or TLS, its
+    timeouts, AUTH and SELECT), but its command and reply machinery cost a decision about as
+    much as Redis's own work on it (bench_admission)."""
+
+    def __init__(self, pool: redis.ConnectionPool):
+        self.connection = pool.connection_class(**pool.connection_kwargs)
+        self.reader = Reader(replyError=_reply_error)
+        self.socket: Any = None
+
+    def call(self, command: tuple[Any, ...]) -> Any:
+        """The command's reply; an error reply raised as redis-py raises it, and a connection
+        that failed, timed out or answered what cannot be read closed and raised as a
+        redis.ConnectionError or TimeoutError (the next call connects again)."""
+        sock = self.socket
+        if sock is None:
+            self.connection.connect()  # its handshake is answered within
+            sock = self.socket = self.connection._sock
+            self.reader = Reader(replyError=_reply_error)
+        reader = self.reader
+        try:
+            sock.sendall(_pack(command))
+            while (reply := reader.gets()) is False:
+                data = sock.recv(65536)
+                if not data:
+                    raise ConnectionResetError("closed by the server")
+                reader.feed(data)
+        except TimeoutError:  # socket.timeout
+            self.close()
+            raise redis.TimeoutError("Redis did not answer within the socket timeout") from None
+        except (OSError, HiredisError) as error:
+            self.close()
+            raise redis.ConnectionError(f"the connection to Redis failed: {error}") from error
+        if isinstance(reply, redis.ResponseError):
+            raise reply
+        return reply
+
+    def close(self) -> None:
+        self.socket = None
+        self.connection.disconnect()
+
+
 class Buckets:
     """The Redis side of admission. Raises redis.RedisError when Redis cannot be reached.
 
@@ -623,22 +667,16 @@ class Buckets:
     def _evalsha(self, script, keys: list[str], args: list):
         """EVALSHA on this thread's own connection: a decision is one round trip, and the
         pool's checkout and the client's command machinery would cost as much as Redis does."""
-        connection = getattr(self._local, "connection", None)
-        if connection is None:
-            pool = self.client.connection_pool
-            connection = pool.connection_class(**pool.connection_kwargs)
-            self._local.connection = connection
+        wire = getattr(self._local, "wire", None)
+        if wire is None:
+            wire = self._local.wire = _Wire(self.client.connection_pool)
         for attempt in (1, 2):
             try:
-                connection.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
-                return connection.read_response()
-            except redis.exceptions.NoScriptError:
+                return wire.call(("EVALSHA", script.sha, len(keys), *keys, *args))
+            except NoScriptError:
                 if attempt == 2:
                     raise
                 self.client.script_load(script.script)  # Redis restarted or flushed its scripts
-            except redis.RedisError:
-                connection.disconnect()
-                raise
         raise AssertionError("unreachable")
 
     def admit(
