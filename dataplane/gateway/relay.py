@@ -38,13 +38,22 @@ class Retry(Exception):  # noqa: N818 - a signal, not a failure the client sees
     """An attempt failed before the client got a byte: another replica may take it."""
 
     def __init__(
-        self, reason: str, status: int = 502, body: bytes = b"", *, connection_lost: bool = False
+        self,
+        reason: str,
+        status: int = 502,
+        body: bytes = b"",
+        *,
+        connection_lost: bool = False,
+        unreachable: bool = False,
     ):
         super().__init__(reason)
         self.status = status
         self.body = body
         # The engine's connection closed (rather than an answer, or a timeout).
         self.connection_lost = connection_lost
+        # No connection could be made (refused: nothing listens there yet): the request
+        # reached no engine.
+        self.unreachable = unreachable
 
 
 class EngineAnswer:

@@ -656,12 +656,24 @@ class Gateway:
         tried: list[str] = []
         last: Retry | None = None
         attempt = 0
+        # Whether every attempt so far found no engine listening (connection refused).
+        unreachable_only = True
         deadline = time.monotonic() + settings.cold_start_wait_seconds
         while True:
             current = self.reader.contract.models.get(model.name) or model
             if not current.replicas and not tried:
                 current = await self._wait_for_replica(current, usage.estimated_mu, deadline)
             replica = self.router.pick(current.replicas, affinity=affinity, exclude=tried)
+            left = deadline - time.monotonic()
+            if replica is None and last is not None and unreachable_only and left > 0:
+                # Every published replica refused the connection: none listens yet (a
+                # fleet restarted before the control plane saw it, a replica being
+                # replaced). The request reached none of them, so it waits, as it would
+                # for a model at zero, for the contract to change (a second at most) and
+                # tries them again, until the cold-start wait is over.
+                await self.reader.changed(min(left, 1.0))
+                tried.clear()
+                continue
             if replica is None:
                 usage.outcome = "error"
                 if last is not None:
@@ -682,7 +694,7 @@ class Gateway:
                 )
             usage.deployment = replica.deployment or None
             usage.replica = replica.endpoint
-            if attempt == 0:
+            if last is None:
                 OVERHEAD.observe(time.perf_counter() - arrived)
             self.router.add(replica.endpoint, usage.estimated_mu)
             gauge = _inflight(replica.endpoint)
@@ -698,12 +710,15 @@ class Gateway:
             finally:
                 self.router.done(replica.endpoint, usage.estimated_mu)
                 gauge.dec(usage.estimated_mu)
+            RETRIES.inc()
+            if last.unreachable and unreachable_only:
+                continue  # refused at once: the next replica now, and no retry spent
+            unreachable_only = False
             if attempt >= settings.retries:
                 usage.outcome = "error"
                 self._upstream_failed(exchange, last, usage.request_id)
                 return
             attempt += 1
-            RETRIES.inc()
             backoff = settings.retry_backoff_seconds * 2 ** (attempt - 1)
             await asyncio.sleep(backoff * random.uniform(0.5, 1.5))  # noqa: S311 - jitter
 
@@ -848,7 +863,7 @@ class Gateway:
                 try:
                     connection = await self.engines.connect(address)
                 except (OSError, TimeoutError) as error:
-                    raise Retry(f"{type(error).__name__}: {error}") from None
+                    raise Retry(f"{type(error).__name__}: {error}", unreachable=True) from None
             answer = EngineAnswer(
                 connection=connection,
                 exchange=exchange,

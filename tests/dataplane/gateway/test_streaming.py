@@ -7,11 +7,14 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import subprocess
 import threading
 import time
 
 import httpx
 import pytest
+
+from tests.support.processes import ROOT, emulator_command, free_port
 
 from . import contract as C
 from .conftest import bearer, tiny_model, usage_events, wait_for
@@ -177,6 +180,63 @@ def test_a_replica_dead_before_the_first_byte_is_retried_on_another(
     events = wait_for(lambda: len(usage_events(usage_server)) == 4 and usage_events(usage_server))
     assert {e["outcome"] for e in events} == {"completed"}
     assert {e["deployment"] for e in events} == {"tiny-1"}
+
+
+def test_a_published_replica_not_listening_yet_holds_the_request_until_it_listens(
+    world, start_gateway, http, usage_server, tmp_path
+):
+    # A second `make run`: the contract still names the replicas of the last run, on the ports
+    # the new supervisor starts them on a few seconds later. Nothing listens there yet, so no
+    # request reached an engine: the gateway holds it (as for a model at zero) rather than
+    # answering 502, and serves it once the replica listens.
+    port = free_port()
+    publish_replicas(world, [f"http://127.0.0.1:{port}"])
+    gateway = start_gateway()
+    result = {}
+
+    def send():
+        result["response"] = http.post(
+            gateway.url + "/v1/completions",
+            json={"model": "tiny", "prompt": "x", "max_tokens": 4},
+            headers=bearer(world.acme),
+        )
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    wait_for(lambda: gauge(http, gateway.url, "gateway_retries_total") >= 2)  # tried, refused
+    assert sender.is_alive()  # held, not answered
+    config = tmp_path / "late-replica.json"
+    config.write_text(json.dumps({"seed": 0, "models": [tiny_model()]}))
+    late = subprocess.Popen(emulator_command(config, port), cwd=ROOT)
+    try:
+        sender.join(timeout=20)
+        assert result["response"].status_code == 200, result["response"].text
+    finally:
+        late.terminate()
+        late.wait(timeout=10)
+    (event,) = wait_for(lambda: usage_events(usage_server))
+    assert (event["outcome"], event["deployment"]) == ("completed", "tiny-0")
+
+
+def test_replicas_that_never_listen_are_a_502_after_the_cold_start_wait(
+    world, start_gateway, http, usage_server
+):
+    publish_replicas(world, [f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"])
+    gateway = start_gateway(GATEWAY_COLD_START_WAIT_SECONDS="1.5")
+
+    started = time.monotonic()
+    response = http.post(
+        gateway.url + "/v1/completions",
+        json={"model": "tiny", "prompt": "x", "max_tokens": 4},
+        headers=bearer(world.acme),
+    )
+
+    assert 1.0 <= time.monotonic() - started < 10
+    assert response.status_code == 502
+    assert response.json()["error"]["code"] == "upstream"
+    assert "Connection refused" in response.json()["error"]["message"]
+    (event,) = wait_for(lambda: usage_events(usage_server))
+    assert event["outcome"] == "error" and event["output_tokens"] == 0
 
 
 def test_a_replica_that_dies_after_the_first_byte_ends_the_stream_with_an_error_and_no_retry(
