@@ -82,7 +82,8 @@ LITELLM_VERSION = "1.106.12"
 
 CONCURRENCY = 256
 MAX_TOKENS = 8
-WORKERS = 2  # GATEWAY_WORKERS, and LiteLLM's --num_workers
+# GATEWAY_WORKERS, and LiteLLM's --num_workers (BENCH_GATEWAY_WORKERS to try another count).
+WORKERS = int(os.environ.get("BENCH_GATEWAY_WORKERS", "2"))
 ROUNDS = 3
 WARMUP_SECONDS = 1.0
 WINDOW_SECONDS = 3.0

@@ -22,9 +22,18 @@ ROOT = Path(__file__).resolve().parents[2]
 # kernel hands to outgoing connections and to bind(port 0), so a port chosen here and bound a
 # moment later by the server cannot have been taken meanwhile by a connection or by another
 # xdist worker's choice. Each worker (gw0, gw1, ...) owns its own slice of the range.
-_PORT_SLICE = 1500
+# The timing-sensitive pass (no xdist) has slice 0, worker gwN slice N + 1; a pass run beside
+# another (make test's SQLite pass) moves its workers' slices up by TEST_PORT_SLICE_OFFSET.
+_PORT_SLICE = 1000
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
-_PORT_BASE = 20000 + _PORT_SLICE * (int(_WORKER[2:]) + 1 if _WORKER[2:].isdigit() else 0)
+_SLICE_INDEX = (
+    int(_WORKER[2:]) + 1 + int(os.environ.get("TEST_PORT_SLICE_OFFSET", "0"))
+    if _WORKER[2:].isdigit()
+    else 0
+)
+_PORT_BASE = 20000 + _PORT_SLICE * _SLICE_INDEX
+if _PORT_BASE + _PORT_SLICE > 32768:
+    raise RuntimeError(f"port slice {_SLICE_INDEX} reaches Linux's ephemeral range (32768+)")
 _port_offset = 0
 
 
