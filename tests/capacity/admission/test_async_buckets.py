@@ -19,32 +19,10 @@ from capacity.admission.redis_buckets import (
     GUARANTEED,
     REFUSED,
     AsyncBuckets,
-    Buckets,
     limits_key,
 )
 
-MODEL_ID = 880_001
-
-
-@pytest.fixture
-def customer():
-    """A customer id of its own, its keys removed afterwards."""
-    customer_id = 880_000 + uuid.uuid4().int % 100_000
-    client = redis.Redis.from_url(settings.ADMISSION_REDIS_URL)
-    yield customer_id
-    stale = list(client.scan_iter(match=f"adm:*:{MODEL_ID}:{customer_id}*"))
-    if stale:
-        client.delete(*stale)
-    client.close()
-
-
-def _sync_buckets() -> Buckets:
-    return Buckets(
-        redis.Redis.from_url(settings.ADMISSION_REDIS_URL),
-        burst_seconds=10,
-        idle_ttl_seconds=600,
-        record_ttl_s=3600,
-    )
+from .conftest import MODEL_ID, sync_buckets
 
 
 def _async_buckets(url: str | None = None, timeout_seconds: float = 0.5) -> AsyncBuckets:
@@ -59,7 +37,7 @@ def _async_buckets(url: str | None = None, timeout_seconds: float = 0.5) -> Asyn
 
 def test_decisions_asked_together_are_the_scripts_own_and_recorded(customer):
     # 60 MU/min with a 10 s burst: 10 MU admitted at once, then refused.
-    sync = _sync_buckets()
+    sync = sync_buckets()
     sync.publish_limits({(customer, MODEL_ID): (60.0, 0.0)}, ttl_s=600)
 
     async def ask():
@@ -93,7 +71,7 @@ def test_decisions_asked_together_are_the_scripts_own_and_recorded(customer):
 
 
 def test_a_script_redis_does_not_hold_is_loaded_and_the_decision_taken(customer):
-    _sync_buckets().publish_limits({(customer, MODEL_ID): (600.0, 0.0)}, ttl_s=600)
+    sync_buckets().publish_limits({(customer, MODEL_ID): (600.0, 0.0)}, ttl_s=600)
 
     async def ask():
         buckets = _async_buckets()
@@ -160,7 +138,7 @@ def test_redis_down_or_silent_is_a_redis_error_within_the_timeout():
 
 
 def test_a_caller_cancelled_while_redis_decides_gets_the_decision_through_orphaned(customer):
-    _sync_buckets().publish_limits({(customer, MODEL_ID): (600.0, 0.0)}, ttl_s=600)
+    sync_buckets().publish_limits({(customer, MODEL_ID): (600.0, 0.0)}, ttl_s=600)
 
     async def ask():
         buckets = _async_buckets()
@@ -184,7 +162,7 @@ def test_a_caller_cancelled_while_redis_decides_gets_the_decision_through_orphan
 
     (decision,) = asyncio.run(ask())
     assert decision.admission_class == GUARANTEED
-    (record,) = _sync_buckets().records([(customer, MODEL_ID, "gone")])
+    (record,) = sync_buckets().records([(customer, MODEL_ID, "gone")])
     assert record.admission_class == GUARANTEED
 
 
@@ -206,7 +184,7 @@ def _admission_connection_ids(client: redis.Redis) -> list[int]:
 
 
 def test_a_connection_redis_closed_is_made_again_for_the_next_decision(customer):
-    sync = _sync_buckets()
+    sync = sync_buckets()
     sync.publish_limits({(customer, MODEL_ID): (600.0, 0.0)}, ttl_s=600)
 
     async def ask():
@@ -233,18 +211,11 @@ def test_a_connection_redis_closed_is_made_again_for_the_next_decision(customer)
     assert [r.admission_class for r in records] == [GUARANTEED, GUARANTEED]
 
 
-def test_the_urls_username_and_password_are_used(customer):
-    sync = _sync_buckets()
-    sync.publish_limits({(customer, MODEL_ID): (600.0, 0.0)}, ttl_s=600)
-    user = f"admission-test-{uuid.uuid4().hex[:8]}"
-    password = uuid.uuid4().hex
-    sync.client.acl_setuser(
-        user, enabled=True, passwords=[f"+{password}"], keys=["*"], commands=["+@all"]
-    )
-    base = settings.ADMISSION_REDIS_URL.split("://", 1)[1]
+def test_the_urls_username_and_password_are_used(customer, redis_user):
+    password, url = redis_user
 
     async def ask(secret):
-        buckets = _async_buckets(f"redis://{user}:{secret}@{base}")
+        buckets = _async_buckets(url(secret))
         try:
             return await buckets.admit(
                 customer_id=customer, model_id=MODEL_ID, cost_mu=1.0, request_id=None
@@ -252,9 +223,6 @@ def test_the_urls_username_and_password_are_used(customer):
         finally:
             await buckets.close()
 
-    try:
-        assert asyncio.run(ask(password)).admission_class == GUARANTEED
-        with pytest.raises(redis.RedisError):  # refused by AUTH: nothing is decided
-            asyncio.run(ask("wrong-" + password))
-    finally:
-        sync.client.acl_deluser(user)
+    assert asyncio.run(ask(password)).admission_class == GUARANTEED
+    with pytest.raises(redis.RedisError):  # refused by AUTH: nothing is decided
+        asyncio.run(ask("wrong-" + password))

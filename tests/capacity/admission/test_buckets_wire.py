@@ -16,27 +16,7 @@ from django.conf import settings
 
 from capacity.admission.redis_buckets import _ADMIT, GUARANTEED, Buckets
 
-MODEL_ID = 880_101
-
-
-@pytest.fixture
-def customer():
-    customer_id = 890_000 + uuid.uuid4().int % 100_000
-    client = redis.Redis.from_url(settings.ADMISSION_REDIS_URL)
-    yield customer_id
-    stale = list(client.scan_iter(match=f"adm:*:{MODEL_ID}:{customer_id}*"))
-    if stale:
-        client.delete(*stale)
-    client.close()
-
-
-def _buckets(url: str | None = None, **client_kwargs) -> Buckets:
-    return Buckets(
-        redis.Redis.from_url(url or settings.ADMISSION_REDIS_URL, **client_kwargs),
-        burst_seconds=10,
-        idle_ttl_seconds=600,
-        record_ttl_s=3600,
-    )
+from .conftest import MODEL_ID, sync_buckets
 
 
 def _decide(buckets: Buckets, customer: int, request_id: str | None = None):
@@ -47,7 +27,7 @@ def _decide(buckets: Buckets, customer: int, request_id: str | None = None):
 
 def test_a_connection_redis_closed_fails_one_call_and_is_made_again(customer):
     name = f"wire-test-{uuid.uuid4().hex[:8]}"
-    buckets = _buckets(client_name=name)
+    buckets = sync_buckets(client_name=name)
     buckets.publish_limits({(customer, MODEL_ID): (600.0, 0.0)}, ttl_s=600)
     assert _decide(buckets, customer, "before").admission_class == GUARANTEED
     admin = redis.Redis.from_url(settings.ADMISSION_REDIS_URL)
@@ -66,7 +46,7 @@ def test_a_connection_redis_closed_fails_one_call_and_is_made_again(customer):
 
 
 def test_a_script_redis_does_not_hold_is_loaded_and_the_decision_taken(customer):
-    buckets = _buckets()
+    buckets = sync_buckets()
     buckets.publish_limits({(customer, MODEL_ID): (600.0, 0.0)}, ttl_s=600)
     # The same script under a SHA Redis has never seen (no SCRIPT FLUSH on a shared server).
     buckets._admit = buckets.client.register_script(_ADMIT + f"\n-- {uuid.uuid4()}\n")
@@ -75,23 +55,11 @@ def test_a_script_redis_does_not_hold_is_loaded_and_the_decision_taken(customer)
     assert buckets.client.script_exists(buckets._admit.sha)[0]
 
 
-def test_the_urls_username_and_password_are_used(customer):
-    admin = _buckets()
-    admin.publish_limits({(customer, MODEL_ID): (600.0, 0.0)}, ttl_s=600)
-    user = f"wire-test-{uuid.uuid4().hex[:8]}"
-    password = uuid.uuid4().hex
-    admin.client.acl_setuser(
-        user, enabled=True, passwords=[f"+{password}"], keys=["*"], commands=["+@all"]
-    )
-    base = settings.ADMISSION_REDIS_URL.split("://", 1)[1]
-    try:
-        right = _buckets(f"redis://{user}:{password}@{base}")
-        assert _decide(right, customer).admission_class == GUARANTEED
-        wrong = _buckets(f"redis://{user}:wrong-{password}@{base}")
-        with pytest.raises(redis.AuthenticationError):  # refused by AUTH: nothing is decided
-            _decide(wrong, customer)
-    finally:
-        admin.client.acl_deluser(user)
+def test_the_urls_username_and_password_are_used(customer, redis_user):
+    password, url = redis_user
+    assert _decide(sync_buckets(url(password)), customer).admission_class == GUARANTEED
+    with pytest.raises(redis.AuthenticationError):  # refused by AUTH: nothing is decided
+        _decide(sync_buckets(url("wrong-" + password)), customer)
 
 
 def test_a_silent_server_is_a_timeout_error_within_the_socket_timeout():
@@ -120,7 +88,7 @@ def test_a_silent_server_is_a_timeout_error_within_the_socket_timeout():
 
 
 def test_an_error_reply_is_a_response_error_and_the_connection_stays_usable(customer):
-    buckets = _buckets()
+    buckets = sync_buckets()
     buckets.publish_limits({(customer, MODEL_ID): (600.0, 0.0)}, ttl_s=600)
     assert _decide(buckets, customer).admission_class == GUARANTEED
     # The guaranteed bucket's key holding a hash (another writer's bug): the script's GET of
