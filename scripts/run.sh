@@ -133,6 +133,22 @@ else
   TRAFFIC_LINE="off (DEMO_TRAFFIC=0)"
 fi
 
+# The URLs below are printed once the web server and the gateway answer (a first request sent
+# as soon as the banner shows would otherwise find nothing listening yet).
+$BIN/python - "http://$HOST:$PORT/healthz" "http://$HOST:$GATEWAY_PORT/healthz" <<'PY' || true
+import sys, time, urllib.request
+deadline = time.monotonic() + 60
+for url in sys.argv[1:]:
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(url, timeout=2).close()
+            break
+        except OSError:
+            time.sleep(0.2)
+    else:
+        print(f"(not answering yet after 60 s: {url})")
+PY
+
 cat <<MSG
 
 Model-Unit Control Plane is running (logs in $LOG/):
