@@ -5,10 +5,12 @@ BIN := $(VENV)/bin
 
 .PHONY: install run test bench format clean
 
+# --no-compile: pip would byte-compile every module of every package (~20 s of a fresh
+# install); Python compiles the ones imported, once, on first import.
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet --no-compile -e '.[dev]'
 	touch $@
 
 install: $(BIN)/.installed
