@@ -56,10 +56,9 @@ REDIS_URL="${REDIS_URL%/*}/$(( ${REDIS_URL##*/} - WORKERS ))" \
   $BIN/pytest --create-db -m serial --durations=10 --basetemp=var/pytest-serial "$@" \
   > "$SERIAL_LOG" 2>&1 &
 serial_pid=$!
-# In a background job of a script (no job control) setsid need not fork: $! is pytest's pid,
-# its session's and its process group's id.
-# Called as the last command of a subshell: exec, so that the subshell's pid ($!) is the new
-# session's id.
+# The niced passes each run in a session of its own. Called as the last command of a background
+# subshell, niced execs setsid, which need not fork there (no job control): the subshell's pid,
+# $!, becomes pytest's pid, its session's and its process group's id.
 niced() {
   exec setsid bash -c 'echo 10 > /proc/self/autogroup 2>/dev/null || true; exec nice -n 10 "$@"' niced "$@"
 }

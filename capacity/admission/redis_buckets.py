@@ -600,19 +600,18 @@ class _Wire:
 
     def __init__(self, pool: redis.ConnectionPool):
         self.connection = pool.connection_class(**pool.connection_kwargs)
-        self.reader = Reader(replyError=_reply_error)
-        self.socket: Any = None
+        self.socket: Any = None  # set on connecting, with a Reader of its own
+        self.reader: Reader | None = None
 
     def call(self, command: tuple[Any, ...]) -> Any:
         """The command's reply; an error reply raised as redis-py raises it, and a connection
         that failed, timed out or answered what cannot be read closed and raised as a
         redis.ConnectionError or TimeoutError (the next call connects again)."""
-        sock = self.socket
-        if sock is None:
+        sock, reader = self.socket, self.reader
+        if sock is None or reader is None:
             self.connection.connect()  # its handshake is answered within
             sock = self.socket = self.connection._sock
-            self.reader = Reader(replyError=_reply_error)
-        reader = self.reader
+            reader = self.reader = Reader(replyError=_reply_error)
         try:
             sock.sendall(_pack(command))
             while (reply := reader.gets()) is False:
@@ -631,7 +630,7 @@ class _Wire:
         return reply
 
     def close(self) -> None:
-        self.socket = None
+        self.socket = self.reader = None
         self.connection.disconnect()
 
 

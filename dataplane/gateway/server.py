@@ -696,6 +696,8 @@ class Gateway:
             usage.replica = replica.endpoint
             if last is None:
                 OVERHEAD.observe(time.perf_counter() - arrived)
+            else:
+                RETRIES.inc()  # every attempt after a failed one
             self.router.add(replica.endpoint, usage.estimated_mu)
             gauge = _inflight(replica.endpoint)
             gauge.inc(usage.estimated_mu)
@@ -710,7 +712,6 @@ class Gateway:
             finally:
                 self.router.done(replica.endpoint, usage.estimated_mu)
                 gauge.dec(usage.estimated_mu)
-            RETRIES.inc()
             if last.unreachable and unreachable_only:
                 continue  # refused at once: the next replica now, and no retry spent
             unreachable_only = False
