@@ -94,19 +94,24 @@ def finished(run_id: int, timeout_seconds: float = 60) -> BenchmarkRun:
         if run.status in (BenchmarkRun.Status.SUCCEEDED, BenchmarkRun.Status.FAILED):
             return run
         time.sleep(0.5)
-    from capacity.models import AllocationDecision
-
-    decisions = [
-        (d.current_replicas, d.target_replicas, d.actuator_ok, d.actuator_error[:80],
-         [r["code"] for r in d.reasons])
-        for d in AllocationDecision.objects.order_by("-id")[:3]
-    ]  # fmt: skip
     replicas = list(Replica.objects.values_list("key", "state", "held_by_benchmark_run_id"))
     raise AssertionError(
         f"run {run_id} still {run.status}: {run.progress_message}\n{run.log}\n"
-        f"decisions {decisions}\nreplicas {replicas}\nheld "
+        f"decisions {_decisions(3)}\nreplicas {replicas}\nheld "
         f"{Deployment.objects.values_list('current_replicas', 'benchmark_held_replicas')[0]}"
     )
+
+
+def _decisions(last: int = 40) -> list:
+    """The last ticks' decisions, newest first, with what each reason said: why a target moved."""
+    from capacity.models import AllocationDecision
+
+    return [
+        (d.created_at.strftime("%H:%M:%S"), d.current_replicas, d.recommended_replicas,
+         d.target_replicas, d.actuator_ok,
+         d.actuator_error[:80], [(r["code"], r.get("message", "")[:120]) for r in d.reasons])
+        for d in AllocationDecision.objects.order_by("-id")[:last]
+    ]  # fmt: skip
 
 
 def per_replica(run: BenchmarkRun) -> dict[tuple[int, int], float]:
@@ -146,7 +151,10 @@ def test_a_benchmark_beside_customer_traffic_measures_what_an_idle_one_does_on_h
         assert idle.status == BenchmarkRun.Status.SUCCEEDED, idle.error + idle.log
 
         traffic = Traffic(gateway.url).start()
-        traffic.set("acme", fleet["acme"], 4.0)
+        # 2 req/s of 0.42 MU: 50 MU/min, within acme's 60 reserved and one replica's 100.
+        # At 4 req/s (101 MU/min) admission refused some, and the refused MU was demand for a
+        # second replica, which the stabilisation window then kept for 120 s after the run.
+        traffic.set("acme", fleet["acme"], 2.0)
         try:
             time.sleep(3)
             busy_started = time.time()
@@ -194,7 +202,7 @@ def test_a_benchmark_beside_customer_traffic_measures_what_an_idle_one_does_on_h
     assert traffic.window("acme", 0, 10_000)[200] > 0
     deployment.refresh_from_db()
     assert deployment.benchmark_held_replicas == 0
-    assert deployment.current_replicas == 1
+    assert deployment.current_replicas == 1, _decisions()
     assert not Replica.objects.filter(held_by_benchmark_run_id__isnull=False).exists()
     print(
         f"\nper replica, idle vs beside {during.count()} customer requests: "
