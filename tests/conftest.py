@@ -7,6 +7,7 @@ from accounts import scopes as S
 from accounts.models import Membership
 from accounts.principals import PLANNERS_GROUP
 from accounts.services import api_key_create
+from tests.support import template_db
 from tests.support.factories import (
     CustomerFactory,
     DeploymentFactory,
@@ -17,6 +18,15 @@ from tests.support.factories import (
     UserFactory,
 )
 from tests.support.once import run_lock
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):
+    """pytest-django's hook before it creates the test database (the worker's suffix is set):
+    the database is then copied from a migrated template (tests/support/template_db.py)."""
+    from django.db import connections
+
+    template_db.install(connections["default"])
 
 
 @pytest.fixture(autouse=True)
