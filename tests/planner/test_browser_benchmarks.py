@@ -57,7 +57,7 @@ def test_a_planner_watches_a_run_and_reads_the_fit_of_its_cost_model(site, page,
     sustainable = len(GRID)
 
     page.goto(site + "/planner/benchmarks/")
-    assert page.get_by_role("heading", name="Benchmarks").is_visible()
+    expect(page.get_by_role("heading", name="Benchmarks")).to_be_visible()
     row = page.locator(f"#run-{running.pk}")
     expect(row.locator(".badge")).to_have_text("Running")
     expect(page.locator("#runs-table")).to_have_attribute("hx-trigger", "every 2s")

@@ -2,6 +2,7 @@
 Security Policy: no script or style is refused, and htmx, Chart.js and Swagger UI run."""
 
 import pytest
+from playwright.sync_api import expect
 
 from tests.support.browser import log_in, screenshot
 
@@ -28,7 +29,7 @@ def test_the_planner_admin_and_api_docs_run_under_the_csp(site, page, planner_us
 
     page.goto(site + "/admin/")
     page.wait_for_load_state("networkidle")
-    assert page.get_by_role("link", name="Deployments").first.is_visible()
+    expect(page.get_by_role("link", name="Deployments").first).to_be_visible()
 
     page.goto(site + "/api/docs/")
     page.locator(".swagger-ui .info .title").wait_for()

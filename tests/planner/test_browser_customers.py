@@ -7,6 +7,7 @@ from decimal import Decimal
 
 import pytest
 from django.utils import timezone
+from playwright.sync_api import expect
 
 from accounts.models import ApiKey, Customer
 from billing.models import Invoice, InvoiceLine
@@ -21,7 +22,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 def test_customer_key_once_and_a_refused_reservation(site, page, planner_user, sellable):
     log_in(page, site, "pat")
     page.get_by_role("link", name="Customers").click()
-    assert page.get_by_text("No customers yet.").is_visible()
+    expect(page.get_by_text("No customers yet.")).to_be_visible()
     screenshot(page, "customers-empty")
 
     form = page.get_by_role("form", name="New customer")
@@ -30,7 +31,7 @@ def test_customer_key_once_and_a_refused_reservation(site, page, planner_user, s
     form.get_by_label("Tier").select_option("premium")
     form.get_by_role("button", name="Create customer").click()
     page.wait_for_url(site + "/planner/customers/initech/")
-    assert page.get_by_text("Customer initech created.").is_visible()
+    expect(page.get_by_text("Customer initech created.")).to_be_visible()
     screenshot(page, "customer-new")
 
     keys = page.get_by_role("form", name="New API key")
@@ -62,7 +63,7 @@ def test_customer_key_once_and_a_refused_reservation(site, page, planner_user, s
     reserve = page.get_by_role("form", name="New reservation")
     reserve.get_by_label("MU per minute").fill("300")
     reserve.get_by_role("button", name="Reserve").click()
-    assert page.get_by_text("Reserved 300 MU/min of llama-8b.").is_visible()
+    expect(page.get_by_text("Reserved 300 MU/min of llama-8b.")).to_be_visible()
     assert Reservation.objects.get().mu_per_minute == 300
     screenshot(page, "reservation-made")
 
@@ -135,7 +136,7 @@ def test_every_section_with_data(site, page, planner_user, sellable):
     screenshot(page, "customer")
 
     page.goto(site + "/planner/allocation/")
-    assert page.get_by_text("demand needs more replicas").first.is_visible()
+    expect(page.get_by_text("demand needs more replicas").first).to_be_visible()
     screenshot(page, "allocation")
     page.get_by_role("link", name=deployment.name).first.click()
     assert chart_points(page)[0] > 0
@@ -145,7 +146,7 @@ def test_every_section_with_data(site, page, planner_user, sellable):
     screenshot(page, "invoices")
     page.get_by_role("link", name="Acme").click()
     page.get_by_role("button", name="Issue invoice").click()
-    assert page.get_by_text("Invoice issued").is_visible()
+    expect(page.get_by_text("Invoice issued")).to_be_visible()
     invoice.refresh_from_db()
     assert invoice.status == Invoice.Status.ISSUED
     screenshot(page, "invoice")

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from playwright.sync_api import expect
 
 from tests.dataplane.supervisor.support import free_port_range
 from tests.support.browser import log_in, screenshot
@@ -162,7 +163,7 @@ def test_a_fresh_demo_shows_data_decisions_and_no_red_box_within_two_minutes(chr
 
         wait_until(fleet_ready, deadline=deadline, what="the fleet page")
         timeline["fleet charts"] = time.monotonic() - started
-        assert page.get_by_test_id("demo-history").is_visible()
+        expect(page.get_by_test_id("demo-history")).to_be_visible()
         screenshot(page, "fleet")
 
         for slug in ("acme", "globex"):

@@ -1,6 +1,7 @@
 """The planner logs in with a real browser and reads the fleet page."""
 
 import pytest
+from playwright.sync_api import expect
 
 from tests.support.browser import log_in, screenshot
 
@@ -14,6 +15,6 @@ def test_a_planner_logs_in_and_sees_the_fleet(site, page, planner_user):
     screenshot(page, "login")
     log_in(page, site, "pat")
     page.goto(site + "/planner/")
-    assert page.get_by_role("heading", name="Fleet").is_visible()
-    assert page.get_by_text("No fleet yet.").is_visible()
+    expect(page.get_by_role("heading", name="Fleet")).to_be_visible()
+    expect(page.get_by_text("No fleet yet.")).to_be_visible()
     screenshot(page, "fleet-empty")

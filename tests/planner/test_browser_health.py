@@ -5,6 +5,7 @@ from datetime import timedelta
 
 import pytest
 from django.utils import timezone
+from playwright.sync_api import expect
 
 from capacity.models import (
     DegradationChange,
@@ -103,15 +104,15 @@ def test_a_planner_reads_health_and_edits_a_policy(site, page, planner_user, hea
     incident, _ = health
     log_in(page, site, "pat")
     page.goto(site + "/planner/health/")
-    assert page.get_by_role("heading", name="Health", exact=True).is_visible()
-    assert page.get_by_text("Unhealthy (being replaced)").first.is_visible()
-    assert page.get_by_text("best-effort traffic is refused").first.is_visible()
+    expect(page.get_by_role("heading", name="Health", exact=True)).to_be_visible()
+    expect(page.get_by_text("Unhealthy (being replaced)").first).to_be_visible()
+    expect(page.get_by_text("best-effort traffic is refused").first).to_be_visible()
     screenshot(page, "health")
 
     page.get_by_role("link", name=f"#{incident.pk}").click()
-    assert page.get_by_role("heading", name=f"Incident #{incident.pk}").is_visible()
-    assert page.get_by_role("cell", name="Restart requested", exact=True).is_visible()
-    assert page.get_by_text("+1.2 s").first.is_visible()
+    expect(page.get_by_role("heading", name=f"Incident #{incident.pk}")).to_be_visible()
+    expect(page.get_by_role("cell", name="Restart requested", exact=True)).to_be_visible()
+    expect(page.get_by_text("+1.2 s").first).to_be_visible()
     screenshot(page, "incident")
 
     page.get_by_role("link", name="← Health").click()
@@ -119,15 +120,15 @@ def test_a_planner_reads_health_and_edits_a_policy(site, page, planner_user, hea
     # Recovering below the degrade threshold is refused on the field.
     page.get_by_label("Recover at (healthy share)").fill("0.5")
     page.get_by_role("button", name="Save policy").click()
-    assert page.get_by_text("must be at least degrade_below").is_visible()
+    expect(page.get_by_text("must be at least degrade_below")).to_be_visible()
     screenshot(page, "policy-error")
     page.get_by_label("Recover at (healthy share)").fill("0.95")
     page.get_by_label("Level 3: fallback model").select_option(label="llama-1b")
     page.get_by_role("button", name="Save policy").click()
-    assert page.get_by_text("Degradation policy of llama-8b saved.").is_visible()
-    assert page.get_by_text("fallback llama-1b").is_visible()
+    expect(page.get_by_text("Degradation policy of llama-8b saved.")).to_be_visible()
+    expect(page.get_by_text("fallback llama-1b")).to_be_visible()
     screenshot(page, "policy-saved")
 
     page.get_by_role("button", name="Reset fingerprint of llama-8b-h100").click()
-    assert page.get_by_text("Fingerprint of llama-8b-h100 reset").is_visible()
+    expect(page.get_by_text("Fingerprint of llama-8b-h100 reset")).to_be_visible()
     assert not DeploymentFingerprint.objects.exists()

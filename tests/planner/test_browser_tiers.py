@@ -4,6 +4,7 @@ customer in it, and cannot delete it while the customer is there; nothing is ref
 Content Security Policy on the way."""
 
 import pytest
+from playwright.sync_api import expect
 
 from accounts.models import Customer, Tier
 from controlplane.models import AuditEntry
@@ -24,7 +25,7 @@ def test_a_planner_defines_a_tier_and_puts_a_customer_in_it(site, page, planner_
     log_in(page, site, "pat")
     page.get_by_role("link", name="Tiers").click()
     page.wait_for_url(site + "/planner/tiers/")
-    assert page.get_by_test_id("tier-free").is_visible()
+    expect(page.get_by_test_id("tier-free")).to_be_visible()
     screenshot(page, "tiers")
 
     form = page.get_by_role("form", name="New tier")
@@ -33,19 +34,19 @@ def test_a_planner_defines_a_tier_and_puts_a_customer_in_it(site, page, planner_
     form.get_by_label("Weight").fill("1.5")
     form.get_by_label("Shed order").fill("5")
     form.get_by_role("button", name="Create tier").click()
-    assert page.get_by_text("Tier startup created.").is_visible()
+    expect(page.get_by_text("Tier startup created.")).to_be_visible()
     assert Tier.objects.get(name="startup").weight == 1.5
 
     change = page.get_by_role("form", name="Change tier startup")
     change.get_by_label("Shed order").fill("1")  # free's place
     change.get_by_role("button", name="Save").click()
-    assert page.get_by_text("The tier free is shed at 1 already").is_visible()
+    expect(page.get_by_text("The tier free is shed at 1 already")).to_be_visible()
     screenshot(page, "tier-shed-order-taken")
     change = page.get_by_role("form", name="Change tier startup")
     change.get_by_label("Weight").fill("3")
     change.get_by_label("Shed order").fill("6")
     change.get_by_role("button", name="Save").click()
-    assert page.get_by_text("Tier startup saved.").is_visible()
+    expect(page.get_by_text("Tier startup saved.")).to_be_visible()
     assert (
         Tier.objects.get(name="startup").weight,
         Tier.objects.get(name="startup").shed_order,

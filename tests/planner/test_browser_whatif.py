@@ -4,6 +4,7 @@ Celery worker (queue "benchmarks"), the progress page polling until the comparis
 import re
 
 import pytest
+from playwright.sync_api import expect
 
 from tests.support.browser import log_in, screenshot
 from tests.support.processes import celery_worker_process
@@ -29,9 +30,9 @@ def test_a_planner_runs_a_what_if_and_reads_the_comparison(site, page, planner_u
     with celery_worker_process(tmp_path, queues="benchmarks"):
         log_in(page, site, "pat")
         page.goto(site + "/planner/what-if/")
-        assert page.get_by_role("heading", name="What-if", exact=True).is_visible()
-        assert page.get_by_text("No what-ifs yet.").is_visible()
-        assert page.get_by_text("No served models yet.").is_visible()
+        expect(page.get_by_role("heading", name="What-if", exact=True)).to_be_visible()
+        expect(page.get_by_text("No what-ifs yet.")).to_be_visible()
+        expect(page.get_by_text("No served models yet.")).to_be_visible()
         screenshot(page, "empty")
 
         page.set_input_files(
@@ -44,7 +45,7 @@ def test_a_planner_runs_a_what_if_and_reads_the_comparison(site, page, planner_u
         page.get_by_role("button", name="Run the what-if").click()
         error = page.locator('[data-field="reservations"] .errorlist')
         assert "line 2: expected 'client = MU/min'" in error.inner_text()
-        assert page.get_by_text("The what-if was not started.").is_visible()
+        expect(page.get_by_text("The what-if was not started.")).to_be_visible()
         screenshot(page, "form-error")
 
         # The upload does not survive a failed submit (browsers never refill a file input).
@@ -64,16 +65,16 @@ def test_a_planner_runs_a_what_if_and_reads_the_comparison(site, page, planner_u
         page.get_by_role("button", name="Run the what-if").press("Enter")
 
         page.wait_for_url(re.compile(r"/planner/what-if/\d+/$"))
-        assert page.get_by_text(re.compile(r"What-if \d+ is queued")).is_visible()
+        expect(page.get_by_text(re.compile(r"What-if \d+ is queued"))).to_be_visible()
         screenshot(page, "progress")
         # htmx polls every 2 s; the worker needs a few seconds to start and simulate.
         table = page.locator("table.comparison")
         table.wait_for(timeout=90_000)
         rows = table.locator("tbody tr")
         assert [rows.nth(i).get_attribute("data-policy") for i in range(rows.count())] == POLICIES
-        assert page.get_by_text("Succeeded").first.is_visible()
-        assert page.get_by_text("capped at 3 replicas").is_visible()  # ceil(450 / 1.5 / 100)
-        assert page.get_by_text("from clients acme, initech").is_visible()
+        expect(page.get_by_text("Succeeded").first).to_be_visible()
+        expect(page.get_by_text("capped at 3 replicas")).to_be_visible()  # ceil(450 / 1.5 / 100)
+        expect(page.get_by_text("from clients acme, initech")).to_be_visible()
         screenshot(page, "comparison")
 
         page.get_by_role("link", name="← What-if").click()

@@ -9,6 +9,7 @@ import io
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import expect
 
 from accounts.keys import hash_secret
 from accounts.models import ApiKey
@@ -38,7 +39,7 @@ def test_the_portal_walk(site, page, world):
     screenshot(page, "overview")
 
     page.get_by_role("link", name="Usage").click()
-    assert page.get_by_test_id("receipts").get_by_text(acme.event_ids[0]).is_visible()
+    expect(page.get_by_test_id("receipts").get_by_text(acme.event_ids[0])).to_be_visible()
     screenshot(page, "usage")
 
     page.get_by_role("link", name="API keys").click()
@@ -85,7 +86,7 @@ def test_the_portal_walk(site, page, world):
     log_in(page, site, "member", PASSWORD)
     page.get_by_role("link", name="API keys").click()
     assert page.get_by_role("form", name="New API key").count() == 0
-    assert page.get_by_test_id("keys-read-only").is_visible()
+    expect(page.get_by_test_id("keys-read-only")).to_be_visible()
     assert page.get_by_role("button", name="Revoke").count() == 0
     screenshot(page, "member-keys")
     # Nor by posting the form anyway, with the session's CSRF token.
