@@ -11,8 +11,8 @@ beat starts them.
 - saturated_false_unhealthy: replicas marked unhealthy over BENCH_HEALTH_SATURATED_SECONDS
   (60, within make bench's 15 minutes; issue 10 measured 600) with every replica saturated
   and no faults, probing every round (quiet window 0, so real traffic never stands in for a
-  probe). Baseline, same run: the same probe sent at the
-  traffic's own priority, counted as K timeouts in a row (the seeds' false kills).
+  probe). Baseline, same run: the same probe sent at the traffic's own priority, counted as K
+  timeouts in a row (the seeds' false kills).
 - saturated_probe_p99_ms: the probes' p99 latency under that load, beside the p50 of the
   same probe at the traffic's priority.
 """

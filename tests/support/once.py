@@ -25,11 +25,12 @@ def run_folder(tmp_path_factory) -> Path:
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
-class run_lock:
-    """An exclusive lock named `name`, held by one worker of the run at a time."""
+class file_lock:
+    """An exclusive lock on the file at `path` (created if need be), held by one process at a
+    time."""
 
-    def __init__(self, tmp_path_factory, name: str):
-        self.path = run_folder(tmp_path_factory) / f"{name}.lock"
+    def __init__(self, path: Path):
+        self.path = path
 
     def __enter__(self) -> None:
         self._file = self.path.open("w")
@@ -37,6 +38,13 @@ class run_lock:
 
     def __exit__(self, *exc) -> None:
         self._file.close()  # closing releases the lock
+
+
+class run_lock(file_lock):
+    """An exclusive lock named `name`, held by one worker of the run at a time."""
+
+    def __init__(self, tmp_path_factory, name: str):
+        super().__init__(run_folder(tmp_path_factory) / f"{name}.lock")
 
 
 def once_per_run(tmp_path_factory, name: str, compute: Callable[[], T]) -> T:

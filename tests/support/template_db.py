@@ -11,19 +11,18 @@ the next run on the same machine.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import sqlite3
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import django
 from django.apps import apps
 from django.conf import settings
 from django.core.management import call_command
+
+from tests.support.once import file_lock
 
 
 def install(connection) -> None:
@@ -62,14 +61,6 @@ def _digest(vendor: str) -> str:
     return digest.hexdigest()[:16]
 
 
-@contextmanager
-def _locked(name: str) -> Iterator[None]:
-    # Machine-wide: a PostgreSQL template is shared by every pass and checkout on the server.
-    with open(Path(tempfile.gettempdir()) / f"{name}.lock", "w") as file:
-        fcntl.flock(file, fcntl.LOCK_EX)
-        yield  # closing the file releases the lock
-
-
 def _migrate(connection) -> None:
     call_command(
         "migrate", verbosity=0, interactive=False, database=connection.alias, run_syncdb=True
@@ -89,7 +80,8 @@ def _postgresql_copy(connection, test_name: str) -> None:
     # A database name holds at most 63 bytes.
     template = f"{original[:36]}_template_{_digest('postgresql')}"
     quote = connection.ops.quote_name
-    with _locked(template):
+    # Machine-wide: a PostgreSQL template is shared by every pass and checkout on the server.
+    with file_lock(Path(tempfile.gettempdir()) / f"{template}.lock"):
         with connection.creation._nodb_cursor() as cursor:
             cursor.execute("SELECT 1 FROM pg_database WHERE datname = %s", [template])
             built = cursor.fetchone() is not None
@@ -114,7 +106,7 @@ def _postgresql_copy(connection, test_name: str) -> None:
 def _sqlite_copy(connection, test_name: str) -> None:
     original = Path(connection.settings_dict["NAME"])
     template = original.with_name(f"{original.stem}-template-{_digest('sqlite')}.sqlite3")
-    with _locked(f"sqlite-{template.name}-{os.getuid()}"):
+    with file_lock(template.with_suffix(".lock")):  # this checkout's own
         if not template.exists():
             building = template.with_suffix(".building")
             building.unlink(missing_ok=True)
