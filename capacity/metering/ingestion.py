@@ -34,7 +34,7 @@ from datetime import timedelta
 import numpy as np
 import psycopg
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 from pydantic import ValidationError
 
@@ -66,7 +66,7 @@ from capacity.models import (
 from capacity.pricing.cost_models import active_cost_model
 from capacity.pricing.estimates import mu_per_request
 from capacity.telemetry import metrics
-from controlplane.errors import DomainError
+from controlplane.errors import ConflictError, DomainError
 
 MAX_BATCH_EVENTS = 5_000
 
@@ -270,9 +270,22 @@ def usage_ingest(*, events, customer: Customer | None, may_name_customer: bool) 
 
     valid = _classify(valid, reject=lambda index, reasons: reject(index, events[index], reasons))
     if valid:
-        inserted = _insert(
-            valid, deployments=deployments, ingested_at=now, self_reported=customer is not None
-        )
+        try:
+            inserted = _insert(
+                valid, deployments=deployments, ingested_at=now, self_reported=customer is not None
+            )
+        except (IntegrityError, psycopg.IntegrityError) as error:
+            if not _is_reference_violation(error):
+                raise
+            # A customer, model, deployment or cost model the batch names was deleted between
+            # the checks above and the insert (the database refuses events that reference a
+            # missing row: migration capacity 0035). Nothing of the batch was stored; sent
+            # again, its events that name the deleted row are rejected one by one.
+            raise ConflictError(
+                "A customer, model, deployment or cost model this batch references was deleted "
+                "while the batch was stored; nothing of it was stored. Send it again.",
+                code="reference_deleted",
+            ) from error
         for _, event, owner, *_ in valid:
             stored_now = (owner.pk, event.event_id) in inserted
             (result.accepted if stored_now else result.duplicates).append(event.event_id)
@@ -446,6 +459,16 @@ def _copy(cursor, table: str, rows) -> None:
         copy.set_types(_column_types)
         for row in rows:
             copy.write_row(row)
+
+
+def _is_reference_violation(error: Exception) -> bool:
+    """The usage table's reference checks refused a row: SQLSTATE 23503 on PostgreSQL (raised
+    by psycopg itself from a COPY, wrapped by Django from an INSERT), the SQLite trigger's
+    message there."""
+    violation = psycopg.errors.ForeignKeyViolation
+    if isinstance(error, violation) or isinstance(error.__cause__, violation):
+        return True
+    return "FOREIGN KEY constraint failed" in str(error)
 
 
 def _insert(

@@ -37,15 +37,29 @@ class UsageEvent(models.Model):
     `admission_class` comes from the admission record of that request id (`verification`
     says which record, or why none). `rolled_up` marks events already folded into
     `UsageMinute`; late events arrive unrolled.
+
+    Its four references (customer, model, deployment, cost model) are not foreign key
+    constraints (`db_constraint=False`): PostgreSQL checks a foreign key row by row, which
+    cost ingestion about as much as the COPY of the rows itself (bench_usage, issue 24). The
+    database still refuses an event that references a missing row, and the delete of a row
+    that events reference, taking the locks a foreign key takes, but checked once per statement
+    over the statement's rows (migration 0035, docs/architecture.md).
     """
 
     event_id = models.CharField(max_length=100)
-    customer = models.ForeignKey(Customer, on_delete=models.PROTECT, related_name="usage_events")
+    customer = models.ForeignKey(
+        Customer, on_delete=models.PROTECT, related_name="usage_events", db_constraint=False
+    )
     served_model = models.ForeignKey(
-        ServedModel, on_delete=models.PROTECT, related_name="usage_events"
+        ServedModel, on_delete=models.PROTECT, related_name="usage_events", db_constraint=False
     )
     deployment = models.ForeignKey(
-        Deployment, on_delete=models.SET_NULL, null=True, blank=True, related_name="usage_events"
+        Deployment,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="usage_events",
+        db_constraint=False,
     )
     # The engine endpoint that served it, as the gateway routed it: which replica did the work
     # (a benchmark's replicas must never appear here for a customer's request).
@@ -89,7 +103,9 @@ class UsageEvent(models.Model):
     # The bytes of prompt text the gateway saw, sent with the engine's own input_tokens: what
     # calibrates a model's bytes per token (capacity.metering.calibration). Null when unknown.
     prompt_bytes = models.PositiveIntegerField(null=True, blank=True)
-    cost_model = models.ForeignKey(CostModel, on_delete=models.PROTECT, related_name="+")
+    cost_model = models.ForeignKey(
+        CostModel, on_delete=models.PROTECT, related_name="+", db_constraint=False
+    )
     ingested_at = models.DateTimeField()
     rolled_up = models.BooleanField(default=False)
 
