@@ -20,7 +20,9 @@ deletes), and triggers keep what they guaranteed, with the same locks:
 On SQLite (the demo database, one writer at a time) the insert and update checks are row
 triggers. A delete there is guarded by the ORM's PROTECT only: SQLite has no deferred
 triggers, and an immediate one would refuse Django's own flush, which empties the referenced
-tables before the usage table.
+tables before the usage table. A later migration that makes Django rebuild the usage table on
+SQLite (most AlterFields do) drops its triggers with the old table: it must create them again
+(tests/capacity/metering/test_usage_references.py fails on SQLite until it does).
 """
 
 import django.db.models.deletion

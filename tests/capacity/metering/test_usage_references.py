@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from accounts.models import Customer
 from accounts.services import customer_create
-from capacity.metering.ingestion import _insert_rows, usage_ingest
+from capacity.metering.ingestion import COLUMNS, _insert_rows, usage_ingest
 from capacity.models import Deployment, UsageEvent
 from controlplane.errors import ConflictError
 from tests.support.factories import ServedModelFactory
@@ -44,8 +44,6 @@ def _ingest(customer: str, **overrides):
 
 def _stored_row(**changes) -> tuple:
     """A stored event's row as ingestion writes it (its COLUMNS), with `changes`."""
-    from capacity.metering.ingestion import COLUMNS
-
     event = UsageEvent.objects.order_by("-id").first()
     values = {name: getattr(event, name) for name in COLUMNS}
     values.update(event_id=uuid.uuid4().hex, **changes)
