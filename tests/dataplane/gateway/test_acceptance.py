@@ -140,29 +140,48 @@ def generation_tokens(replicas: list[str]) -> tuple[int, int]:
     return totals["prompt"], totals["generation"]
 
 
-def timed_out_mid_stream(gateway_url: str, key: str, model: str, replicas: list[str]) -> str:
+# How often a stream is tried until its engines stall before it ends: the faults are posted
+# once its first token arrived, and under load its 100 tokens (200 ms) may all be out by then.
+STALL_ATTEMPTS = 3
+
+
+def timed_out_mid_stream(
+    gateway_url: str, key: str, model: str, replicas: list[str]
+) -> list[tuple[str, str, dict | None]]:
     """A stream whose engines stall after its first token: the gateway's per-token timeout
-    ends it with an error event. Returns its request id."""
+    ends it with an error event. Returns (request id, outcome, usage) of every stream tried:
+    one that ended before the stall reached its engines is a completed request (its usage as
+    the engine reported it), and another is tried."""
     body = {"model": model, "messages": [{"role": "user", "content": "then it stalls"}],
-            "max_tokens": LONG_TOKENS, "stream": True, "ignore_eos": True}  # fmt: skip
+            "max_tokens": LONG_TOKENS, "stream": True, "ignore_eos": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    tried: list[tuple[str, str, dict | None]] = []
     with httpx.Client(timeout=30, trust_env=False) as client:
-        with client.stream(
-            "POST", gateway_url + "/v1/chat/completions", json=body,
-            headers={"Authorization": f"Bearer {key}"},
-        ) as response:  # fmt: skip
-            assert response.status_code == 200
-            lines = response.iter_lines()
-            next(line for line in lines if line.startswith("data: {"))
+        for _ in range(STALL_ATTEMPTS):
+            with client.stream(
+                "POST", gateway_url + "/v1/chat/completions", json=body,
+                headers={"Authorization": f"Bearer {key}"},
+            ) as response:  # fmt: skip
+                assert response.status_code == 200
+                lines = response.iter_lines()
+                next(line for line in lines if line.startswith("data: {"))
+                for url in replicas:
+                    fault = {"mode": "slow", "factor": SLOW_FACTOR, "duration_seconds": 10}
+                    client.post(url + "/emulator/faults", json=fault).raise_for_status()
+                rest = list(lines)
+                request_id = response.headers["x-request-id"]
             for url in replicas:
-                fault = {"mode": "slow", "factor": SLOW_FACTOR, "duration_seconds": 10}
-                client.post(url + "/emulator/faults", json=fault).raise_for_status()
-            rest = list(lines)
-            request_id = response.headers["x-request-id"]
-        for url in replicas:
-            client.post(url + "/emulator/faults", json={"mode": "none"}).raise_for_status()
-    errors = [json.loads(line[6:]) for line in rest if line.startswith('data: {"error"')]
-    assert errors and f"no token within {TOKEN_TIMEOUT_SECONDS}" in errors[0]["error"]["message"]
-    return request_id
+                client.post(url + "/emulator/faults", json={"mode": "none"}).raise_for_status()
+            chunks = [json.loads(line[6:]) for line in rest if line.startswith("data: {")]
+            errors = [chunk for chunk in chunks if "error" in chunk]
+            if errors:
+                message = errors[0]["error"]["message"]
+                assert f"no token within {TOKEN_TIMEOUT_SECONDS}" in message, message
+                tried.append((request_id, "error", None))
+                return tried
+            usage = next(chunk["usage"] for chunk in chunks if chunk.get("usage"))
+            tried.append((request_id, "completed", usage))
+    raise AssertionError(f"{STALL_ATTEMPTS} streams ended before their engines stalled")
 
 
 def test_n_requests_leave_n_events_with_their_outcomes_across_a_30_s_api_outage(
@@ -191,8 +210,10 @@ def test_n_requests_leave_n_events_with_their_outcomes_across_a_30_s_api_outage(
         )
         if with_timeout:
             replicas = fleet["replicas"]
-            rid = timed_out_mid_stream(gateway_url, fleet["acme"], fleet["model"], replicas)
-            expected[rid] = ("error", None)
+            for rid, outcome, usage in timed_out_mid_stream(
+                gateway_url, fleet["acme"], fleet["model"], replicas
+            ):
+                expected[rid] = (outcome, usage)
         time.sleep(max(0.0, ROUND_SECONDS - (time.monotonic() - began)))
 
     port = free_port()
