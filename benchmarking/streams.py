@@ -217,8 +217,12 @@ class StreamClient:
         deadline = loop.time() + timeout_seconds
         connection = self._idle_connection(origin)
         if connection is None:
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation
+            # that arrives as the connection is made (fixed in 3.12), and the load would then
+            # run on to the end of its point, a run ended meanwhile too (test_run_heartbeat).
             try:
-                connection = await asyncio.wait_for(self._open(origin), timeout_seconds)
+                async with asyncio.timeout(timeout_seconds):
+                    connection = await self._open(origin)
             except TimeoutError as error:
                 raise Timeout(
                     f"no connection to {origin.host_header} within the timeout"

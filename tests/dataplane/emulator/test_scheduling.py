@@ -203,10 +203,11 @@ def test_a_burst_of_prompts_is_prefilled_a_token_budget_at_a_time(start_emulator
     ]
     results = start_streams(emulator.url, bodies).result(timeout=20)
     ttfts = sorted(r.ttft_seconds for r in results)
-    # The first wave comes two whole 0.4 s steps before the last (prefilled all together, the
-    # six would come at once). Measured between the waves, not from the clients' start: under
-    # make test's load the first wave once came at 0.76 s, its requests late to arrive.
-    assert ttfts[-1] - ttfts[1] > 0.6
+    # The first wave comes at least a whole 0.4 s step before the last (two, unloaded;
+    # prefilled all together, the six would come at once). Measured between the waves, not
+    # from the clients' start: under make test's load the first wave once came at 0.76 s, its
+    # requests late to arrive, and once 0.60 s before the last.
+    assert ttfts[-1] - ttfts[1] > 0.4
     assert ttfts[-1] > 1.0  # the last wave waits for the two before it
 
 
