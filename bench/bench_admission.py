@@ -42,6 +42,7 @@ from accounts.services import api_key_create, customer_create
 from bench.figures import Figure
 from bench.timing import median_latencies
 from capacity.admission import gate as admission
+from capacity.admission.bucket import Floor
 from capacity.admission.limits import request_limit_set
 from capacity.admission.redis_buckets import _admit_keys_and_args
 from capacity.allocation.policy import Allowance
@@ -94,8 +95,16 @@ def _fixture():
     customer = customer_create(name="Bench admission", slug="bench-admission")
     plaintext = api_key_create(name="gateway", customer=customer, scopes=[S.ADMISSION]).plaintext
     # Limits far above the load: every decision admits, the common case.
-    admission.publish_limits([Allowance(customer.pk, model.pk, 1e9, 1e9)])
+    _far_above_the_load(customer, model)
     return customer, model, plaintext
+
+
+def _far_above_the_load(customer, model) -> None:
+    """A reservation floor and a best-effort allowance far above the load (the floor as a sale
+    writes it, the allowance as the tick publishes it, with its heartbeat)."""
+    admission.publish_limits([Allowance(customer.pk, model.pk, 1e9, 1e9)])
+    pair = (customer.pk, model.pk)
+    admission.buckets().publish_floors({pair: Floor(1e9)}, pairs=[pair])
 
 
 def _admission_command(customer, model) -> list[str]:
@@ -185,7 +194,7 @@ def _limited_customer(model):
     huge = {"requests_per_minute": 10**9, "tokens_per_minute": 10**12, "concurrent_requests": 10**9}
     request_limit_set(customer=customer, **huge)
     request_limit_set(customer=customer, api_key=key, **huge)
-    admission.publish_limits([Allowance(customer.pk, model.pk, 1e9, 1e9)])
+    _far_above_the_load(customer, model)
     publish_gateway_state(reason="bench")
     return customer, key
 

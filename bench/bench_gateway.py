@@ -477,6 +477,7 @@ def _publish_contract(client: redis.Redis, emulator_url: str) -> str:
     """The four documents of docs/gateway-contract.md and the admission limits; returns the
     customer's API key."""
     from accounts.keys import mint
+    from capacity.admission.bucket import Floor
     from capacity.admission.redis_buckets import Buckets
 
     key = mint()
@@ -520,7 +521,10 @@ def _publish_contract(client: redis.Redis, emulator_url: str) -> str:
     pipe.hset("gw:v1:meta", "published_at", repr(time.time()))
     pipe.execute()
     buckets = Buckets(client, burst_seconds=10, idle_ttl_seconds=600, record_ttl_s=3600)
-    buckets.publish_limits({(CUSTOMER_ID, MODEL_ID): (RESERVATION_MU_PER_MINUTE, 0.0)}, ttl_s=600)
+    # The customer's reservation floor (what a sale writes); no best-effort allowance.
+    pair = (CUSTOMER_ID, MODEL_ID)
+    buckets.publish_floors({pair: Floor(RESERVATION_MU_PER_MINUTE)}, pairs=[pair])
+    buckets.publish_limits({pair: 0.0}, ttl_s=600)
     return key.plaintext
 
 

@@ -14,7 +14,7 @@ A budget is a customer's (over all its keys) or one key's (the requests sent wit
   last week used under 20 % of it over that week (the sale is at risk). Each goes by email
   (Django's mail: the SMTP server is an operator setting; to the budget's `alert_email`, else
   the customer's owners) and by the signed alert webhook of capacity alerts
-  (ALERT_WEBHOOK_URL, `capacity.selling.at_risk.send_alert`). An alert is a `BudgetAlert` row
+  (ALERT_WEBHOOK_URL, `capacity.telemetry.alerts.send_alert`). An alert is a `BudgetAlert` row
   per channel, inserted before it is sent and sent after the commit: the unique constraints
   decide that it goes at most once per threshold (budget) or reservation (under-use) and month,
   however many checks run at once. A delivery that fails is recorded on its row, not retried.
@@ -50,7 +50,7 @@ from billing.rates import cards_by_model, rate_segments
 from capacity.admission.limits import budget_cap_of, budget_cap_set, budget_caps_of_customers
 from capacity.metering.utilisation import customer_utilisation
 from capacity.models import Reservation, UsageKeyMinute
-from capacity.selling.at_risk import send_alert
+from capacity.telemetry.alerts import send_alert
 from controlplane.audit import all_fields, audit_change, audit_record, current_actor, snapshot
 from controlplane.errors import ConflictError, DomainError
 

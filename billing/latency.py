@@ -3,10 +3,15 @@ attainment to credit.
 
 Attainment is, per customer, model and rate card in force, the share of the month's guaranteed
 requests that ran (refused ones earn the refusal credit instead) whose first token came within
-the objective. Requests that reported no `ttft_ms` are not in it either way: they are counted
-and shown, never guessed. The credit is the share of that model's commitment under that card
-which the first tier the attainment falls below names (the tiers credit more the lower they
-reach).
+the objective, as the customer experienced it and a gateway measured it
+(capacity.metering.selectors.guaranteed_ttft_counts): from the end of any hold for a cold start,
+plus the hold for a customer whose reservation keeps the model warm (it paid not to wait),
+without it for one that declined keep-warm (it accepted the cold starts). Requests with no
+`ttft_ms` are not in it either way, nor are those a customer's own key reported (no
+self-reported latency earns a credit), nor non-streamed ones (a whole answer's first byte is its
+end): they are counted and shown, never guessed. The credit is the share of that model's
+commitment under that card which the first tier the attainment falls below names (the tiers
+credit more the lower they reach).
 
 Every invoice line of a commitment under a card with an SLA is answered by one line of its
 latency SLA, with the attainment and the counts as evidence: the credit when one is due, else a
@@ -148,6 +153,29 @@ def latency_counts(segments, reserved_customers: dict[int, set[int]]) -> SlaCoun
 NOTHING_COUNTED = TtftCounts(0, 0, 0)
 
 
+def _not_counted(ttft: TtftCounts) -> str:
+    """ "; 12 without a TTFT, not counted (10 not streamed, 2 self-reported)", or ""."""
+    if not ttft.without_ttft:
+        return ""
+    why = []
+    if ttft.not_streamed:
+        why.append(f"{ttft.not_streamed:,} not streamed")
+    if ttft.self_reported:
+        why.append(f"{ttft.self_reported:,} self-reported")
+    return f"; {ttft.without_ttft:,} without a TTFT, not counted" + (
+        f" ({', '.join(why)})" if why else ""
+    )
+
+
+def _evidence(ttft: TtftCounts) -> dict:
+    """What every SLA line says it did not count, beside its tier and amount."""
+    return {
+        "requests_without_ttft": ttft.without_ttft,
+        "requests_not_streamed": ttft.not_streamed,
+        "requests_self_reported": ttft.self_reported,
+    }
+
+
 def _report_line(model_id: int, window: _Window, ttft: TtftCounts, commitment) -> InvoiceLine:
     """The SLA's line when no credit is due: what was measured, for 0.00."""
     objective = window.card.ttft_objective_ms
@@ -166,9 +194,7 @@ def _report_line(model_id: int, window: _Window, ttft: TtftCounts, commitment) -
         )
     else:
         description = f"Latency SLA: no guaranteed requests ran (objective {objective:,} ms)"
-    if ttft.without_ttft:
-        description += f"; {ttft.without_ttft:,} without a TTFT, not counted"
-    description += "; no credit due"
+    description += _not_counted(ttft) + "; no credit due"
     return InvoiceLine(
         kind=InvoiceLine.Kind.LATENCY_SLA,
         served_model_id=model_id,
@@ -186,7 +212,7 @@ def _report_line(model_id: int, window: _Window, ttft: TtftCounts, commitment) -
             "attainment_percent": attainment,
             "requests_counted": ttft.counted,
             "requests_within_objective": ttft.within,
-            "requests_without_ttft": ttft.without_ttft,
+            **_evidence(ttft),
             "below_attainment_percent": None,
             "credit_percent": 0,
             "commitment": str(commitment),
@@ -220,8 +246,7 @@ def latency_credit_lines(customer_id: int, found: SlaCounts, commitment_lines) -
             f"their first token within {objective:,} ms (below "
             f"{tier['below_attainment_percent']:g} %: {percent:g} % of the commitment)"
         )
-        if ttft.without_ttft:
-            description += f"; {ttft.without_ttft:,} without a TTFT, not counted"
+        description += _not_counted(ttft)
         # quantity × unit_price is the amount: the percentage, times 1 % of the commitment.
         unit_price = -commitment / Decimal(100)
         lines.append(
@@ -242,7 +267,7 @@ def latency_credit_lines(customer_id: int, found: SlaCounts, commitment_lines) -
                     "attainment_percent": attainment,
                     "requests_counted": ttft.counted,
                     "requests_within_objective": ttft.within,
-                    "requests_without_ttft": ttft.without_ttft,
+                    **_evidence(ttft),
                     "below_attainment_percent": tier["below_attainment_percent"],
                     "credit_percent": tier["credit_percent"],
                     "commitment": str(commitment),

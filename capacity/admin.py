@@ -36,6 +36,7 @@ from capacity.models import (
     Reservation,
     ReservationChange,
     ServedModel,
+    TickHeartbeat,
     UsageEvent,
     UsageKeyMinute,
     UsageMinute,
@@ -628,6 +629,24 @@ class ActuatorCircuitAdmin(admin.ModelAdmin):
     list_display = ["deployment", "consecutive_failures", "opened_until", "updated_at"]
     search_fields = ["deployment__name", "last_error"]
     list_select_related = ["deployment"]
+
+
+@admin.register(TickHeartbeat)
+class TickHeartbeatAdmin(admin.ModelAdmin):
+    """The allocation loop's pulse, written by every tick; its age is on /readyz, /metrics and
+    the planner's pages (capacity.allocation.heartbeat). Read-only: only ticks write it."""
+
+    list_display = ["ticked_at", "tick_id", "tick_seconds", "stale_since"]
+    readonly_fields = ["ticked_at", "tick_id", "tick_seconds", "stale_since"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
 
 
 @admin.register(CapacitySample)

@@ -25,3 +25,12 @@ class CapacityConfig(AppConfig):
 
         if not any(isinstance(c, OversoldCollector) for c in metrics_view.scrape_time_collectors):
             metrics_view.scrape_time_collectors.append(OversoldCollector())
+
+        from capacity.allocation.heartbeat import readiness
+        from capacity.telemetry.tick_age import TickAgeCollector
+        from controlplane import liveness
+
+        if not any(isinstance(c, TickAgeCollector) for c in metrics_view.scrape_time_collectors):
+            metrics_view.scrape_time_collectors.append(TickAgeCollector())
+        # A stale tick shows as "degraded" in /readyz (still 200).
+        liveness.degrading_checks["allocation_tick"] = readiness

@@ -19,7 +19,16 @@ from django_celery_beat.models import CrontabSchedule, IntervalSchedule, Periodi
 
 from capacity.models import Deployment
 
-QUEUES = {"capacity.allocation_tick": "allocation", "capacity.health_probes": "health"}
+# The tick and what feeds it on the `allocation` queue, which no long task shares (its worker
+# takes nothing else: controlplane/workers.py); the probes on their own.
+QUEUES = {
+    "capacity.allocation_tick": "allocation",
+    "capacity.usage_rollup": "allocation",
+    "capacity.reservations_refresh_status": "allocation",
+    "capacity.capacity_sample": "allocation",
+    "capacity.usage_reap": "allocation",
+    "capacity.health_probes": "health",
+}
 SCHEDULES = {
     # name: (task, every seconds, expires seconds)
     "usage: fold events into minute rollups": ("capacity.usage_rollup", 30, 25),
@@ -29,6 +38,8 @@ SCHEDULES = {
     # One sample per model per minute (a second call in a minute writes nothing): every 30 s,
     # so that no minute is missed.
     "capacity: the minute's sample": ("capacity.capacity_sample", 30, 25),
+    # Requests whose gateway worker died holding their usage event (capacity.metering.reaper).
+    "usage: reap requests without an event": ("capacity.usage_reap", 60, 55),
     # Its own queue and worker: probes never wait behind a benchmark or a tick.
     "health: inference probes": (
         "capacity.health_probes",

@@ -1,4 +1,11 @@
-"""Thin Celery adapters for the capacity app (DESIGN §6)."""
+"""Thin Celery adapters for the capacity app (DESIGN §6).
+
+The allocation tick and what feeds it (the usage rollups, the reservations' status, the
+capacity sample, the reaper of requests without an event) run on the `allocation` queue, whose
+worker no long task shares (benchmarks and what-ifs run on `benchmarks`): two long runs can
+never starve the tick or its inputs (controlplane/workers.py says which worker takes which
+queue, for make run, compose and Kubernetes alike). The health probes have their own too.
+"""
 
 from celery import shared_task
 
@@ -6,7 +13,7 @@ from capacity.metering import rollups
 from capacity.selling import reservations
 
 
-@shared_task(name="capacity.usage_rollup", expires=25)
+@shared_task(name="capacity.usage_rollup", queue="allocation", expires=25)
 def usage_rollup() -> dict:
     from capacity.admission.gate import fallback_records_prune
 
@@ -16,7 +23,7 @@ def usage_rollup() -> dict:
     return result
 
 
-@shared_task(name="capacity.reservations_refresh_status", expires=55)
+@shared_task(name="capacity.reservations_refresh_status", queue="allocation", expires=55)
 def reservations_refresh_status() -> dict:
     return reservations.reservations_refresh_status()
 
@@ -30,13 +37,22 @@ def allocation_tick() -> dict:
             "failed": result.failed, "seconds": result.seconds}  # fmt: skip
 
 
-@shared_task(name="capacity.capacity_sample", expires=25)
+@shared_task(name="capacity.capacity_sample", queue="allocation", expires=25)
 def capacity_sample() -> dict:
     """The minute's capacity sample of every model, for the fleet page's charts
     (capacity.metering.history): out of the allocation tick, which it held for seconds."""
     from capacity.metering.history import record_capacity
 
     return {"samples": record_capacity()}
+
+
+@shared_task(name="capacity.usage_reap", queue="allocation", expires=55)
+def usage_reap() -> dict:
+    """Requests whose gateway worker died holding their usage event: closed at 0 MU
+    (capacity.metering.reaper)."""
+    from capacity.metering.reaper import usage_reap as reap
+
+    return reap()
 
 
 @shared_task(name="capacity.allocation_wake", queue="allocation", expires=10)
@@ -49,11 +65,14 @@ def allocation_wake(reason: str = "") -> dict:
 
 @shared_task(name="capacity.health_probes", queue="health", expires=10)
 def health_probes() -> dict:
+    from capacity.allocation.heartbeat import tick_watch
     from capacity.health.degradation import evaluate_all
     from capacity.health.probes import probe_round
 
     result = probe_round()
     changes = evaluate_all()
+    # The tick's own worker may be the one stalled: the health worker watches it.
+    tick = tick_watch()
     return {"probed": result.probed, "skipped": result.skipped, "failed": result.failed,
             "unhealthy": result.marked_unhealthy, "recovered": result.recovered,
-            "degradation_changes": changes}  # fmt: skip
+            "degradation_changes": changes, "tick_alert": tick}  # fmt: skip

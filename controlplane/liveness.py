@@ -5,11 +5,14 @@ database never gets a healthy web process killed. /readyz checks what a request 
 database (503 without it). Redis down is reported but still 200 ("degraded"): admission has
 its Redis-down fallback (ADMISSION_FALLBACK_PROCESSES) and the API serves from the database,
 so taking every web pod out of its Service when Redis fails would turn a degraded control
-plane into none at all. Both answer anyone: /readyz names the dependency that failed and
-nothing more; the reason (host names, driver messages) goes to the log.
+plane into none at all. The checks apps register in `degrading_checks` degrade it the same way
+(a stale allocation tick: `allocation_tick: stale`, capacity.allocation.heartbeat). Both
+answer anyone: /readyz names the dependency that failed and nothing more; the reason (host
+names, driver messages) goes to the log.
 """
 
 import logging
+from collections.abc import Callable
 
 import redis
 from django.conf import settings
@@ -53,13 +56,31 @@ def _check_redis() -> bool:
     return True
 
 
+# Checks the apps add (their AppConfig.ready): name -> a function answering "ok", "unknown"
+# or the failed state's name. Each may only degrade /readyz, never fail it, and runs only when
+# the database answers. The project shell imports no app; the apps register here.
+degrading_checks: dict[str, Callable[[], str]] = {}
+
+
+def _degrading(name: str, check: Callable[[], str]) -> str:
+    try:
+        return check()
+    except Exception:  # the database check reports the database; the reason goes to the log
+        logger.exception("readyz: the %s check failed", name)
+        return "unknown"
+
+
 @require_GET
 def readyz(request):
+    database = _check_database()
     checks = {
-        "database": "ok" if _check_database() else "unavailable",
+        "database": "ok" if database else "unavailable",
         "redis": "ok" if _check_redis() else "unavailable",
     }
-    failed = sorted(name for name, state in checks.items() if state != "ok")
+    if database:
+        for name, check in degrading_checks.items():
+            checks[name] = _degrading(name, check)
+    failed = sorted(name for name, state in checks.items() if state not in ("ok", "unknown"))
     if "database" in failed:
         return JsonResponse(
             {"status": "unavailable", "failed": failed, "checks": checks}, status=503

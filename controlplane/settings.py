@@ -301,10 +301,18 @@ LOGGING = {
 # --- Cost models and benchmarks ---------------------------------------------------------------
 # A fit whose cross-validated MAPE is at most this becomes active by itself (DESIGN §1).
 COST_MODEL_MAX_ACTIVE_MAPE = env_int("COST_MODEL_MAX_ACTIVE_MAPE_PERCENT", 10, minimum=0) / 100
-# ... and only when, priced on the last 7 days of real request shapes, it changes the total by at
-# most this share of what the active version charges; a larger change waits for a planner, so
-# prices never drift night to night without review (capacity.pricing.review).
+# ... and only when, priced on the last 7 days of real request shapes, it changes the total, and
+# each customer's charge, by at most this share, from the active version and from the last one
+# a planner approved or the one in force 30 days ago (whichever is more recent); a larger change
+# waits for a planner, so prices never drift, night to night or step by step, without review
+# (capacity.pricing.review).
 COST_MODEL_MAX_AUTO_CHANGE = env_float("COST_MODEL_MAX_AUTO_CHANGE_PERCENT", 5.0, minimum=0) / 100
+# The per-customer limit counts the customers with at least this many requests in those 7 days:
+# one who sent a handful of odd requests would otherwise hold every fit, for a bill that moves
+# by little. 100 a week is a customer in real use (about 14 a day).
+COST_MODEL_REVIEW_MIN_CUSTOMER_REQUESTS = env_int(
+    "COST_MODEL_REVIEW_MIN_CUSTOMER_REQUESTS", 100, minimum=1
+)
 # A run whose client adds more than this share to the TTFT the engines measure is unreliable:
 # it measures itself, and is never fitted (issue 21).
 BENCHMARK_MAX_CLIENT_OVERHEAD_PERCENT = env_int(
@@ -338,6 +346,11 @@ API_MAX_JSON_DEPTH = env_int("API_MAX_JSON_DEPTH", 32, minimum=4)
 # --- Usage metering ----------------------------------------------------------------------------
 # Events finished longer ago than this are refused (late billing data needs a planner).
 USAGE_LATENESS_WINDOW_HOURS = env_int("USAGE_LATENESS_WINDOW_HOURS", 72, minimum=1)
+# An admitted request whose usage event never came is closed by the reaper
+# (capacity/metering/reaper.py) as cancelled at 0 MU once its gateway worker has not been seen
+# alive for this long (a request sent through POST /api/v1/admission, with no worker behind
+# it, once the lateness window is over).
+USAGE_REAP_GRACE_SECONDS = env_int("USAGE_REAP_GRACE_SECONDS", 600, minimum=5)
 # Clocks drift: an event may finish this far in the future.
 USAGE_MAX_FUTURE_SECONDS = env_int("USAGE_MAX_FUTURE_SECONDS", 300, minimum=0)
 # A usage event's request ran at most this long (started_at ≥ finished_at − this).
@@ -370,6 +383,11 @@ HEALTH_PROBE_PRIORITY = env_optional_int("HEALTH_PROBE_PRIORITY", -1)
 HEALTH_PROBE_HISTORY_HOURS = env_int("HEALTH_PROBE_HISTORY_HOURS", 24, minimum=1)
 HEALTH_RESTART_RETRY_SECONDS = env_int("HEALTH_RESTART_RETRY_SECONDS", 120, minimum=1)
 HEALTH_UNLISTED_GONE_SECONDS = env_int("HEALTH_UNLISTED_GONE_SECONDS", 600, minimum=1)
+# A pod drained for a scale-down but still ready this long after the last drain of its
+# deployment, with the scale-down done, was kept by the platform: it serves again
+# (capacity/actuation/drain.py). Longer than a push (ALLOCATION_PUSH_DEADLINE_SECONDS) and an
+# HPA's sync (15 s), which stand between the drain and the pods' deletion.
+HEALTH_DRAIN_SETTLE_SECONDS = env_int("HEALTH_DRAIN_SETTLE_SECONDS", 60, minimum=1)
 # --- Publication to gateways (capacity/publication/, docs/gateway-contract.md) ----------------
 # Bytes of request text per input token a gateway assumes before the engine counts them, until
 # a per-model calibration exists (published per model as bytes_per_token).
@@ -392,11 +410,18 @@ ADMISSION_BURST_SECONDS = env_int("ADMISSION_BURST_SECONDS", 10, minimum=1)
 # A decision waits this long for Redis before the fallback answers.
 ADMISSION_REDIS_TIMEOUT_MS = env_int("ADMISSION_REDIS_TIMEOUT_MS", 250, minimum=1)
 # Redis unreachable: guaranteed (admit up to the reservation from a local bucket, refuse
-# best-effort), all (admit everything) or none (refuse everything).
+# best-effort) or none (refuse everything). There is no "admit everything": a fallback with no
+# bucket, no limit and no budget would admit the unbounded while the store is down.
 ADMISSION_ON_REDIS_DOWN = env_str("ADMISSION_ON_REDIS_DOWN", "guaranteed")
-if ADMISSION_ON_REDIS_DOWN not in {"guaranteed", "all", "none"}:
+if ADMISSION_ON_REDIS_DOWN not in {"guaranteed", "none"}:
     raise ImproperlyConfigured(
-        f"ADMISSION_ON_REDIS_DOWN must be guaranteed, all or none, not {ADMISSION_ON_REDIS_DOWN!r}"
+        f"ADMISSION_ON_REDIS_DOWN must be guaranteed or none, not {ADMISSION_ON_REDIS_DOWN!r}"
+        + (
+            " (all, which admitted without bound while Redis was down, was removed; "
+            "guaranteed admits each reservation from a bucket in every process)"
+            if ADMISSION_ON_REDIS_DOWN == "all"
+            else ""
+        )
     )
 # The "guaranteed" fallback's bucket lives in each process (a gunicorn worker, a gateway), so N
 # processes admit up to N × a reservation while Redis is down. Each process's bucket gets
@@ -406,8 +431,29 @@ if ADMISSION_ON_REDIS_DOWN not in {"guaranteed", "all", "none"}:
 ADMISSION_FALLBACK_PROCESSES = env_int("ADMISSION_FALLBACK_PROCESSES", 1, minimum=1)
 # The estimate caps max_tokens at this percentile of the model's recent output lengths.
 ADMISSION_OUTPUT_PERCENTILE = env_int("ADMISSION_OUTPUT_PERCENTILE", 95, minimum=1)
-# Limits the ticks stop refreshing, and idle buckets, vanish after this long.
+# Limits the ticks stop refreshing, and idle buckets, vanish after this long (reservation
+# floors do not: they last as long as what was sold, capacity/admission/floors.py).
 ADMISSION_LIMITS_TTL_SECONDS = env_int("ADMISSION_LIMITS_TTL_SECONDS", 600, minimum=30)
+# A tick older than this is stale: /readyz says "degraded", the planner's pages and the alert
+# webhook say so, and the best-effort allowances start losing their worth; they are worth
+# nothing at ADMISSION_BEST_EFFORT_MAX_STALENESS_SECONDS. Reservation floors never age.
+ADMISSION_TICK_STALE_SECONDS = env_int(
+    "ADMISSION_TICK_STALE_SECONDS", 4 * ALLOCATION_TICK_SECONDS, minimum=1
+)
+ADMISSION_BEST_EFFORT_MAX_STALENESS_SECONDS = env_int(
+    "ADMISSION_BEST_EFFORT_MAX_STALENESS_SECONDS", 3 * ADMISSION_TICK_STALE_SECONDS, minimum=2
+)
+if ADMISSION_TICK_STALE_SECONDS <= ALLOCATION_TICK_SECONDS:
+    raise ImproperlyConfigured(
+        f"ADMISSION_TICK_STALE_SECONDS={ADMISSION_TICK_STALE_SECONDS} must exceed "
+        f"ALLOCATION_TICK_SECONDS={ALLOCATION_TICK_SECONDS}: every tick would be stale."
+    )
+if ADMISSION_BEST_EFFORT_MAX_STALENESS_SECONDS <= ADMISSION_TICK_STALE_SECONDS:
+    raise ImproperlyConfigured(
+        "ADMISSION_BEST_EFFORT_MAX_STALENESS_SECONDS="
+        f"{ADMISSION_BEST_EFFORT_MAX_STALENESS_SECONDS} must exceed "
+        f"ADMISSION_TICK_STALE_SECONDS={ADMISSION_TICK_STALE_SECONDS}."
+    )
 # A request holds a concurrency slot (capacity.admission.limits) until its gateway's end of
 # request or its usage event frees it; one never freed (a gateway died) lapses after this long,
 # and so does a request still running then (it stops counting against the limit).

@@ -103,13 +103,14 @@ pids+=($!)
 $BIN/gunicorn controlplane.wsgi:application --bind "$HOST:$PORT" --workers 2 \
   --access-logfile "$LOG/web.log" --error-logfile "$LOG/web.log" &
 pids+=($!)
-$BIN/celery -A controlplane worker --queues default,allocation,benchmarks --concurrency 2 \
-  --loglevel INFO --logfile "$LOG/worker.log" &
-pids+=($!)
-# Health probes on their own worker, so they never wait behind a benchmark.
-$BIN/celery -A controlplane worker --queues health --concurrency 1 -n health@%h \
-  --loglevel INFO --logfile "$LOG/health-worker.log" &
-pids+=($!)
+# Three workers (controlplane/workers.py): the long work (benchmarks, what-ifs, billing), the
+# allocation tick with what feeds it (never behind a long task), and the health probes.
+for worker in main loop health; do
+  # shellcheck disable=SC2046  # the arguments are words
+  $BIN/celery -A controlplane worker $($BIN/python -m controlplane.workers "$worker") \
+    --loglevel INFO --logfile "$LOG/$worker-worker.log" &
+  pids+=($!)
+done
 $BIN/celery -A controlplane beat --loglevel INFO --logfile "$LOG/beat.log" \
   --pidfile "$RUN_DIR/beat.pid" &
 pids+=($!)

@@ -9,12 +9,17 @@ class WhatIfRun(models.Model):
     this row; the Celery task fills in progress and the result, see simulation/whatif.py).
 
     `served_model` is the model whose fleet it simulates: `settings["fleet"]` holds what was
-    read of it (deployment, cost models, engine profile, caps) and `settings["model_config"]`
-    the replica derived from them; with a pasted replica profile, or no model, that profile or
-    the built-in 8B-on-H100 emulator profile instead (`settings["fleet"]` empty).
+    read of it (its unit deployment's keys, and `deployments`: each deployment's cost model,
+    engine profile, replica and limits; `pools`, `skipped`, the fleet's cap) and
+    `settings["model_config"]` the unit deployment's replica; with a pasted replica profile, or
+    no model, that profile or the built-in 8B-on-H100 emulator profile instead
+    (`settings["fleet"]` empty). Runs from before whole-model what-ifs keep one deployment's
+    keys and no `deployments`.
     The trace is a bundled one (`trace_name`) or a CSV kept in `trace_csv`: uploaded, or the
     model's own usage (`settings["trace_source"] == "usage"`).
-    `result` is `compare()`'s output plus the trace and fleet cap that were simulated.
+    `result` is `compare()`'s output (with a fleet: each policy's `cost_usd`, and under
+    `deployments` each deployment's replica-hours, GPU-hours and cost) plus the trace and fleet
+    cap that were simulated.
     """
 
     class Status(models.TextChoices):

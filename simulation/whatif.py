@@ -9,11 +9,15 @@ run, simulates (progress: one step per policy, static-peak first) and stores `co
 output, or ends the run as failed with the message.
 
 The model: with a served model picked (and no replica profile pasted), the what-if starts from
-that model's fleet (simulation.from_fleet): a replica of one of its deployments (the one on its
-reference GPU type unless one is picked) from its active cost model and the deployment's
-engine profile, requests priced by its reference cost model, the fleet within the deployment's
-max replicas and its pool, the deployment's cold start, target utilisation and idle window;
-the form starts from its reservations in term. A pasted model config JSON (`ModelConfig`'s
+that model's fleet (simulation.from_fleet): every one of its deployments (or the one picked),
+each a replica from its own GPU type's active cost model and its engine profile, within its
+max replicas, with its cold start and idle window, all within their pools' GPUs (a pool shared
+by several deployments counted once); requests priced by its reference cost model; a
+deployment without an active cost model left out with the reason. The live policy sizes each
+deployment as it does live, the other policies are placed cheapest MU first
+(simulation.engine.deployments), and the result adds each policy's cost and each deployment's
+replica-hours, GPU-hours and cost (`result["deployments"]`). The form starts from its
+reservations in term. A pasted model config JSON (`ModelConfig`'s
 fields, as for `simulate --model-config`) simulates that replica instead, priced at its own
 ground truth; with neither, the built-in profile of `manage.py simulate` (the engine
 emulator's defaults: an 8B dense model on one H100, 60 s cold start).
@@ -30,9 +34,10 @@ result reports per policy the refused share of guaranteed and of best-effort tra
 
 Overcommit, a what-if on selling: with reservations, the fleet may hold at most what the sold
 MU/min would deploy at that overcommit, `ceil(Σ reserved MU/min ÷ overcommit ÷ 100)` replicas
-(a replica serves 100 MU/min saturated; a fleet's deployment on another GPU type, its exchange
-rate). Overcommit 1.5 is a fleet a third smaller than what was sold: does the SLO, and the
-guaranteed traffic, survive? Without reservations it caps nothing.
+(a replica serves 100 MU/min saturated; a fleet's unit deployment on another GPU type, its
+exchange rate; a fleet of several deployments places that capacity cheapest MU first).
+Overcommit 1.5 is a fleet a third smaller than what was sold: does the SLO, and the guaranteed
+traffic, survive? Without reservations it caps nothing.
 """
 
 from __future__ import annotations
@@ -557,11 +562,12 @@ def _finite(value):
 
 
 def _fleet_arguments(fleet: dict | None) -> dict:
-    """compare()'s arguments for a fleet's what-if: its currency, GPUs and idle window."""
+    """compare()'s arguments for a fleet's what-if: its currency, GPUs and idle window, and its
+    deployments (runs from before whole-model what-ifs kept one deployment's keys only)."""
     if not fleet:
         return {}
     reference = fleet["reference_cost_model"]
-    return {
+    arguments = {
         "request_mu": request_mu_of_weights(
             reference["weights_replica_seconds"], reference["replica_mu_per_minute"]
         ),
@@ -569,6 +575,9 @@ def _fleet_arguments(fleet: dict | None) -> dict:
         "gpus_per_replica": fleet["gpus_per_replica"],
         "scale_to_zero_after_seconds": fleet["scale_to_zero_after_seconds"],
     }
+    if fleet.get("deployments"):
+        arguments["fleet"] = from_fleet.engine_fleet(fleet)
+    return arguments
 
 
 def whatif_execute(run_id: int) -> WhatIfRun | None:
@@ -641,6 +650,11 @@ def whatif_execute(run_id: int) -> WhatIfRun | None:
         "model": model.name,
         "max_replicas": settings["max_replicas"],
     }
+    deployments = (settings.get("fleet") or {}).get("deployments") or []
+    if len(deployments) > 1:
+        # The fleet, and the replicas its cap counts (its unit deployment's).
+        result["model"] = ", ".join(row["name"] for row in deployments)
+        result["unit"] = model.name
     WhatIfRun.objects.filter(pk=run_id, status=WhatIfRun.Status.RUNNING).update(
         status=WhatIfRun.Status.SUCCEEDED,
         result=_finite(result),

@@ -34,8 +34,13 @@ class ScaleRequest:
     floor_replicas: int = 0
     ceiling_replicas: int | None = None
     # A scale-down's pods to remove first, least loaded first (Kubernetes: their
-    # pod-deletion-cost is lowered before the ReplicaSet picks).
+    # pod-deletion-cost is lowered before the ReplicaSet picks; capacity/actuation/drain.py).
     leaving_pods: tuple[str, ...] = ()
+
+
+# Who picks the pods a scale-down deletes (Observation.removed_by).
+REPLICA_SET = "ReplicaSet"
+KNATIVE = "Knative"
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,10 @@ class Observation:
     ready_replicas: int | None  # None: this resource reports no ready count
     # (min, max) of an outside autoscaler's bounds, when the actuator sets them.
     bounds: tuple[int, int] | None = None
+    # Who picks the pods a scale-down deletes, where the kind alone does not say (an
+    # InferenceService: REPLICA_SET in RawDeployment mode, KNATIVE in Serverless mode);
+    # capacity/actuation/drain.py.
+    removed_by: str | None = None
 
 
 @dataclass(frozen=True)

@@ -25,11 +25,16 @@ Modes (`mode` in the config): `replicas` owns the count; `hpa-bounds` patches th
 the HPA moves fast between ticks inside limits the control plane sets; `metric` writes
 nothing (the tick does not push; /metrics publishes `mu_desired_replicas`).
 
-Drain: before a scale-down of a ReplicaSet-backed workload (a Deployment, a KServe predictor
-Deployment) the pods that should go (`leaving_pods`, the least loaded, chosen by the tick)
-get `controller.kubernetes.io/pod-deletion-cost` lowered, which only the ReplicaSet
-controller honours; StatefulSets and LeaderWorkerSets remove their highest ordinals, which
-the tick drains from the gateways instead.
+Drain (capacity/actuation/drain.py says, per mode and workload, who picks the pods a
+scale-down deletes and whether the tick drains them): in `replicas` mode, before a scale-down
+whose pods a ReplicaSet picks (a Deployment; a KServe InferenceService in RawDeployment mode,
+whose HPA, pinned to the target, scales the `<name>-predictor` Deployment; one under an
+external autoscaler class) the pods the tick chose (`leaving_pods`) get
+`controller.kubernetes.io/pod-deletion-cost` lowered, which the ReplicaSet controller honours
+among its ready pods. Only the modes in POD_PATCHING_MODES annotate pods: their Role grants
+`patch` on pods (the hpa-bounds and metric Roles grant none). StatefulSets and
+LeaderWorkerSets remove their highest ordinals, which need no annotation; a Serverless
+InferenceService's new bounds are a new Knative revision, which replaces every pod.
 
 Which cluster, and with which credentials, is the operator's: the config names a profile of
 KUBERNETES_CLUSTERS (`cluster`). The profiles are trusted settings, so the client connects to
@@ -49,6 +54,8 @@ from kubernetes.client.exceptions import ApiException, OpenApiException
 from kubernetes.config.config_exception import ConfigException
 
 from capacity.actuation.base import (
+    KNATIVE,
+    REPLICA_SET,
     Actuator,
     Observation,
     PermanentActuatorError,
@@ -74,6 +81,10 @@ KSERVE_DEPLOYMENT_MODE = "serving.kserve.io/deploymentMode"
 POD_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 # Lower than any cost a person would set by hand: these pods go first.
 LEAVING_POD_COST = "-1000"
+# The modes whose Role (deploy/kubernetes/rbac/<mode>.yaml) grants `patch` on pods, which
+# lowering a pod's deletion cost needs; tests/capacity/actuation/test_rbac.py checks the Roles
+# agree.
+POD_PATCHING_MODES = frozenset({"replicas"})
 
 
 def mode_of(config: dict) -> str:
@@ -268,12 +279,17 @@ def _observe(api: _Api, settings: dict) -> Observation:
             predictor = api.get("Deployment", namespace, _predictor(settings))
             spec = _int(_field(predictor, "spec", "replicas"))
             ready = _int(_field(predictor, "status", "readyReplicas")) or 0
+        # A ReplicaSet picks the pods of a predictor Deployment; Knative replaces a
+        # revision's pods whole when its bounds change (drain.py).
+        removed_by = REPLICA_SET if raw else KNATIVE
         if external:
-            return Observation(spec_replicas=spec, ready_replicas=ready)
+            return Observation(spec_replicas=spec, ready_replicas=ready, removed_by=removed_by)
         if mode == "replicas" and bounds is not None and bounds[0] == bounds[1]:
             # Pinned by us: what it is asked to run is the pinned count.
             spec = bounds[0] if spec is None else spec
-        return Observation(spec_replicas=spec, ready_replicas=ready, bounds=bounds)
+        return Observation(
+            spec_replicas=spec, ready_replicas=ready, bounds=bounds, removed_by=removed_by
+        )
     spec, ready = _workload_readiness(api, settings)
     bounds = None
     if mode == "hpa-bounds":
@@ -313,12 +329,17 @@ def _apply(api: _Api, settings: dict, request: ScaleRequest) -> int | None:
                 f"kind Deployment, name {_predictor(settings)}, with its HPA's hpa_name."
             )
         if external:
-            _mark_leaving(api, namespace, request)
+            _mark_leaving(api, namespace, request, mode)
             scale = api.patch_scale("Deployment", namespace, _predictor(settings), target)
             return _status_replicas(scale)
         if mode == "hpa-bounds":
             low, high = _bounds_for(request)
         else:
+            if raw:
+                # KServe's HPA, pinned below, scales the predictor Deployment down; its
+                # ReplicaSet takes the pods that cost least to delete. (Serverless: new bounds
+                # are a new Knative revision, which replaces every pod: nothing to mark.)
+                _mark_leaving(api, namespace, request, mode)
             # Pinned: Knative or the HPA can only run the target. maxReplicas 0 would mean
             # "unbounded" to KServe, so a target of 0 keeps a bound of 1 (Knative scales to
             # zero when idle; RawDeployment needs minReplicas 0 allowed by its HPA).
@@ -335,7 +356,7 @@ def _apply(api: _Api, settings: dict, request: ScaleRequest) -> int | None:
         api.patch_hpa(namespace, settings["hpa_name"], low, high)
         return None
     if kind == "Deployment":
-        _mark_leaving(api, namespace, request)
+        _mark_leaving(api, namespace, request, mode)
     scale = api.patch_scale(kind, namespace, name, target, _custom(settings))
     return _status_replicas(scale)
 
@@ -347,7 +368,9 @@ def _bounds_for(request: ScaleRequest) -> tuple[int, int]:
     return hpa_bounds(request.floor_replicas, request.ceiling_replicas, request.target_replicas)
 
 
-def _mark_leaving(api: _Api, namespace: str, request: ScaleRequest) -> None:
+def _mark_leaving(api: _Api, namespace: str, request: ScaleRequest, mode: str) -> None:
+    if mode not in POD_PATCHING_MODES:
+        return  # this mode's Role may not patch pods: a 403 would fail the whole push
     for pod in request.leaving_pods:
         try:
             api.mark_leaving(namespace, pod)

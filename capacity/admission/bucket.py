@@ -128,6 +128,50 @@ def _sooner(a: float, b: float) -> float:
     return min(a, b)
 
 
+@dataclass(frozen=True)
+class Floor:
+    """A customer's reservation floor on a model: the MU/min its sold terms guarantee now, and
+    the steps they already fix for later, `(from ms since the epoch, MU/min)` in time order (a
+    reservation that starts or one that ends). The Redis script restates `at` (FLOOR_LUA)."""
+
+    mu_per_minute: float
+    steps: tuple[tuple[float, float], ...] = ()
+
+    def at(self, now_ms: float) -> float:
+        mu = self.mu_per_minute
+        for from_ms, step_mu in self.steps:
+            if from_ms > now_ms:
+                break
+            mu = step_mu
+        return mu
+
+    @property
+    def ends_ms(self) -> float | None:
+        """When the floor falls to nothing for good; None while a term is open-ended."""
+        if not self.steps:
+            return None if self.mu_per_minute > 0 else 0.0
+        at_ms, mu = self.steps[-1]
+        return None if mu > 0 else at_ms
+
+
+def best_effort_now(
+    mu_per_minute: float, *, tick_age_ms: float | None, fresh_ms: float, stale_ms: float
+) -> float:
+    """The tick's best-effort allowance as the tick's age allows (FLOOR_LUA restates it):
+    whole while the tick is at most `fresh_ms` old, then falling linearly to nothing at
+    `stale_ms`; nothing when no tick was ever seen (`tick_age_ms` None). The reservation floor
+    never ages: a stalled tick takes slack away, never what was sold."""
+    if not mu_per_minute > 0:
+        return mu_per_minute
+    if tick_age_ms is None:
+        return 0.0
+    if tick_age_ms <= fresh_ms:
+        return mu_per_minute
+    if tick_age_ms >= stale_ms:
+        return 0.0
+    return mu_per_minute * (stale_ms - tick_age_ms) / (stale_ms - fresh_ms)
+
+
 class LocalBuckets:
     """Buckets kept in this process (the fallback while Redis is down): TATs by key, under
     `split`, thread-safe."""

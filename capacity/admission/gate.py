@@ -15,8 +15,8 @@ degradation cap) at admission, as OpenAI's rate limits count a request's max_tok
 the request may use, known before it runs, and never reconciled.
 
 When Redis cannot be reached, `ADMISSION_ON_REDIS_DOWN` decides: `guaranteed` (default) admits
-a customer up to its reservation from a bucket in this process and refuses best-effort; `all`
-admits everything; `none` refuses everything. Such answers say `degraded: true` and are counted
+a customer up to its share of its reservation floor from a bucket in this process and refuses
+best-effort; `none` refuses everything. Such answers say `degraded: true` and are counted
 in `/metrics`. Request limits live in Redis, so they are not enforced while it is down.
 
 Gateways written in Python call `admit` directly; others call `POST /api/v1/admission`.
@@ -36,6 +36,7 @@ from django.db import connection
 from django.utils import timezone
 
 from capacity.admission.bucket import LocalBuckets
+from capacity.admission.floors import floors_of
 from capacity.admission.redis_buckets import (
     BEST_EFFORT,
     GUARANTEED,
@@ -48,7 +49,6 @@ from capacity.health.degradation import current as current_degradation
 from capacity.health.degradation import forget as forget_degradation
 from capacity.health.degradation import refuses_best_effort_of
 from capacity.models import (
-    AdmissionAllowance,
     CostModel,
     FallbackAdmission,
     ServedModel,
@@ -128,6 +128,9 @@ def buckets() -> Buckets:
                     idle_ttl_seconds=settings.ADMISSION_LIMITS_TTL_SECONDS,
                     record_ttl_s=settings.ADMISSION_RECORD_TTL_SECONDS,
                     in_flight_ttl_seconds=settings.ADMISSION_CONCURRENCY_TTL_SECONDS,
+                    best_effort_fresh_seconds=settings.ADMISSION_TICK_STALE_SECONDS,
+                    best_effort_stale_seconds=settings.ADMISSION_BEST_EFFORT_MAX_STALENESS_SECONDS,
+                    unowned_reap_delay_seconds=settings.USAGE_LATENESS_WINDOW_HOURS * 3600,
                 )
     return _buckets
 
@@ -240,6 +243,9 @@ def admit(
         cached_input_tokens=cached_input_tokens,
         max_tokens=max_tokens,
     )
+    # Degradation sheds inside the one decision (the script takes the best-effort bucket away):
+    # nothing admitted and recorded is refused afterwards.
+    shed = refuses_best_effort_of(degradation, customer_id)
     try:
         decision = buckets().admit(
             customer_id=customer_id,
@@ -248,29 +254,17 @@ def admit(
             request_id=request_id,
             tokens=input_tokens + max_tokens,
             api_key_prefix=api_key_prefix,
+            shed=shed,
         )
     except redis.RedisError:
         return _degraded(
             customer_id, info.model_id, cost, request_id=request_id, api_key_prefix=api_key_prefix
         )
     admission_class = decision.admission_class
-    reason = "" if admission_class != REFUSED else _refusal_reason(decision)
     limit = decision.limit
-    if admission_class == BEST_EFFORT and refuses_best_effort_of(degradation, customer_id):
-        # What the best-effort bucket gave is not returned: it only matters to best-effort
-        # traffic, which is refused while the degradation lasts (tier by tier at level 1).
-        admission_class = REFUSED
-        limit = "degradation"
-        shed = f" for tier(s) {', '.join(degradation.shed_tiers)}" if degradation.shed_tiers else ""
-        reason = (
-            f"best-effort traffic{shed} is refused while the model's healthy capacity is short "
-            f"(degradation level {degradation.level})"
-        )
+    reason = "" if admission_class != REFUSED else _refusal_reason(decision, degradation)
     admitted = admission_class != REFUSED
     _count(admission_class, admitted)
-    if not admitted and decision.holds_slot:
-        # Refused after all (degradation): the slot it took is not held by anything.
-        _release(customer_id, request_id, api_key_prefix)
     wait = decision.retry_after_ms
     return Admission(
         admitted=admitted,
@@ -326,7 +320,15 @@ _LIMIT_NAMES = {
 }
 
 
-def _refusal_reason(decision) -> str:
+def _refusal_reason(decision, degradation) -> str:
+    if decision.limit == "degradation":
+        tiers = degradation.shed_tiers
+        shed = f" for tier(s) {', '.join(tiers)}" if tiers else ""
+        return (
+            f"best-effort traffic{shed} is refused while the model's healthy capacity is short "
+            f"(degradation level {degradation.level}); requests within the reservation are "
+            "still admitted"
+        )
     if decision.limit == "budget":
         whose = "the API key's" if decision.limit_scope == "api_key" else "the customer's"
         return (
@@ -342,16 +344,16 @@ def _refusal_reason(decision) -> str:
 
 
 def _reserved_mu_per_minute(customer_id: int, model_id: int) -> float:
-    """The reservation as the last tick stored it, read at most once per tick interval per
-    (customer, model): an outage must not turn every decision into a database query."""
+    """The reservation floor now, from what is sold (capacity.admission.floors, never the
+    tick's allowance), read at most once per tick interval per (customer, model): an outage
+    must not turn every decision into a database query."""
     cached = _reserved.get((customer_id, model_id))
     now = time.monotonic()
     if cached is not None and now - cached[1] < settings.ALLOCATION_TICK_SECONDS:
         return cached[0]
-    allowance = AdmissionAllowance.objects.filter(
-        customer_id=customer_id, served_model_id=model_id
-    ).first()
-    reserved = allowance.guaranteed_mu_per_minute if allowance else 0.0
+    moment = timezone.now()
+    floor = floors_of(now=moment, pairs=[(customer_id, model_id)]).get((customer_id, model_id))
+    reserved = floor.at(moment.timestamp() * 1000.0) if floor is not None else 0.0
     _reserved[(customer_id, model_id)] = (reserved, now)
     return reserved
 
@@ -367,9 +369,7 @@ def _degraded(
     mode = settings.ADMISSION_ON_REDIS_DOWN
     reserved = _reserved_mu_per_minute(customer_id, model_id) if mode == "guaranteed" else 0.0
     limits = {"guaranteed_mu_per_minute": reserved, "best_effort_mu_per_minute": 0.0}
-    if mode == "all":
-        admission_class = BEST_EFFORT
-    elif mode == "guaranteed" and _take_local(customer_id, model_id, cost, reserved):
+    if mode == "guaranteed" and _take_local(customer_id, model_id, cost, reserved):
         admission_class = GUARANTEED
     else:
         admission_class = REFUSED
@@ -392,7 +392,7 @@ def _degraded(
         degraded=True,
         reason=f"admission store unreachable; ADMISSION_ON_REDIS_DOWN={mode}",
         guaranteed_mu=guaranteed_mu,
-        best_effort_mu=cost if admission_class == BEST_EFFORT else 0.0,
+        best_effort_mu=0.0,
         limit="mu" if admission_class == REFUSED else None,
     )
 
@@ -526,14 +526,14 @@ def publish_limits(
     *,
     changed: set[tuple[int, int]] | None = None,
 ) -> None:
-    """The tick's allowances into Redis: (customer, model) -> guaranteed and best-effort
-    MU/min. Pairs the tick no longer gives are deleted; every key expires anyway. `changed`:
+    """The tick's allowances into Redis: (customer, model) -> best-effort MU/min, with the
+    tick's heartbeat. Pairs the tick no longer gives are deleted; every key expires anyway.
+    `changed`:
     the pairs whose stored allowance the tick rewrote; while the last whole publication is
     fresh only those are written (Buckets.publish_limits)."""
-    limits = {
-        (a.customer_id, a.model_id): (a.guaranteed_mu_per_minute, a.best_effort_mu_per_minute)
-        for a in allowances
-    }
+    # The best-effort rates only: the guaranteed rate is the reservation floor, written when
+    # a sale changes (capacity.admission.floors), so a stalled tick cannot take it away.
+    limits = {(a.customer_id, a.model_id): a.best_effort_mu_per_minute for a in allowances}
     try:
         store = buckets()
         store.publish_limits(limits, settings.ADMISSION_LIMITS_TTL_SECONDS, changed=changed)

@@ -44,6 +44,8 @@ from hiredis import HiredisError, Reader
 from hiredis import pack_command as _pack
 from redis.exceptions import NoScriptError
 
+from capacity.admission.bucket import Floor
+
 log = logging.getLogger(__name__)
 
 GUARANTEED, BEST_EFFORT, REFUSED = "guaranteed", "best_effort", "refused"
@@ -215,33 +217,96 @@ local function scope_take(lim, log_key, tok_key, cc_key, now, window, tokens, no
 end
 """
 
+# The two rates a decision takes from outside the buckets, each restating a function of
+# capacity.admission.bucket (`floor_at`, `best_effort_now`; tests/capacity/admission/
+# test_bucket_rule.py feeds both the same cases).
+#
+# The reservation floor of a (customer, model): MU/min guaranteed, a hash written by the
+# control plane whenever a sale changes (capacity.admission.floors), never by the tick: field
+# `g`, the floor now, and `s`, the steps the sold terms already fix ("<ms> <MU/min> ...", in
+# time order: a reservation that starts or ends later), so a start or an expiry takes effect
+# on time with no one awake to write it. nil: the customer holds no reservation.
+#
+# The best-effort allowance is the tick's (field `be` of the limits hash), worth its whole
+# rate while the tick's heartbeat (LIMITS_TICK_KEY, written with every publication of the
+# allowances) is at most `fresh_ms` old, then less and less, and nothing at `stale_ms`: fleet
+# slack is a forecast that goes stale, the floor is a contract that does not.
+FLOOR_LUA = """
+local function floor_at(key, now)
+  local f = redis.call('HMGET', key, 'g', 's')
+  local g = tonumber(f[1])
+  if f[2] then
+    for at, mu in string.gmatch(f[2], '(%S+) (%S+)') do
+      if tonumber(at) > now then break end
+      g = tonumber(mu)
+    end
+  end
+  return g
+end
+
+local function best_effort_now(lim_key, tick_key, now, fresh_ms, stale_ms)
+  local be = tonumber(redis.call('HGET', lim_key, 'be'))
+  if be == nil or be <= 0 then return be end
+  local at = tonumber(redis.call('GET', tick_key))
+  if at == nil then return 0 end
+  local age = now - at
+  if age <= fresh_ms then return be end
+  if age >= stale_ms then return 0 end
+  return be * (stale_ms - age) / (stale_ms - fresh_ms)
+end
+"""
+
 # KEYS: MU limits hash, guaranteed TAT, best-effort TAT, request record (or "" for none), then
 # per scope, the customer's and the key's (or four "" for none): request limits hash, log, log
-# tokens, requests in flight
+# tokens, requests in flight; then the reservation floor, the tick's heartbeat, the index of
+# open requests (or "" without a record), and the marker of floors written (FLOORS_WRITTEN_KEY)
 # ARGV: cost MU, burst seconds, bucket TTL ms, record TTL s, tokens (what TPM counts), window
-# ms, in-flight TTL ms, the request's member (its id, or a nonce), a log nonce, key prefix
+# ms, in-flight TTL ms, the request's member (its id, or a nonce), a log nonce, key prefix,
+# shed ("1": the model's degradation refuses this customer's best-effort), the best-effort
+# allowance's fresh and stale ages (ms), the request's owner (the gateway worker answering it,
+# or "" for none), the open index's member, and when after the decision it is due for the
+# reaper to look at (ms: 0 for an owned request, whose owner's liveness tells; the usage
+# lateness window for one without an owner, whose event can come until then)
 #
 # The request limits are checked first and change nothing when they refuse (not even the MU
 # buckets); a request the MU buckets refuse is not counted by them either.
 #
-# The record ("<class>:<estimated MU>:<guaranteed MU of it>:<key prefix>", then ":s" once
-# settled) is what later decides the class its usage event is billed in, and how its MU splits
-# between guaranteed and best-effort; the latest decision for a request id is the one kept.
+# The guaranteed rate is the reservation floor (FLOOR_LUA), written when a sale changes and
+# never by the tick, so a stalled tick cannot take it away. The best-effort rate is the tick's
+# allowance, worth less as the tick's heartbeat ages (STALENESS_LUA).
+#
+# Degradation sheds in the same decision: with `shed` the customer has no best-effort bucket
+# (as under a budget's hard cap), so nothing is admitted that a later step would refuse, and a
+# request refused that way is recorded as the MU refusal it is (demand; a reservation holder's
+# can earn a credit).
+#
+# The record ("<class>:<estimated MU>:<guaranteed MU of it>:<key prefix>:<owner>", then ":s"
+# once settled) is what later decides the class its usage event is billed in, and how its MU
+# splits between guaranteed and best-effort; the latest decision for a request id is the one
+# kept. Its request joins the open index (score: the decision's time) until its usage event
+# settles it: the reaper (capacity.metering.reaper) closes what no event ever settles.
 _ADMIT = (
     GCRA_LUA
     + REQUEST_LIMITS_LUA
+    + FLOOR_LUA
     + """
+if redis.call('EXISTS', KEYS[16]) == 0 then
+  -- No floor was ever written here: this Redis lost its data (a restart without persistence, a
+  -- flush), and every reservation would read as none. Not a decision: the caller decides as
+  -- if Redis were down, within its share of what is sold, until the floors are back.
+  return {'unknown', '-1', '-1', '-1', '0', '', '', 0}
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
-local mu_limits = redis.call('HMGET', KEYS[1], 'g', 'be')
 local cost = tonumber(ARGV[1])
 local burst_ms = tonumber(ARGV[2]) * 1000
 local ttl_ms = tonumber(ARGV[3])
 local tokens = tonumber(ARGV[5])
 local window = tonumber(ARGV[6])
 local cc_ttl = tonumber(ARGV[7])
-local g = tonumber(mu_limits[1])
-local be = tonumber(mu_limits[2])
+local g = floor_at(KEYS[13], now)
+local be = best_effort_now(KEYS[1], KEYS[14], now, tonumber(ARGV[12]), tonumber(ARGV[13]))
+local shed = ARGV[11] == '1'
 -- A customer whose budget's hard cap is on (field 'budget' of its request limits hash), or a
 -- request sent with a key whose own budget's hard cap is on (the same field of the key's
 -- hash), has no best-effort bucket: what the guarantee covers is admitted, nothing beyond.
@@ -257,7 +322,7 @@ for i, name in ipairs({'customer', 'api_key'}) do
   end
 end
 local be_rate = be
-if capped then be_rate = nil end
+if capped or shed then be_rate = nil end
 
 local class, g_mu, wait, limit, scope, held = 'refused', 0, 0, '', '', 0
 for _, s in ipairs(scopes) do
@@ -271,6 +336,8 @@ if limit == '' then
   class, g_mu, _, wait = gcra_split(KEYS[2], KEYS[3], g, be_rate, now, cost, burst_ms, ttl_ms)
   if class == 'refused' and capped then
     limit, scope = 'budget', capped
+  elseif class == 'refused' and shed then
+    limit = 'degradation'
   elseif class == 'refused' then
     limit = 'mu'
   else
@@ -286,33 +353,37 @@ if class == 'guaranteed' then g_text = ARGV[1] elseif g_mu > 0 then g_text = tos
 if KEYS[4] ~= '' then
   local recorded = class
   if class == 'refused' then
-    -- A refusal by the MU buckets of a customer that holds a reservation is a refused
-    -- *guaranteed* request: the one kind that can earn an SLA credit. A refusal by the
-    -- customer's own request limits (or by its budget's hard cap) is neither guaranteed nor
-    -- best-effort demand.
-    if limit ~= 'mu' then recorded = 'refused_limit'
+    -- A refusal by the MU buckets (or by degradation's shedding, which takes the best-effort
+    -- bucket away) of a customer that holds a reservation is a refused *guaranteed* request:
+    -- the one kind that can earn an SLA credit. A refusal by the customer's own request limits
+    -- (or by its budget's hard cap) is neither guaranteed nor best-effort demand.
+    if limit ~= 'mu' and limit ~= 'degradation' then recorded = 'refused_limit'
     elseif g ~= nil and g > 0 then recorded = 'refused_guaranteed' end
   end
-  redis.call('SET', KEYS[4], recorded .. ':' .. ARGV[1] .. ':' .. g_text .. ':' .. ARGV[10],
-             'EX', tonumber(ARGV[4]))
+  redis.call('SET', KEYS[4], recorded .. ':' .. ARGV[1] .. ':' .. g_text .. ':' .. ARGV[10]
+             .. ':' .. ARGV[14], 'EX', tonumber(ARGV[4]))
+  redis.call('ZADD', KEYS[15], now + tonumber(ARGV[16]), ARGV[15])
 end
 return {class, tostring(wait), tostring(g or -1), tostring(be or -1), g_text, limit, scope, held}
 """
 )
 
 # KEYS: request record, guaranteed TAT, best-effort TAT, MU limits hash, the customer's and the
-# key's requests in flight (or "")
-# ARGV: actual MU, bucket TTL ms, the request's member (its id)
+# key's requests in flight (or ""), the reservation floor, the index of open requests
+# ARGV: actual MU, bucket TTL ms, the request's member (its id), its open index member
 # The record stays (marked settled) for the whole usage lateness window: the usage event's
 # class is read from it, and a second event with the same id must not settle again. The
 # request's MU splits as its record says (AdmissionRecord.split): a wholly guaranteed request
 # stays guaranteed; a best-effort one keeps at most its guaranteed part guaranteed, so what it
 # used beyond its estimate is charged to (and what it did not use is refunded first from) the
-# best-effort bucket.
-_RECONCILE = """
+# best-effort bucket. Its event arrived: it leaves the index of open requests.
+_RECONCILE = (
+    FLOOR_LUA
+    + """
 for i = 5, 6 do
   if KEYS[i] ~= '' then redis.call('ZREM', KEYS[i], ARGV[3]) end
 end
+redis.call('ZREM', KEYS[8], ARGV[4])
 local record = redis.call('GET', KEYS[1])
 if not record then return {'', '0'} end
 if string.sub(record, -2) == ':s' then return {'', '0'} end
@@ -334,9 +405,8 @@ if g_estimate == nil then
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
-local function adjust(key, field, delta)
+local function adjust(key, rate, delta)
   if delta == 0 then return end
-  local rate = tonumber(redis.call('HGET', KEYS[4], field))
   if rate == nil or rate <= 0 then return end
   local tat = tonumber(redis.call('GET', key)) or now
   if tat < now then tat = now end
@@ -344,28 +414,39 @@ local function adjust(key, field, delta)
   local new_tat = math.max(now, tat + delta * 60000 / rate)
   redis.call('SET', key, tostring(new_tat), 'PX', math.floor(new_tat - now + tonumber(ARGV[2])))
 end
+local g_rate = floor_at(KEYS[7], now)
+local be_rate = tonumber(redis.call('HGET', KEYS[4], 'be'))
 if class == 'guaranteed' then
-  adjust(KEYS[2], 'g', actual - estimate)
+  adjust(KEYS[2], g_rate, actual - estimate)
 else
   local g_actual = math.min(actual, g_estimate)
-  adjust(KEYS[2], 'g', g_actual - g_estimate)
-  adjust(KEYS[3], 'be', (actual - g_actual) - (estimate - g_estimate))
+  adjust(KEYS[2], g_rate, g_actual - g_estimate)
+  adjust(KEYS[3], be_rate, (actual - g_actual) - (estimate - g_estimate))
 end
 return {class, tostring(actual - estimate)}
 """
+)
 
 # KEYS: the customer's and the key's requests in flight (or ""); ARGV: the request's member.
 # The gateway's end of a request: its slot frees at once, not when its usage event arrives.
-# The tick's allowances, many (customer, model)s per call: HSET g/be and EXPIRE per key, done in
-# the server rather than as two commands each through the client (tens of thousands per tick).
-# ARGV: ttl seconds, then (guaranteed, best-effort) per key, in the order of KEYS.
+# The tick's best-effort allowances, many (customer, model)s per call: HSET be and EXPIRE per
+# key, done in the server rather than as two commands each through the client (tens of
+# thousands per tick). ARGV: ttl seconds, then the best-effort MU/min per key, in the order of
+# KEYS. (The guaranteed rate is the reservation floor's, never the tick's.)
 _PUBLISH_LIMITS = """
 local ttl = tonumber(ARGV[1])
 for i = 1, #KEYS do
-  redis.call('HSET', KEYS[i], 'g', ARGV[2 * i], 'be', ARGV[2 * i + 1])
+  redis.call('HSET', KEYS[i], 'be', ARGV[i + 1])
   redis.call('EXPIRE', KEYS[i], ttl)
 end
 return #KEYS
+"""
+
+# The tick's heartbeat, in Redis's own clock (what the admission script ages it with).
+_TICK_HEARTBEAT = """
+local t = redis.call('TIME')
+redis.call('SET', KEYS[1], tostring(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)))
+return 1
 """
 PUBLISH_LIMITS_CHUNK = 2000
 
@@ -404,6 +485,14 @@ CUSTOMER_SCOPE, API_KEY_SCOPE = "customer", "api_key"
 # The published request limits' scopes (capacity.publication writes them whole).
 REQUEST_LIMITS_INDEX = f"{PREFIX}:rl:index"
 RATE_WINDOW_SECONDS = 60.0  # what "per minute" means: any sliding window of this length
+# The live defaults of ADMISSION_TICK_STALE_SECONDS and ADMISSION_BEST_EFFORT_MAX_STALENESS_SECONDS
+# (controlplane/settings.py): how old the tick's heartbeat may be before the best-effort
+# allowances start to lose their worth, and when they are worth nothing.
+DEFAULT_BEST_EFFORT_FRESH_SECONDS = 60.0
+DEFAULT_BEST_EFFORT_STALE_SECONDS = 180.0
+# The live default usage lateness window (USAGE_LATENESS_WINDOW_HOURS): until then a request
+# admitted without an owner (POST /api/v1/admission's callers) may still report its event.
+DEFAULT_UNOWNED_REAP_DELAY_SECONDS = 72 * 3600.0
 
 
 # Present while the limits written whole by the last full publication are fresh: a tick then
@@ -418,8 +507,43 @@ def limits_refresh_seconds(ttl_s: int) -> int:
     return max(1, min(60, int(ttl_s) // 4))
 
 
+# The tick's heartbeat (ms, Redis's clock): how old the best-effort allowances are.
+LIMITS_TICK_KEY = f"{PREFIX}:lim:tick"
+# The reservation floors published, as "<model id>:<customer id>" (a whole publication deletes
+# the floors no longer sold), and the marker of a whole publication within the last minute.
+FLOORS_INDEX = f"{PREFIX}:floor:index"
+FLOORS_FRESH_KEY = f"{PREFIX}:floor:fresh"
+FLOORS_DIGEST_KEY = f"{PREFIX}:floor:digest"  # of the floors the last whole write wrote
+# Set (no TTL) by every write of the floors, whole or not: its absence means this Redis lost
+# its data, and admission then decides as if Redis were down (StateLost) rather than read
+# every reservation as none.
+FLOORS_WRITTEN_KEY = f"{PREFIX}:floor:written"
+FLOORS_REFRESH_SECONDS = 60
+# Requests decided and not yet settled by their usage event: a sorted set, member "<model
+# id>:<customer id>:<request id>" (open_member), scored with when the reaper may look at it
+# (ms: the decision's time, plus the usage lateness window for a request without an owner).
+OPEN_REQUESTS_KEY = f"{PREFIX}:open"
+
+
 def limits_key(customer_id: int, model_id: int) -> str:
     return f"{PREFIX}:lim:{model_id}:{customer_id}"
+
+
+def floor_key(customer_id: int, model_id: int) -> str:
+    return f"{PREFIX}:floor:{model_id}:{customer_id}"
+
+
+def open_member(customer_id: int, model_id: int, request_id: str) -> str:
+    return f"{model_id}:{customer_id}:{request_id}"
+
+
+def parse_open_member(member: bytes | str) -> tuple[int, int, str] | None:
+    """(customer id, model id, request id) of an open index member; None if unreadable."""
+    text = member.decode() if isinstance(member, bytes) else member
+    parts = text.split(":", 2)
+    if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit():
+        return None
+    return int(parts[1]), int(parts[0]), parts[2]
 
 
 def _bucket_key(customer_id: int, model_id: int, admission_class: str) -> str:
@@ -479,6 +603,13 @@ class AdmissionRecord:
     # Of the estimate, the part the guaranteed bucket gave (None: by the class, all or nothing).
     guaranteed_estimate_mu: float | None = None
     api_key_prefix: str = ""  # the key whose request limits counted it ("" for none)
+    # The gateway worker that answers the request ("" for none: POST /api/v1/admission's
+    # callers), whose liveness tells the reaper whether its usage event may still come.
+    owner: str = ""
+    settled: bool = False  # its usage event arrived
+    # A gateway's fallback claimed a guaranteed class for a customer without a reservation
+    # (capacity.metering.ingestion): billed as best-effort, flagged.
+    fallback_contradicted: bool = False
 
     @property
     def admitted(self) -> bool:
@@ -504,12 +635,22 @@ def parse_record(raw: bytes | str | None) -> AdmissionRecord | None:
     parts = text.split(":")
     if len(parts) < 2 or parts[0] not in RECORD_CLASSES:
         return None
+    settled = parts[-1] == "s"
+    if settled:
+        parts = parts[:-1]
     try:
-        # Records written before partial spillover have two fields (class, estimate).
+        # Records written before partial spillover have two fields (class, estimate), before
+        # owners four.
         guaranteed = float(parts[2]) if len(parts) >= 4 else None
         prefix = parts[3] if len(parts) >= 4 else ""
+        owner = parts[4] if len(parts) >= 5 else ""
         return AdmissionRecord(
-            parts[0], float(parts[1]), guaranteed_estimate_mu=guaranteed, api_key_prefix=prefix
+            parts[0],
+            float(parts[1]),
+            guaranteed_estimate_mu=guaranteed,
+            api_key_prefix=prefix,
+            owner=owner,
+            settled=settled,
         )
     except ValueError:
         return None
@@ -523,6 +664,8 @@ def _admit_keys_and_args(
     request_id: str | None,
     tokens: int = 0,
     api_key_prefix: str | None = None,
+    shed: bool = False,
+    owner: str = "",
 ) -> tuple[list[str], list[Any]]:
     keys = [
         limits_key(customer_id, model_id),
@@ -531,6 +674,10 @@ def _admit_keys_and_args(
         _record_key(customer_id, model_id, request_id) if request_id else "",
         *_scope_keys(customer_scope(customer_id)),
         *_scope_keys(api_key_scope(api_key_prefix) if api_key_prefix else None),
+        floor_key(customer_id, model_id),
+        LIMITS_TICK_KEY,
+        OPEN_REQUESTS_KEY if request_id else "",
+        FLOORS_WRITTEN_KEY,
     ]
     # The log's member must be unique per admission across every process on every host, so a
     # random one (a request id may be asked about twice).
@@ -546,13 +693,32 @@ def _admit_keys_and_args(
         request_id or "~" + nonce,
         nonce,
         api_key_prefix or "",
+        "1" if shed else "0",
+        buckets.best_effort_fresh_ms,
+        buckets.best_effort_stale_ms,
+        owner,
+        open_member(customer_id, model_id, request_id) if request_id else "",
+        0 if owner else buckets.unowned_reap_delay_ms,
     ]
     return keys, args
+
+
+class StateLost(redis.RedisError):
+    """Redis answers but holds no reservation floors (it lost its data): deciding there would
+    refuse every reservation, so the caller decides as if Redis were down."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "the admission store holds no reservation floors (it lost its data); deciding as "
+            "if it were down until the control plane writes them again"
+        )
 
 
 def _decision(reply: Any, cost_mu: float) -> BucketDecision:
     admission_class, wait, guaranteed, best_effort, g_text, limit, scope, held = reply
     admission_class = admission_class.decode()
+    if admission_class == "unknown":
+        raise StateLost()
     guaranteed_mu = best_effort_mu = 0.0
     if admission_class == GUARANTEED:
         guaranteed_mu = cost_mu
@@ -589,6 +755,48 @@ def queue_request_limits(
     pipe.delete(REQUEST_LIMITS_INDEX)
     if limits:
         pipe.sadd(REQUEST_LIMITS_INDEX, *sorted(limits))
+
+
+def queue_floors(
+    pipe,
+    floors: Mapping[tuple[int, int], Floor],
+    *,
+    idle_ttl_ms: int,
+    pairs: Collection[tuple[int, int]] | None,
+    previous: Iterable[bytes | str] = (),
+) -> None:
+    """Queue on `pipe` the writes that make the reservation floors of `pairs` ((customer id,
+    model id)s; None: all of them, whole, `previous` being the index as read before) exactly
+    `floors`: each floor's hash whole (`g`, and `s` when a sold term starts or ends later), kept
+    for ever while a term is open, else until `idle_ttl_ms` after its last step; a pair no
+    longer sold deleted."""
+    members = {f"{m}:{c}": (c, m) for c, m in floors}
+    if pairs is None:
+        gone = {s.decode() if isinstance(s, bytes) else s for s in previous} - set(members)
+        for member in sorted(gone):
+            model_id, _, customer_id = member.partition(":")
+            pipe.delete(f"{PREFIX}:floor:{model_id}:{customer_id}")
+        pipe.delete(FLOORS_INDEX)
+        pairs = list(floors)
+    # Every write of floors (none included) says floors are kept here: the admission script
+    # tells a Redis that lost its data by its absence.
+    pipe.set(FLOORS_WRITTEN_KEY, str(int(time.time() * 1000)))
+    for customer_id, model_id in pairs:
+        key = floor_key(customer_id, model_id)
+        member = f"{model_id}:{customer_id}"
+        pipe.delete(key)
+        floor = floors.get((customer_id, model_id))
+        if floor is None:
+            pipe.srem(FLOORS_INDEX, member)
+            continue
+        fields = {"g": repr(float(floor.mu_per_minute))}
+        if floor.steps:
+            fields["s"] = " ".join(f"{at_ms:.0f} {mu!r}" for at_ms, mu in floor.steps)
+        pipe.hset(key, mapping=fields)
+        ends_ms = floor.ends_ms
+        if ends_ms is not None:
+            pipe.pexpireat(key, int(ends_ms + idle_ttl_ms))
+        pipe.sadd(FLOORS_INDEX, member)
 
 
 class _Wire:
@@ -639,7 +847,8 @@ class Buckets:
 
     `rate_window_seconds` is what RPM and TPM count over (60 s; a test may shorten it);
     `in_flight_ttl_seconds` bounds how long a request holds a concurrency slot whose release
-    never came."""
+    never came; the best-effort allowances are whole while the tick's heartbeat is at most
+    `best_effort_fresh_seconds` old and worth nothing at `best_effort_stale_seconds`."""
 
     def __init__(
         self,
@@ -650,6 +859,9 @@ class Buckets:
         record_ttl_s: int,
         in_flight_ttl_seconds: float = 600.0,
         rate_window_seconds: float = RATE_WINDOW_SECONDS,
+        best_effort_fresh_seconds: float = DEFAULT_BEST_EFFORT_FRESH_SECONDS,
+        best_effort_stale_seconds: float = DEFAULT_BEST_EFFORT_STALE_SECONDS,
+        unowned_reap_delay_seconds: float = DEFAULT_UNOWNED_REAP_DELAY_SECONDS,
     ):
         self.client = client
         self.burst_seconds = burst_seconds
@@ -657,11 +869,15 @@ class Buckets:
         self.record_ttl_s = record_ttl_s
         self.in_flight_ttl_ms = int(in_flight_ttl_seconds * 1000)
         self.rate_window_ms = int(rate_window_seconds * 1000)
+        self.best_effort_fresh_ms = int(best_effort_fresh_seconds * 1000)
+        self.best_effort_stale_ms = int(best_effort_stale_seconds * 1000)
+        self.unowned_reap_delay_ms = int(unowned_reap_delay_seconds * 1000)
         self._local = threading.local()
         self._admit = client.register_script(_ADMIT)
         self._reconcile = client.register_script(_RECONCILE)
         self._release = client.register_script(_RELEASE)
         self._publish_limits = client.register_script(_PUBLISH_LIMITS)
+        self._tick_heartbeat = client.register_script(_TICK_HEARTBEAT)
 
     def _evalsha(self, script, keys: list[str], args: list):
         """EVALSHA on this thread's own connection: a decision is one round trip, and the
@@ -687,12 +903,15 @@ class Buckets:
         request_id: str | None,
         tokens: int = 0,
         api_key_prefix: str | None = None,
+        shed: bool = False,
+        owner: str = "",
     ) -> BucketDecision:
         """Decide a request of `cost_mu` MU and `tokens` tokens (what TPM counts) under the
         customer's MU buckets and request limits, and the key's when `api_key_prefix` names
-        one: one round trip."""
+        one: one round trip. `shed`: the model's degradation refuses this customer's
+        best-effort traffic; `owner`: the gateway worker answering the request."""
         keys, args = _admit_keys_and_args(
-            self, customer_id, model_id, cost_mu, request_id, tokens, api_key_prefix
+            self, customer_id, model_id, cost_mu, request_id, tokens, api_key_prefix, shed, owner
         )
         return _decision(self._evalsha(self._admit, keys, args), cost_mu)
 
@@ -714,9 +933,18 @@ class Buckets:
             _bucket_key(customer_id, model_id, BEST_EFFORT),
             limits_key(customer_id, model_id),
             *_in_flight_keys(customer_id, api_key_prefix),
+            floor_key(customer_id, model_id),
+            OPEN_REQUESTS_KEY,
         ]
         return self._reconcile(
-            keys=keys, args=[repr(float(actual_mu)), self.idle_ttl_ms, request_id], client=pipe
+            keys=keys,
+            args=[
+                repr(float(actual_mu)),
+                self.idle_ttl_ms,
+                request_id,
+                open_member(customer_id, model_id, request_id),
+            ],
+            client=pipe,
         )
 
     def release(self, *, customer_id: int, request_id: str, api_key_prefix: str | None = None):
@@ -735,13 +963,13 @@ class Buckets:
 
     def publish_limits(
         self,
-        limits: dict[tuple[int, int], tuple[float, float]],
+        limits: dict[tuple[int, int], float],
         ttl_s: int,
         *,
         changed: Collection[tuple[int, int]] | None = None,
     ) -> int:
-        """Write (customer, model)'s (guaranteed, best-effort) MU/min, each with a TTL; returns
-        how many pairs were written.
+        """Write (customer, model)'s best-effort MU/min, each with a TTL, then the tick's
+        heartbeat (the allowances are as fresh as it); returns how many pairs were written.
 
         `changed`: the pairs whose limits moved since the last publication (the tick's stored
         allowances). While a whole publication is fresh (LIMITS_FRESH_KEY), only those are
@@ -767,6 +995,7 @@ class Buckets:
             raise
         if whole:
             self.client.set(LIMITS_FRESH_KEY, "1", ex=limits_refresh_seconds(ttl_s))
+        self._tick_heartbeat(keys=[LIMITS_TICK_KEY])
         return len(items)
 
     def _write_limits(self, items: list, ttl_s: int) -> None:
@@ -782,9 +1011,8 @@ class Buckets:
             for start in range(0, len(items), PUBLISH_LIMITS_CHUNK):
                 chunk = items[start : start + PUBLISH_LIMITS_CHUNK]
                 args: list = [int(ttl_s)]
-                for _, (guaranteed, best_effort) in chunk:
-                    args.append(repr(guaranteed))
-                    args.append(repr(best_effort))
+                for _, best_effort in chunk:
+                    args.append(repr(float(best_effort)))
                 keys = [limits_key(c, m) for (c, m), _ in chunk]
                 connection.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
                 sent += 1
@@ -796,6 +1024,28 @@ class Buckets:
             raise
         finally:
             pool.release(connection)
+
+    def publish_floors(
+        self, floors: Mapping[tuple[int, int], Floor], *, pairs: Collection[tuple[int, int]]
+    ) -> None:
+        """Make the reservation floors of `pairs` exactly `floors` in one transaction (the
+        control plane writes them with its gateway publication: capacity.publication)."""
+        pipe = self.client.pipeline(transaction=True)
+        queue_floors(pipe, floors, idle_ttl_ms=self.idle_ttl_ms, pairs=pairs)
+        pipe.execute()
+
+    def open_requests(self, *, decided_before_ms: float, count: int) -> list[tuple[str, float]]:
+        """Open requests (decided, no usage event yet) decided before the moment, oldest first:
+        (member, decided at ms)."""
+        rows = self.client.zrangebyscore(
+            OPEN_REQUESTS_KEY, "-inf", decided_before_ms, start=0, num=count, withscores=True
+        )
+        return [(m.decode() if isinstance(m, bytes) else m, float(at)) for m, at in rows]
+
+    def close_open(self, members: Iterable[str]) -> None:
+        members = list(members)
+        if members:
+            self.client.zrem(OPEN_REQUESTS_KEY, *members)
 
     def forget_limits(self, keys: list[tuple[int, int]]) -> None:
         if keys:
@@ -901,6 +1151,9 @@ class AsyncBuckets:
         timeout_seconds: float,
         in_flight_ttl_seconds: float = 600.0,
         rate_window_seconds: float = RATE_WINDOW_SECONDS,
+        best_effort_fresh_seconds: float = DEFAULT_BEST_EFFORT_FRESH_SECONDS,
+        best_effort_stale_seconds: float = DEFAULT_BEST_EFFORT_STALE_SECONDS,
+        unowned_reap_delay_seconds: float = DEFAULT_UNOWNED_REAP_DELAY_SECONDS,
     ):
         self.client = client
         self.burst_seconds = burst_seconds
@@ -908,6 +1161,9 @@ class AsyncBuckets:
         self.record_ttl_s = record_ttl_s
         self.in_flight_ttl_ms = int(in_flight_ttl_seconds * 1000)
         self.rate_window_ms = int(rate_window_seconds * 1000)
+        self.best_effort_fresh_ms = int(best_effort_fresh_seconds * 1000)
+        self.best_effort_stale_ms = int(best_effort_stale_seconds * 1000)
+        self.unowned_reap_delay_ms = int(unowned_reap_delay_seconds * 1000)
         self.timeout_seconds = timeout_seconds
         self._script = client.register_script(_ADMIT)
         self._release_script = client.register_script(_RELEASE)
@@ -929,9 +1185,11 @@ class AsyncBuckets:
         tokens: int = 0,
         api_key_prefix: str | None = None,
         orphaned: Orphaned = None,
+        shed: bool = False,
+        owner: str = "",
     ) -> asyncio.Future[BucketDecision]:
         keys, args = _admit_keys_and_args(
-            self, customer_id, model_id, cost_mu, request_id, tokens, api_key_prefix
+            self, customer_id, model_id, cost_mu, request_id, tokens, api_key_prefix, shed, owner
         )
         command = ("EVALSHA", self._script.sha, len(keys), *keys, *args)
         return self._enqueue(command, orphaned, lambda reply: _decision(reply, cost_mu))
@@ -953,6 +1211,8 @@ class AsyncBuckets:
         request_id: str | None,
         tokens: int = 0,
         api_key_prefix: str | None = None,
+        shed: bool = False,
+        owner: str = "",
     ) -> BucketDecision:
         return await self.submit(
             customer_id=customer_id,
@@ -961,6 +1221,8 @@ class AsyncBuckets:
             request_id=request_id,
             tokens=tokens,
             api_key_prefix=api_key_prefix,
+            shed=shed,
+            owner=owner,
         )
 
     async def close(self) -> None:
@@ -1044,6 +1306,8 @@ class AsyncBuckets:
         else:
             try:
                 outcome = pending.parse(reply)
+            except redis.RedisError as error:  # StateLost: decided as if Redis were down
+                outcome = error
             except (ValueError, TypeError, AttributeError) as error:
                 outcome = redis.ResponseError(f"bad reply: {error}")
         future = pending.future

@@ -14,8 +14,9 @@ fleet simulator run the very same code. Rules, in order:
 3. Then best-effort demand, the same way: recent use above the warm reservations at its recent
    peak, plus what admission refused (the refused requests' estimated MU: demand the fleet
    turned away, so best-effort traffic behind an obeying gateway can still grow the fleet),
-   plus the requests waiting at the gateways for a model at zero and those queued in the
-   engines; the engines' own MU/min (Prometheus) is a floor when metering lags. For bursty
+   plus the requests waiting at the gateways for a model at zero (at the rate they arrived:
+   their MU over the time the oldest has waited) and those queued in the engines; the
+   engines' own MU/min (Prometheus) is a floor when metering lags. For bursty
    traffic, never less in all than the rate that starts its sub-minute bursts within the TTFT
    SLO (`capacity.allocation.bursts`). Best-effort is bounded by the model's best-effort
    ceiling (MU/min and replicas, set by planners). A short pool therefore reclaims
@@ -61,6 +62,10 @@ RECENT_WINDOW_SECONDS = 300
 PEAK_WINDOW_SECONDS = 300
 BURST_WINDOW_SECONDS = 1800
 BURSTY_RATIO = 1.5
+# The shortest time over which the requests held at the gateways are read as a rate: Knative's
+# panic window (a tenth of its 60 s stable window), the window its autoscaler reads a burst
+# over, scale from zero included.
+PANIC_WINDOW_SECONDS = 6.0
 
 
 @dataclass(frozen=True)
@@ -155,7 +160,7 @@ class ModelSnapshot:
     burst_mu_per_minute: float = 0.0
     burst_window_busiest_minute_mu: float = 0.0
     # MU of the requests held at the gateways for a model without a ready replica
-    # (gw:v1:waiting), planned for as a rate that serves them within a minute.
+    # (gw:v1:waiting), planned for at the rate they arrived (`gateway_waiting_mu_per_minute`).
     gateway_waiting_mu: float = 0.0
     # What the engines themselves served, MU/min (Prometheus); None: not measured. A floor on
     # the metered demand, so a fleet whose usage events lag is not scaled down on a gap.
@@ -165,6 +170,9 @@ class ModelSnapshot:
     # Planners' bound on best-effort capacity (None: unbounded): MU/min and replicas.
     best_effort_ceiling_mu_per_minute: float | None = None
     best_effort_ceiling_replicas: int | None = None
+    # How long the oldest of the requests held at the gateways has waited, seconds (0: not
+    # known): they arrived over that time. Last, so positional snapshots keep their meaning.
+    gateway_waiting_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -284,6 +292,22 @@ def cold_start_lead_seconds(model: ModelSnapshot) -> float:
         if d.effective_mu_per_minute_per_replica > 0 and d.max_replicas > 0
     ]
     return min(leads, default=0.0)
+
+
+def gateway_waiting_mu_per_minute(model: ModelSnapshot) -> float:
+    """The requests held at the gateways for a model at zero as the rate the woken fleet must
+    serve, MU/min: they arrived over the time the oldest has waited (15 MU held after 6 s is
+    150 MU/min, not 15). Read over at least the panic window, or the model's cold start when
+    shorter: over less, a request or two would read as a flood; over more, the replicas the
+    rate needs would be asked for after the first is ready, when the requests held already
+    meet a fleet too small. Read over at most a minute: never less than the rate that serves
+    them all within one, which is all there is when the wait is not known."""
+    mu = model.gateway_waiting_mu
+    waited = model.gateway_waiting_seconds
+    if mu <= EPSILON or waited <= 0:
+        return max(0.0, mu)
+    shortest = min(PANIC_WINDOW_SECONDS, cold_start_lead_seconds(model)) or PANIC_WINDOW_SECONDS
+    return mu * 60.0 / min(60.0, max(waited, shortest))
 
 
 def _binding_burst(model: ModelSnapshot) -> float:
@@ -466,7 +490,7 @@ def decide(snapshot: Snapshot) -> Decisions:
         keep_warm = any(c.keep_warm and c.reserved_mu_per_minute > 0 for c in model.customers)
         demand_total = (
             model.waiting_mu
-            + model.gateway_waiting_mu
+            + gateway_waiting_mu_per_minute(model)
             + _binding_burst(model)
             + sum(map(max, demands[model.model_id], warms[model.model_id]))
             + _unmetered(model)
@@ -618,7 +642,7 @@ def _best_effort_demand(model: ModelSnapshot, demands: list[float], warms: list[
     `warms`: each customer's `_demand` and `warm_reserved`, in the model's order."""
     return (
         model.waiting_mu
-        + model.gateway_waiting_mu
+        + gateway_waiting_mu_per_minute(model)
         + _unmetered(model)
         + sum(max(0.0, d - w) for d, w in zip(demands, warms, strict=True))
     )

@@ -49,7 +49,7 @@ from capacity.models import (
 from capacity.pricing.cost_models import active_cost_models_by_shape
 from capacity.pricing.exchange import DEFAULT_MIX, MeanShape
 from capacity.pricing.exchange import replica_mu_per_minute as exchange_rate
-from capacity.publication.demand import gateway_waiting_mu
+from capacity.publication.demand import gateway_waiting
 from capacity.selling.sellable import MIX_LOOKBACK
 from controlplane.db import driver_rows
 
@@ -209,7 +209,7 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
         refused[key] = (max(rolled[0], guaranteed_now), max(rolled[1], best_effort_now))
     last_use = _last_use(now)
     trends = _trends(whole_minute)
-    waiting_at_gateways = gateway_waiting_mu(now_s=time.time())
+    waiting_at_gateways = gateway_waiting(now_s=time.time())
 
     model_bursts = _bursts(now)
 
@@ -308,6 +308,7 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
         ]
         last = last_used.get(model_id)
         burst = model_bursts.get(model_id, NO_BURSTS)
+        held_mu, held_seconds = waiting_at_gateways.get(served_model.name, (0.0, 0.0))
         models.append(
             allocation.ModelSnapshot(
                 model_id=model_id,
@@ -319,11 +320,12 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
                 waiting_mu=_waiting_mu(model_deployments, loads, mu_per_request.get(model_id)),
                 burst_mu_per_minute=burst.burst_mu_per_minute,
                 burst_window_busiest_minute_mu=burst.busiest_minute_mu,
-                gateway_waiting_mu=waiting_at_gateways.get(served_model.name, 0.0),
+                gateway_waiting_mu=held_mu,
                 engine_mu_per_minute=sum(engine_loads) if engine_loads else None,
                 demand_trend_mu_per_minute_per_second=trends.get(model_id, 0.0),
                 best_effort_ceiling_mu_per_minute=served_model.best_effort_ceiling_mu_per_minute,
                 best_effort_ceiling_replicas=served_model.best_effort_ceiling_replicas,
+                gateway_waiting_seconds=held_seconds,
             )
         )
     snapshot = allocation.Snapshot(

@@ -37,6 +37,7 @@ from capacity.actuation.push import Abandoned, BoundedActuator, push_all
 from capacity.admission.gate import publish_limits
 from capacity.allocation import policy as allocation
 from capacity.allocation.circuits import record_applied, record_failure
+from capacity.allocation.heartbeat import heartbeat_record
 from capacity.allocation.snapshot import build_snapshot, digest, with_holds, with_replacements
 from capacity.models import (
     ActuatorCircuit,
@@ -143,7 +144,9 @@ def _allocation_tick(*, dry_run: bool, now: datetime | None) -> TickResult:
         # Every tick republishes the gateways' documents whole, so a gateway that starts cold
         # (or missed a change) is serving on the current state within one tick.
         publish_gateway_state(reason="allocation tick")
-    result.seconds = time.perf_counter() - started
+        result.seconds = time.perf_counter() - started
+        # The loop's pulse (/readyz, /metrics, the planner, the health worker's watch).
+        heartbeat_record(tick_id=tick_id, seconds=result.seconds)
     metrics.TICK_SECONDS.observe(result.seconds)
     return result
 
@@ -374,7 +377,7 @@ def _apply(
             metrics.ACTUATOR_FAILURES.labels(deployment.actuator_kind).inc()
             result.failed += 1
             continue
-        going = _leaving(deployment, decision, observation)
+        going = _leaving(row, deployment, decision, observation)
         if going:
             leaving[row.pk] = going
         request = ScaleRequest(
@@ -478,7 +481,9 @@ def _needs_push(row, decision, deployment: Deployment, observation: Observation 
     config = deployment.actuator_config if isinstance(deployment.actuator_config, dict) else {}
     mode = mode_of(config)
     if mode == "metric":
-        # Nothing is written: /metrics publishes the target (mu_desired_replicas).
+        # Nothing is written: /metrics publishes the target (mu_desired_replicas). The
+        # autoscaler's scale-down drains nothing, which the decision says (_leaving).
+        _leaving(row, deployment, decision, observation)
         return False
     if mode == "hpa-bounds":
         wanted = hpa_bounds(
@@ -512,20 +517,55 @@ def _needs_push(row, decision, deployment: Deployment, observation: Observation 
     return True
 
 
-def _leaving(deployment: Deployment, decision, observation: Observation | None) -> list[Replica]:
-    """A Kubernetes scale-down's pods that go first (capacity/actuation/drain.py)."""
-    if deployment.actuator_kind != ActuatorKind.KUBERNETES or not _owns_count(deployment):
+def _leaving(
+    row, deployment: Deployment, decision, observation: Observation | None
+) -> list[Replica]:
+    """A Kubernetes scale-down's pods that go first, drained from the gateways before it where
+    the platform honours the choice (capacity/actuation/drain.py); a reason on the decision
+    names them, or says why none is drained."""
+    if deployment.actuator_kind != ActuatorKind.KUBERNETES:
         return []
     config = deployment.actuator_config if isinstance(deployment.actuator_config, dict) else {}
-    if not config.get("pod_selector"):
+    mode = mode_of(config)
+    to_replicas = decision.target_replicas
+    if mode == "hpa-bounds":
+        # The autoscaler's count ends at most at the maximum pushed (as _needs_push compares).
+        to_replicas = hpa_bounds(
+            decision.floor_replicas, decision.ceiling_replicas, deployment.max_replicas
+        )[1]
+    plan = drain.plan(
+        config, observation, current_replicas=decision.current_replicas, to_replicas=to_replicas
+    )
+    if plan.leaving_replicas <= 0:
         return []
-    running = decision.current_replicas
-    if observation is not None and observation.spec_replicas is not None:
-        running = observation.spec_replicas
-    count = running - decision.target_replicas
-    if count <= 0:
-        return []
-    return drain.leaving_pods(config, list(deployment.replicas.all()), count)
+    going = drain.leaving_pods(plan, config, list(deployment.replicas.all()))
+    data = {
+        "mode": mode,
+        "kind": config.get("kind", "Deployment"),
+        "removed_by": plan.removed_by or None,
+        "leaving_replicas": plan.leaving_replicas,
+    }
+    if going:
+        names = [drain.pod_name(r) for r in going]
+        honoured = (
+            "their deletion cost is lowered so the ReplicaSet removes them"
+            if plan.how == drain.DELETION_COST
+            else f"the {plan.removed_by} removes its highest ordinals"
+        )
+        reason = allocation.Reason(
+            drain.DRAINED,
+            f"{', '.join(names)} leave the gateways before the scale-down; {honoured}",
+            data | {"pods": names, "how": plan.how},
+        )
+    else:
+        reason = allocation.Reason(
+            drain.SKIPPED,
+            plan.why_not
+            or "No serving pod to choose (none probed ready yet, or held by a benchmark run).",
+            data,
+        )
+    row.reasons.append(reason.as_dict())
+    return going
 
 
 def _decision_dict(decision: allocation.DeploymentDecision, deployments) -> dict:

@@ -83,7 +83,10 @@ class CostModelSerializer(CostModelPublicSerializer):
         allow_null=True,
         help_text=(
             "How the version moved prices when it was fitted, against the version then active "
-            "(totals only; GET …/price-change/ for the figures of now, per customer and shape)."
+            "(totals), against the review's baseline (`baseline`: the last version a planner "
+            "approved or the one in force 30 days ago) and which customers it moved past the "
+            "limit (`customers_over_limit`); GET …/price-change/ for the figures of now, per "
+            "customer and shape."
         ),
     )
 

@@ -17,6 +17,10 @@ After HEALTH_PROBE_FAILURES failures in a row a replica is unhealthy: an Inciden
 replica's capacity leaves the next allocation snapshot (which starts a replacement), and the
 actuator restarts it. The first good answer afterwards closes the incident as ready. Every
 step is an IncidentStep row with its time.
+
+A replica drained for a scale-down (`draining`) that is still listed ready once the
+scale-down has settled was kept by the platform and serves again (capacity/actuation/drain.py,
+`serve_survivors`); one whose pod terminates is gone.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from django.db import transaction
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
+from capacity.actuation import drain
 from capacity.actuation.replicas import Endpoint, Observed, ReplicaError, list_replicas, restart
 from capacity.allocation.wake import request_tick
 from capacity.models import (
@@ -251,7 +256,15 @@ def probe_round(*, now: datetime | None = None) -> RoundResult:
                 logger.warning("health: cannot list replicas of %s: %s", deployment.name, error)
                 continue
             _store_observed(deployment, observed, now)
-            checks.extend(_sync_replicas(deployment, endpoints, now))
+            listed = _sync_replicas(deployment, endpoints, now)
+            checks.extend(listed)
+            kept = {c.replica.key for c in listed if c.replica.state == Replica.State.DRAINING}
+            if kept and observed is not None:
+                # Drained for a scale-down, still ready: once it settled, one the platform
+                # kept, serving again (capacity/actuation/drain.py).
+                drain.serve_survivors(
+                    deployment, listed_ready=kept, ready_replicas=observed.ready, now=now
+                )
         if checks:
             with ThreadPoolExecutor(max_workers=min(MAX_PROBE_THREADS, len(checks))) as pool:
                 done = list(pool.map(lambda c: _check(c, now), checks))

@@ -19,6 +19,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
     StrictFloat,
     StrictInt,
     model_validator,
@@ -33,6 +34,9 @@ MAX_TTFT_MS = 3_600_000
 TTFT_CLOCK_SLACK_MS = 1_000
 
 TokenCount = Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS)]
+# What a gateway's Redis-down fallback decided: admitted within its share of the reservation,
+# or refused (with a reservation behind the customer, or without).
+FallbackClass = Literal["guaranteed", "refused_guaranteed", "refused"]
 # More than any one request can cost (a whole context on the slowest GPU is far below it):
 # a sender's estimate above it is a bug, refused rather than stored as demand.
 MAX_ESTIMATED_MU = 1_000_000.0
@@ -86,6 +90,16 @@ class UsageEventIn(BaseModel):
     # The bytes of prompt text the sender measured, for a request whose input_tokens are the
     # engine's own count: the calibration of the model's bytes per token. Ignored otherwise.
     prompt_bytes: Annotated[StrictInt, Field(ge=0, le=MAX_PROMPT_BYTES)] | None = None
+    # How long the gateway held the request for a model at zero (its cold start) before
+    # admitting it; ttft_ms counts from the end of the hold.
+    held_ms: Annotated[float, Field(ge=0, le=MAX_TTFT_MS, allow_inf_nan=False)] | None = None
+    # Whether the answer was streamed: a non-streamed answer has no first token before its
+    # end, so its ttft_ms is not stored (billing.latency counts it apart).
+    streamed: StrictBool | None = None
+    # What the gateway's own fallback decided while Redis could not be reached (no admission
+    # record exists): taken only from a platform key, checked against the reservations sold
+    # (capacity.metering.ingestion).
+    fallback_class: FallbackClass | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> "UsageEventIn":
@@ -97,6 +111,11 @@ class UsageEventIn(BaseModel):
         if self.ttft_ms is not None and self.ttft_ms > duration_ms + TTFT_CLOCK_SLACK_MS:
             raise ValueError(
                 f"ttft_ms ({self.ttft_ms:g}) exceeds the request's own duration "
+                f"(finished_at - started_at = {duration_ms:g} ms)"
+            )
+        if self.held_ms is not None and self.held_ms > duration_ms + TTFT_CLOCK_SLACK_MS:
+            raise ValueError(
+                f"held_ms ({self.held_ms:g}) exceeds the request's own duration "
                 f"(finished_at - started_at = {duration_ms:g} ms)"
             )
         return self
@@ -198,6 +217,9 @@ class UsageEventStruct(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     ttft_ms: Annotated[float, msgspec.Meta(ge=0, le=MAX_TTFT_MS)] | None = None
     estimated_mu: Annotated[float, msgspec.Meta(ge=0, le=MAX_ESTIMATED_MU)] | None = None
     prompt_bytes: Annotated[int, msgspec.Meta(ge=0, le=MAX_PROMPT_BYTES)] | None = None
+    held_ms: Annotated[float, msgspec.Meta(ge=0, le=MAX_TTFT_MS)] | None = None
+    streamed: bool | None = None
+    fallback_class: FallbackClass | None = None
 
 
 class _FastBatch(msgspec.Struct, forbid_unknown_fields=True, gc=False):
@@ -231,9 +253,11 @@ def decode_batch(body: bytes) -> DecodedEvents | None:
         # UsageEventIn._consistent, whose words the pydantic path gives.
         if event.finished_at < event.started_at or event.cached_input_tokens > event.input_tokens:
             return None
-        if event.ttft_ms is not None:
+        if event.ttft_ms is not None or event.held_ms is not None:
             duration_ms = (event.finished_at - event.started_at).total_seconds() * 1000
-            if event.ttft_ms > duration_ms + TTFT_CLOCK_SLACK_MS:
+            if (event.ttft_ms or 0.0) > duration_ms + TTFT_CLOCK_SLACK_MS:
+                return None
+            if (event.held_ms or 0.0) > duration_ms + TTFT_CLOCK_SLACK_MS:
                 return None
     return DecodedEvents(events)
 

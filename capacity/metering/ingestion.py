@@ -35,6 +35,7 @@ import numpy as np
 import psycopg
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 from pydantic import ValidationError
 
@@ -43,6 +44,7 @@ from capacity.admission.gate import admission_records, reconcile_usage
 from capacity.admission.redis_buckets import (
     BEST_EFFORT,
     GUARANTEED,
+    REFUSED,
     REFUSED_GUARANTEED,
     REFUSED_LIMIT,
     AdmissionRecord,
@@ -59,6 +61,7 @@ from capacity.models import (
     AdmissionClass,
     CostModel,
     Deployment,
+    Reservation,
     ServedModel,
     UsageEvent,
     Verification,
@@ -89,6 +92,8 @@ COLUMNS = (
     "self_reported",
     "api_key_prefix",
     "ttft_ms",
+    "held_ms",
+    "streamed",
     "mu",
     "guaranteed_mu",
     "best_effort_mu",
@@ -268,7 +273,11 @@ def usage_ingest(*, events, customer: Customer | None, may_name_customer: bool) 
         seen_in_batch.add((owner.pk, event.event_id))
         valid.append((index, event, owner, model, cost_model))
 
-    valid = _classify(valid, reject=lambda index, reasons: reject(index, events[index], reasons))
+    valid = _classify(
+        valid,
+        reject=lambda index, reasons: reject(index, events[index], reasons),
+        platform=customer is None,
+    )
     if valid:
         try:
             inserted = _insert(
@@ -333,6 +342,10 @@ def _class_of(event: CheckedEvent, record: AdmissionRecord | None) -> _Class | s
     if record is None:
         # Nothing says admission let this request in: it ran (if it ran) on slack.
         return _Class(BEST_EFFORT, Verification.UNRECORDED)
+    if record.fallback_contradicted:
+        # A fallback's guaranteed class for a customer that held no reservation then: what
+        # ran is best-effort, what was refused best-effort demand (no credit).
+        return _Class(BEST_EFFORT, Verification.CONTRADICTED)
     verified = Verification.FALLBACK if record.spooled else Verification.RECORDED
     if record.admitted:
         if event.outcome == "refused":
@@ -366,12 +379,66 @@ def _same_key(event: CheckedEvent, record: AdmissionRecord) -> bool:
     return event.api_key is None or event.api_key == record.api_key_prefix
 
 
-def _classify(valid, *, reject) -> list:
-    """Each valid event with the class its admission record gives it; events that contradict
-    their record in a way that cannot be billed are rejected."""
+# What a gateway's Redis-down fallback decided, as the record it would have left.
+_FALLBACK_RECORD_CLASSES = {
+    "guaranteed": GUARANTEED,
+    "refused_guaranteed": REFUSED_GUARANTEED,
+    "refused": REFUSED,
+}
+
+
+def _fallback_records(valid, records: list, *, platform: bool) -> list:
+    """Where no admission record exists, what the gateway's own fallback decided while Redis
+    could not be reached (`fallback_class`), as a spooled record: from a platform key only (a
+    customer's own report never picks its class), and a guaranteed class only for a customer
+    that held a reservation of the model when the request started (else the claim
+    contradicts what was sold: billed as best-effort, flagged)."""
+    claims = [
+        position
+        for position, ((_, event, *_), record) in enumerate(zip(valid, records, strict=True))
+        if record is None and platform and event.fallback_class is not None
+    ]
+    if not claims:
+        return records
+    pairs = {(valid[p][2].pk, valid[p][3].pk) for p in claims}
+    terms: dict[tuple[int, int], list] = {}
+    wanted = Q()
+    for customer_id, model_id in pairs:
+        wanted |= Q(customer_id=customer_id, served_model_id=model_id)
+    for customer_id, model_id, starts_at, ends_at in (
+        Reservation.objects.not_cancelled()
+        .filter(wanted)
+        .values_list("customer_id", "served_model_id", "starts_at", "ends_at")
+    ):
+        terms.setdefault((customer_id, model_id), []).append((starts_at, ends_at))
+    records = list(records)
+    for position in claims:
+        _, event, owner, model, _ = valid[position]
+        claimed = _FALLBACK_RECORD_CLASSES[event.fallback_class]
+        reserved = any(
+            starts <= event.started_at and (ends is None or ends > event.started_at)
+            for starts, ends in terms.get((owner.pk, model.pk), ())
+        )
+        records[position] = AdmissionRecord(
+            claimed,
+            float(event.estimated_mu or 0.0),
+            spooled=True,
+            # The key the gateway authenticated the request with (a platform key's word, as
+            # its decision is): what the key's budget spends.
+            api_key_prefix=event.api_key or "",
+            fallback_contradicted=claimed != REFUSED and not reserved,
+        )
+    return records
+
+
+def _classify(valid, *, reject, platform: bool) -> list:
+    """Each valid event with the class its admission record gives it (or, without one, its
+    gateway's Redis-down fallback: `_fallback_records`); events that contradict their record
+    in a way that cannot be billed are rejected."""
     records = admission_records(
         [(owner.pk, model.pk, event.event_id) for _, event, owner, model, _ in valid]
     )
+    records = _fallback_records(valid, records, platform=platform)
     classified = []
     for (index, event, owner, model, cost_model), record in zip(valid, records, strict=True):
         decided = _class_of(event, record)
@@ -414,7 +481,11 @@ def _rows(valid, *, deployments, ingested_at, self_reported: bool):
             self_reported,
             # The key admission recorded, never the sender's claim.
             record.api_key_prefix if record is not None else "",
-            event.ttft_ms,
+            # A non-streamed answer's first byte is its end: no TTFT (billing.latency counts it
+            # apart as a request without one).
+            None if event.streamed is False else event.ttft_ms,
+            event.held_ms,
+            event.streamed,
             used,
             guaranteed_mu,
             best_effort_mu,

@@ -7,13 +7,15 @@ model's usage now is `capacity.metering.utilisation.used_now`; a customer's over
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from django.db.models import Count, F, Q, QuerySet, Sum
+from django.db.models import Count, F, Q, QuerySet, Sum, Value
+from django.db.models.functions import Coalesce
 
 from accounts.models import Customer
 from capacity.models import (
     AdmissionClass,
     CostModel,
     Outcome,
+    Reservation,
     ServedModel,
     UsageEvent,
     UsageMinute,
@@ -106,6 +108,8 @@ RECEIPT_FIELDS = (
     "self_reported",
     "api_key_prefix",
     "ttft_ms",
+    "held_ms",
+    "streamed",
     "mu",
     "receipt_guaranteed_mu",
     "receipt_best_effort_mu",
@@ -191,7 +195,12 @@ def receipts_of(rows: list[dict]) -> list[dict]:
             "verification": row["verification"],
             "self_reported": row["self_reported"],
             "api_key": row["api_key_prefix"] or None,
+            # A non-streamed answer has no TTFT (its first byte is its end): `streamed` false
+            # says why it is empty; `held_ms` is the cold start the request waited through,
+            # kept apart from its TTFT.
             "ttft_ms": row["ttft_ms"],
+            "held_ms": row["held_ms"],
+            "streamed": row["streamed"],
             "mu": row["mu"],
             "guaranteed_mu": row["receipt_guaranteed_mu"],
             "best_effort_mu": row["receipt_best_effort_mu"],
@@ -219,6 +228,8 @@ RECEIPT_COLUMNS = (
     "self_reported",
     "api_key",
     "ttft_ms",
+    "held_ms",
+    "streamed",
     "mu",
     "guaranteed_mu",
     "best_effort_mu",
@@ -235,9 +246,22 @@ RECEIPT_COLUMNS = (
 class TtftCounts:
     """A customer's guaranteed requests that ran in a window, against a TTFT objective."""
 
-    counted: int  # that reported a ttft_ms: the attainment's denominator
-    within: int  # of those, ttft_ms at or under the objective
-    without_ttft: int  # that reported none: shown, never guessed
+    counted: int  # measured by a gateway: the attainment's denominator
+    within: int  # of those, in time (with the cold start they were held for, under keep-warm)
+    without_ttft: int  # every other one: shown, never guessed (the two below among them)
+    not_streamed: int = 0  # whose answer came whole: its first byte is its end, no TTFT
+    self_reported: int = 0  # posted by the customer's own key: never counted for a credit
+
+
+def keep_warm_customers(*, served_model_id: int, start: datetime, end: datetime) -> set[int]:
+    """Customers whose reservation of the model kept it warm at some time in [start, end): the
+    cold starts they were held for are theirs to count (they paid for none)."""
+    return set(
+        Reservation.objects.not_cancelled()
+        .overlapping(start, end)
+        .filter(served_model_id=served_model_id, keep_warm=True)
+        .values_list("customer_id", flat=True)
+    )
 
 
 def guaranteed_ttft_counts(
@@ -246,7 +270,19 @@ def guaranteed_ttft_counts(
     """Per customer, its guaranteed requests of the model that ran (refused ones are the
     refusal credit's) in the minutes [start, end), counted against `objective_ms`; one
     grouped query on the events (index: customer, model, minute). A customer without any is
-    absent."""
+    absent.
+
+    Only what the customer experienced and the gateway measured counts: a TTFT a platform
+    key reported (the gateway's own, from the end of any hold for a cold start); for a
+    customer whose reservation keeps the model warm, plus the time it was held (a cold start
+    it paid not to have), for one that declined keep-warm, not (the cold starts it accepted).
+    A non-streamed request has no TTFT, and a customer's own report is never a credit's
+    evidence: both are counted apart."""
+    keep_warm = keep_warm_customers(served_model_id=served_model_id, start=start, end=end)
+    measured = Q(ttft_ms__isnull=False, self_reported=False)
+    in_time = Q(ttft_ms__lte=objective_ms) & ~Q(customer_id__in=keep_warm)
+    if keep_warm:
+        in_time |= Q(customer_id__in=keep_warm, experienced_ms__lte=objective_ms)
     rows = (
         UsageEvent.objects.filter(
             customer_id__in=customer_ids,
@@ -256,15 +292,24 @@ def guaranteed_ttft_counts(
             admission_class=AdmissionClass.GUARANTEED,
         )
         .exclude(outcome=Outcome.REFUSED)
+        .alias(experienced_ms=F("ttft_ms") + Coalesce(F("held_ms"), Value(0.0)))
         .values("customer_id")
         .annotate(
-            counted=Count("id", filter=Q(ttft_ms__isnull=False)),
-            within=Count("id", filter=Q(ttft_ms__lte=objective_ms)),
-            without_ttft=Count("id", filter=Q(ttft_ms__isnull=True)),
+            counted=Count("id", filter=measured),
+            within=Count("id", filter=measured & in_time),
+            without_ttft=Count("id", filter=~measured),
+            not_streamed=Count("id", filter=Q(streamed=False)),
+            self_reported=Count("id", filter=Q(self_reported=True)),
         )
         .order_by()
     )
     return {
-        row["customer_id"]: TtftCounts(row["counted"], row["within"], row["without_ttft"])
+        row["customer_id"]: TtftCounts(
+            row["counted"],
+            row["within"],
+            row["without_ttft"],
+            row["not_streamed"],
+            row["self_reported"],
+        )
         for row in rows
     }

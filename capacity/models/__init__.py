@@ -1,6 +1,11 @@
 """The capacity app's models, one module per concept."""
 
-from capacity.models.allocation import ActuatorCircuit, AdmissionAllowance, AllocationDecision
+from capacity.models.allocation import (
+    ActuatorCircuit,
+    AdmissionAllowance,
+    AllocationDecision,
+    TickHeartbeat,
+)
 from capacity.models.catalog import ActuatorKind, Deployment, GpuPool, GpuType, ServedModel
 from capacity.models.cost_models import CostModel
 from capacity.models.entitlements import Entitlement
@@ -58,6 +63,7 @@ __all__ = [
     "Reservation",
     "ReservationChange",
     "ServedModel",
+    "TickHeartbeat",
     "UsageEvent",
     "UsageKeyMinute",
     "UsageMinute",

@@ -82,3 +82,25 @@ class ActuatorCircuit(models.Model):
 
     def __str__(self) -> str:
         return f"{self.deployment}: {self.consecutive_failures} failures"
+
+
+class TickHeartbeat(models.Model):
+    """The allocation loop's pulse: one row, written by every tick that completes
+    (capacity.allocation.heartbeat). /readyz, /metrics and the planner's pages read its age;
+    the health worker watches it and alerts when the tick goes stale and when it recovers."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1, editable=False)
+    ticked_at = models.DateTimeField(help_text="When the last tick completed.")
+    tick_id = models.UUIDField()
+    tick_seconds = models.FloatField(default=0.0, help_text="How long that tick took.")
+    # Set by the watcher while the tick is stale (its alert "entered" was sent), cleared with
+    # the alert "left".
+    stale_since = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=models.Q(id=1), name="tick_heartbeat_single_row")
+        ]
+
+    def __str__(self) -> str:
+        return f"tick at {self.ticked_at:%Y-%m-%d %H:%M:%S}"

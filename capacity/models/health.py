@@ -15,8 +15,8 @@ class Replica(models.Model):
     class State(models.TextChoices):
         HEALTHY = "healthy", "Healthy"
         UNHEALTHY = "unhealthy", "Unhealthy (being replaced)"
-        # Chosen to go in a scale-down (capacity.allocation.drain): gateways route nothing
-        # new to it while it finishes what it serves.
+        # Chosen to go in a scale-down (capacity/actuation/drain.py): gateways route nothing
+        # new to it while it finishes what it serves; one the platform kept serves again.
         DRAINING = "draining", "Draining (leaving in a scale-down)"
         GONE = "gone", "Gone (no longer running)"
 

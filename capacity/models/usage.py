@@ -27,6 +27,9 @@ class Verification(models.TextChoices):
     UNRECORDED = "unrecorded", "No admission record: priced as best-effort"
     CONTRADICTED = "contradicted", "Contradicted its admission record: the record decided"
     SENDER = "sender", "Class as sent (stored before admission records decided it)"
+    # No usage event ever came for an admission record (its gateway worker died holding it):
+    # closed by the reaper (capacity.metering.reaper) as cancelled, or refused, at 0 MU.
+    REAPED = "reaped", "Reaped: its gateway never reported it; closed at 0 MU"
 
 
 class UsageEvent(models.Model):
@@ -88,7 +91,17 @@ class UsageEvent(models.Model):
     # claims: empty when no record names one. What a key's budget is spent from
     # (UsageKeyMinute, billing.budgets).
     api_key_prefix = models.CharField(max_length=16, blank=True, default="", db_default="")
+    # Time to first token as the gateway measured it from when the request left any hold for a
+    # cold start (held_ms) to its first streamed byte. Null for a non-streamed request (its
+    # first byte is its end: never a TTFT) and where the sender measured none.
     ttft_ms = models.FloatField(null=True, blank=True)
+    # How long the gateway held the request for a model at zero before admitting it (its cold
+    # start), kept apart from ttft_ms: the latency SLA counts it only for a customer whose
+    # reservation keeps the model warm (billing.latency). Null: not held.
+    held_ms = models.FloatField(null=True, blank=True)
+    # Whether the response was streamed (SSE): only a streamed response has a first token
+    # before its end. Null: the sender did not say.
+    streamed = models.BooleanField(null=True, blank=True)
     mu = models.FloatField()
     # How `mu` splits between the classes it is billed in (partial spillover,
     # capacity.admission.bucket.split): what the customer's guarantee covered and what ran

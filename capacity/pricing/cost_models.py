@@ -2,11 +2,15 @@
 
 A new fit is recorded as the next version. It becomes active at once, retiring the previous
 active version, only when its cross-validated error is under COST_MODEL_MAX_ACTIVE_MAPE_PERCENT
-(default 10 %) *and*, priced on the model's last week of real request shapes, it changes the
-total by at most COST_MODEL_MAX_AUTO_CHANGE_PERCENT (default 5 %) of what the active version
-charges (capacity.pricing.review): otherwise it waits, as a candidate with the reason and the
-price change stored on it, for a planner to activate or reject it. Every activation records who
-approved it (a user, a key, or "system:auto" and why), on the version and in the audit log.
+(default 10 %) *and* the price review allows it (capacity.pricing.review, the rule's one
+home): priced on the model's last week of real request shapes, it changes the total, and each
+sizeable customer's charge, by at most COST_MODEL_MAX_AUTO_CHANGE_PERCENT (default 5 %) from
+the active version and from the review's baseline (the last version a planner approved or the
+one in force 30 days ago, whichever is more recent), so small steps cannot add up unreviewed.
+Otherwise it waits, as a candidate with the reason and the review stored on it, for a planner
+to activate or reject it. Every activation records who approved it (a user, a key, or
+"system:auto" and why), on the version and in the audit log; a planner's approval is what
+resets the baseline.
 
 The (model, GPU type, GPUs per replica) row of the served model is locked while versions
 change, and a partial unique constraint keeps a single active version even if that lock were
@@ -29,12 +33,22 @@ from django.utils import timezone
 
 from capacity.models import CostModel, GpuType, ServedModel
 from capacity.pricing.features import REPLICA_MU_PER_MINUTE
-from capacity.pricing.review import PriceChange, price_change
+from capacity.pricing.review import (
+    AutoActivationReview,
+    PriceChange,
+    auto_activation_review,
+    price_change,
+)
 from capacity.publication import publish_after_commit
 from controlplane.audit import audit_record, current_actor
 from controlplane.errors import ConflictError, DomainError
 
 AUTO = "system:auto"
+
+HELD = "Waits for a planner: {reason}."
+REVIEW_REASON_CHARS = CostModel._meta.get_field("review_reason").max_length
+# What the price review's reason may take of review_reason once HELD wraps it.
+HELD_REASON_CHARS = REVIEW_REASON_CHARS - len(HELD.format(reason=""))
 
 FEATURE_FOR_ALPHA = "input_tokens"
 FEATURE_FOR_BETA = "output_tokens"
@@ -97,34 +111,31 @@ def cost_model_record(
 
 
 def _activate_or_hold(cost_model: CostModel, *, held_because: str = "") -> CostModel:
-    """Activate a new fit when it is accurate enough and moves prices little enough; else
-    keep it a candidate with the reason, for a planner."""
+    """Activate a new fit when it is accurate enough and the price review lets it; else keep
+    it a candidate with the reason, for a planner."""
     max_mape = settings.COST_MODEL_MAX_ACTIVE_MAPE
-    max_change = settings.COST_MODEL_MAX_AUTO_CHANGE
     mape = (
         f"cross-validated MAPE {cost_model.cv_mape * 100:.1f} % is "
         f"{'within' if cost_model.cv_mape <= max_mape else 'above'} "
         f"COST_MODEL_MAX_ACTIVE_MAPE_PERCENT ({max_mape * 100:g} %)"
     )
     current = active_version_of_group(cost_model)
-    change = price_change(candidate=cost_model, current=current) if current else None
-    if change is not None:
-        cost_model.price_change = change.summary()
+    review = auto_activation_review(candidate=cost_model, active=current) if current else None
+    if review is not None:
+        cost_model.price_change = review.summary()
         cost_model.save(update_fields=["price_change"])
     if held_because:
-        return _hold(cost_model, reason=held_because, change=change)
+        return _hold(cost_model, reason=held_because, review=review)
     if cost_model.cv_mape > max_mape:
-        return _hold(cost_model, reason=mape, change=change)
-    if change is None:
+        return _hold(cost_model, reason=mape, review=review)
+    if review is None:
         return _activate_unless_at_risk(
             cost_model,
             reason=f"{mape}; no version was active, so it reprices nothing that was priced",
         )
-    moved = f"v{change.current_version} → v{cost_model.version} moves prices by {change.describe()}"
-    limit = f"COST_MODEL_MAX_AUTO_CHANGE_PERCENT ({max_change * 100:g} %)"
-    if change.exceeds(max_change):
-        return _hold(cost_model, reason=f"{moved}, more than {limit}", change=change)
-    return _activate_unless_at_risk(cost_model, reason=f"{mape}; {moved}, within {limit}")
+    if review.holds:
+        return _hold(cost_model, reason=review.describe(max_chars=HELD_REASON_CHARS), review=review)
+    return _activate_unless_at_risk(cost_model, reason=f"{mape}; {review.describe()}")
 
 
 def _activate_unless_at_risk(cost_model: CostModel, *, reason: str) -> CostModel:
@@ -136,7 +147,7 @@ def _activate_unless_at_risk(cost_model: CostModel, *, reason: str) -> CostModel
         if error.code != "capacity_at_risk":
             raise
         cost_model.refresh_from_db()
-        return _hold(cost_model, reason=error.message, change=None)
+        return _hold(cost_model, reason=error.message, review=None)
 
 
 def _lock_group(served_model_id: int) -> None:
@@ -157,15 +168,15 @@ def _capacity_change(cost_model: CostModel, action: str, *, force: bool, reason:
     )
 
 
-def _hold(cost_model: CostModel, *, reason: str, change: PriceChange | None) -> CostModel:
-    cost_model.review_reason = f"Waits for a planner: {reason}."[:500]
+def _hold(cost_model: CostModel, *, reason: str, review: AutoActivationReview | None) -> CostModel:
+    cost_model.review_reason = HELD.format(reason=reason)[:REVIEW_REASON_CHARS]
     cost_model.save(update_fields=["review_reason"])
     audit_record(
         actor=AUTO,
         action="cost_model.hold",
         obj=cost_model,
         after={"status": cost_model.status, "cv_mape": cost_model.cv_mape}
-        | ({"price_change": change.change} if change is not None else {}),
+        | (review.audit() if review is not None else {}),
         reason=cost_model.review_reason,
     )
     return cost_model

@@ -7,12 +7,14 @@ writes them.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db.models import Q
 
 from accounts.models import ApiKey, Customer
+from capacity.admission.bucket import Floor
 from capacity.admission.gate import output_caps_tokens
 from capacity.health.degradation import current_of as current_degradations
 from capacity.health.degradation import forget as forget_degradation
@@ -160,6 +162,26 @@ def customer_tier_documents() -> dict[str, str]:
     """Customer id (decimal text) → its tier's name, for a degradation's `shed_tiers`."""
     rows = Customer.objects.order_by("pk").values_list("pk", "tier_id")
     return {str(pk): tier for pk, tier in rows}
+
+
+def reservation_documents(floors: Mapping[tuple[int, int], Floor]) -> dict[str, dict]:
+    """Customer id (decimal text) → {model name: its reservation floor}: what a gateway admits
+    by while it cannot reach Redis (each worker a share of it), from the same floors as the
+    admission script's (capacity.admission.floors). A floor is `{"mu_per_minute": now,
+    "steps": [[from ms since the epoch, MU/min], ...]}` (later starts and ends)."""
+    names = dict(
+        ServedModel.objects.filter(pk__in={m for _, m in floors}).values_list("pk", "name")
+    )
+    documents: dict[str, dict] = defaultdict(dict)
+    for (customer_id, model_id), floor in sorted(floors.items()):
+        name = names.get(model_id)
+        if name is None:
+            continue
+        documents[str(customer_id)][name] = {
+            "mu_per_minute": floor.mu_per_minute,
+            "steps": [[round(at_ms), mu] for at_ms, mu in floor.steps],
+        }
+    return dict(documents)
 
 
 def entitlement_documents() -> dict[str, list[str]]:

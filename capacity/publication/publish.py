@@ -12,20 +12,32 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Collection
 
 import redis
 from django.conf import settings
 from django.utils import timezone
 
+from capacity.admission.floors import floors_digest
+from capacity.admission.floors import floors_of as reservation_floors
 from capacity.admission.gate import buckets
 from capacity.admission.limits import published_request_limits
-from capacity.admission.redis_buckets import REQUEST_LIMITS_INDEX, queue_request_limits
+from capacity.admission.redis_buckets import (
+    FLOORS_DIGEST_KEY,
+    FLOORS_FRESH_KEY,
+    FLOORS_INDEX,
+    FLOORS_REFRESH_SECONDS,
+    REQUEST_LIMITS_INDEX,
+    queue_floors,
+    queue_request_limits,
+)
 from capacity.publication.documents import (
     customer_documents,
     customer_tier_documents,
     entitlement_documents,
     key_documents,
     model_documents,
+    reservation_documents,
 )
 from capacity.telemetry import metrics
 
@@ -37,6 +49,7 @@ ENTITLEMENTS = "gw:v1:entitlements"
 META = "gw:v1:meta"
 CUSTOMERS = "gw:v1:customers"
 CUSTOMER_TIERS = "gw:v1:customer_tiers"
+RESERVATIONS = "gw:v1:reservations"
 # json.dumps with separators builds an encoder per call: one, for the tens of thousands of
 # fields (a customer's, its tier's) written every tick. The same text.
 _to_json = json.JSONEncoder(separators=(",", ":")).encode
@@ -46,23 +59,37 @@ LOCK_TIMEOUT_SECONDS = 30  # a crashed publisher's lock frees itself after this
 LOCK_WAIT_SECONDS = 5.0
 
 
-def publish_gateway_state(*, reason: str) -> int | None:
-    """Publish every document, and the request limits admission's script reads; the new
+def publish_gateway_state(
+    *, reason: str, floors_of: Collection[tuple[int, int]] | None = None
+) -> int | None:
+    """Publish every document, the request limits admission's script reads and the
+    reservation floors it guarantees by (those of `floors_of`, the (customer id, model id)s a
+    sale changed; all of them when the last whole write is over a minute old); the new
     `gw:v1:meta` version, or None if it failed."""
     try:
         client = buckets().client
         with client.lock(LOCK, timeout=LOCK_TIMEOUT_SECONDS, blocking_timeout=LOCK_WAIT_SECONDS):
             now = timezone.now()
+            floors = reservation_floors(now=now)
             documents = {
                 KEYS: key_documents(now=now),
                 MODELS: model_documents(now=now),
                 ENTITLEMENTS: entitlement_documents(),
                 CUSTOMERS: customer_documents(),
                 CUSTOMER_TIERS: customer_tier_documents(),
+                RESERVATIONS: reservation_documents(floors),
             }
             request_limits = published_request_limits()
-            # Read under the lock: no other publisher writes the index until this one is done.
+            # Read under the lock: no other publisher writes the indexes until this one is done,
+            # and one that read the database before a sale never writes after the sale's own.
             previous_scopes = client.smembers(REQUEST_LIMITS_INDEX)
+            # The floors whole when they differ from the last whole write (a reservation changed
+            # by any path, or a partial write since) or that is over a minute old (Redis lost
+            # them); else only those a sale names.
+            digest = floors_digest(floors)
+            fresh, written = client.mget(FLOORS_FRESH_KEY, FLOORS_DIGEST_KEY)
+            whole_floors = fresh is None or written != digest.encode()
+            previous_floors = client.smembers(FLOORS_INDEX) if whole_floors else ()
             pipe = client.pipeline(transaction=True)
             for key, fields in documents.items():
                 pipe.delete(key)
@@ -72,6 +99,18 @@ def publish_gateway_state(*, reason: str) -> int | None:
                         mapping={name: _to_json(value) for name, value in fields.items()},
                     )
             queue_request_limits(pipe, request_limits, previous_scopes)
+            queue_floors(
+                pipe,
+                floors,
+                idle_ttl_ms=int(settings.ADMISSION_LIMITS_TTL_SECONDS * 1000),
+                pairs=None if whole_floors else (floors_of or ()),
+                previous=previous_floors,
+            )
+            if whole_floors:
+                pipe.set(FLOORS_FRESH_KEY, "1", ex=FLOORS_REFRESH_SECONDS)
+                pipe.set(FLOORS_DIGEST_KEY, digest)
+            elif floors_of:
+                pipe.delete(FLOORS_DIGEST_KEY)  # the next publication checks them whole
             # The admission parameters the buckets' Lua scripts take: a gateway uses the control
             # plane's, so its decisions and the API's are the same rule with the same burst.
             pipe.hset(
@@ -84,6 +123,12 @@ def publish_gateway_state(*, reason: str) -> int | None:
                     "admission_record_ttl_seconds": str(int(settings.ADMISSION_RECORD_TTL_SECONDS)),
                     "admission_concurrency_ttl_seconds": str(
                         int(settings.ADMISSION_CONCURRENCY_TTL_SECONDS)
+                    ),
+                    "admission_best_effort_fresh_seconds": repr(
+                        float(settings.ADMISSION_TICK_STALE_SECONDS)
+                    ),
+                    "admission_best_effort_stale_seconds": repr(
+                        float(settings.ADMISSION_BEST_EFFORT_MAX_STALENESS_SECONDS)
                     ),
                 },
             )

@@ -20,20 +20,16 @@ actuator signs: capacity.actuation.webhook), after the commit that recorded the 
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 
-import httpx
 import numpy as np
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from capacity.actuation.webhook import signed_headers
 from capacity.models import CapacityRisk, Deployment, Reservation, ServedModel
 from capacity.selling.feasibility import components, pareto_moments, tolerance
 from capacity.selling.selectors import MAX_NAMED_RESERVATIONS
@@ -45,8 +41,7 @@ from capacity.selling.sellable import (
     lock_models_sharing_pools,
     sold_moments,
 )
-from capacity.telemetry import metrics
-from controlplane import outbound
+from capacity.telemetry.alerts import send_alert
 from controlplane.audit import audit_record, current_actor
 from controlplane.db import copy_update
 from controlplane.errors import ConflictError, DomainError
@@ -366,32 +361,3 @@ def _alert(kind: str, row: CapacityRisk, mu: float, reservation_ids: list[int], 
         "reservations_at_risk": reservation_ids[:MAX_NAMED_RESERVATIONS],
         "customers": customers,
     }
-
-
-def send_alert(payload: dict) -> bool:
-    """POST one alert to ALERT_WEBHOOK_URL, signed with ALERT_WEBHOOK_SECRET (the headers of
-    capacity.actuation.webhook); a few quick tries, then it is logged and counted."""
-    url = settings.ALERT_WEBHOOK_URL
-    if not url:
-        return False
-    body = json.dumps(payload, separators=(",", ":"), sort_keys=True).encode()
-    for attempt in range(settings.ALERT_WEBHOOK_ATTEMPTS):
-        headers = {"Content-Type": "application/json"} | signed_headers(
-            settings.ALERT_WEBHOOK_SECRET, body
-        )
-        try:
-            with outbound.client(timeout=settings.ALERT_WEBHOOK_TIMEOUT_SECONDS) as client:
-                response = client.post(url, content=body, headers=headers)
-            if 200 <= response.status_code < 300:
-                metrics.CAPACITY_ALERTS.labels(payload["kind"], "sent").inc()
-                return True
-            error = f"answered {response.status_code}"
-        except outbound.OutboundRefused as refused:
-            error = str(refused)
-            break
-        except httpx.HTTPError as failure:
-            error = f"{type(failure).__name__}: {failure}"
-        logger.warning("capacity alert to %s, try %d: %s", url, attempt + 1, error)
-    metrics.CAPACITY_ALERTS.labels(payload["kind"], "failed").inc()
-    logger.error("capacity alert not delivered to %s: %s (%s)", url, error, payload)
-    return False

@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from accounts.models import Customer
 from capacity.models import Reservation, ReservationChange, ServedModel
+from capacity.publication import publish_after_commit
 from capacity.selling.entitlements import entitlement_grant
 from capacity.selling.sellable import (
     available_for,
@@ -194,6 +195,7 @@ def reservation_create(
     # Capacity sold for a model the customer's keys could not use would be refused at every
     # gateway: a sale entitles the customer to the model (withdrawn only by hand).
     entitlement_grant(customer=customer, served_model=served_model, actor=actor)
+    _floor_changed(reservation, "reservation created")
     return reservation
 
 
@@ -255,6 +257,7 @@ def reservation_amend(
             changed_by=actor,
         )
         _audit(reservation, "reservation.amend", changes, actor)
+        _floor_changed(reservation, "reservation amended")
     return reservation
 
 
@@ -274,7 +277,15 @@ def reservation_cancel(*, reservation: Reservation, actor: str = "") -> Reservat
         changed_by=actor,
     )
     _audit(reservation, "reservation.cancel", {"status": [old_status, "cancelled"]}, actor)
+    _floor_changed(reservation, "reservation cancelled")
     return reservation
+
+
+def _floor_changed(reservation: Reservation, reason: str) -> None:
+    """Admission's guaranteed rate is the reservation floor, written after the sale commits
+    (capacity.admission.floors), not by the next allocation tick: a sale admits at once, and a
+    stalled tick never takes it away."""
+    publish_after_commit(reason, floors_of=[(reservation.customer_id, reservation.served_model_id)])
 
 
 def _audit(reservation: Reservation, action: str, changes: dict, actor: str) -> None:
@@ -291,14 +302,20 @@ def _audit(reservation: Reservation, action: str, changes: dict, actor: str) -> 
 
 
 def reservations_refresh_status(*, now: datetime | None = None) -> dict[str, int]:
-    """Move pending → active → expired as time passes (a periodic task)."""
+    """Move pending → active → expired as time passes (a periodic task). The floors already
+    stepped on time (their schedules carry every start and end); they are written again for
+    the pairs that moved, so what Redis holds is what the database says."""
     now = now or timezone.now()
-    activated = (
-        Reservation.objects.filter(status=Reservation.Status.PENDING)
-        .in_term_at(now)
-        .update(status=Reservation.Status.ACTIVE)
-    )
-    expired = Reservation.objects.filter(
-        status__in=[Reservation.Status.PENDING, Reservation.Status.ACTIVE], ends_at__lte=now
-    ).update(status=Reservation.Status.EXPIRED)
+    with transaction.atomic():
+        starting = Reservation.objects.filter(status=Reservation.Status.PENDING).in_term_at(now)
+        ending = Reservation.objects.filter(
+            status__in=[Reservation.Status.PENDING, Reservation.Status.ACTIVE], ends_at__lte=now
+        )
+        pairs = set(starting.values_list("customer_id", "served_model_id")) | set(
+            ending.values_list("customer_id", "served_model_id")
+        )
+        activated = starting.update(status=Reservation.Status.ACTIVE)
+        expired = ending.update(status=Reservation.Status.EXPIRED)
+        if pairs:
+            publish_after_commit("reservations started or ended", floors_of=sorted(pairs))
     return {"activated": activated, "expired": expired}

@@ -1,5 +1,5 @@
 """The gateway contract as read from Redis (docs/gateway-contract.md): keys, models,
-entitlements and their version.
+entitlements, customers and their tiers, reservation floors, and their version.
 
 `ContractReader.refresh()` checks `gw:v1:meta.version` and re-reads the three documents when it
 changed; the last good copy is kept whenever Redis cannot be read or a document is malformed
@@ -20,6 +20,8 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from capacity.admission.bucket import Floor
+
 log = logging.getLogger("dataplane.gateway")
 
 KEYS = "gw:v1:keys"
@@ -28,6 +30,10 @@ ENTITLEMENTS = "gw:v1:entitlements"
 CUSTOMERS = "gw:v1:customers"
 CUSTOMER_TIERS = "gw:v1:customer_tiers"
 META = "gw:v1:meta"
+RESERVATIONS = "gw:v1:reservations"
+# Gateway workers' liveness: field the worker's owner id, value when it was last alive (ms);
+# the control plane's reaper closes the requests of a worker gone for good.
+WORKERS = "gw:v1:workers"
 WAITING = "gw:v1:waiting"
 SPOOL = "gw:v1:spool"
 ADMISSION_PARAMETERS = (
@@ -35,6 +41,8 @@ ADMISSION_PARAMETERS = (
     "admission_limits_ttl_seconds",
     "admission_record_ttl_seconds",
     "admission_concurrency_ttl_seconds",
+    "admission_best_effort_fresh_seconds",
+    "admission_best_effort_stale_seconds",
 )
 
 
@@ -111,6 +119,9 @@ class Contract:
     admission: Mapping[str, float] = field(default_factory=dict)
     # customer id -> its tier's name (gw:v1:customer_tiers), for a degradation's `shed_tiers`
     customer_tiers: Mapping[int, str] = field(default_factory=dict)
+    # customer id -> model name -> its reservation floor (gw:v1:reservations): what the
+    # worker admits by, a share of it, while Redis cannot be reached
+    reservations: Mapping[int, Mapping[str, Floor]] = field(default_factory=dict)
     read_at: float = 0.0
 
     @property
@@ -197,6 +208,7 @@ def build_contract(
     entitlements: Mapping[bytes | str, bytes | str],
     customers: Mapping[bytes | str, bytes | str] | None = None,
     customer_tiers: Mapping[bytes | str, bytes | str] | None = None,
+    reservations: Mapping[bytes | str, bytes | str] | None = None,
 ) -> Contract:
     """A contract from the hashes as Redis returns them; bad entries are skipped."""
     parsed_keys: dict[str, ApiKey] = {}
@@ -236,6 +248,18 @@ def build_contract(
             tiers[int(_text(raw_customer))] = _text(raw_tier)
         except ValueError:
             log.warning("gw:v1:customer_tiers %r: unreadable; skipped", raw_customer)
+    floors: dict[int, dict[str, Floor]] = {}
+    for raw_customer, raw in (reservations or {}).items():
+        try:
+            floors[int(_text(raw_customer))] = {
+                str(name): Floor(
+                    mu_per_minute=float(doc["mu_per_minute"]),
+                    steps=tuple((float(at), float(mu)) for at, mu in doc.get("steps") or ()),
+                )
+                for name, doc in json.loads(_text(raw)).items()
+            }
+        except (ValueError, TypeError, KeyError, AttributeError) as error:
+            log.warning("gw:v1:reservations %r: unreadable (%s); skipped", raw_customer, error)
     meta_text = {_text(k): _text(v) for k, v in meta.items()}
     admission: dict[str, float] = {}
     for name in ADMISSION_PARAMETERS:
@@ -250,6 +274,7 @@ def build_contract(
         customers=customer_ids,
         admission=admission,
         customer_tiers=tiers,
+        reservations=floors,
         read_at=time.time(),
     )
 
@@ -278,7 +303,8 @@ class ContractReader:
             pipe.hgetall(ENTITLEMENTS)
             pipe.hgetall(CUSTOMERS)
             pipe.hgetall(CUSTOMER_TIERS)
-            meta, keys, models, entitlements, customers, tiers = await pipe.execute()
+            pipe.hgetall(RESERVATIONS)
+            meta, keys, models, entitlements, customers, tiers, reserved = await pipe.execute()
         except (RedisError, OSError, ValueError) as error:
             log.warning("the contract could not be read (%s); serving on the last copy", error)
             return False
@@ -289,6 +315,7 @@ class ContractReader:
             entitlements=entitlements,
             customers=customers,
             customer_tiers=tiers,
+            reservations=reserved,
         )
         log.info("contract version %s read", self.contract.version)
         # Wake whoever waits for a change (requests held for a model at zero).

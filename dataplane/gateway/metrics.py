@@ -40,7 +40,8 @@ REQUESTS = Counter(
 )
 TTFT = Histogram(
     "gateway_time_to_first_token_seconds",
-    "From the request's arrival to the first byte of the engine's answer reaching the client.",
+    "Streamed requests: from the request's arrival to the first byte of the engine's answer "
+    "reaching the client (a non-streamed answer's first byte is its end: not observed).",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
 OVERHEAD = Histogram(
@@ -56,6 +57,11 @@ INFLIGHT_MU = Gauge(
     multiprocess_mode="livesum",
 )
 RETRIES = Counter("gateway_retries_total", "Requests retried on another replica.")
+FALLBACK_DECISIONS = Counter(
+    "gateway_admission_fallback_total",
+    "Admission decisions made by a worker's own buckets while Redis could not be reached "
+    "(each customer's share of its reservation; best-effort refused).",
+)
 USAGE_POSTED = Counter(
     "gateway_usage_events_total",
     "Usage events by where they went: accepted, duplicate, rejected, spooled.",

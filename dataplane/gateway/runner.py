@@ -18,12 +18,17 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 from types import FrameType
 
 from .settings import Settings, SettingsError
 
 log = logging.getLogger("dataplane.gateway")
 JOIN_AFTER_GRACE_SECONDS = 10
+# More than this many worker deaths within CRASH_LOOP_SECONDS stop the gateway (a crash loop
+# is not served through).
+CRASH_LOOP_DEATHS = 5
+CRASH_LOOP_SECONDS = 60
 # After the grace: how long the requests cut get to record themselves.
 CUT_SECONDS = 1.0
 
@@ -110,12 +115,15 @@ def main() -> int:
         own_dir = tempfile.mkdtemp(prefix="gateway-metrics-")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = own_dir
     context = multiprocessing.get_context("spawn")
-    workers = [
-        context.Process(target=_worker, args=(settings,), name=f"gateway-{i}", daemon=False)
-        for i in range(settings.workers)
-    ]
-    for worker in workers:
+
+    def spawn(index: int) -> multiprocessing.process.BaseProcess:
+        worker = context.Process(
+            target=_worker, args=(settings,), name=f"gateway-{index}", daemon=False
+        )
         worker.start()
+        return worker
+
+    workers = [spawn(i) for i in range(settings.workers)]
     print(f"Gateway serving on {base_url} ({settings.workers} workers)", flush=True)
     stopping = False
 
@@ -129,16 +137,29 @@ def main() -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     status = 0
+    deaths: list[float] = []  # when workers died, for the crash loop's bound
     try:
-        # If one worker dies, stop them all: a supervisor restarts the gateway whole.
+        # A worker that dies is started again (the others keep serving on the shared port):
+        # its requests in flight are lost with it, and their admissions closed by the control
+        # plane's reaper once its heartbeat is old. Workers dying over and over stop the
+        # gateway: a supervisor restarts it whole, or someone reads the log.
         while not stopping:
-            for worker in workers:
-                worker.join(timeout=0.5)
-                if worker.exitcode is not None and not stopping:
-                    log.error("gateway worker %s exited (%s)", worker.name, worker.exitcode)
+            for index, worker in enumerate(workers):
+                worker.join(timeout=0.5 / len(workers))
+                if worker.exitcode is None or stopping:
+                    continue
+                now = time.monotonic()
+                deaths = [at for at in deaths if now - at < CRASH_LOOP_SECONDS] + [now]
+                log.error("gateway worker %s exited (%s)", worker.name, worker.exitcode)
+                if len(deaths) > CRASH_LOOP_DEATHS:
+                    log.error(
+                        "%d worker deaths within %d s: stopping the gateway",
+                        len(deaths), CRASH_LOOP_SECONDS,
+                    )  # fmt: skip
                     status = 1
                     stop(signal.SIGTERM, None)
                     break
+                workers[index] = spawn(index)
         for worker in workers:
             # Its grace for requests in flight, then 10 s to cancel the rest and hand over
             # its unsent usage.

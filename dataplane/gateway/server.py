@@ -11,6 +11,7 @@ dataplane/gateway/upstream.py (the engines).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -24,16 +25,18 @@ import aiohttp
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from capacity.admission.bucket import LocalBuckets
 from capacity.admission.redis_buckets import (
     BEST_EFFORT,
     GUARANTEED,
     REFUSED,
+    REFUSED_GUARANTEED,
     AsyncBuckets,
     BucketDecision,
 )
 
 from .auth import Caller, authenticate, may_use
-from .contract import WAITING, Contract, ContractReader, Model, Replica
+from .contract import WAITING, WORKERS, Contract, ContractReader, Model, Replica
 from .errors import GatewayError
 from .estimate import (
     CHAT,
@@ -48,11 +51,11 @@ from .estimate import (
 from .http import ClientGone, Exchange, Request
 from .metrics import (
     CONTRACT_VERSION,
+    FALLBACK_DECISIONS,
     INFLIGHT_MU,
     OVERHEAD,
     REQUESTS,
     RETRIES,
-    TTFT,
     exposition,
 )
 from .metrics import (
@@ -70,6 +73,9 @@ log = logging.getLogger("dataplane.gateway")
 PRIORITY = {GUARANTEED: 0, BEST_EFFORT: 1}
 
 WAKE_PATH = "/api/v1/allocation/wake"
+# How often a worker refreshes its heartbeat in gw:v1:workers (the reaper waits
+# USAGE_REAP_GRACE_SECONDS, minutes, past the last one).
+ALIVE_EVERY_SECONDS = 2.0
 WAKE_EVERY_SECONDS = 1.0
 # A request held for a model that just woke asks admission again this often while the first
 # allowances of the new replica are on their way.
@@ -132,6 +138,14 @@ class Gateway:
             in_flight_ttl_seconds=settings.admission_concurrency_ttl_seconds,
         )
         self._redis_down_until = 0.0
+        # While Redis cannot be reached: this worker's buckets, each customer's reservation
+        # floor times its share (settings.fallback_share), under the one rule; best-effort
+        # refused (capacity.admission.bucket).
+        self._local = LocalBuckets(burst_seconds=settings.admission_burst_seconds)
+        # Who answers the requests this worker admits, in their admission records: while its
+        # heartbeat (gw:v1:workers) lives, the reaper leaves their usage events to it.
+        self.owner = "g" + os.urandom(8).hex()
+        self._alive_at = 0.0
         self.router = Router(load_factor=settings.affinity_load_factor)
         self.usage = UsageSink(
             redis_client=self.redis,
@@ -171,6 +185,7 @@ class Gateway:
         self.session = aiohttp.ClientSession(trust_env=False)
         await self.usage.start()
         await self.reader.refresh()
+        await self._alive()
         self._tasks = [
             asyncio.create_task(self._refresh_loop()),
             asyncio.create_task(self.usage.run()),
@@ -181,6 +196,10 @@ class Gateway:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.usage.close()
+        # Every event is handed over: nothing of this worker's is left for the reaper to wait
+        # for (a worker that dies without this is reaped once its heartbeat is old).
+        with contextlib.suppress(RedisError, OSError):
+            await self.redis.hdel(WORKERS, self.owner)
         self.engines.close()
         if self.session is not None:
             await self.session.close()
@@ -193,8 +212,19 @@ class Gateway:
             try:
                 if await self.reader.refresh() and self.reader.contract.version is not None:
                     CONTRACT_VERSION.set(self.reader.contract.version)
+                if time.monotonic() - self._alive_at >= ALIVE_EVERY_SECONDS:
+                    await self._alive()
             except Exception:
                 log.exception("contract refresh failed")
+
+    async def _alive(self) -> None:
+        """This worker's heartbeat (gw:v1:workers): its requests' usage events are still due
+        from it, so the control plane's reaper waits for them."""
+        try:
+            await self.redis.hset(WORKERS, self.owner, str(int(time.time() * 1000)))
+            self._alive_at = time.monotonic()
+        except (RedisError, OSError) as error:
+            log.debug("gw:v1:workers not refreshed (%s)", error)
 
     # -- endpoints ------------------------------------------------------------------------
 
@@ -313,6 +343,7 @@ class Gateway:
         arrived = time.perf_counter()
         started_at = time.time()
         request_id = "gw-" + os.urandom(16).hex()  # as random as uuid4's hex, 4x cheaper
+        pending: list[Usage] = []  # the request's usage as admission builds it
         try:
             contract = self._contract()
             caller = authenticate(
@@ -331,12 +362,21 @@ class Gateway:
                     param="model",
                 )
             model, usage, priority_class = await self._admit(
-                contract, caller, body, model, request_id, started_at
+                contract, caller, body, model, request_id, started_at, pending
             )
         except GatewayError as error:
-            _counted("rejected", "none")
+            if pending and not pending[-1].recorded:
+                self._abandoned(pending[-1])  # its decision stands, and leaves its event
+            else:
+                _counted("rejected", "none")
             error.respond(exchange, request_id)
             return
+        except asyncio.CancelledError:
+            # The client left before its request was forwarded: while it was held for a cold
+            # start, or between two asks of admission. Its one usage event all the same.
+            if pending and not pending[-1].recorded:
+                self._abandoned(pending[-1])
+            raise
         if usage.outcome == "refused":
             self._refused(exchange, usage, model, request_id)
             return
@@ -348,8 +388,32 @@ class Gateway:
             raise
         finally:
             self._release(usage)
-            self.usage.add(usage.event(time.time()))
-            _counted(usage.outcome, usage.admission_class or "none")
+            self._record(usage)
+
+    def _record(self, usage: Usage) -> None:
+        """Hand the request's one usage event to the sink (at most once)."""
+        if usage.recorded:
+            return
+        usage.recorded = True
+        self.usage.add(usage.event(time.time()))
+        _counted(usage.outcome, usage.admission_class or "none")
+
+    def _abandoned(self, usage: Usage) -> None:
+        """The event of a request that ended before it was forwarded: cancelled in its class
+        when it was admitted, refused when its last decision refused it, and cancelled with no
+        class when it was never decided (held for a cold start all along). One whose decision is
+        still on its way from Redis leaves its event when the decision comes (`orphaned`)."""
+        if usage.extra.get("deciding"):
+            return
+        if usage.admission_class in (GUARANTEED, BEST_EFFORT):
+            usage.outcome = "cancelled"
+            self._release(usage)
+        elif usage.extra.get("decided"):
+            usage.outcome = "refused"
+            usage.admission_class = None
+        else:
+            usage.outcome = "cancelled"
+        self._record(usage)
 
     def _release(self, usage: Usage) -> None:
         """The request's end frees its concurrency slot at once (the usage event, which would
@@ -389,8 +453,10 @@ class Gateway:
         model: Model,
         request_id: str,
         started_at: float,
+        pending: list[Usage],
     ) -> tuple[Model, Usage, str]:
-        """(the model that will serve, the usage so far, the admission class)."""
+        """(the model that will serve, the usage so far, the admission class). Each usage it
+        builds is appended to `pending` first, so a request that ends here still leaves one."""
         chosen = model
         usage: Usage | None = None
         for candidate in (model, self._fallback(contract, caller, model)):
@@ -419,26 +485,36 @@ class Gateway:
                 limit_tokens=limit_tokens,
                 customer_id=caller.customer_id,
                 api_key_prefix=None if caller.is_service else caller.key.prefix,
+                streamed=body.stream,
             )
+            pending.append(usage)
             held_until: float | None = None
-            if not candidate.replicas:
-                # A model at zero: hold the request before admission, as Knative's activator
-                # does, since admission would lend it nothing until a replica is ready. The
-                # waiting demand (gw:v1:waiting) and a wake-up ask the loop for one now.
-                held_until = time.monotonic() + self.settings.cold_start_wait_seconds
-                candidate = await self._wait_for_replica(candidate, mu, held_until)
+            held_from = time.monotonic()
+            try:
                 if not candidate.replicas:
-                    usage.outcome = "refused"
-                    usage.extra["not_ready"] = True
-                    return candidate, usage, REFUSED
-            admission_class, retry_after_ms = await self._decide(caller, candidate, usage)
-            while admission_class == REFUSED and held_until is not None:
-                # The model just woke: its first allowances follow the tick that readiness
-                # triggers. Ask again until they do, within what is left of the hold.
-                if time.monotonic() + ADMISSION_RETRY_SECONDS >= held_until:
-                    break
-                await asyncio.sleep(ADMISSION_RETRY_SECONDS)
+                    # A model at zero: hold the request before admission, as Knative's
+                    # activator does, since admission would lend it nothing until a replica is
+                    # ready. The waiting demand (gw:v1:waiting) and a wake-up ask the loop for
+                    # one now.
+                    held_until = held_from + self.settings.cold_start_wait_seconds
+                    candidate = await self._wait_for_replica(candidate, mu, held_until)
+                    if not candidate.replicas:
+                        usage.outcome = "refused"
+                        usage.extra["not_ready"] = True
+                        return candidate, usage, REFUSED
                 admission_class, retry_after_ms = await self._decide(caller, candidate, usage)
+                while admission_class == REFUSED and held_until is not None:
+                    # The model just woke: its first allowances follow the tick that readiness
+                    # triggers. Ask again until they do, within what is left of the hold.
+                    if time.monotonic() + ADMISSION_RETRY_SECONDS >= held_until:
+                        break
+                    await asyncio.sleep(ADMISSION_RETRY_SECONDS)
+                    admission_class, retry_after_ms = await self._decide(caller, candidate, usage)
+            finally:
+                if held_until is not None:
+                    # The cold start it waited through, kept apart from its TTFT (which counts
+                    # from here): the SLA counts it only where the customer keeps warm.
+                    usage.held_ms = (time.monotonic() - held_from) * 1000.0
             usage.admission_class = admission_class
             chosen = candidate
             if admission_class != REFUSED:
@@ -506,12 +582,23 @@ class Gateway:
                 self.settings.admission_concurrency_ttl_seconds,
             )
         )
+        # How the best-effort allowances age with the tick's heartbeat: the control plane's
+        # (absent from an older one: the script's defaults, the live defaults).
+        for name, attribute in (
+            ("admission_best_effort_fresh_seconds", "best_effort_fresh_ms"),
+            ("admission_best_effort_stale_seconds", "best_effort_stale_ms"),
+        ):
+            if name in published:
+                setattr(self.buckets, attribute, int(1000 * published[name]))
+        self._local.burst_seconds = self.buckets.burst_seconds
 
     async def _decide(self, caller: Caller, model: Model, usage: Usage) -> tuple[str, float]:
-        """(admission class, retry after ms) from the Redis buckets, one round trip."""
+        """(admission class, retry after ms) from the Redis buckets, one round trip; from this
+        worker's share of the reservation while Redis cannot be reached."""
         if time.monotonic() < self._redis_down_until:
-            return self._without_redis()
+            return self._without_redis(model, usage)
         self._follow_admission_parameters()
+        tier = self.reader.contract.customer_tiers.get(usage.customer_id)
         pending = self.buckets.submit(
             customer_id=caller.customer_id,
             model_id=model.model_id,
@@ -521,66 +608,90 @@ class Gateway:
             api_key_prefix=usage.api_key_prefix,
             # A client that leaves meanwhile does not unmake the decision (Redis takes and
             # records it all the same), so its usage event is still due.
-            orphaned=lambda outcome: self._left_during_admission(outcome, model, usage),
+            orphaned=lambda outcome: self._left_during_admission(outcome, usage),
+            # Degradation sheds in the same decision (the script takes the best-effort bucket
+            # away): nothing Redis admits and records is refused afterwards.
+            shed=model.degradation.refuses_best_effort_of(tier),
+            owner=self.owner,
         )
+        # Until Redis answers, its event is the decision's to leave (`orphaned` above), not
+        # the abandoning handler's (_abandoned).
+        usage.extra["deciding"] = True
         try:
             decision = await pending
         except asyncio.CancelledError:
             if pending.done() and not pending.cancelled():  # decided just before
                 outcome = pending.exception() or pending.result()
-                self._left_during_admission(outcome, model, usage)
+                self._left_during_admission(outcome, usage)
             raise
         except RedisError as error:
-            return self._class_of(error, model, usage.customer_id)
+            usage.extra["deciding"] = False
+            log.warning("admission: Redis unreachable (%s)", error)
+            self._redis_down_until = time.monotonic() + 1.0
+            return self._without_redis(model, usage)
+        usage.extra["deciding"] = False
+        usage.extra["decided"] = True
+        usage.fallback_class = None  # an earlier ask may have fallen back
         usage.extra["limit"] = decision.limit
         usage.extra["limit_scope"] = decision.limit_scope
-        decided = self._class_of(decision, model, usage.customer_id)
         if decision.holds_slot:
             usage.holds_slot = True
-            if decided[0] == REFUSED:  # refused after all (degradation): nothing holds it
-                self._release(usage)
-        return decided
+        return decision.admission_class, decision.retry_after_ms
 
-    def _class_of(
-        self, outcome: BucketDecision | BaseException, model: Model, customer_id: int | None
-    ) -> tuple[str, float]:
-        if isinstance(outcome, BaseException):
-            log.warning("admission: Redis unreachable (%s)", outcome)
-            self._redis_down_until = time.monotonic() + 1.0
-            return self._without_redis()
-        admission_class = outcome.admission_class
-        if admission_class == BEST_EFFORT:
-            tiers = self.reader.contract.customer_tiers
-            tier = None if customer_id is None else tiers.get(customer_id)
-            if model.degradation.refuses_best_effort_of(tier):
-                return REFUSED, 1000.0
-        return admission_class, outcome.retry_after_ms
+    def _without_redis(self, model: Model, usage: Usage) -> tuple[str, float]:
+        """Redis cannot be reached: the customer's reservation floor (the contract's copy)
+        times this worker's share, from a bucket of this worker under the one rule, and
+        best-effort refused; nothing without a reservation. The decision rides the usage event
+        (`fallback_class`), which ingestion bills by (verification "fallback")."""
+        FALLBACK_DECISIONS.inc()
+        usage.extra["decided"] = True
+        reserved = 0.0
+        floors = self.reader.contract.reservations.get(usage.customer_id)
+        floor = floors.get(model.name) if floors else None
+        if floor is not None:
+            reserved = floor.at(time.time() * 1000.0)
+        usage.extra["limit"] = "mu"
+        usage.extra["limit_scope"] = None
+        wait_ms = 1000.0
+        if self.settings.on_redis_down == "guaranteed" and reserved > 0:
+            key = (usage.customer_id, model.model_id)
+            decision = self._local.split(
+                ("g", *key),
+                ("be", *key),
+                cost_mu=usage.estimated_mu,
+                guaranteed_mu_per_minute=reserved * self.settings.fallback_share,
+                best_effort_mu_per_minute=0.0,
+                now_ms=time.monotonic() * 1000.0,
+            )
+            if decision.admitted:
+                usage.fallback_class = GUARANTEED
+                usage.extra["limit"] = None
+                return GUARANTEED, 0.0
+            if decision.wait_ms >= 0:
+                wait_ms = max(wait_ms, decision.wait_ms)
+        usage.fallback_class = REFUSED_GUARANTEED if reserved > 0 else REFUSED
+        return REFUSED, wait_ms
 
-    def _without_redis(self) -> tuple[str, float]:
-        if self.settings.on_redis_down == "admit":
-            return BEST_EFFORT, 0.0
-        return REFUSED, 1000.0
-
-    def _left_during_admission(
-        self, outcome: BucketDecision | BaseException, model: Model, usage: Usage
-    ) -> None:
+    def _left_during_admission(self, outcome: BucketDecision | BaseException, usage: Usage) -> None:
         """The usage event of a request whose client left while Redis decided: refused, or
-        cancelled with its class."""
-        admission_class, _ = self._class_of(outcome, model, usage.customer_id)
-        if admission_class == REFUSED:
+        cancelled with its class (or with none, when Redis failed to decide)."""
+        if isinstance(outcome, BaseException):
+            usage.outcome = "cancelled"
+            usage.admission_class = None
+        elif outcome.admission_class == REFUSED:
             usage.outcome = "refused"
+            usage.admission_class = None
         else:
             usage.outcome = "cancelled"
-            usage.admission_class = admission_class
-            if isinstance(outcome, BucketDecision) and outcome.holds_slot:
+            usage.admission_class = outcome.admission_class
+            if outcome.holds_slot:
                 # Nobody waits for this request any more: its slot is free at once.
                 self.buckets.release(
                     customer_id=usage.customer_id,
                     request_id=usage.request_id,
                     api_key_prefix=usage.api_key_prefix,
                 ).add_done_callback(_ignore_outcome)
-        self.usage.add(usage.event(time.time()))
-        _counted(usage.outcome, usage.admission_class or "none")
+        self._record(usage)
 
     def _refused(self, exchange: Exchange, usage: Usage, model: Model, request_id: str) -> None:
         wait_ms = float(usage.extra.get("retry_after_ms", -1))
@@ -589,8 +700,7 @@ class Gateway:
             if wait_ms >= 0
             else self.settings.retry_after_seconds
         )
-        self.usage.add(usage.event(time.time()))
-        _counted("refused", "none")
+        self._record(usage)
         if usage.extra.get("not_ready"):
             # Held for the whole cold-start wait and still no replica: turned away as
             # demand (a refused event with its estimate), not as a rate limit.
@@ -662,7 +772,13 @@ class Gateway:
         while True:
             current = self.reader.contract.models.get(model.name) or model
             if not current.replicas and not tried:
-                current = await self._wait_for_replica(current, usage.estimated_mu, deadline)
+                # Admitted while a replica was published, and none is left now: held again,
+                # and that hold is a cold start too, kept apart from its TTFT.
+                held_from = time.monotonic()
+                try:
+                    current = await self._wait_for_replica(current, usage.estimated_mu, deadline)
+                finally:
+                    usage.held_ms = (usage.held_ms or 0.0) + (time.monotonic() - held_from) * 1000.0
             replica = self.router.pick(current.replicas, affinity=affinity, exclude=tried)
             left = deadline - time.monotonic()
             if replica is None and last is not None and unreachable_only and left > 0:
@@ -877,7 +993,8 @@ class Gateway:
                     else self.settings.request_timeout_seconds
                 ),
                 arrived=arrived,
-                started_at=usage.started_at,
+                # TTFT counts from the end of any hold for a cold start (held_ms, apart).
+                started_at=usage.started_at + (usage.held_ms or 0.0) / 1000.0,
             )
             connection.send(data, answer)
             try:
@@ -901,7 +1018,6 @@ class Gateway:
         data = answer.collected()
         if answer.status >= 500:
             raise Retry(f"the replica answered {answer.status}", answer.status, data)
-        TTFT.observe(time.perf_counter() - answer.arrived)
         if answer.status == 200:
             try:
                 doc = json.loads(data)

@@ -46,7 +46,16 @@ class Settings:
     admission_limits_ttl_seconds: float = 600.0
     admission_record_ttl_seconds: int = 72 * 3600 + 3600
     admission_concurrency_ttl_seconds: float = 600.0
-    on_redis_down: str = "admit"
+    # While Redis cannot be reached: "guaranteed" admits each customer up to this worker's
+    # share of its reservation floor (the contract's gw:v1:reservations) from a bucket in the
+    # worker and refuses best-effort; "refuse" refuses everything. Nothing admits without
+    # bound (there is no "admit").
+    on_redis_down: str = "guaranteed"
+    # How many gateway workers share a reservation while Redis is down: each admits
+    # 1/fallback_processes of it. 0: this gateway's own workers (one gateway). Set it to the
+    # workers of all gateways in front of the fleet, so that together they admit at most the
+    # reservation.
+    fallback_processes: int = 0
     retry_after_seconds: int = 60
     log_level: str = "INFO"
 
@@ -92,8 +101,21 @@ class Settings:
                 raise SettingsError(f"GATEWAY_{name.upper()} must be >= 0")
         if self.usage_batch_max > 5000:
             raise SettingsError("GATEWAY_USAGE_BATCH_MAX must be at most 5000 (the API's limit)")
-        if self.on_redis_down not in ("admit", "refuse"):
-            raise SettingsError("GATEWAY_ON_REDIS_DOWN must be admit or refuse")
+        if self.on_redis_down not in ("guaranteed", "refuse"):
+            removed = (
+                " (admit, which admitted everything without a bucket, a limit or a record "
+                "while Redis was down, was removed)"
+                if self.on_redis_down == "admit"
+                else ""
+            )
+            raise SettingsError(f"GATEWAY_ON_REDIS_DOWN must be guaranteed or refuse{removed}")
+        if self.fallback_processes < 0:
+            raise SettingsError("GATEWAY_FALLBACK_PROCESSES must be >= 0")
+
+    @property
+    def fallback_share(self) -> float:
+        """The share of a reservation one worker admits while Redis is down."""
+        return 1.0 / (self.fallback_processes or self.workers)
 
 
 def _parse(name: str, raw: str, kind: type) -> object:

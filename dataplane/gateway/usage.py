@@ -5,9 +5,10 @@ service key GATEWAY_SERVICE_KEY. A batch that cannot be delivered (the control p
 first; ingestion is idempotent on (customer, event_id), so redelivery never double-counts.
 While Redis is down too, undelivered events wait in memory (bounded).
 
-`estimated_mu` (refused events) is sent while the control plane accepts it: a control plane
-whose event schema does not know the field rejects it by name, and the gateway then sends
-those events again without it, and stops sending it.
+The fields added to the event schema over time (`OPTIONAL_FIELDS`: `estimated_mu` of refused
+events, `held_ms`, `streamed`, `fallback_class`) are sent while the control plane accepts them:
+a control plane whose schema does not know one rejects it by name (an older one, mid-rollout),
+and the gateway then sends those events again without it, and stops sending it.
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ from .metrics import USAGE_POSTED
 
 log = logging.getLogger("dataplane.gateway")
 
-ESTIMATED_MU = "estimated_mu"
+# Newer than the first event schema: dropped, and no longer sent, once the control plane
+# rejects them by name.
+OPTIONAL_FIELDS = ("estimated_mu", "held_ms", "streamed", "fallback_class")
 MEMORY_LIMIT_EVENTS = 200_000
 USAGE_PATH = "/api/v1/usage/events"
 
@@ -57,7 +60,7 @@ class UsageSink:
         self.flush_seconds = flush_seconds
         self.spool_retry_seconds = spool_retry_seconds
         self.timeout = aiohttp.ClientTimeout(total=timeout_seconds)
-        self.send_estimated_mu = True
+        self.unknown_fields: set[str] = set()  # OPTIONAL_FIELDS the control plane refused
         self._buffer: list[dict[str, Any]] = []
         self._unspooled: deque[list[dict[str, Any]]] = deque()  # Redis down as well
         self._full = asyncio.Event()
@@ -141,8 +144,8 @@ class UsageSink:
         good); False when it should be tried again later."""
         if not self.url or self._session is None:
             return False
-        if not self.send_estimated_mu:
-            batch = [_without_estimate(e) for e in batch]
+        if self.unknown_fields:
+            batch = [_without(e, self.unknown_fields) for e in batch]
         try:
             async with self._session.post(
                 self.url,
@@ -163,30 +166,37 @@ class UsageSink:
         rejected = body.get("rejected") or []
         again = []
         for item in rejected:
-            reasons = " ".join(str(r) for r in item.get("reasons") or ())
+            reasons = [str(r) for r in item.get("reasons") or ()]
             index = item.get("index")
-            if (
-                self.send_estimated_mu
-                and ESTIMATED_MU in reasons
-                and isinstance(index, int)
-                and 0 <= index < len(batch)
-            ):
-                again.append(_without_estimate(batch[index]))
+            # "held_ms: is not a field of a usage event": a control plane older than the field.
+            unknown = {
+                name
+                for name in OPTIONAL_FIELDS
+                for reason in reasons
+                if reason.startswith(f"{name}:") and "not a field" in reason
+            }
+            if unknown and isinstance(index, int) and 0 <= index < len(batch):
+                self.unknown_fields |= unknown
+                again.append(_without(batch[index], self.unknown_fields))
             else:
                 USAGE_POSTED.labels("rejected").inc()
-                log.error("usage: event %s rejected: %s", item.get("event_id", index), reasons)
+                log.error(
+                    "usage: event %s rejected: %s", item.get("event_id", index), " ".join(reasons)
+                )
         if again:
-            log.warning("usage: the control plane does not take estimated_mu; sent without it")
-            self.send_estimated_mu = False
+            log.warning(
+                "usage: the control plane does not take %s; sent without",
+                ", ".join(sorted(self.unknown_fields)),
+            )
             if not await self._post(again):
                 await self._spool(again)
         return True
 
 
-def _without_estimate(event: dict[str, Any]) -> dict[str, Any]:
-    if ESTIMATED_MU not in event:
+def _without(event: dict[str, Any], names: set[str]) -> dict[str, Any]:
+    if not names.intersection(event):
         return event
-    return {k: v for k, v in event.items() if k != ESTIMATED_MU}
+    return {k: v for k, v in event.items() if k not in names}
 
 
 @dataclass
@@ -207,6 +217,10 @@ class Usage:
     output_tokens: int = 0
     images: int = 0
     ttft_ms: float | None = None
+    # How long the request was held for a model at zero (its cold start), kept apart from its
+    # TTFT, which counts from the end of the hold; None: not held.
+    held_ms: float | None = None
+    streamed: bool | None = None
     engine_usage: bool = False
     # The prompt's text in bytes (None for prompts given as token ids): sent beside the
     # engine's own input token count, it calibrates the model's bytes per token.
@@ -217,6 +231,12 @@ class Usage:
     customer_id: int = 0
     api_key_prefix: str | None = None
     holds_slot: bool = False
+    # Decided by this worker while Redis could not be reached ("guaranteed", or
+    # "refused_guaranteed" / "refused" for a refusal with or without a reservation): sent with
+    # the event, so ingestion bills it by what was decided (verification "fallback").
+    fallback_class: str | None = None
+    # Its one event was handed to the sink (exactly one per request, whatever stage it ends in).
+    recorded: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def take_engine_usage(self, usage: Any) -> None:
@@ -257,6 +277,12 @@ class Usage:
             event["api_key"] = self.api_key_prefix
         if self.ttft_ms is not None:
             event["ttft_ms"] = round(self.ttft_ms, 3)
+        if self.held_ms is not None:
+            event["held_ms"] = round(self.held_ms, 3)
+        if self.streamed is not None:
+            event["streamed"] = self.streamed
+        if self.fallback_class is not None:
+            event["fallback_class"] = self.fallback_class
         if self.outcome == "refused":
             event["estimated_mu"] = self.estimated_mu
         elif self.engine_usage and self.prompt_bytes is not None:

@@ -37,7 +37,7 @@ from capacity.pricing.cost_models import (
     cost_model_retire,
 )
 from capacity.pricing.features import Shape, predict_replica_seconds
-from capacity.pricing.review import BENCHMARK_SHAPES, TRAFFIC, PriceChange
+from capacity.pricing.review import BENCHMARK_SHAPES, TRAFFIC, PriceChange, signed_percent
 from capacity.pricing.selectors import (
     active_cost_models_of_groups,
     cost_model_groups,
@@ -463,9 +463,11 @@ REVIEW_CUSTOMERS_SHOWN = 100
 
 def review_context(cost_model: CostModel, change: PriceChange | None, gpu) -> dict:
     """The price review of a version not in force, in words: per customer "this version would
-    change acme's usage charge by +7.2 % on last week's traffic", and per shape bucket."""
+    change acme's usage charge by +7.2 % on last week's traffic", and per shape bucket; for a
+    candidate, what it was measured from when it was fitted and who was over the limit."""
+    fitted = fitted_review(cost_model) if cost_model.status == CostModel.Status.CANDIDATE else None
     if change is None:
-        return {"change": None}
+        return {"change": None, "fitted": fitted}
     # Off the reference GPU type the MU are this GPU's replica time: what its replicas mint.
     what = "usage charge" if change.prices_usage else f"replica time on {gpu.name}"
     on = {
@@ -491,6 +493,32 @@ def review_context(cost_model: CostModel, change: PriceChange | None, gpu) -> di
         "customers": customers,
         "more_customers": max(0, len(change.by_customer) - REVIEW_CUSTOMERS_SHOWN),
         "api_url": reverse("cost-model-price-change", args=[cost_model.pk]),
+        "fitted": fitted,
+    }
+
+
+def fitted_review(cost_model: CostModel) -> dict | None:
+    """The review stored when the version was fitted (capacity.pricing.review
+    AutoActivationReview.summary), for the page: the baseline it was measured from, the
+    change from it and from the version then active, and the customers over the limit. None
+    for a version fitted with nothing active, or before reviews had a baseline."""
+    stored = cost_model.price_change or {}
+    baseline = stored.get("baseline")
+    if not baseline:
+        return None
+    return {
+        "baseline_version": baseline["version"],
+        "baseline_why": baseline["why"],
+        "baseline_change": signed_percent(baseline["change"]),
+        "baseline_is_active": baseline["is_active"],
+        "active_version": stored["compared_with_version"],
+        "active_change": signed_percent(stored["change"]),
+        "threshold": f"{stored['max_change'] * 100:g} %",
+        "min_customer_requests": stored["min_customer_requests"],
+        "over_limit": [
+            row | {"change_text": signed_percent(row["change"])}
+            for row in stored["customers_over_limit"]
+        ],
     }
 
 

@@ -47,7 +47,7 @@ class WhatIfForm(forms.Form):
             "served_model__name", "name"
         ),
         required=False,
-        empty_label="(the model's, on its reference GPU type)",
+        empty_label="(every deployment of the model)",
         label="Deployment",
     )
     model_config = forms.CharField(

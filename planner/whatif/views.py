@@ -47,9 +47,15 @@ def _cell(value, kind: str) -> str:
     return "—" if value is None else FORMATS[kind].format(value)
 
 
+def _usd(value) -> str:
+    return "—" if value is None else f"${value:,.2f}"
+
+
 def _initial_for(request) -> dict:
     """?model=<id> starts from that model's fleet: its reservations in term (per customer),
-    overcommit and keep-warm, and its deployment's target utilisation."""
+    overcommit and keep-warm, and the target utilisation of its deployment on the reference
+    GPU type. The deployment field stays blank (every deployment of the model) unless the
+    model has only the one."""
     model_id = request.GET.get("model")
     if not (model_id and model_id.isdigit()):
         return {}
@@ -67,10 +73,10 @@ def _initial_for(request) -> dict:
         fleet = from_fleet.fleet_of(served_model)
     except DomainError:
         return initial  # the form says why when it is sent
-    return initial | {
-        "deployment": fleet.deployment,
-        "target_utilisation": fleet.deployment.target_utilisation,
-    }
+    initial["target_utilisation"] = fleet.deployment.target_utilisation
+    if len(fleet.members) == 1 and not fleet.skipped:
+        initial["deployment"] = fleet.deployment  # its only one: the same fleet, named
+    return initial
 
 
 def _runs_page(request):
@@ -135,14 +141,62 @@ def index(request):
     return render(request, "planner/whatif/index.html", context, status=status)
 
 
+def _deployment_rows(run: WhatIfRun, order: list[str]) -> list[dict]:
+    """Per policy, each deployment's replica-hours, GPU-hours and cost, then the model's
+    totals (runs from before whole-model what-ifs have none)."""
+    shares = (run.result or {}).get("deployments") or {}
+    fleet = (run.settings or {}).get("fleet") or {}
+    kinds = {
+        row["name"]: f"{row['gpu_type']}×{row['gpus_per_replica']}"
+        for row in fleet.get("deployments", [])
+    }
+    policies = run.result["policies"] if run.result else {}
+    rows = []
+    for policy in order:
+        if policy not in shares:
+            continue
+        for name, share in shares[policy].items():
+            rows.append(
+                {
+                    "policy": policy,
+                    "deployment": name,
+                    "kind": kinds.get(name, ""),
+                    "cells": [
+                        _cell(share.get("replica_hours"), "hours"),
+                        _cell(share.get("gpu_hours"), "hours"),
+                        _usd(share.get("cost_usd")),
+                    ],
+                }
+            )
+        total = policies.get(policy, {})
+        rows.append(
+            {
+                "policy": policy,
+                "deployment": "model total",
+                "kind": "",
+                "total": True,
+                "cells": [
+                    _cell(
+                        sum(s.get("replica_hours") or 0 for s in shares[policy].values()), "hours"
+                    ),
+                    _cell(total.get("gpu_hours"), "hours"),
+                    _usd(total.get("cost_usd")),
+                ],
+            }
+        )
+    return rows
+
+
 def _run_context(run: WhatIfRun) -> dict:
     rows = []
+    order: list[str] = []
     best = whatif.best_policy(run)
     if run.result:
         results = run.result["policies"]
         # The settings keep the order compare ran them in (static-peak first); jsonb does not.
         order = [name for name in run.settings.get("policies", []) if name in results]
-        for name in order + sorted(set(results) - set(order)):
+        order += sorted(set(results) - set(order))
+        for name in order:
             values = results[name]
             rows.append(
                 {
@@ -155,6 +209,7 @@ def _run_context(run: WhatIfRun) -> dict:
     return {
         "run": run,
         "rows": rows,
+        "deployment_rows": _deployment_rows(run, order),
         "columns": [heading for _, heading, _ in COLUMNS],
         "best": best,
         "slo_goal_percent": f"{settings.get('slo_goal', 0) * 100:g} %",
@@ -208,6 +263,8 @@ def detail(request, pk: int):
         "reserved_total": reserved,
         "model_config": settings.get("model_config"),
         "fleet": settings.get("fleet"),
+        # Whole-model what-ifs keep each deployment (older runs: the one their keys describe).
+        "deployments": (settings.get("fleet") or {}).get("deployments") or [],
         "step_times": _step_times(settings.get("model_config") or {}),
         # Runs from before fleets were simulated keep their only cap in max_replicas.
         "overcommit_cap": settings.get("overcommit_max_replicas", settings.get("max_replicas")),

@@ -8,6 +8,16 @@ from typing import Protocol
 
 
 @dataclass(frozen=True)
+class DeploymentReplicas:
+    """One deployment's replicas as observed: starting + ready (current), and draining."""
+
+    current: int
+    ready: int
+    starting: int
+    draining: int
+
+
+@dataclass(frozen=True)
 class Observation:
     """Only what a live control plane could know at `timestamp_s`; counts cover the last window.
 
@@ -38,9 +48,21 @@ class Observation:
     # Of `waiting_requests`, those held for want of a ready replica (a live gateway holds them
     # for a model at zero: gw:v1:waiting); the rest wait in the engines' queues.
     pending_requests: int = 0
+    # A fleet of several deployments (SimulationSettings.fleet): the replicas of each, in the
+    # fleet's order (the counts above are their sums); empty for a fleet of one kind.
+    deployments: tuple[DeploymentReplicas, ...] = ()
 
 
 class Autoscaler(Protocol):
+    """Decides the fleet's size every tick.
+
+    In a fleet of several deployments, the count is in replicas of the fleet's unit
+    deployment, placed over the deployments as the live policy places capacity
+    (`DeploymentFleet.place`); an autoscaler that sizes each deployment itself (the live
+    policy) also has `deployment_targets()`, read after each `decide`, which gives one count
+    per deployment (None: place the count). An autoscaler may also have `initial_replicas()`,
+    the fleet it starts with."""
+
     def decide(self, observation: Observation) -> int:
         """Target number of replicas (starting + ready)."""
         ...

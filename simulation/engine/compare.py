@@ -61,6 +61,22 @@ candidates: its run is reused when oracle ran first, else made). `static_replica
 policy's fleet (NaN for the others); `savings_vs_static_slo` is 1 - GPU-hours / static-slo's
 and `oracle_slo_savings_share` a policy's saving over static-slo divided by oracle-slo's (NaN
 unless both ran; oracle-slo's is 1).
+
+A model of several deployments (`fleet`, a `DeploymentFleet`): every policy runs over all of
+them. The live policy sizes each deployment as it does live (cheapest $/MU first, within each
+one's max replicas and its pool's GPUs, a pool shared by several counted once); the others
+size the fleet in replicas of its unit deployment (the cheapest MU's: `replica_mu_per_minute`,
+`gpus_per_replica`, the model and its cold start are that deployment's), which the fleet places
+the same way (`DeploymentFleet.place`). The fleet caps `max_replicas` at what it holds, and a
+given `cold_start_seconds` replaces every deployment's. The result adds, per policy, its
+`cost_usd` (GPU-hours at each deployment's GPU price) and, under `deployments`, each
+deployment's `replica_hours`, `gpu_hours` and `cost_usd` (what the scored part held of it):
+
+    {"policies": {...}, "deployments": {POLICY: {DEPLOYMENT: {replica_hours, gpu_hours,
+                                                             cost_usd}}}}
+
+A fleet of one deployment is simulated exactly as that deployment's replica alone, and only
+adds its costs.
 """
 
 from __future__ import annotations
@@ -69,7 +85,7 @@ import importlib
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Protocol, TypedDict, cast
+from typing import NotRequired, Protocol, Required, TypedDict, cast
 
 import numpy as np
 
@@ -85,6 +101,7 @@ from .baselines import (
     replicas_for,
     static_peak_replicas,
 )
+from .deployments import DeploymentFleet
 from .fleet import (
     ADMITTED_GUARANTEED,
     NOT_ADMITTED,
@@ -164,6 +181,18 @@ class _SettingsKwargs(TypedDict):
     tick_seconds: float
     ttft_slo_seconds: float
     request_mu: Callable[[TraceRequest], float]
+    fleet: DeploymentFleet | None
+
+
+# A deployment's share of a policy's run: replica_hours, gpu_hours, cost_usd.
+DeploymentShare = dict[str, float]
+
+
+class Comparison(TypedDict):
+    """compare()'s result (the module docstring)."""
+
+    policies: Required[dict[str, dict[str, float]]]
+    deployments: NotRequired[dict[str, dict[str, DeploymentShare]]]
 
 
 class PolicyError(ValueError):
@@ -192,6 +221,13 @@ class _Capped:
 
     def decide(self, observation: Observation) -> int:
         return min(self.cap, self.autoscaler.decide(observation))
+
+    def deployment_targets(self) -> tuple[int, ...] | None:
+        """A policy that sizes each deployment itself plans within the cap (its context's
+        `max_replicas`, placed): its targets pass as they are."""
+        own = getattr(self.autoscaler, "deployment_targets", None)
+        targets: tuple[int, ...] | None = own() if own is not None else None
+        return targets
 
 
 def policy_registry() -> tuple[dict[str, Callable[[PolicyContext], Autoscaler]], dict[str, str]]:
@@ -270,12 +306,14 @@ def build_context(
     request_mu: Callable[[TraceRequest], float] | None = None,
     replica_mu_per_minute: float = REPLICA_MU_PER_MINUTE,
     scale_to_zero_after_seconds: float | None = DEFAULT_SCALE_TO_ZERO_AFTER_SECONDS,
+    fleet: DeploymentFleet | None = None,
 ) -> PolicyContext:
     """The context every policy is built from; `future=True` adds the requests (oracle only).
 
     `max_replicas`, if given, caps the fleet below what the trace and reservations would allow.
     `request_mu` prices a request (default: the model's ground truth at a full batch) and a
-    replica serves `replica_mu_per_minute` of such MU (default R).
+    replica serves `replica_mu_per_minute` of such MU (default R). `fleet`: the model's
+    several deployments (the counts are then in replicas of its unit deployment).
     """
     request_mu = request_mu or request_mu_of_model(model)
     summary = summarise(requests)
@@ -298,6 +336,7 @@ def build_context(
         peak_rate_req_per_s=summary.peak_rate_req_per_s_1min,
         mean_request_mu=mean_mu,
         future_requests=tuple(requests) if future else (),
+        fleet=fleet,
     )
     top = max(4 * peak_mu_per_minute, sum(reservations.values()))
     cap = max_replicas
@@ -337,7 +376,8 @@ def compare(
     replica_mu_per_minute: float = REPLICA_MU_PER_MINUTE,
     scale_to_zero_after_seconds: float | None = DEFAULT_SCALE_TO_ZERO_AFTER_SECONDS,
     reference: bool = True,
-) -> dict[str, dict[str, dict[str, float]]]:
+    fleet: DeploymentFleet | None = None,
+) -> Comparison:
     """Simulate each policy over `requests` (see the module docstring for the result).
 
     `reference=False` leaves static-peak out unless asked for (a caller that runs it in another
@@ -353,7 +393,11 @@ def compare(
     does (`request_mu_of_weights`), `replica_mu_per_minute` is what one of its replicas serves
     of such MU (R on the reference GPU type, the exchange rate on another), and
     `scale_to_zero_after_seconds` is its idle window (None: never to zero). By default requests
-    are priced at the model's ground truth, R per replica, 600 s."""
+    are priced at the model's ground truth, R per replica, 600 s.
+
+    A model's several deployments (`fleet`): see the module docstring; their replicas, GPUs,
+    cold starts and idle windows replace `model`, `gpus_per_replica`, `replica_mu_per_minute`
+    and `scale_to_zero_after_seconds` (those of its unit deployment)."""
     if max_replicas is not None and max_replicas < 1:
         raise ValueError(f"max_replicas must be at least 1, got {max_replicas}")
     if not 0 < target_utilisation <= 1:
@@ -366,6 +410,24 @@ def compare(
         raise PolicyError(f"unknown policy {unknown[0]!r} (known: {', '.join(known_policies())})")
     if MODELUNIT in policies and MODELUNIT in missing:
         raise PolicyError(missing[MODELUNIT])
+    fleet_of_costs = fleet  # what the costs are counted by (a fleet of one included)
+    if fleet is not None:
+        if cold_start_seconds is not None:
+            fleet = fleet.with_cold_start(cold_start_seconds)
+            fleet_of_costs = fleet
+        unit = fleet.unit
+        model = unit.model
+        gpus_per_replica = unit.gpus_per_replica
+        replica_mu_per_minute = unit.replica_mu_per_minute
+        scale_to_zero_after_seconds = unit.scale_to_zero_after_seconds
+        cold_start_seconds = unit.cold_start_seconds
+        # Never more than the fleet holds (its deployments' max replicas, its pools' GPUs);
+        # at least one replica, as a deployment alone always had.
+        held = max(1, fleet.capacity_replicas)
+        max_replicas = held if max_replicas is None else min(max_replicas, held)
+        if len(fleet) == 1:
+            # One kind of replica: simulated as ever, the fleet only counts its costs.
+            fleet = None
     cold_start = model.cold_start_seconds if cold_start_seconds is None else cold_start_seconds
     order = [REFERENCE] + [p for p in dict.fromkeys(policies) if p != REFERENCE]
     if not reference and REFERENCE not in policies:
@@ -394,6 +456,7 @@ def compare(
         "tick_seconds": tick_seconds,
         "ttft_slo_seconds": slo_ttft_ms / 1000.0,
         "request_mu": request_mu or request_mu_of_model(model),
+        "fleet": fleet,
     }
     # One context for every policy (building it prices the whole trace twice); the oracle's
     # adds the requests it will meet.
@@ -410,6 +473,7 @@ def compare(
         request_mu=settings_kwargs["request_mu"],
         replica_mu_per_minute=replica_mu_per_minute,
         scale_to_zero_after_seconds=scale_to_zero_after_seconds,
+        fleet=fleet,
     )
     first_scored = len(replayed) - len(requests)
 
@@ -448,6 +512,7 @@ def compare(
         return run(fleet, fleet, max_misses=allowed)
 
     results: dict[str, dict[str, float]] = {}
+    shares: dict[str, dict[str, DeploymentShare]] = {}
     static_replicas: dict[str, int] = {}
     static_run: Scored | None = None
     # The old oracle's schedule, simulated (when oracle runs before oracle-slo): one of
@@ -514,6 +579,9 @@ def compare(
             "static_replicas": static_replicas.get(name, math.nan),
             **_refusals(result, guaranteed, within[first_scored:], admission),
         }
+        if fleet_of_costs is not None:
+            shares[name] = _shares(fleet_of_costs, result)
+            results[name]["cost_usd"] = sum(share["cost_usd"] for share in shares[name].values())
         if on_policy is not None:
             on_policy(name, len(results), len(order))
     reference_hours = results[REFERENCE]["gpu_hours"] if REFERENCE in results else math.nan
@@ -530,7 +598,27 @@ def compare(
             (static_slo_hours - hours) / headroom if headroom > 0 else math.nan
         )
         out[name] = {key: row[key] for key in METRICS}
-    return {"policies": out}
+        if fleet_of_costs is not None:
+            out[name]["cost_usd"] = row["cost_usd"]
+    if fleet_of_costs is None:
+        return {"policies": out}
+    return {"policies": out, "deployments": {name: shares[name] for name in order}}
+
+
+def _shares(fleet: DeploymentFleet, result: SimulationResult) -> dict[str, DeploymentShare]:
+    """Each deployment's replica-hours, GPU-hours and cost in a run (its scored part)."""
+    hours = result.deployment_replica_hours()
+    shares: dict[str, DeploymentShare] = {}
+    for deployment, replica_hours in zip(fleet.deployments, hours, strict=True):
+        gpu_hours = replica_hours * deployment.gpus_per_replica
+        if len(fleet) == 1:
+            gpu_hours = result.gpu_hours  # the very figure the policy's row reports
+        shares[deployment.name] = {
+            "replica_hours": replica_hours,
+            "gpu_hours": gpu_hours,
+            "cost_usd": gpu_hours * deployment.gpu_hourly_cost_usd,
+        }
+    return shares
 
 
 def _saving(reference_hours: float, hours: float) -> float:

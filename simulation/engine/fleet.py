@@ -25,6 +25,16 @@ Admission (optional, `SimulationSettings.admission`) decides each request on arr
 class (`SimulationResult.admission_class`); a refused request is resolved at once (REFUSED) and
 shown to the next tick with its MU and the class it was refused in (`Observation.refused_mu`),
 as a refused usage event shows it to the live tick.
+
+Several deployments (`SimulationSettings.fleet`, a `DeploymentFleet`): each replica belongs to
+one deployment and follows that deployment's profile (its steps, batch and KV cache), cold
+start and GPUs per replica; the autoscaler's count is placed over the deployments
+(`DeploymentFleet.place`) unless it sizes each deployment itself (`deployment_targets()`), and
+each deployment scales apart. Routing sends a request to the ready replica with the least
+outstanding work in that replica's own seconds, among those whose KV cache holds it (a request
+no deployment's cache holds is refused). GPU-hours add up each deployment's replicas times its
+GPUs per replica, and the result keeps each deployment's replicas over time
+(`SimulationResult.deployment_replica_hours`). Without a fleet, one kind of replica, as ever.
 """
 
 from __future__ import annotations
@@ -38,7 +48,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .admission import BEST_EFFORT, GUARANTEED, REFUSED_GUARANTEED, Admission
-from .autoscaling import Autoscaler, Observation
+from .autoscaling import Autoscaler, DeploymentReplicas, Observation
+from .deployments import DeploymentFleet
 from .profile import ModelConfig
 from .traces import TraceRequest
 
@@ -71,6 +82,10 @@ class SimulationSettings:
     # SLO. A search in the simulator only needs to know that a fleet misses its objective.
     max_misses: int | None = None
     misses_from: int = 0
+    # The model's several deployments (None: one kind of replica, `model` above). Each
+    # deployment's profile, cold start and GPUs then replace `model`, `cold_start_seconds` and
+    # `gpus_per_replica`, and `initial_replicas` is placed as the autoscaler's counts are.
+    fleet: DeploymentFleet | None = None
 
 
 @dataclass(frozen=True)
@@ -99,6 +114,22 @@ class SimulationResult:
     # Stopped at `end_s` on its `max_misses`: requests not resolved by then count as misses
     # (their outcome is -1), and GPU-hours stop there.
     stopped: bool = False
+    # A fleet of several deployments: each one's replicas after each change (one column per
+    # deployment, in the fleet's order) and its GPUs per replica; None and () otherwise.
+    deployment_replicas_after_change: np.ndarray | None = None
+    deployment_gpus_per_replica: tuple[int, ...] = ()
+
+    def deployment_replica_hours(self) -> tuple[float, ...]:
+        """Replica-hours of each deployment (a fleet of one kind: its one count)."""
+        times = np.append(self.replica_change_s, self.end_s)
+        durations = np.diff(times)
+        if self.deployment_replicas_after_change is None:
+            return (float(np.sum(durations * self.replicas_after_change)) / 3600.0,)
+        by_deployment = self.deployment_replicas_after_change
+        return tuple(
+            float(np.sum(durations * by_deployment[:, column])) / 3600.0
+            for column in range(by_deployment.shape[1])
+        )
 
     def since(self, from_s: float, first_request: int) -> SimulationResult:
         """The part of the run from `from_s` on: requests from `first_request` on (in the order
@@ -109,6 +140,17 @@ class SimulationResult:
         times = np.concatenate(([from_s], change_s[before + 1 :], [self.end_s]))
         counts = np.concatenate(([alive[before] if before >= 0 else 0], alive[before + 1 :]))
         replica_seconds = float(np.sum(np.diff(times) * counts))
+        gpu_hours = replica_seconds * self.gpus_per_replica / 3600.0
+        by_deployment = self.deployment_replicas_after_change
+        if by_deployment is not None:
+            first_row = (
+                by_deployment[before]
+                if before >= 0
+                else np.zeros(by_deployment.shape[1], dtype=by_deployment.dtype)
+            )
+            by_deployment = np.vstack(([first_row], by_deployment[before + 1 :]))
+            gpus = np.asarray(self.deployment_gpus_per_replica, dtype=float)
+            gpu_hours = float(np.sum(np.diff(times)[:, None] * by_deployment * gpus)) / 3600.0
         events = self.scale_event_s
         part = slice(first_request, None)
         return replace(
@@ -122,7 +164,8 @@ class SimulationResult:
             tpot_s=self.tpot_s[part],
             replica_change_s=times[:-1],
             replicas_after_change=counts.astype(np.int32),
-            gpu_hours=replica_seconds * self.gpus_per_replica / 3600.0,
+            gpu_hours=gpu_hours,
+            deployment_replicas_after_change=by_deployment,
             scale_events=(
                 int(np.count_nonzero(events >= from_s)) if events is not None else self.scale_events
             ),
@@ -188,6 +231,7 @@ def _percentile_ms(values_s: np.ndarray, percentile: float) -> float:
 class _Replica:
     __slots__ = (
         "state",
+        "group",  # the deployment it belongs to (its index in the fleet; 0 without one)
         "running",  # heap of (finish step number, request index)
         "waiting",  # deque of request indices, in arrival order
         "blocked",  # the head of `waiting` did not fit at the last boundary
@@ -205,8 +249,9 @@ class _Replica:
         "outstanding_s",
     )
 
-    def __init__(self, state: int):
+    def __init__(self, state: int, group: int = 0):
         self.state = state
+        self.group = group
         self.running: list[tuple[int, int]] = []
         self.waiting: deque[int] = deque()
         self.blocked = self.budget_spent = False
@@ -254,21 +299,37 @@ class _Fleet:
         self, requests: Sequence[TraceRequest], settings: SimulationSettings, autoscaler: Autoscaler
     ):
         model = settings.model
-        if model.decode_step_base_seconds + model.decode_seconds_per_sequence <= 0:
-            raise ValueError("a decode step must take time (base + per-sequence > 0)")
+        fleet = settings.fleet
+        # One group of replicas per deployment: (profile, cold start, GPUs per replica).
+        if fleet is None:
+            cold_start_s = (
+                model.cold_start_seconds
+                if settings.cold_start_seconds is None
+                else settings.cold_start_seconds
+            )
+            groups = [(model, cold_start_s, settings.gpus_per_replica)]
+        else:
+            groups = [
+                (d.model, d.cold_start_seconds, d.gpus_per_replica) for d in fleet.deployments
+            ]
+        for group_model, _, _ in groups:
+            if group_model.decode_step_base_seconds + group_model.decode_seconds_per_sequence <= 0:
+                raise ValueError("a decode step must take time (base + per-sequence > 0)")
         if settings.tick_seconds <= 0:
             raise ValueError("tick_seconds must be > 0")
         if settings.admission is not None and settings.request_mu is None:
             raise ValueError("admission charges MU: give request_mu too")
         self.requests = requests
         self.settings = settings
-        self.model = model
+        self.fleet = fleet
+        self.models = [group[0] for group in groups]
+        self.cold_starts_s = [group[1] for group in groups]
+        self.gpus_per_replica = [group[2] for group in groups]
         self.autoscaler = autoscaler
-        self.cold_start_s = (
-            model.cold_start_seconds
-            if settings.cold_start_seconds is None
-            else settings.cold_start_seconds
-        )
+        # The largest and smallest KV cache: a request longer than the largest is refused, one
+        # longer than the smallest may run only on some replicas.
+        self.max_kv_tokens = max(m.kv_cache_tokens for m in self.models)
+        self.min_kv_tokens = min(m.kv_cache_tokens for m in self.models)
         n = len(requests)
         self.arrival = [r.arrival_s for r in requests]
         self.inputs = [r.input_tokens for r in requests]
@@ -276,13 +337,17 @@ class _Fleet:
         self.outputs = [max(1, r.output_tokens) for r in requests]
         self.order = sorted(range(n), key=self.arrival.__getitem__)
         ins, outs = np.asarray(self.inputs, float), np.asarray(self.outputs, float)
-        # Routing weight: the ground-truth cost at a full batch (ground_truth_replica_seconds).
-        self.cost_s = (
-            model.prefill_seconds_per_token * ins
-            + outs * (model.decode_step_base_seconds / model.max_num_seqs)
-            + outs * model.decode_seconds_per_sequence
-            + model.decode_seconds_per_context_token * (ins * outs + outs * outs / 2)
-        ).tolist()
+        # Routing weight: the ground-truth cost at a full batch (ground_truth_replica_seconds),
+        # on each deployment's replicas.
+        self.cost_s = [
+            (
+                m.prefill_seconds_per_token * ins
+                + outs * (m.decode_step_base_seconds / m.max_num_seqs)
+                + outs * m.decode_seconds_per_sequence
+                + m.decode_seconds_per_context_token * (ins * outs + outs * outs / 2)
+            ).tolist()
+            for m in self.models
+        ]
         nan = math.nan
         # Each request's MU, priced once: admission charges it on arrival, usage on finish.
         request_mu = settings.request_mu
@@ -300,15 +365,18 @@ class _Fleet:
         self.ready: list[_Replica] = []
         self.pending: deque[int] = deque()
         self.alive = 0
+        self.alive_by_group = [0] * len(groups)
+        self.alive_gpus = 0
         self.alive_since_s = 0.0
         self.gpu_seconds = 0.0
         self.change_s: list[float] = [0.0]
         self.change_alive: list[int] = [0]
+        self.change_alive_by_group: list[list[int]] = [[0] * len(groups)]
         self.window = [0, 0, 0, 0]  # arrived, completed, refused, timed out
         self.mu_by_client: dict[str, float] = {}
         self.completed_mu: list[tuple[str, float, float]] = []
         self.refused_mu: list[tuple[str, float, float, bool]] = []
-        self.last_target: int | None = None
+        self.last_target: int | tuple[int, ...] | None = None
         self.misses = 0
         self.max_misses = settings.max_misses
         self.stopped = False
@@ -319,8 +387,14 @@ class _Fleet:
 
     def run(self) -> SimulationResult:
         settings = self.settings
-        for _ in range(settings.initial_replicas):
-            self.ready.append(self._add_replica(_READY, 0.0))
+        initial: tuple[int, ...]
+        if self.fleet is None:
+            initial = (settings.initial_replicas,)
+        else:
+            initial = self.fleet.place(settings.initial_replicas)
+        for group, count in enumerate(initial):
+            for _ in range(count):
+                self.ready.append(self._add_replica(_READY, 0.0, group))
         self._push(0.0, _TICK, None, 0)
         horizon_s = settings.horizon_s
         if horizon_s is None:
@@ -369,7 +443,7 @@ class _Fleet:
         self.window[0] += 1
         request = self.requests[index]
         settings = self.settings
-        too_long = self.inputs[index] + self.outputs[index] > self.model.kv_cache_tokens
+        too_long = self.inputs[index] + self.outputs[index] > self.max_kv_tokens
         refused = too_long
         if not refused and settings.admission is not None:
             mu = self.mu[index]
@@ -389,14 +463,20 @@ class _Fleet:
             self.window[2] += 1
             if self.max_misses is not None:
                 self._missed(index, t_s)
-        elif self.ready:
-            self._route(index, t_s)
-        else:
+        elif not (self.ready and self._route(index, t_s)):
             self.pending.append(index)
 
-    def _route(self, index: int, t_s: float) -> None:
-        replica = min(self.ready, key=_outstanding)
-        replica.outstanding_s += self.cost_s[index]
+    def _route(self, index: int, t_s: float) -> bool:
+        """Send the request to a ready replica; False when none can hold it (it waits)."""
+        candidates = self.ready
+        need = self.inputs[index] + self.outputs[index]
+        if need > self.min_kv_tokens:
+            # Only the replicas whose KV cache holds it (some deployment's does).
+            candidates = [r for r in self.ready if need <= self.models[r.group].kv_cache_tokens]
+            if not candidates:
+                return False
+        replica = min(candidates, key=_outstanding)
+        replica.outstanding_s += self.cost_s[replica.group][index]
         replica.waiting.append(index)
         if not replica.running:
             if replica.event_steps == 0:
@@ -409,12 +489,15 @@ class _Fleet:
             steps = replica.steps_until(t_s)
             if steps < replica.event_steps:
                 self._schedule(replica, steps)
+        return True
 
     def _dispatch_pending(self, t_s: float) -> None:
+        held: deque[int] = deque()  # those no ready replica can hold, in their order
         while self.pending:
             index = self.pending.popleft()
-            if not self._expired(index, t_s):
-                self._route(index, t_s)
+            if not self._expired(index, t_s) and not self._route(index, t_s):
+                held.append(index)
+        self.pending = held
 
     def _expired(self, index: int, t_s: float) -> bool:
         """Time the request out if it waited past the timeout; True if it did."""
@@ -439,7 +522,7 @@ class _Fleet:
 
     def _boundary(self, replica: _Replica, t_s: float) -> None:
         """A step boundary: advance the segment, finish, admit, and start the next segment."""
-        model = self.model
+        model = self.models[replica.group]
         steps = replica.event_steps
         if replica.running and steps > 0:
             replica.steps_done += steps
@@ -475,7 +558,7 @@ class _Fleet:
             self._remove(replica, t_s)
 
     def _admit(self, replica: _Replica, t_s: float) -> tuple[int, list[int]]:
-        model, waiting, running = self.model, replica.waiting, replica.running
+        model, waiting, running = self.models[replica.group], replica.waiting, replica.running
         prefill_tokens = 0
         replica.budget_spent = False
         admitted: list[int] = []
@@ -483,7 +566,7 @@ class _Fleet:
             index = waiting[0]
             if self._expired(index, t_s):
                 waiting.popleft()
-                replica.outstanding_s -= self.cost_s[index]
+                replica.outstanding_s -= self.cost_s[replica.group][index]
                 continue
             need = self.inputs[index] + self.outputs[index]
             if replica.kv_tokens + need > model.kv_cache_tokens:
@@ -505,7 +588,7 @@ class _Fleet:
     def _finish(self, replica: _Replica, index: int, t_s: float) -> None:
         replica.kv_tokens -= self.inputs[index] + self.outputs[index]
         replica.context_tokens -= self.inputs[index] + self.outputs[index]
-        replica.outstanding_s -= self.cost_s[index]
+        replica.outstanding_s -= self.cost_s[replica.group][index]
         self.finish[index] = t_s
         self.outcome[index] = SERVED
         self.unresolved -= 1
@@ -521,10 +604,10 @@ class _Fleet:
         replica.event_steps = steps
         self._push(replica.time_after(steps), _BOUNDARY, replica, replica.version)
 
-    def _add_replica(self, state: int, t_s: float) -> _Replica:
-        replica = _Replica(state)
+    def _add_replica(self, state: int, t_s: float, group: int) -> _Replica:
+        replica = _Replica(state, group)
         self.replicas.append(replica)
-        self._count_alive(t_s, +1)
+        self._count_alive(t_s, +1, group)
         return replica
 
     def _remove(self, replica: _Replica, t_s: float) -> None:
@@ -533,47 +616,53 @@ class _Fleet:
         self.replicas.remove(replica)
         if replica in self.ready:
             self.ready.remove(replica)
-        self._count_alive(t_s, -1)
+        self._count_alive(t_s, -1, replica.group)
 
-    def _count_alive(self, t_s: float, delta: int) -> None:
+    def _count_alive(self, t_s: float, delta: int, group: int = 0) -> None:
         """Integrate GPU time up to t_s, then change the number of replicas holding GPUs."""
-        self.gpu_seconds += self.alive * self.settings.gpus_per_replica * (t_s - self.alive_since_s)
+        self.gpu_seconds += self.alive_gpus * (t_s - self.alive_since_s)
         self.alive_since_s = t_s
         if delta:
             self.alive += delta
+            self.alive_by_group[group] += delta
+            self.alive_gpus += delta * self.gpus_per_replica[group]
             if self.change_s[-1] == t_s:
                 self.change_alive[-1] = self.alive
+                self.change_alive_by_group[-1] = list(self.alive_by_group)
             else:
                 self.change_s.append(t_s)
                 self.change_alive.append(self.alive)
+                self.change_alive_by_group.append(list(self.alive_by_group))
 
-    def _scale(self, target: int, t_s: float) -> None:
-        """Up: revive draining replicas, then start new ones. Down: cancel starting ones (newest
+    def _scale(self, target: int, t_s: float, group: int = 0) -> None:
+        """Scale one deployment's replicas (without a fleet: every replica) to `target`.
+        Up: revive draining replicas, then start new ones. Down: cancel starting ones (newest
         first), then stop idle ready ones, then drain the least loaded."""
-        starting = [r for r in self.replicas if r.state == _STARTING]
-        draining = [r for r in self.replicas if r.state == _DRAINING]
-        excess = len(starting) + len(self.ready) - target
+        mine = [r for r in self.replicas if r.group == group]
+        ready = [r for r in self.ready if r.group == group]
+        starting = [r for r in mine if r.state == _STARTING]
+        draining = [r for r in mine if r.state == _DRAINING]
+        excess = len(starting) + len(ready) - target
         while excess < 0 and draining:
             replica = draining.pop()
             replica.state = _READY
             self.ready.append(replica)
             excess += 1
         for _ in range(-excess):
-            replica = self._add_replica(_STARTING, t_s)
-            self._push(t_s + self.cold_start_s, _REPLICA_READY, replica, 0)
+            replica = self._add_replica(_STARTING, t_s, group)
+            self._push(t_s + self.cold_starts_s[group], _REPLICA_READY, replica, 0)
         while excess > 0 and starting:
             self._remove(starting.pop(), t_s)
             excess -= 1
-        for replica in reversed(list(self.ready)):
+        for replica in reversed(ready):
             if excess > 0 and not replica.running and not replica.waiting:
                 self._remove(replica, t_s)
                 excess -= 1
         if excess > 0:
-            for replica in sorted(self.ready, key=_outstanding)[:excess]:
+            still_ready = [r for r in ready if r.state == _READY]
+            for replica in sorted(still_ready, key=_outstanding)[:excess]:
                 replica.state = _DRAINING
                 self.ready.remove(replica)
-        if self.ready and self.pending:
-            self._dispatch_pending(t_s)
 
     def _tick(self, t_s: float) -> None:
         timeout_s = self.settings.queue_timeout_seconds
@@ -583,6 +672,9 @@ class _Fleet:
         waiting = len(self.pending) + sum(len(r.waiting) for r in self.replicas)
         starting = sum(1 for r in self.replicas if r.state == _STARTING)
         arrived, completed, refused, timed_out = self.window
+        deployments: tuple[DeploymentReplicas, ...] = ()
+        if self.fleet is not None:
+            deployments = tuple(self._replicas_of(group) for group in range(len(self.models)))
         observation = Observation(
             timestamp_s=t_s,
             window_s=self.settings.tick_seconds,
@@ -600,17 +692,45 @@ class _Fleet:
             draining_replicas=len(self.replicas) - starting - len(self.ready),
             running_requests=running,
             waiting_requests=waiting,
+            deployments=deployments,
         )
         self.window = [0, 0, 0, 0]
         self.mu_by_client = {}
         self.completed_mu = []
         self.refused_mu = []
         target = max(0, int(self.autoscaler.decide(observation)))
-        if self.last_target is not None and target != self.last_target:
+        if self.fleet is None:
+            targets: int | tuple[int, ...] = target
+        else:
+            own = getattr(self.autoscaler, "deployment_targets", None)
+            chosen = own() if own is not None else None
+            targets = (
+                tuple(max(0, int(t)) for t in chosen)
+                if chosen is not None
+                else self.fleet.place(target)
+            )
+        if self.last_target is not None and targets != self.last_target:
             self.scale_events += 1
             self.scale_event_times.append(t_s)
-        self.last_target = target
-        self._scale(target, t_s)
+        self.last_target = targets
+        if isinstance(targets, int):
+            self._scale(targets, t_s)
+        else:
+            for group, count in enumerate(targets):
+                self._scale(count, t_s, group)
+        if self.ready and self.pending:
+            self._dispatch_pending(t_s)
+
+    def _replicas_of(self, group: int) -> DeploymentReplicas:
+        mine = [r for r in self.replicas if r.group == group]
+        starting = sum(1 for r in mine if r.state == _STARTING)
+        ready = sum(1 for r in mine if r.state == _READY)
+        return DeploymentReplicas(
+            current=starting + ready,
+            ready=ready,
+            starting=starting,
+            draining=len(mine) - starting - ready,
+        )
 
     def _result(self, end_s: float) -> SimulationResult:
         arrival = np.asarray(self.arrival, float)
@@ -641,6 +761,16 @@ class _Fleet:
             admission_class=np.asarray(self.admission_class, np.int8),
             request_mu=np.asarray(self.mu, float),
             stopped=self.stopped,
+            deployment_replicas_after_change=(
+                None
+                if self.fleet is None
+                else np.asarray(self.change_alive_by_group, np.int32).reshape(
+                    len(self.change_s), len(self.models)
+                )
+            ),
+            deployment_gpus_per_replica=(
+                () if self.fleet is None else tuple(self.gpus_per_replica)
+            ),
         )
 
 

@@ -28,6 +28,14 @@ Not fed: the engines' own MU/min (Prometheus), a floor for when metering lags, s
 simulator's metering never lags (it would equal the metered MU); and the demand's trend, whose
 live computation the tick does not define yet (the cold-start lead stays off).
 
+A model of several deployments (`PolicyContext.fleet`): the snapshot holds every deployment,
+each with its own replica capacity, GPUs per replica and their price, cold start and idle
+window, the replicas observed of it and its own recent recommendations, its limit its share of
+the fleet's cap (`DeploymentFleet.place`: all it holds without a cap), and the pools' GPUs,
+shared by the deployments on them; the policy spreads the demand over them cheapest $/MU first
+as it does live, and `ModelUnitAutoscaler.deployment_targets()` gives the fleet its target for
+each.
+
 Admission allowances: `ModelUnitAutoscaler.allowances` holds those of its latest decision (the
 policy's, from the replicas observed ready). `LiveAllowances` gives the same allowances for a
 fleet some other policy sizes: it builds the same snapshot with that fleet's observed replicas
@@ -36,7 +44,7 @@ allowance code, never a copy of it.
 """
 
 from collections import defaultdict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from capacity.admission.bucket import DEFAULT_BURST_SECONDS
 from capacity.allocation.bursts import Bursts, bursts
@@ -56,7 +64,8 @@ from capacity.allocation.policy import (
 )
 from capacity.allocation.trend import TREND_MINUTES, demand_trend_mu_per_minute_per_second
 from simulation.engine.admission import TokenBucketAdmission
-from simulation.engine.autoscaling import Autoscaler, Observation
+from simulation.engine.autoscaling import Autoscaler, DeploymentReplicas, Observation
+from simulation.engine.deployments import DeploymentFleet
 from simulation.engine.policy_context import PolicyContext
 
 # The live tick's windows.
@@ -68,6 +77,24 @@ DEFAULT_STABILISATION_SECONDS = 120.0
 
 # The client's rates for admission: (guaranteed, best-effort) MU/min.
 Rates = tuple[dict[str, float], dict[str, float]]
+# Per deployment of a fleet: (seconds before now, recommended replicas) of earlier ticks.
+Recommendations = tuple[tuple[float, int], ...]
+
+
+def observed_replicas(
+    fleet: DeploymentFleet, observation: Observation
+) -> tuple[DeploymentReplicas, ...]:
+    """Each deployment's replicas in the observation; an observation that only counts them
+    (a fleet sized in replicas of the unit: the searches' and the opening fleet's) has them
+    placed as the fleet places a policy's count."""
+    if observation.deployments:
+        return observation.deployments
+    ready = fleet.place(observation.ready_replicas)
+    current = fleet.place(observation.current_replicas)
+    return tuple(
+        DeploymentReplicas(current=max(c, r), ready=r, starting=max(0, c - r), draining=0)
+        for c, r in zip(current, ready, strict=True)
+    )
 
 
 class LiveDemand:
@@ -194,10 +221,82 @@ class LiveDemand:
         *,
         recommendations: tuple[tuple[float, int], ...] = (),
         stabilisation_seconds: float = DEFAULT_STABILISATION_SECONDS,
+        deployment_recommendations: Sequence[Recommendations] = (),
     ) -> Snapshot:
         """The live tick's snapshot of the simulated model at this observation: one
-        deployment with the fleet's observed replicas."""
+        deployment with the fleet's observed replicas (`recommendations` its recent ones), or
+        every deployment of the context's fleet (`deployment_recommendations`, one each)."""
         now = observation.timestamp_s
+        context = self.context
+        if context.fleet is not None:
+            deployments, pools = self._fleet_states(
+                context.fleet, observation, deployment_recommendations
+            )
+        else:
+            deployments, pools = self._single_states(observation, recommendations)
+        idle = None if self._last_use_s is None else now - self._last_use_s
+        recent_bursts = self.bursts(now) if self.track_bursts else Bursts(0.0, 0.0)
+        held = min(observation.pending_requests, observation.waiting_requests)
+        return Snapshot(
+            models=(
+                ModelSnapshot(
+                    1,
+                    "simulated",
+                    self.customers(now),
+                    deployments,
+                    idle,
+                    waiting_mu=(observation.waiting_requests - held) * context.mean_request_mu,
+                    gateway_waiting_mu=held * context.mean_request_mu,
+                    burst_mu_per_minute=recent_bursts.burst_mu_per_minute,
+                    burst_window_busiest_minute_mu=recent_bursts.busiest_minute_mu,
+                    demand_trend_mu_per_minute_per_second=self.trend(now),
+                ),
+            ),
+            pools=pools,
+            settings=PolicySettings(stabilisation_window_seconds=stabilisation_seconds),
+        )
+
+    def _fleet_states(
+        self,
+        fleet: DeploymentFleet,
+        observation: Observation,
+        recommendations: Sequence[Recommendations],
+    ) -> tuple[tuple[DeploymentState, ...], tuple[PoolState, ...]]:
+        context = self.context
+        # Each deployment's limit: its share of the fleet's cap, or all it holds.
+        if context.max_replicas >= fleet.capacity_replicas:
+            limits = fleet.most
+        else:
+            limits = fleet.place(context.max_replicas)
+        observed = observed_replicas(fleet, observation)
+        states = tuple(
+            DeploymentState(
+                deployment_id=index + 1,
+                name=d.name,
+                pool_id=fleet.pool_id(d),
+                gpus_per_replica=d.gpus_per_replica,
+                mu_per_minute_per_replica=d.replica_mu_per_minute,
+                current_replicas=seen.current,
+                ready_replicas=seen.ready,
+                starting_replicas=seen.starting,
+                draining_replicas=seen.draining,
+                min_replicas=0,
+                max_replicas=limits[index],
+                cold_start_seconds=d.cold_start_seconds,
+                scale_to_zero_after_seconds=d.scale_to_zero_after_seconds,
+                target_utilisation=context.target_utilisation,
+                cost_per_hour_usd=d.replica_hourly_cost_usd,
+                recent_recommendations=(
+                    recommendations[index] if index < len(recommendations) else ()
+                ),
+            )
+            for index, (d, seen) in enumerate(zip(fleet.deployments, observed, strict=True))
+        )
+        return states, fleet.pool_states()
+
+    def _single_states(
+        self, observation: Observation, recommendations: tuple[tuple[float, int], ...]
+    ) -> tuple[tuple[DeploymentState, ...], tuple[PoolState, ...]]:
         context = self.context
         deployment = DeploymentState(
             deployment_id=1,
@@ -217,27 +316,7 @@ class LiveDemand:
             cost_per_hour_usd=1.0,
             recent_recommendations=recommendations,
         )
-        idle = None if self._last_use_s is None else now - self._last_use_s
-        recent_bursts = self.bursts(now) if self.track_bursts else Bursts(0.0, 0.0)
-        held = min(observation.pending_requests, observation.waiting_requests)
-        return Snapshot(
-            models=(
-                ModelSnapshot(
-                    1,
-                    "simulated",
-                    self.customers(now),
-                    (deployment,),
-                    idle,
-                    waiting_mu=(observation.waiting_requests - held) * context.mean_request_mu,
-                    gateway_waiting_mu=held * context.mean_request_mu,
-                    burst_mu_per_minute=recent_bursts.burst_mu_per_minute,
-                    burst_window_busiest_minute_mu=recent_bursts.busiest_minute_mu,
-                    demand_trend_mu_per_minute_per_second=self.trend(now),
-                ),
-            ),
-            pools=(PoolState(1, "simulated", context.max_replicas),),
-            settings=PolicySettings(stabilisation_window_seconds=stabilisation_seconds),
-        )
+        return (deployment,), (PoolState(1, "simulated", context.max_replicas),)
 
     def rates(self, decisions: Decisions) -> Rates:
         """The admission rates of the decisions' allowances, by client."""
@@ -261,6 +340,9 @@ class ModelUnitAutoscaler:
         self.stabilisation_seconds = float(stabilisation_seconds)
         self.demand = LiveDemand(context)
         self._recommendations: deque[tuple[float, int]] = deque()
+        # A fleet of several deployments: each one's recommendations, and its latest target.
+        self._deployment_recommendations: deque[tuple[float, tuple[int, ...]]] = deque()
+        self._targets: tuple[int, ...] | None = None
         self._started = False
         # The admission rates of the latest decision (the reservations until the first tick).
         self.allowances: Rates = (dict(context.reservations_mu_per_minute), {})
@@ -271,7 +353,14 @@ class ModelUnitAutoscaler:
     def initial_replicas(self) -> int:
         return self.context.warm_replicas
 
+    def deployment_targets(self) -> tuple[int, ...] | None:
+        """The latest decision's target for each deployment of the fleet (None without one)."""
+        return self._targets
+
     def decide(self, observation: Observation) -> int:
+        fleet = self.context.fleet
+        if fleet is not None:
+            return self._decide_deployments(fleet, observation)
         now = observation.timestamp_s
         if not self._started:
             # A running control plane has recommended the fleet it runs until now.
@@ -292,6 +381,34 @@ class ModelUnitAutoscaler:
         self.last_decision = decision
         self._recommendations.append((now, decision.recommended_replicas))
         return decision.target_replicas
+
+    def _decide_deployments(self, fleet: DeploymentFleet, observation: Observation) -> int:
+        """As `decide`, over every deployment of the fleet: the replicas of all of them."""
+        now = observation.timestamp_s
+        recommended = self._deployment_recommendations
+        if not self._started:
+            self._started = True
+            seen = observed_replicas(fleet, observation)
+            recommended.append((now, tuple(d.current for d in seen)))
+        self.demand.record(observation)
+        window = self.stabilisation_seconds
+        while recommended and now - recommended[0][0] > window:
+            recommended.popleft()
+        snapshot = self.demand.snapshot(
+            observation,
+            stabilisation_seconds=window,
+            deployment_recommendations=[
+                tuple((now - t, counts[index]) for t, counts in recommended)
+                for index in range(len(fleet))
+            ],
+        )
+        decisions = decide(snapshot)
+        self.allowances = self.demand.rates(decisions)
+        chosen = [decisions.for_deployment(index + 1) for index in range(len(fleet))]
+        self.last_decision = chosen[0]
+        recommended.append((now, tuple(d.recommended_replicas for d in chosen)))
+        self._targets = tuple(d.target_replicas for d in chosen)
+        return sum(self._targets)
 
 
 class LiveAllowances:
@@ -324,6 +441,11 @@ class AdmittedAutoscaler:
     def initial_replicas(self) -> int:
         initial = getattr(self.autoscaler, "initial_replicas", None)
         return int(initial()) if initial else 0
+
+    def deployment_targets(self) -> tuple[int, ...] | None:
+        own = getattr(self.autoscaler, "deployment_targets", None)
+        targets: tuple[int, ...] | None = own() if own is not None else None
+        return targets
 
     def decide(self, observation: Observation) -> int:
         target = self.autoscaler.decide(observation)

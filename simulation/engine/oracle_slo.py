@@ -446,7 +446,10 @@ def oracle_slo(
             tick_s = search.settings.tick_seconds
             last_s = max((r.arrival_s for r in search.requests), default=0.0)
             asked_s = schedule_of.asked_replica_seconds(scored_from_s, last_s, tick_s)
-            if best is not None and asked_s * gpus / 3600 >= best[1].scored.gpu_hours:
+            # A fleet of several deployments places its replicas on GPUs of several sizes:
+            # no such bound, the candidate is simulated.
+            bounded = search.settings.fleet is None
+            if bounded and best is not None and asked_s * gpus / 3600 >= best[1].scored.gpu_hours:
                 continue
             known = run(schedule_of)
         keeps = attainment(known.scored) >= search.target

@@ -8,6 +8,7 @@ the oracle (the lower bound) is allowed to read.
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from simulation.engine.deployments import DeploymentFleet
 from simulation.engine.traces import TraceRequest
 
 
@@ -34,3 +35,8 @@ class PolicyContext:
     # charge them a cold start no running system pays.
     warm_replicas: int = 0
     future_requests: Sequence[TraceRequest] = ()  # the oracle only
+    # The model's several deployments (None: one kind of replica, described above). The
+    # counts above (max_replicas, warm_replicas) are then in replicas of the fleet's unit
+    # deployment, whose MU/min `replica_mu_per_minute` is; the live policy sizes each
+    # deployment (within `fleet.place(max_replicas)`), the others are placed.
+    fleet: DeploymentFleet | None = None

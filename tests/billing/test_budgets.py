@@ -21,6 +21,7 @@ from capacity.admission import gate as admission
 from capacity.allocation.policy import Allowance
 from capacity.models import BudgetCap, Reservation, UsageMinute
 from controlplane.models import AuditEntry
+from tests.support.admission import publish_allowances, reserve
 from tests.support.processes import free_port
 from tests.support.webhook_receiver import WebhookReceiver
 
@@ -233,7 +234,8 @@ def test_the_hard_cap_refuses_best_effort_past_100_percent_and_keeps_the_reserva
     _, plaintext = make_key(customer=acme, scopes=[S.ADMISSION])
     client = key_client(plaintext)
     # A guaranteed bucket of 6 MU/min (1 MU of burst: one small request), best-effort beyond.
-    admission.publish_limits([Allowance(acme.pk, served_model.pk, 6.0, 600.0)])
+    reserve(acme, served_model, 6.0)  # sold: the floor every publication writes
+    publish_allowances([Allowance(acme.pk, served_model.pk, 6.0, 600.0)])
     body = {"model": served_model.name, **SMALL}
 
     with django_capture_on_commit_callbacks(execute=True):

@@ -21,6 +21,7 @@ from capacity.allocation.policy import Allowance
 from capacity.metering.rollups import direct_key_aggregation, usage_rollup
 from capacity.models import BudgetCap, UsageEvent, UsageKeyMinute
 from controlplane.models import AuditEntry
+from tests.support.admission import publish_allowances, reserve
 from tests.support.usage import USAGE, gateway_client, store_events
 from tests.support.webhook_receiver import WebhookReceiver
 
@@ -122,7 +123,7 @@ def test_a_usage_event_keeps_the_key_its_admission_recorded_whatever_the_sender_
 ):
     (ci, ci_client), (web, _) = two_keys
     gateway = gateway_client(make_key, key_client)
-    admission.publish_limits([Allowance(acme.pk, served_model.pk, 0.0, 6000.0)])
+    publish_allowances([Allowance(acme.pk, served_model.pk, 0.0, 6000.0)])
 
     (honest,) = send(ci_client, gateway, served_model, 1, claim=ci.prefix)
     (lying,) = send(ci_client, gateway, served_model, 1, claim=web.prefix)
@@ -179,7 +180,7 @@ def test_a_keys_budget_is_spent_by_its_own_requests_and_alerts_once_per_threshol
     owner.save()
     (ci, ci_client), (web, web_client) = two_keys
     gateway = gateway_client(make_key, key_client)
-    admission.publish_limits([Allowance(acme.pk, served_model.pk, 0.0, 6000.0)])
+    publish_allowances([Allowance(acme.pk, served_model.pk, 0.0, 6000.0)])
     made = planner_client.post(
         "/api/v1/budgets/",
         {"customer": "acme", "api_key": ci.prefix, "monthly_amount": "1.00"},
@@ -242,7 +243,8 @@ def test_a_key_past_its_capped_budget_is_refused_best_effort_while_another_key_i
 ):
     (ci, ci_client), (web, web_client) = two_keys
     # A guaranteed bucket of 6 MU/min (1 MU of burst: one small request), best-effort beyond.
-    admission.publish_limits([Allowance(acme.pk, served_model.pk, 6.0, 600.0)])
+    reserve(acme, served_model, 6.0)  # sold: the floor every publication writes
+    publish_allowances([Allowance(acme.pk, served_model.pk, 6.0, 600.0)])
     with django_capture_on_commit_callbacks(execute=True):
         budget = budget_create(
             customer=acme, api_key=ci, monthly_amount=Decimal("0.50"), hard_cap=True

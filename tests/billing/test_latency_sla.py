@@ -110,6 +110,8 @@ def test_a_month_with_3_percent_of_guaranteed_requests_late_credits_the_first_ti
         "requests_counted": 1000,
         "requests_within_objective": 970,
         "requests_without_ttft": 20,
+        "requests_not_streamed": 0,
+        "requests_self_reported": 0,
         "below_attainment_percent": 99,
         "credit_percent": 10,
         "commitment": "3600.00",
@@ -164,6 +166,8 @@ def test_a_month_that_meets_the_sla_shows_its_attainment_and_the_requests_withou
         "requests_counted": 1000,
         "requests_within_objective": 995,
         "requests_without_ttft": 20,
+        "requests_not_streamed": 0,
+        "requests_self_reported": 0,
         "below_attainment_percent": None,
         "credit_percent": 0,
         "commitment": "3600.00",
@@ -342,3 +346,50 @@ def test_the_admin_holds_the_latency_sla_to_the_same_rules(served_model, client,
     assert client.post("/admin/billing/ratecard/add/", form).status_code == 302
     card = RateCard.objects.get()
     assert (card.ttft_objective_ms, card.latency_credit_tiers) == (500, TIERS)
+
+
+# --- What the customer experienced, as a gateway measured it (issue 33, item 5) --------------
+
+
+def test_whole_answers_and_a_customers_own_reports_are_counted_apart_never_in_the_attainment(
+    sla, acme, globex
+):
+    # 100 streamed requests all in time; 50 whole answers (no first token before their end) and
+    # 40 that acme's own key reported as slow and as fast: none of them in the attainment.
+    store_events(
+        requests(acme, sla, count=100, ttft_ms=200.0, prefix="streamed", streamed=True)
+        + requests(acme, sla, count=50, ttft_ms=None, prefix="whole", streamed=False)
+        + requests(acme, sla, count=20, ttft_ms=9000.0, prefix="own-slow", self_reported=True)
+        + requests(acme, sla, count=20, ttft_ms=10.0, prefix="own-fast", self_reported=True)
+    )
+    invoice_generate(period="2026-11")
+    _, credits = latency_credits(acme)
+    assert credits == []  # 100 % of what a gateway measured: no credit from self-reports
+    (line,) = latency_reports(acme)
+    assert line.evidence["requests_counted"] == 100
+    assert line.evidence["attainment_percent"] == 100.0
+    assert (
+        line.evidence["requests_without_ttft"],
+        line.evidence["requests_not_streamed"],
+        line.evidence["requests_self_reported"],
+    ) == (90, 50, 40)
+    assert "90 without a TTFT, not counted (50 not streamed, 40 self-reported)" in (
+        line.description
+    )
+
+
+def test_a_cold_start_counts_against_the_sla_only_for_a_customer_that_keeps_warm(sla, acme, globex):
+    # Both had every request held 3 s for a cold start, then a first token in 200 ms.
+    Reservation.objects.filter(customer=globex).update(keep_warm=True)
+    store_events(
+        requests(acme, sla, count=100, ttft_ms=200.0, held_ms=3000.0, prefix="acme")
+        + requests(globex, sla, count=100, ttft_ms=200.0, held_ms=3000.0, prefix="globex")
+    )
+    invoice_generate(period="2026-11")
+    # acme declined keep-warm: the cold starts it accepted are not late.
+    assert latency_credits(acme)[1] == []
+    assert latency_reports(acme)[0].evidence["attainment_percent"] == 100.0
+    # globex paid to keep the model warm: 3.2 s is late, every one of them.
+    _, credits = latency_credits(globex)
+    assert [c.amount for c in credits] == [Decimal("-900.00")]
+    assert credits[0].evidence["attainment_percent"] == 0.0

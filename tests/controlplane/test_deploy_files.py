@@ -40,19 +40,55 @@ def production_env_example() -> dict[str, str]:
     return variables
 
 
-def worker_queues(service: dict) -> set[str]:
-    command = service.get("command") or []
+def worker_queues(command: list[str]) -> set[str]:
     if "worker" not in command:
         return set()
-    return set(command[command.index("--queues") + 1].split(","))
+    for position, word in enumerate(command):
+        if word == "--queues":
+            return set(command[position + 1].split(","))
+        if word.startswith("--queues="):
+            return set(word.removeprefix("--queues=").split(","))
+    raise AssertionError(f"a worker with no --queues: {command}")
 
 
 def test_every_celery_queue_is_consumed_by_a_compose_worker():
     services = compose()["services"]
-    consumed = set().union(*(worker_queues(service) for service in services.values()))
+    consumed = set().union(
+        *(worker_queues(service.get("command") or []) for service in services.values())
+    )
     declared = {queue.name for queue in settings.CELERY_TASK_QUEUES}
     assert declared <= consumed, f"no worker consumes {sorted(declared - consumed)}"
     assert "health" in declared
+
+
+def test_compose_kubernetes_and_make_run_start_the_same_workers_on_the_same_queues():
+    """controlplane/workers.py is the one home of which worker takes which queue: the tick's
+    worker takes only `allocation`, so no benchmark or what-if can ever occupy it."""
+    from controlplane.workers import WORKERS
+
+    wanted = sorted(tuple(sorted(worker.queues)) for worker in WORKERS.values())
+    assert ("allocation",) in wanted
+    in_compose = sorted(
+        tuple(sorted(queues))
+        for service in compose()["services"].values()
+        if (queues := worker_queues(service.get("command") or []))
+    )
+    assert in_compose == wanted
+    manifests = (DEPLOY / "kubernetes" / "base").glob("*.yaml")
+    in_kubernetes = []
+    for path in manifests:
+        for document in yaml.safe_load_all(path.read_text()):
+            if not document or document.get("kind") != "Deployment":
+                continue
+            for container in document["spec"]["template"]["spec"]["containers"]:
+                if queues := worker_queues(container.get("command") or []):
+                    in_kubernetes.append(tuple(sorted(queues)))
+    assert sorted(in_kubernetes) == wanted
+    run = (Path(__file__).resolve().parents[2] / "scripts" / "run.sh").read_text()
+    started = re.search(
+        r"for worker in ([a-z ]+); do\n.{0,200}?python -m controlplane.workers", run, re.DOTALL
+    )
+    assert started and set(started.group(1).split()) == set(WORKERS)
 
 
 def test_compose_has_no_default_passwords_or_secrets():

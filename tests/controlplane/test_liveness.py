@@ -13,7 +13,12 @@ def test_healthz_answers_without_touching_anything(client, django_assert_num_que
 def test_readyz_is_ok_when_database_and_redis_answer(client):
     response = client.get("/readyz")
     assert response.status_code == 200
-    assert response.json()["checks"] == {"database": "ok", "redis": "ok"}
+    # No tick has completed in this database: unknown, which degrades nothing.
+    assert response.json()["checks"] == {
+        "database": "ok",
+        "redis": "ok",
+        "allocation_tick": "unknown",
+    }
 
 
 def test_readyz_names_redis_when_it_does_not_answer_and_stays_ready(client, settings):
@@ -24,7 +29,11 @@ def test_readyz_names_redis_when_it_does_not_answer_and_stays_ready(client, sett
     assert response.status_code == 200
     assert response.json()["status"] == "degraded"
     assert response.json()["failed"] == ["redis"]
-    assert response.json()["checks"] == {"database": "ok", "redis": "unavailable"}
+    assert response.json()["checks"] == {
+        "database": "ok",
+        "redis": "unavailable",
+        "allocation_tick": "unknown",
+    }
 
 
 def test_readyz_tells_anonymous_callers_only_which_dependency_failed(client, settings, caplog):
@@ -35,7 +44,7 @@ def test_readyz_tells_anonymous_callers_only_which_dependency_failed(client, set
     assert response.json() == {
         "status": "degraded",
         "failed": ["redis"],
-        "checks": {"database": "ok", "redis": "unavailable"},
+        "checks": {"database": "ok", "redis": "unavailable", "allocation_tick": "unknown"},
     }
     assert b"cp-secret-host" not in response.content
     assert b"Error" not in response.content

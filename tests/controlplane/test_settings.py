@@ -69,6 +69,16 @@ def run_manage(*args: str, **env: str) -> subprocess.CompletedProcess:
         ),
         ("API_THROTTLE_WRITES", "lots", "API_THROTTLE_WRITES='lots' is not a rate"),
         ("TRUSTED_PROXY_COUNT", "-1", "TRUSTED_PROXY_COUNT=-1 must be at least 0"),
+        (
+            "COST_MODEL_REVIEW_MIN_CUSTOMER_REQUESTS",
+            "lots",
+            "COST_MODEL_REVIEW_MIN_CUSTOMER_REQUESTS='lots' is not an integer",
+        ),
+        (
+            "COST_MODEL_REVIEW_MIN_CUSTOMER_REQUESTS",
+            "0",
+            "COST_MODEL_REVIEW_MIN_CUSTOMER_REQUESTS=0 must be at least 1",
+        ),
     ],
 )
 def test_a_malformed_value_stops_start_up_naming_the_variable(variable, value, says):

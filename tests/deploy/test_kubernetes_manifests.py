@@ -480,7 +480,7 @@ def test_only_the_workers_get_a_kubernetes_api_token(rendered):
             with_token.add(pod_labels(workload)["app.kubernetes.io/component"])
         else:
             assert spec.get("automountServiceAccountToken") is False, workload["metadata"]["name"]
-    assert with_token == {"worker", "health-worker"}
+    assert with_token == {"worker", "loop-worker", "health-worker"}
 
 
 def test_no_cluster_wide_rbac_anywhere(rendered):

@@ -153,3 +153,38 @@ def test_the_overview_points_at_the_version_waiting_for_review(planner_client, h
     cost_model_reject(cost_model=v2, actor="user:planner")
     page = text(planner_client.get("/planner/benchmarks/cost-models/"))
     assert "waits for review" not in page
+
+
+def test_a_held_version_says_what_it_was_measured_from_and_which_customer_is_over_the_limit(
+    planner_client, make_key, key_client, acme, globex, served_model, gpu_type, settings
+):
+    """Issue 33: a fit within the total limit that moves one customer past it waits; the page
+    says why: the baseline it was measured from and the customer over the limit."""
+    from tests.capacity.pricing.conftest import weights_moving
+
+    settings.COST_MODEL_REVIEW_MIN_CUSTOMER_REQUESTS = 10
+    last_week_of_traffic(gateway_client(make_key, key_client), served_model, gpu_type)
+    v2 = make_cost_model(served_model, gpu_type, weights=scaled(1.04))
+    v3 = make_cost_model(served_model, gpu_type, weights=weights_moving(acme=1.25, globex=0.9))
+    assert (v2.status, v3.status) == ("active", "candidate")
+
+    page = text(planner_client.get(page_of(served_model, gpu_type, 3)))
+
+    assert (
+        '<p id="review-baseline">When it was fitted, v3 was measured from '
+        '<a href="?version=1">v1</a>, the first version in force in the last 30 days: '
+        '+4.2 %, and from the active <a href="?version=2">v2</a>: +0.2 %.'
+    ) in page
+    assert (
+        "Over <code>COST_MODEL_MAX_AUTO_CHANGE_PERCENT</code> (5 %) among customers with at "
+        "least 10 requests in the window:"
+    ) in page
+    assert (
+        '<li id="over-limit-acme">Acme <span class="muted">acme</span>: +25.0 % from v1 '
+        "(10 requests)</li>"
+    ) in page
+    # globex moves by -10 % from v1 and by -13.5 % from v2, whose prices it pays today.
+    assert (
+        '<li id="over-limit-globex">Globex <span class="muted">globex</span>: -13.5 % from v2 '
+        "(10 requests)</li>"
+    ) in page

@@ -283,3 +283,64 @@ def test_a_model_without_a_cost_model_is_a_form_error_on_the_model(planner_clien
     )
     assert "no active cost model on its reference GPU type" in htmllib.unescape(block.group(0))
     assert not WhatIfRun.objects.exists()
+
+
+@pytest.mark.both_databases
+def test_a_models_what_if_page_shows_every_deployment_and_its_share(
+    planner_client, served_model, pool, gpu_type
+):
+    from tests.conftest import make_cost_model
+    from tests.support.factories import DeploymentFactory, GpuPoolFactory, GpuTypeFactory
+
+    DeploymentFactory(name="llama-8b-h100", served_model=served_model, gpu_pool=pool)
+    make_cost_model(served_model, gpu_type)
+    l40s = GpuTypeFactory(name="L40S-48GB", hourly_cost_usd="1.0000")
+    l40s_pool = GpuPoolFactory(name="eu-l40s", gpu_type=l40s, gpu_count=4)
+    DeploymentFactory(
+        name="llama-8b-l40s",
+        served_model=served_model,
+        gpu_pool=l40s_pool,
+        gpus_per_replica=2,
+        max_replicas=2,
+    )
+    make_cost_model(served_model, l40s, gpus_per_replica=2)
+    # Another model on the L40S pool: the page says its GPUs are not held back for it.
+    DeploymentFactory(
+        name="mistral-l40s",
+        served_model__name="mistral-7b",
+        gpu_pool=l40s_pool,
+    )
+    # A model of two deployments: the form starts from the whole model, not one deployment.
+    html = planner_client.get(INDEX + f"?model={served_model.pk}").content.decode()
+    assert re.search(r'<option value="" selected>\(every deployment of the model\)', html)
+
+    response = planner_client.post(
+        INDEX, FORM | {"served_model": str(served_model.pk), "rate_scale": "4"}
+    )
+    assert response.status_code == 302, text(response)[:3000]
+    run = WhatIfRun.objects.get()
+    whatif.whatif_execute(run.pk)
+    detail = planner_client.get(response["Location"])
+    page = text(detail)
+    assert "llama-8b-h100 on H100-80GB×1 (pool us-east-h100, 8 GPUs)" in page
+    assert "llama-8b-l40s on L40S-48GB×2 (pool eu-l40s, 4 GPUs)" in page
+    assert "2 deployments, 12 GPUs in 2 pools" in page
+    assert "Pool eu-l40s also runs other models' deployments (mistral-l40s)" in page
+    # Per policy, each deployment's share and the model's totals.
+    html = detail.content.decode()
+    for policy in ("static-peak", "kpa"):
+        for name in ("llama-8b-h100", "llama-8b-l40s", "model total"):
+            assert re.search(rf'<tr data-policy="{policy}" data-deployment="{name}">', html), (
+                policy,
+                name,
+            )
+    run.refresh_from_db()
+    cost = run.result["deployments"]["static-peak"]["llama-8b-l40s"]["cost_usd"]
+    row = re.search(
+        r'<tr data-policy="static-peak" data-deployment="llama-8b-l40s">(.*?)</tr>', html, re.S
+    ).group(1)
+    assert f"${cost:,.2f}" in row
+    total = re.search(
+        r'<tr data-policy="static-peak" data-deployment="model total">(.*?)</tr>', html, re.S
+    ).group(1)
+    assert f"${run.result['policies']['static-peak']['cost_usd']:,.2f}" in total

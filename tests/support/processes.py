@@ -168,6 +168,41 @@ def celery_worker_process(tmp_path: Path, *, queues: str = "benchmarks,default")
 
 
 @contextmanager
+def celery_worker_as(name: str, tmp_path: Path, *, include: str = ""):
+    """The worker `name` of controlplane/workers.py (its queues and processes, as `make run`
+    starts it), on the test database; `include`: a module of test tasks it imports too."""
+    from controlplane.workers import WORKERS
+
+    log_path = tmp_path / f"{name}-worker-{uuid.uuid4().hex[:8]}.log"
+    env = os.environ | {"DATABASE_URL": test_database_url()}
+    # Its own node name: another test's worker of the same kind may run beside it.
+    arguments = [a for a in WORKERS[name].arguments(name) if not a.startswith("--hostname=")]
+    arguments.append(f"--hostname={name}-{uuid.uuid4().hex[:8]}@%h")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "controlplane", "worker", *arguments,
+         "--without-gossip", "--without-mingle", "--loglevel", "INFO",
+         "--logfile", str(log_path), *(["--include", include] if include else [])],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + START_SECONDS
+        while "ready" not in (log_path.read_text() if log_path.exists() else ""):
+            if process.poll() is not None or time.monotonic() > deadline:
+                text = log_path.read_text() if log_path.exists() else "(no log)"
+                raise RuntimeError(f"the {name} worker did not start: " + text[-2000:])
+            time.sleep(0.2)
+        yield process
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+@contextmanager
 def celery_beat_process(tmp_path: Path, *, max_interval_seconds: int = 1):
     """Celery beat on the test database's django-celery-beat tables (the DatabaseScheduler,
     as `make run` and production run it): the periodic tasks the test wrote are what fires."""

@@ -18,7 +18,19 @@ patch; a strategic merge patch only for built-in kinds: custom resources answer 
 `maxReplicas` below it. It records every request with its RBAC verb, resource and
 subresource (`verbs()`), and can be told to fail the next requests: an HTTP status (409, 500,
 404…) with a Kubernetes `Status` body, or "hang" (accept the request and never answer).
-Controllers do not run here: a test sets what they would report with `set_status()`.
+
+Controllers do not run by themselves: a test sets what they would report with
+`set_status()`, or runs one step of the two whose choice the drain relies on
+(capacity/actuation/drain.py), as their documented behaviour has it:
+
+- `run_replicaset_controller(deployment)`: a Deployment's ReplicaSet deleting its surplus
+  pods, ranked as kubernetes/kubernetes ranks them (pkg/controller/controller_utils.go,
+  `ActivePodsWithRanks.Less`, used by the ReplicaSet's `getPodsToDelete`), which is where
+  `controller.kubernetes.io/pod-deletion-cost` counts;
+- `run_kserve_raw_deployment(inference_service)`: KServe in RawDeployment mode, which makes
+  a Deployment `<name>-predictor` and an HPA bounded by the InferenceService's
+  `spec.predictor.minReplicas`/`maxReplicas`; the HPA keeps the Deployment's replicas within
+  them, and its ReplicaSet removes the surplus.
 """
 
 from __future__ import annotations
@@ -29,6 +41,7 @@ import json
 import re
 import threading
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -278,6 +291,10 @@ class ScaleApiServer:
         resource, namespace, name = self._resource_of(path)
         # What the resource's schema requires, under what the test gives.
         document = merge_patch(_REQUIRED_SPEC.get(resource.kind, {}), body or {})
+        if _get_path(body or {}, ".spec.selector") is not None:
+            # A selector is the test's whole: merged with the default's, it would select
+            # only pods that carry both.
+            document["spec"]["selector"] = copy.deepcopy(body["spec"]["selector"])
         document.setdefault("apiVersion", _api_version(resource))
         document.setdefault("kind", resource.kind)
         metadata = document.setdefault("metadata", {})
@@ -311,12 +328,16 @@ class ScaleApiServer:
         *,
         ready: bool = True,
         http_port: int | None = None,
+        annotations: dict | None = None,
     ) -> None:
         ports = [{"name": "http", "containerPort": http_port}] if http_port else []
+        metadata = {"name": name, "namespace": namespace, "labels": labels}
+        if annotations:
+            metadata["annotations"] = dict(annotations)
         self.objects[f"/api/v1/namespaces/{namespace}/pods/{name}"] = {
             "kind": "Pod",
             "apiVersion": "v1",
-            "metadata": {"name": name, "namespace": namespace, "labels": labels},
+            "metadata": metadata,
             "spec": {"containers": [{"name": "engine", "image": "vllm", "ports": ports}]},
             "status": {
                 "phase": "Running",
@@ -327,6 +348,72 @@ class ScaleApiServer:
 
     def pod(self, namespace: str, name: str) -> dict:
         return self.objects[f"/api/v1/namespaces/{namespace}/pods/{name}"]
+
+    def terminating_pods(self) -> set[str]:
+        """Pods deleted gracefully and not yet gone (their kubelet is still stopping them)."""
+        return {
+            document["metadata"]["name"]
+            for path, document in self.objects.items()
+            if "/pods/" in path and document["metadata"].get("deletionTimestamp")
+        }
+
+    # -- controllers, one step at a time (the module docstring) ----------------------------------
+
+    def run_replicaset_controller(self, deployment_path: str) -> list[str]:
+        """One sync of the Deployment's ReplicaSet (one ReplicaSet: no rollout under way):
+        it deletes as many of its active pods as it runs above `spec.replicas`, first in
+        the order of `ActivePodsWithRanks.Less` (`_deletion_rank`), and reports its status.
+        A deletion is graceful: the pod gets a `deletionTimestamp` and stays listed while
+        its kubelet stops it. Creating pods is not modelled (a test adds them). Returns the
+        pods it deleted."""
+        deployment = self.objects[deployment_path]
+        namespace = deployment["metadata"]["namespace"]
+        wanted = _get_path(deployment, ".spec.selector.matchLabels") or {}
+        pods = [
+            document
+            for path, document in sorted(self.objects.items())
+            if path.startswith(f"/api/v1/namespaces/{namespace}/pods/")
+            and all((document["metadata"].get("labels") or {}).get(k) == v
+                    for k, v in wanted.items())
+        ]  # fmt: skip
+        active = [p for p in pods if _is_active(p)]
+        surplus = len(active) - (_get_path(deployment, ".spec.replicas") or 0)
+        deleted = []
+        if surplus > 0:
+            # The ReplicaSet's rank 5: its active pods on the same node (more go first).
+            on_node: dict[str, int] = {}
+            for pod in active:
+                node = _get_path(pod, ".spec.nodeName") or ""
+                on_node[node] = on_node.get(node, 0) + 1
+            now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            for pod in sorted(active, key=lambda p: _deletion_rank(p, on_node))[:surplus]:
+                pod["metadata"]["deletionTimestamp"] = now
+                pod["metadata"]["deletionGracePeriodSeconds"] = (
+                    _get_path(pod, ".spec.terminationGracePeriodSeconds") or 30
+                )
+                deleted.append(pod["metadata"]["name"])
+            active = [p for p in active if _is_active(p)]
+        # A ReplicaSet (and so its Deployment) counts only active pods (calculateStatus).
+        ready = sum(_is_ready(p) for p in active)
+        deployment.setdefault("status", {}).update(
+            {"replicas": len(active), "readyReplicas": ready, "availableReplicas": ready}
+        )
+        return deleted
+
+    def run_kserve_raw_deployment(self, inference_service_path: str) -> list[str]:
+        """KServe in RawDeployment mode, then the HPA it made: the `<name>-predictor`
+        Deployment's replicas held within the InferenceService's minReplicas and
+        maxReplicas as KServe's HPA reconciler copies them (createHPA: a minimum unset or
+        below 1 is 1, a maximum below the minimum is the minimum), then one sync of its
+        ReplicaSet. Returns the pods deleted."""
+        service = self.objects[inference_service_path]
+        low = max(1, _get_path(service, ".spec.predictor.minReplicas") or 0)
+        high = max(low, _get_path(service, ".spec.predictor.maxReplicas") or 0)
+        namespace, name = service["metadata"]["namespace"], service["metadata"]["name"]
+        predictor = f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}-predictor"
+        spec = self.objects[predictor]["spec"]
+        spec["replicas"] = min(high, max(low, spec.get("replicas") or 0))
+        return self.run_replicaset_controller(predictor)
 
     # -- what was asked ------------------------------------------------------------------------
 
@@ -537,6 +624,82 @@ class ScaleApiServer:
                 "selector": "app=engine",
             },
         }
+
+
+def _is_active(pod: dict) -> bool:
+    """controller.IsPodActive: not finished, not being deleted."""
+    return _get_path(pod, ".status.phase") not in ("Succeeded", "Failed") and not pod[
+        "metadata"
+    ].get("deletionTimestamp")
+
+
+def _is_ready(pod: dict) -> bool:
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in _get_path(pod, ".status.conditions") or []
+    )
+
+
+_PHASE_ORDINAL = {"Pending": 0, "Unknown": 1, "Running": 2}
+
+
+def _deletion_cost(pod: dict) -> int:
+    """GetDeletionCostFromPodAnnotations: an int32, without "+" or leading zeros; anything
+    else counts as 0."""
+    value = (pod["metadata"].get("annotations") or {}).get(
+        "controller.kubernetes.io/pod-deletion-cost"
+    )
+    if not value or not re.fullmatch(r"-?[1-9][0-9]*|0", value):
+        return 0
+    cost = int(value)
+    return cost if -(2**31) <= cost < 2**31 else 0
+
+
+def _timestamp(value: str | None) -> float | None:
+    if not value:
+        return None
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def _newer_first(value: str | None) -> tuple:
+    # afterOrZero: an unset time first, then the more recent.
+    seconds = _timestamp(value)
+    return (0, 0.0) if seconds is None else (1, -seconds)
+
+
+def _deletion_rank(pod: dict, on_node: dict[str, int]) -> tuple:
+    """The order in which a ReplicaSet deletes its pods (ActivePodsWithRanks.Less, first
+    deleted first), rule by rule: 1. unassigned before assigned to a node; 2. Pending before
+    Unknown before Running; 3. not ready before ready; 4. the lower
+    controller.kubernetes.io/pod-deletion-cost (the PodDeletionCost feature, on by default
+    since Kubernetes 1.22); 5. more active pods of the set on the same node; 6. ready for
+    less time; 7. more container restarts; 8. created more recently. Times are compared as
+    they are (with LogarithmicScaleDown the controller compares them on a log scale and
+    orders ties by UID, pseudo-randomly); remaining ties go by name here."""
+    ready_since = next(
+        (
+            c.get("lastTransitionTime")
+            for c in _get_path(pod, ".status.conditions") or []
+            if c.get("type") == "Ready" and c.get("status") == "True"
+        ),
+        None,
+    )
+    restarts = max(
+        (s.get("restartCount", 0) for s in _get_path(pod, ".status.containerStatuses") or []),
+        default=0,
+    )
+    node = _get_path(pod, ".spec.nodeName") or ""
+    return (
+        1 if node else 0,
+        _PHASE_ORDINAL.get(_get_path(pod, ".status.phase"), 0),
+        1 if _is_ready(pod) else 0,
+        _deletion_cost(pod),
+        -on_node.get(node, 0),
+        _newer_first(ready_since) if _is_ready(pod) else (0, 0.0),
+        -restarts,
+        _newer_first(pod["metadata"].get("creationTimestamp")),
+        pod["metadata"]["name"],
+    )
 
 
 def _prefix(resource: Resource) -> str:

@@ -114,6 +114,8 @@ def store_events(events: list[dict]) -> None:
             "self_reported": False,
             "api_key_prefix": "",
             "ttft_ms": None,
+            "held_ms": None,
+            "streamed": None,
             "mu": 1.0,
             "estimated_mu": None,
             "prompt_bytes": None,

@@ -13,7 +13,11 @@ import pytest
 import yaml
 
 from capacity.actuation import replicas
-from capacity.actuation.kubernetes import KubernetesActuator
+from capacity.actuation.kubernetes import (
+    POD_DELETION_COST,
+    POD_PATCHING_MODES,
+    KubernetesActuator,
+)
 from capacity.models import Deployment
 from tests.capacity.actuation.conftest import scale_request
 from tests.support.factories import DeploymentFactory
@@ -78,7 +82,10 @@ def exercise(mode: str) -> None:
         assert observed is not None
         if mode == "metric":
             continue  # the tick never pushes in metric mode
-        leaving = ("engine-1",) if config["kind"] == "Deployment" else ()
+        # The pods a ReplicaSet removes: a Deployment's, a RawDeployment predictor's. Handed
+        # to every mode: only one whose Role may patch pods annotates them.
+        drainable = config["kind"] == "Deployment" or config["name"] in ("raw", "external")
+        leaving = ("engine-1",) if drainable else ()
         actuator.apply(
             scale_request(config, target_replicas=1, floor_replicas=1, ceiling_replicas=3,
                           leaving_pods=leaving)
@@ -112,6 +119,22 @@ def test_each_modes_role_grants_exactly_the_verbs_the_control_plane_calls(cluste
     assert not {r for r in cluster.requests if r.verb == ""}, "a request the server did not map"
     assert called - granted(mode) == set(), "missing from the Role: a 403 on a real cluster"
     assert granted(mode) - called == set(), "granted but never called: not least privilege"
+
+
+@pytest.mark.parametrize("mode", ["replicas", "hpa-bounds", "metric"])
+def test_only_modes_whose_role_may_patch_pods_lower_a_drained_pods_deletion_cost(cluster, mode):
+    exercise(mode)
+
+    may_patch = ("", "pods", "patch") in granted(mode)
+    assert (mode in POD_PATCHING_MODES) == may_patch
+    annotated = [
+        r.path.rsplit("/", 1)[-1]
+        for r in cluster.patches()
+        if r.resource == "pods" and POD_DELETION_COST in r.body["metadata"]["annotations"]
+    ]
+    # Once per scale-down a ReplicaSet carries out: the Deployment's, and the RawDeployment
+    # and external InferenceServices' predictors'.
+    assert annotated == (["engine-1"] * 3 if may_patch else [])
 
 
 def test_metric_mode_writes_nothing_to_the_cluster(cluster):

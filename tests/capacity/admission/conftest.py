@@ -8,6 +8,7 @@ import redis
 from django.conf import settings
 
 from capacity.admission.redis_buckets import Buckets
+from tests.support.admission import set_rates
 
 MODEL_ID = 880_001
 
@@ -40,7 +41,7 @@ def redis_user(customer):
     password to the admission Redis URL with that user and password; the user is removed
     afterwards."""
     admin = sync_buckets()
-    admin.publish_limits({(customer, MODEL_ID): (600.0, 0.0)}, ttl_s=600)
+    set_rates(admin, {(customer, MODEL_ID): (600.0, 0.0)}, ttl_s=600)
     user = f"admission-test-{uuid.uuid4().hex[:8]}"
     password = uuid.uuid4().hex
     admin.client.acl_setuser(

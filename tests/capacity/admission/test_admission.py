@@ -12,10 +12,18 @@ from django.utils import timezone
 
 from accounts import scopes as S
 from capacity.admission import gate as admission
-from capacity.admission.redis_buckets import limits_key
+from capacity.admission.redis_buckets import (
+    FLOORS_INDEX,
+    FLOORS_WRITTEN_KEY,
+    LIMITS_TICK_KEY,
+    OPEN_REQUESTS_KEY,
+    floor_key,
+    limits_key,
+)
 from capacity.allocation.policy import Allowance
 from capacity.allocation.tick import allocation_tick
-from capacity.models import AdmissionAllowance, Reservation
+from capacity.models import Reservation
+from tests.support.admission import publish_allowances, reserve
 from tests.support.processes import free_port
 
 pytestmark = [
@@ -31,7 +39,7 @@ SMALL_MU = 0.35 * 100 / 60
 
 
 def limits(customer, model, guaranteed, best_effort):
-    admission.publish_limits([Allowance(customer.pk, model.pk, guaranteed, best_effort)])
+    publish_allowances([Allowance(customer.pk, model.pk, guaranteed, best_effort)])
 
 
 def ask(customer, served_model, request_id=None, **shape):
@@ -282,13 +290,25 @@ def test_a_reservation_reaches_admission_with_the_next_tick(sellable, served_mod
     assert ask(acme, served_model).admission_class != "guaranteed"
 
 
-def test_limit_and_bucket_keys_expire(sellable, served_model, acme, clean_admission):
+def test_limit_and_bucket_keys_expire_and_only_an_open_ended_floor_lasts(
+    sellable, served_model, acme, clean_admission
+):
     limits(acme, served_model, 600.0, 0.0)
-    ask(acme, served_model)
-    keys = list(clean_admission.scan_iter("adm:*"))
+    ask(acme, served_model, request_id="r-expire")
+    keys = {key.decode() for key in clean_admission.scan_iter("adm:*")}
     assert keys
-    for key in keys:
+    # What a sale guarantees lasts as long as the sale (open-ended here), the tick's
+    # heartbeat and the indexes are single keys; everything per request or per tick expires.
+    lasting = {
+        floor_key(acme.pk, served_model.pk),
+        FLOORS_INDEX,
+        FLOORS_WRITTEN_KEY,
+        LIMITS_TICK_KEY,
+        OPEN_REQUESTS_KEY,
+    }
+    for key in keys - lasting:
         assert clean_admission.pttl(key) > 0, key
+    assert clean_admission.pttl(floor_key(acme.pk, served_model.pk)) == -1
 
 
 @pytest.fixture
@@ -338,16 +358,9 @@ def test_redis_down_admits_reserved_customers_from_a_local_bucket_and_recovers(
     sellable, served_model, acme, globex, private_redis, client
 ):
     stop, restart = private_redis
-    now = timezone.now()
+    # What is sold, not any tick's allowance, is what the fallback admits by: no tick runs here.
+    reserve(acme, served_model, 600.0)
     for customer, guaranteed, best_effort in ((acme, 600.0, 0.0), (globex, 0.0, 600.0)):
-        AdmissionAllowance.objects.create(
-            customer=customer,
-            served_model=served_model,
-            guaranteed_mu_per_minute=guaranteed,
-            best_effort_mu_per_minute=best_effort,
-            tick_id="00000000-0000-0000-0000-000000000001",
-            updated_at=now,
-        )
         limits(customer, served_model, guaranteed, best_effort)
     assert ask(globex, served_model).admission_class == "best_effort"
 
@@ -387,14 +400,7 @@ def test_with_four_fallback_processes_one_admits_at_most_a_quarter_of_the_burst_
 ):
     stop, _ = private_redis
     settings.ADMISSION_FALLBACK_PROCESSES = 4
-    AdmissionAllowance.objects.create(
-        customer=acme,
-        served_model=served_model,
-        guaranteed_mu_per_minute=600.0,  # burst: 100 MU over every process
-        best_effort_mu_per_minute=0.0,
-        tick_id="00000000-0000-0000-0000-000000000001",
-        updated_at=timezone.now(),
-    )
+    reserve(acme, served_model, 600.0)  # burst: 100 MU over every process
     limits(acme, served_model, 600.0, 0.0)
     stop()
 

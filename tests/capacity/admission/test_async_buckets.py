@@ -21,6 +21,7 @@ from capacity.admission.redis_buckets import (
     AsyncBuckets,
     limits_key,
 )
+from tests.support.admission import set_rates
 
 from .conftest import MODEL_ID, sync_buckets
 
@@ -38,7 +39,7 @@ def _async_buckets(url: str | None = None, timeout_seconds: float = 0.5) -> Asyn
 def test_decisions_asked_together_are_the_scripts_own_and_recorded(customer):
     # 60 MU/min with a 10 s burst: 10 MU admitted at once, then refused.
     sync = sync_buckets()
-    sync.publish_limits({(customer, MODEL_ID): (60.0, 0.0)}, ttl_s=600)
+    set_rates(sync, {(customer, MODEL_ID): (60.0, 0.0)}, ttl_s=600)
 
     async def ask():
         buckets = _async_buckets()
@@ -71,7 +72,7 @@ def test_decisions_asked_together_are_the_scripts_own_and_recorded(customer):
 
 
 def test_a_script_redis_does_not_hold_is_loaded_and_the_decision_taken(customer):
-    sync_buckets().publish_limits({(customer, MODEL_ID): (600.0, 0.0)}, ttl_s=600)
+    set_rates(sync_buckets(), {(customer, MODEL_ID): (600.0, 0.0)}, ttl_s=600)
 
     async def ask():
         buckets = _async_buckets()
@@ -138,7 +139,7 @@ def test_redis_down_or_silent_is_a_redis_error_within_the_timeout():
 
 
 def test_a_caller_cancelled_while_redis_decides_gets_the_decision_through_orphaned(customer):
-    sync_buckets().publish_limits({(customer, MODEL_ID): (600.0, 0.0)}, ttl_s=600)
+    set_rates(sync_buckets(), {(customer, MODEL_ID): (600.0, 0.0)}, ttl_s=600)
 
     async def ask():
         buckets = _async_buckets()
@@ -185,7 +186,7 @@ def _admission_connection_ids(client: redis.Redis) -> list[int]:
 
 def test_a_connection_redis_closed_is_made_again_for_the_next_decision(customer):
     sync = sync_buckets()
-    sync.publish_limits({(customer, MODEL_ID): (600.0, 0.0)}, ttl_s=600)
+    set_rates(sync, {(customer, MODEL_ID): (600.0, 0.0)}, ttl_s=600)
 
     async def ask():
         buckets = _async_buckets()

@@ -15,6 +15,7 @@ import redis
 from django.conf import settings
 
 from capacity.admission.redis_buckets import _ADMIT, GUARANTEED, Buckets
+from tests.support.admission import set_rates
 
 from .conftest import MODEL_ID, sync_buckets
 
@@ -28,7 +29,7 @@ def _decide(buckets: Buckets, customer: int, request_id: str | None = None):
 def test_a_connection_redis_closed_fails_one_call_and_is_made_again(customer):
     name = f"wire-test-{uuid.uuid4().hex[:8]}"
     buckets = sync_buckets(client_name=name)
-    buckets.publish_limits({(customer, MODEL_ID): (600.0, 0.0)}, ttl_s=600)
+    set_rates(buckets, {(customer, MODEL_ID): (600.0, 0.0)}, ttl_s=600)
     assert _decide(buckets, customer, "before").admission_class == GUARANTEED
     admin = redis.Redis.from_url(settings.ADMISSION_REDIS_URL)
     mine = [c["id"] for c in admin.client_list() if c.get("name") == name]
@@ -47,7 +48,7 @@ def test_a_connection_redis_closed_fails_one_call_and_is_made_again(customer):
 
 def test_a_script_redis_does_not_hold_is_loaded_and_the_decision_taken(customer):
     buckets = sync_buckets()
-    buckets.publish_limits({(customer, MODEL_ID): (600.0, 0.0)}, ttl_s=600)
+    set_rates(buckets, {(customer, MODEL_ID): (600.0, 0.0)}, ttl_s=600)
     # The same script under a SHA Redis has never seen (no SCRIPT FLUSH on a shared server).
     buckets._admit = buckets.client.register_script(_ADMIT + f"\n-- {uuid.uuid4()}\n")
     assert not buckets.client.script_exists(buckets._admit.sha)[0]
@@ -89,7 +90,7 @@ def test_a_silent_server_is_a_timeout_error_within_the_socket_timeout():
 
 def test_an_error_reply_is_a_response_error_and_the_connection_stays_usable(customer):
     buckets = sync_buckets()
-    buckets.publish_limits({(customer, MODEL_ID): (600.0, 0.0)}, ttl_s=600)
+    set_rates(buckets, {(customer, MODEL_ID): (600.0, 0.0)}, ttl_s=600)
     assert _decide(buckets, customer).admission_class == GUARANTEED
     # The guaranteed bucket's key holding a hash (another writer's bug): the script's GET of
     # it fails in Redis with WRONGTYPE, and says so.

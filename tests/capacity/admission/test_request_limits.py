@@ -26,6 +26,7 @@ from capacity.admission.redis_buckets import (
 from capacity.models import RequestLimit, UsageEvent
 from controlplane.models import AuditEntry
 from tests.capacity.admission.test_admission import SMALL, limits
+from tests.support.admission import reserve, set_rates
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("clean_admission")]
 
@@ -80,7 +81,7 @@ def test_in_a_sliding_window_no_window_ever_holds_more_than_the_limit(acme, clea
         clean_admission, burst_seconds=10, idle_ttl_seconds=60, record_ttl_s=60,
         rate_window_seconds=1.0,
     )  # fmt: skip
-    buckets.publish_limits({(acme.pk, 1): (1e6, 0.0)}, ttl_s=60)
+    set_rates(buckets, {(acme.pk, 1): (1e6, 0.0)}, ttl_s=60)
     buckets.publish_request_limits({customer_scope(acme.pk): {"rpm": 5}})
 
     def redis_ms():
@@ -151,7 +152,9 @@ def test_a_keys_limit_and_the_customers_both_apply(
 def test_a_refusal_by_a_request_limit_takes_nothing_from_the_mu_buckets(
     sellable, served_model, acme, acme_client, planner_client, django_capture_on_commit_callbacks
 ):
-    # 6 MU/min, 1 MU of burst: room for one 0.58 MU request, not two.
+    # 6 MU/min, 1 MU of burst: room for one 0.58 MU request, not two. Sold (the publication
+    # below writes the floors from what is sold).
+    reserve(acme, served_model, 6.0)
     limits(acme, served_model, 6.0, 0.0)
     set_limits(
         planner_client, django_capture_on_commit_callbacks, customer="acme", tokens_per_minute=100

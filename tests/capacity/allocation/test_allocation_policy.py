@@ -376,6 +376,31 @@ def test_a_request_waiting_at_the_gateway_wakes_a_model_at_zero():
     assert "scale_up" in codes(waking)
 
 
+def test_requests_held_at_the_gateway_wake_the_fleet_their_arrival_rate_needs():
+    # A model at zero whose replicas load for 3 s; 100 MU/min a replica.
+    quick = deployment(current_replicas=0, ready_replicas=0, cold_start_seconds=3)
+    slow = deployment(current_replicas=0, ready_replicas=0, cold_start_seconds=120)
+
+    def woken(mu: float, waited_seconds: float, at_zero=quick) -> int:
+        held = {"gateway_waiting_mu": mu, "gateway_waiting_seconds": waited_seconds}
+        return target(decide(model_snapshot([], [at_zero], **held)))
+
+    # 15 MU held, the oldest for 6 s: they arrive at 150 MU/min, which the woken fleet must
+    # serve when it is ready, not 15 MU/min.
+    assert woken(15.0, waited_seconds=6) == 2
+    assert woken(30.0, waited_seconds=6) == 3
+    assert woken(15.0, waited_seconds=6, at_zero=slow) == 2
+    # The same 15 MU gathered over a minute or more: 15 MU/min, one replica.
+    assert woken(15.0, waited_seconds=60) == 1
+    assert woken(15.0, waited_seconds=300) == 1
+    # A request a tenth of a second old is no flood: read over the 3 s cold start (4 MU: 80
+    # MU/min), or over the 6 s panic window when the cold start is longer (8 MU: 80 MU/min).
+    assert woken(4.0, waited_seconds=0.1) == 1
+    assert woken(8.0, waited_seconds=0.1, at_zero=slow) == 1
+    # How long they waited not known (the simulator's held requests): served within a minute.
+    assert woken(15.0, waited_seconds=0) == 1
+
+
 def test_the_engines_own_mu_is_a_floor_when_metering_lags():
     # The gateway posts no usage (or it lags): the engines served 300 MU/min all the same.
     fleet = deployment(current_replicas=3, ready_replicas=3)

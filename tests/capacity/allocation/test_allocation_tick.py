@@ -1,5 +1,6 @@
 """The tick against the database: snapshot, decisions stored, targets applied, one at a time."""
 
+import json
 import threading
 import time
 from dataclasses import replace
@@ -12,7 +13,7 @@ from django.db import close_old_connections, connection
 from django.utils import timezone
 
 from capacity.admission.gate import buckets
-from capacity.admission.redis_buckets import LIMITS_FRESH_KEY, limits_key
+from capacity.admission.redis_buckets import LIMITS_FRESH_KEY, floor_key, limits_key
 from capacity.allocation.snapshot import build_snapshot, digest
 from capacity.allocation.tick import allocation_tick
 from capacity.models import (
@@ -24,6 +25,7 @@ from capacity.models import (
     UsageEvent,
     UsageMinute,
 )
+from capacity.publication.demand import WAITING
 
 pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
 
@@ -326,21 +328,24 @@ def test_a_tick_writes_the_limits_that_changed_and_all_of_them_once_redis_lost_t
     use(globex, served_model, 230)
     allocation_tick()
     redis = buckets().client
-    acme_key = limits_key(acme.pk, served_model.pk)
+    acme_floor = floor_key(acme.pk, served_model.pk)
     globex_key = limits_key(globex.pk, served_model.pk)
-    assert float(redis.hget(acme_key, "g")) == 150
+    # The reservation's floor (the tick's publication writes what is sold), globex's slack.
+    assert float(redis.hget(acme_floor, "g")) == 150
+    assert float(redis.hget(globex_key, "be")) > 0
     assert 0 < redis.ttl(LIMITS_FRESH_KEY) <= 60
 
-    # A reservation that grows reaches admission on the next tick.
+    # A reservation changed by any path (here the ORM, as the admin does) reaches admission on
+    # the next tick: the floors are written whole whenever they differ from the last.
     Reservation.objects.filter(pk=reservation.pk).update(mu_per_minute=250)
     allocation_tick()
-    assert float(redis.hget(acme_key, "g")) == 250
+    assert float(redis.hget(acme_floor, "g")) == 250
 
-    # Redis lost the limits (a restart without persistence): the next tick writes every
+    # Redis lost everything (a restart without persistence): the next tick writes every
     # pair again, the ones that did not change included.
-    redis.delete(LIMITS_FRESH_KEY, acme_key, globex_key)
+    redis.flushdb()
     allocation_tick()
-    assert float(redis.hget(acme_key, "g")) == 250
+    assert float(redis.hget(acme_floor, "g")) == 250
     assert float(redis.hget(globex_key, "be")) > 0
     assert redis.ttl(globex_key) > 60
 
@@ -357,3 +362,26 @@ def test_the_inputs_digest_follows_what_the_policy_read(fleet, served_model, acm
     assert digest(replace(model, customers=tuple(rest))) != digest(model)
     bigger = replace(model.deployments[0], max_replicas=model.deployments[0].max_replicas + 1)
     assert digest(replace(model, deployments=(bigger,))) != digest(model)
+
+
+def test_requests_held_at_a_gateway_wake_a_model_at_zero_with_the_replicas_their_rate_needs(
+    fleet, served_model
+):
+    """What a gateway writes in gw:v1:waiting (docs/gateway-contract.md) as the tick reads it:
+    15 MU held, the oldest for 6 s, arrive at 150 MU/min; over a minute, at 15 MU/min."""
+    Deployment.objects.filter(pk=fleet.pk).update(current_replicas=0)
+    redis = buckets().client
+
+    def tick_with_requests_held_for(seconds: float) -> int:
+        now_s = time.time()
+        entry = {"requests": 36, "mu": 15.0, "since": now_s - seconds, "updated_at": now_s}
+        redis.hset(WAITING, served_model.name, json.dumps(entry))
+        try:
+            allocation_tick()
+        finally:
+            redis.hdel(WAITING, served_model.name)
+        return AllocationDecision.objects.order_by("-created_at").first().target_replicas
+
+    assert tick_with_requests_held_for(6) == 2  # 150 MU/min on 100 MU/min replicas
+    Deployment.objects.filter(pk=fleet.pk).update(current_replicas=0)
+    assert tick_with_requests_held_for(60) == 1

@@ -17,6 +17,7 @@ from capacity.models import (
     DegradationState,
     Replica,
 )
+from tests.support.admission import publish_allowances
 from tests.support.factories import ServedModelFactory
 
 pytestmark = [
@@ -179,7 +180,7 @@ def test_admission_refuses_lower_tiers_first_then_caps_then_sends_overflow_to_th
 ):
     # acme has a reservation (a 100 MU burst: about 7 requests of 13.6 MU), globex only
     # best-effort room.
-    admission.publish_limits(
+    publish_allowances(
         [
             Allowance(acme.pk, served_model.pk, 600.0, 0.0),
             Allowance(globex.pk, served_model.pk, 0.0, 600.0),
@@ -221,7 +222,7 @@ def test_admission_refuses_lower_tiers_first_then_caps_then_sends_overflow_to_th
 def test_the_admission_api_carries_the_degradation(fleet, served_model, acme, make_key, key_client):
     from accounts import scopes as S
 
-    admission.publish_limits([Allowance(acme.pk, served_model.pk, 60.0, 0.0)])
+    publish_allowances([Allowance(acme.pk, served_model.pk, 60.0, 0.0)])
     DegradationState.objects.create(served_model=served_model, level=2)
     _, plaintext = make_key(customer=acme, scopes=[S.ADMISSION])
     response = key_client(plaintext).post(
@@ -241,7 +242,7 @@ def test_level_1_refuses_the_free_tier_and_admits_the_paid_one_through_the_api(
     acme.save()
     globex.save()
     # Both customers are best-effort only (no reservation), with room to spare.
-    admission.publish_limits(
+    publish_allowances(
         [
             Allowance(acme.pk, served_model.pk, 0.0, 600.0),
             Allowance(globex.pk, served_model.pk, 0.0, 600.0),

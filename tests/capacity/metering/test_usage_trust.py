@@ -24,6 +24,7 @@ from tests.capacity.admission.test_admission import (
     limits,
     private_redis,
 )
+from tests.support.admission import reserve
 
 pytestmark = [
     pytest.mark.django_db,
@@ -193,16 +194,8 @@ def test_the_redis_down_fallback_spools_its_records_and_they_price_the_events(
     sellable, served_model, acme, gateway, private_redis, make_key
 ):
     stop, restart = private_redis
-    from capacity.models import AdmissionAllowance
-
-    AdmissionAllowance.objects.create(
-        customer=acme,
-        served_model=served_model,
-        guaranteed_mu_per_minute=600.0,
-        best_effort_mu_per_minute=0.0,
-        tick_id="00000000-0000-0000-0000-000000000001",
-        updated_at=timezone.now(),
-    )
+    # What is sold decides the fallback (no tick has run).
+    reserve(acme, served_model, 600.0)
     api_key, _ = make_key(customer=acme, scopes=[S.ADMISSION])
     stop()
     decision = admission.admit(

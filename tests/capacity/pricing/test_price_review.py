@@ -39,8 +39,10 @@ def test_a_fit_30_percent_off_the_active_one_on_recent_traffic_is_not_activated(
     assert v2.price_change["basis"] == "traffic"
     assert v2.price_change["requests"] == 20  # the refused request is not repriced
     assert v2.price_change["compared_with_version"] == 1
-    # Totals only, no customer's figures: every signed-in caller reads versions.
+    # Totals, no customer's rows: only a customer over the per-customer limit is named, and
+    # none had COST_MODEL_REVIEW_MIN_CUSTOMER_REQUESTS (100) requests.
     assert "acme" not in json.dumps(v2.price_change) and "by_customer" not in v2.price_change
+    assert v2.price_change["customers_over_limit"] == []
     assert v2.review_reason.startswith("Waits for a planner: v1 → v2 moves prices by +30.0 %")
     assert "more than COST_MODEL_MAX_AUTO_CHANGE_PERCENT (5 %)" in v2.review_reason
     held = AuditEntry.objects.get(action="cost_model.hold", object_id=str(v2.pk))
@@ -55,11 +57,13 @@ def test_a_fit_within_the_threshold_activates_itself_and_says_why(
 
     assert v2.status == "active"
     assert v2.approved_by == "system:auto"
-    assert "cross-validated MAPE 2.0 % is within" in v2.approval_reason
-    assert "moves prices by +3.0 % on the last 7 days of traffic (20 requests of 2 customers)" in (
-        v2.approval_reason
+    assert v2.approval_reason == (
+        "cross-validated MAPE 2.0 % is within COST_MODEL_MAX_ACTIVE_MAPE_PERCENT (10 %); "
+        "v1 → v2 moves prices by +3.0 % on the last 7 days of traffic (20 requests of 2 "
+        "customers), within COST_MODEL_MAX_AUTO_CHANGE_PERCENT (5 %); no customer had at least "
+        "100 requests in the window; measured from v1, the active version and the first version "
+        "in force in the last 30 days"
     )
-    assert v2.approval_reason.endswith("within COST_MODEL_MAX_AUTO_CHANGE_PERCENT (5 %)")
     entry = AuditEntry.objects.get(action="cost_model.activate", object_id=str(v2.pk))
     assert (entry.actor, entry.reason) == ("system:auto", v2.approval_reason)
     assert entry.after["approved_by"] == "system:auto"

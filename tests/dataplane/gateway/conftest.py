@@ -18,6 +18,7 @@ import pytest
 import redis
 
 from capacity.admission.redis_buckets import Buckets
+from tests.support.admission import set_rates
 from tests.support.processes import ROOT, emulator_subprocess, free_port
 from tests.support.recording_server import RecordingServer
 from tests.support.subprocesses import stop, wait_until_answering
@@ -58,10 +59,9 @@ def rds() -> Iterator[redis.Redis]:
 
 
 def set_limits(client: redis.Redis, limits: dict[tuple[int, int], tuple[float, float]]) -> None:
-    """Admission limits as the allocation tick publishes them (the control plane's code)."""
-    Buckets(client, burst_seconds=10, idle_ttl_seconds=600, record_ttl_s=3600).publish_limits(
-        limits, ttl_s=600
-    )
+    """Admission rates as the control plane publishes them (its code): (guaranteed,
+    best-effort) MU/min, the first a reservation floor, the second the tick's allowance."""
+    set_rates(Buckets(client, burst_seconds=10, idle_ttl_seconds=600, record_ttl_s=3600), limits)
 
 
 @pytest.fixture

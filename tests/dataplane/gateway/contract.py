@@ -18,6 +18,7 @@ KEYS = "gw:v1:keys"
 MODELS = "gw:v1:models"
 ENTITLEMENTS = "gw:v1:entitlements"
 CUSTOMER_TIERS = "gw:v1:customer_tiers"
+RESERVATIONS = "gw:v1:reservations"
 META = "gw:v1:meta"
 WAITING = "gw:v1:waiting"
 SPOOL = "gw:v1:spool"
@@ -106,12 +107,14 @@ class Publication:
     models: dict[str, dict] = field(default_factory=dict)  # name -> doc
     entitlements: dict[int, list[str]] = field(default_factory=dict)
     customer_tiers: dict[int, str] = field(default_factory=dict)  # customer id -> tier name
+    # customer id -> model name -> reserved MU/min (a floor with no later step)
+    reservations: dict[int, dict[str, float]] = field(default_factory=dict)
 
 
 def publish(client: redis.Redis, publication: Publication) -> int:
     """Write the documents whole, then bump `gw:v1:meta.version`; returns the version."""
     pipe = client.pipeline(transaction=True)
-    pipe.delete(KEYS, MODELS, ENTITLEMENTS, CUSTOMER_TIERS)
+    pipe.delete(KEYS, MODELS, ENTITLEMENTS, CUSTOMER_TIERS, RESERVATIONS)
     if publication.keys:
         pipe.hset(KEYS, mapping={p: json.dumps(d) for p, d in publication.keys.items()})
     if publication.models:
@@ -125,6 +128,16 @@ def publish(client: redis.Redis, publication: Publication) -> int:
         pipe.hset(
             CUSTOMER_TIERS,
             mapping={str(c): tier for c, tier in publication.customer_tiers.items()},
+        )
+    if publication.reservations:
+        pipe.hset(
+            RESERVATIONS,
+            mapping={
+                str(c): json.dumps(
+                    {name: {"mu_per_minute": mu, "steps": []} for name, mu in floors.items()}
+                )
+                for c, floors in publication.reservations.items()
+            },
         )
     pipe.hincrby(META, "version", 1)
     pipe.hset(META, "published_at", repr(time.time()))

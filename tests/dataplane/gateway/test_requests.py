@@ -4,9 +4,12 @@ answer and the request's one usage event."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -586,6 +589,48 @@ def test_two_workers_share_the_port_and_metrics_sum_them(
         len(wait_for(lambda: len(usage_events(usage_server)) == 6 and usage_events(usage_server)))
         == 6
     )
+
+
+def _children(pid: int) -> set[int]:
+    """The gateway's worker processes (its children started by multiprocessing's spawn), from
+    /proc."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                command = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and b"spawn_main" in command:
+                found.add(int(entry.name))
+    return found
+
+
+def test_a_gateway_worker_that_dies_is_started_again_while_the_other_serves(
+    world, start_emulator, start_gateway, http
+):
+    url, _ = start_emulator()
+    world.publication.models["tiny"] = C.model(7, [C.replica(url)])
+    world.publish()
+    gateway = start_gateway(GATEWAY_WORKERS="2")
+    workers = wait_for(lambda: len(found := _children(gateway.process.pid)) == 2 and found)
+    dead = max(workers)
+    os.kill(dead, signal.SIGKILL)
+    statuses = []
+    for _ in range(10):
+        with httpx.Client(trust_env=False) as fresh:  # new connections: either worker
+            statuses.append(
+                fresh.post(
+                    gateway.url + "/v1/chat/completions", json=CHAT, headers=bearer(world.acme)
+                ).status_code
+            )
+    replaced = wait_for(
+        lambda: len(found := _children(gateway.process.pid) - {dead}) >= 2 and found
+    )
+    assert dead not in replaced and gateway.process.poll() is None
+    assert "exited (-9)" in gateway.log()
+    assert statuses.count(200) >= 9, statuses  # one may have met the dying worker's backlog
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from capacity.models import ActuatorKind, Deployment, Replica
 from capacity.publication.publish import publish_gateway_state
 from capacity.selling.entitlements import entitlements_set
 from capacity.selling.reservations import reservation_create
+from tests.support.admission import set_rates
 from tests.support.processes import free_port
 
 from .conftest import gateway_process, tiny_model
@@ -46,9 +47,10 @@ def fleet(sellable, served_model, acme, globex, make_key, tmp_path, start_emulat
     assert Replica.objects.filter(state=Replica.State.HEALTHY).count() == 1
     allocation_tick()  # admission limits and the gateway contract, as every 15 s
     # No best-effort capacity for anyone: globex, without a reservation, is always refused.
-    buckets().publish_limits(
+    set_rates(
+        buckets(),
         {(acme.pk, served_model.pk): (300.0, 0.0), (globex.pk, served_model.pk): (0.0, 0.0)},
-        settings.ADMISSION_LIMITS_TTL_SECONDS,
+        ttl_s=settings.ADMISSION_LIMITS_TTL_SECONDS,
     )
     assert publish_gateway_state(reason="test") is not None
     _, acme_key = make_key(customer=acme, scopes=[S.READ, S.ADMISSION])
@@ -62,9 +64,10 @@ def test_a_guaranteed_customer_within_its_reservation_is_never_refused_while_bes
     fleet, acme, globex, served_model, tmp_path
 ):
     # globex lives off the fleet's slack (best-effort only); acme holds 300 MU/min.
-    buckets().publish_limits(
+    set_rates(
+        buckets(),
         {(acme.pk, served_model.pk): (300.0, 0.0), (globex.pk, served_model.pk): (0.0, 30.0)},
-        settings.ADMISSION_LIMITS_TTL_SECONDS,
+        ttl_s=settings.ADMISSION_LIMITS_TTL_SECONDS,
     )
     port = free_port()
     outcomes: dict[str, list[int]] = {"acme": [], "globex": []}
