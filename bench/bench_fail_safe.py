@@ -52,13 +52,15 @@ from bench.figures import Figure
 from capacity.pricing.features import mu_of, replica_seconds_of
 
 ROUNDS = 3
-CONCURRENCY = 64
+# As bench_gateway's closed loop: enough streams that the gateway, not the engine, binds.
+CONCURRENCY = 256
+STALE_ROUNDS = 7
 WARMUP_SECONDS = 0.5
-WINDOW_SECONDS = 2.0
+WINDOW_SECONDS = 1.5
 DECISIONS_PER_ROUND = 2000
 # The bounded check: a reservation asked three times over while Redis is down.
 BOUNDED_MU_PER_MINUTE = 30.0
-FALLBACK_WINDOW_SECONDS = 8.0
+FALLBACK_WINDOW_SECONDS = 6.0
 BURST_SECONDS = 10.0
 
 
@@ -119,7 +121,7 @@ def _stale_limits() -> list[Figure]:
         settings.ADMISSION_TICK_STALE_SECONDS + settings.ADMISSION_BEST_EFFORT_MAX_STALENESS_SECONDS
     ) / 2
     rates: dict[str, list[float]] = {"fresh": [], "stale": []}
-    for _ in range(ROUNDS):
+    for _ in range(STALE_ROUNDS):
         for name, age in (("fresh", 0.0), ("stale", half_way)):
             heartbeat(age)
             for _ in range(200):
@@ -233,6 +235,7 @@ def _fallback() -> list[Figure]:
             _publish_reservation(own, RESERVATION_MU_PER_MINUTE)
             saved = os.environ["REDIS_URL"]
             os.environ["REDIS_URL"] = own_url  # the second gateway's Redis
+            (folder / "down").mkdir()
             try:
                 down, down_url, _ = _start_gateway(folder / "down", usage.url)
             finally:
@@ -252,6 +255,7 @@ def _fallback() -> list[Figure]:
             bounded_key = _publish_contract(own, emulator_url)
             _publish_reservation(own, BOUNDED_MU_PER_MINUTE)
             os.environ["REDIS_URL"] = own_url
+            (folder / "bounded").mkdir()
             try:
                 bounded, bounded_url, _ = _start_gateway(folder / "bounded", usage.url)
             finally:
