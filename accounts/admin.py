@@ -2,7 +2,9 @@ from django.contrib import admin
 
 from accounts.hooks import keys_changed
 from accounts.models import DEFAULT_TIER, ApiKey, Customer, Membership, Tier
-from controlplane.audit import AuditedAdminMixin
+from accounts.selectors import live_api_keys_made_by
+from accounts.services import membership_remove
+from controlplane.audit import AuditedAdminMixin, actor_of
 
 
 class KeysChangedAdminMixin:
@@ -19,9 +21,13 @@ class KeysChangedAdminMixin:
 
 
 class MembershipInline(admin.TabularInline):
+    """People are added here; they are removed on the Memberships page (or the planner's
+    customer page), which offers to revoke the keys they made."""
+
     model = Membership
     extra = 0
     autocomplete_fields = ["user"]
+    can_delete = False
 
 
 @admin.register(Tier)
@@ -56,11 +62,43 @@ class CustomerAdmin(KeysChangedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
 
 @admin.register(Membership)
 class MembershipAdmin(AuditedAdminMixin, admin.ModelAdmin):
+    """Deleting a membership removes the person through accounts.services.membership_remove
+    and revokes the customer's keys they made (the confirmation lists them); the action
+    "Remove, keeping their keys" leaves those keys working."""
+
     list_display = ["user", "customer", "role", "created_at"]
     list_filter = ["role"]
     search_fields = ["user__username", "customer__slug", "customer__name"]
     autocomplete_fields = ["user", "customer"]
     list_select_related = ["user", "customer"]
+    actions = ["remove_keeping_keys"]
+
+    def get_deleted_objects(self, objs, request):
+        deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
+        for membership in objs:
+            made = live_api_keys_made_by(membership.customer, [membership.user_id])
+            for api_key in made[membership.user_id]:
+                deleted.append(f"API key {api_key.prefix} ({api_key.name}): revoked, made by "
+                               f"{membership.user}")  # fmt: skip
+        return deleted, counts, perms_needed, protected
+
+    def delete_model(self, request, obj):
+        membership_remove(membership=obj, revoke_keys=True, actor=actor_of(user=request.user))
+
+    def delete_queryset(self, request, queryset):
+        for membership in queryset:
+            self.delete_model(request, membership)
+
+    @admin.action(description="Remove the selected people, keeping the keys they made")
+    def remove_keeping_keys(self, request, queryset):
+        removed = [
+            membership_remove(
+                membership=membership, revoke_keys=False, actor=actor_of(user=request.user)
+            )
+            for membership in queryset
+        ]
+        kept = sum(len(each.kept) for each in removed)
+        self.message_user(request, f"Removed {len(removed)} person(s); {kept} key(s) kept.")
 
 
 @admin.register(ApiKey)

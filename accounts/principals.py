@@ -48,15 +48,19 @@ class Principal:
         return self.is_planner or scope in self.scopes
 
     def can_manage_customer_keys(self, customer_id: int) -> bool:
-        """Create or revoke the customer's own keys."""
+        """Create or revoke the customer's own keys: its owners (accounts.scopes.ROLE_SCOPES,
+        the rule the portal follows too), and its keys with `write` while the person who made
+        them may (key_maker_manages_keys)."""
         if self.is_planner:
             return True
         if self.is_service:
             return S.CUSTOMERS_WRITE in self.scopes
         role = self.roles.get(customer_id)
+        if role is None:
+            return False
         if self.api_key is not None:
-            return role is not None and S.WRITE in self.scopes
-        return role in {Membership.Role.OWNER, Membership.Role.MEMBER}
+            return S.WRITE in self.scopes and key_maker_manages_keys(self.api_key)
+        return S.role_manages_keys(role)
 
 
 ANONYMOUS = Principal()
@@ -68,10 +72,43 @@ def principal_for_user(user) -> Principal:
     if user_is_planner(user):
         return Principal(is_planner=True, scopes=frozenset(S.ALL_SCOPES), user=user)
     roles = dict(user.memberships.values_list("customer_id", "role"))
-    scopes = {S.READ}
-    if any(role != Membership.Role.VIEWER for role in roles.values()):
-        scopes.add(S.WRITE)
-    return Principal(roles=roles, scopes=frozenset(scopes), user=user)
+    # What the person may do anywhere; can_manage_customer_keys narrows it per customer (an
+    # owner of one customer and a member of another manages only the first's keys).
+    scopes = frozenset({S.READ}).union(*(S.ROLE_SCOPES.get(role, ()) for role in roles.values()))
+    return Principal(roles=roles, scopes=scopes, user=user)
+
+
+def key_maker_manages_keys(api_key: ApiKey) -> bool:
+    """Whether a customer key's `write` still counts for managing the customer's keys: a key
+    acts for the person who made it (or made the key that made it, and so on), never beyond
+    that person's role in the customer now. A key a member made before members lost key
+    management, or a key of an owner since made a member, holds `write` but manages no keys.
+
+    A key no person of the customer's made (a planner's, a command's, a provisioning
+    service's, or one kept when its maker was removed from the customer) answers to the
+    platform, not to a role: its scopes alone decide. Costs a query or two, on key writes only.
+    """
+    key: ApiKey | None = api_key
+    seen: set[int] = set()
+    while key is not None and key.pk not in seen:
+        seen.add(key.pk)
+        if key.created_by_id is not None:
+            role = (
+                Membership.objects.filter(
+                    user_id=key.created_by_id, customer_id=api_key.customer_id
+                )
+                .values_list("role", flat=True)
+                .first()
+            )
+            return role is None or S.role_manages_keys(role)
+        if key.created_by_key_id is None:
+            return True
+        key = (
+            ApiKey.objects.only("pk", "created_by", "created_by_key")
+            .filter(pk=key.created_by_key_id)
+            .first()
+        )
+    return True
 
 
 def principal_for_key(api_key: ApiKey) -> Principal:

@@ -1,6 +1,6 @@
 """Reads for customers and API keys, always through what the principal may see."""
 
-from django.db.models import Q, QuerySet
+from django.db.models import Case, IntegerField, Q, QuerySet, Value, When
 
 from accounts import scopes as S
 from accounts.models import ApiKey, Customer, Membership
@@ -60,6 +60,79 @@ def membership_ids_of_customer(customer: Customer) -> QuerySet:
 def api_key_of_customer(customer: Customer, pk: int) -> ApiKey | None:
     """The customer's key with this id; None when it has none (or it is another's)."""
     return ApiKey.objects.filter(customer=customer, pk=pk).first()
+
+
+# --- A customer's people, and the keys each made ----------------------------------------------
+
+
+def people_of_customer(customer: Customer) -> QuerySet[Membership]:
+    """The customer's memberships with their users, owners first, then by username."""
+    role_order = Case(
+        *(When(role=role, then=Value(rank)) for rank, role in enumerate(Membership.Role.values)),
+        output_field=IntegerField(),
+    )
+    return (
+        customer.memberships.select_related("user")
+        .annotate(role_rank=role_order)
+        .order_by("role_rank", "user__username", "pk")
+    )
+
+
+def membership_of_customer(customer: Customer, pk: int) -> Membership | None:
+    """The customer's membership with this id; None when it has none (or it is another's)."""
+    return Membership.objects.filter(customer=customer, pk=pk).select_related("user").first()
+
+
+def live_api_keys_made_by(customer: Customer, user_ids) -> dict[int, list[ApiKey]]:
+    """user id → the customer's unrevoked keys that person made, oldest first: the keys they
+    created, and the keys those keys created (a key made by a key is its maker's too, revoked
+    or not in between). What removing the person from the customer offers to revoke.
+
+    One query per generation of keys making keys (usually one or two), whatever the number of
+    people or keys."""
+    user_ids = list(user_ids)
+    made: dict[int, list[ApiKey]] = {user_id: [] for user_id in user_ids}
+    if not user_ids:
+        return made
+    keys = ApiKey.objects.filter(customer=customer).order_by("created_at", "pk")
+    maker_of: dict[int, int] = {}  # key id → the person behind it
+    generation = list(keys.filter(created_by_id__in=user_ids))
+    while generation:
+        for key in generation:
+            maker = (
+                key.created_by_id if key.created_by_id in made else maker_of[key.created_by_key_id]
+            )
+            maker_of[key.pk] = maker
+            if key.revoked_at is None:
+                made[maker].append(key)
+        # Keys made by this generation's keys and not reached yet (nothing repeats: a key is
+        # made after the key that made it).
+        generation = list(
+            keys.filter(created_by_key_id__in=[key.pk for key in generation]).exclude(
+                pk__in=list(maker_of)
+            )
+        )
+    for user_keys in made.values():
+        user_keys.sort(key=lambda key: (key.created_at, key.pk))
+    return made
+
+
+def service_keys_by_gateway_access(*, now) -> tuple[list[ApiKey], list[ApiKey]]:
+    """The platform's live (unrevoked, unexpired) service keys: (those holding `admission`,
+    which a gateway lets send requests, those without it, which it refuses), each by service
+    name then prefix."""
+    live = [
+        key
+        for key in ApiKey.objects.filter(customer__isnull=True, revoked_at__isnull=True)
+        .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=now))
+        .order_by("service_name", "prefix")
+    ]
+    # Scopes are a JSON list: filtered here, as containment on JSON differs between the
+    # databases the project runs on.
+    return (
+        [key for key in live if S.ADMISSION in key.scopes],
+        [key for key in live if S.ADMISSION not in key.scopes],
+    )
 
 
 # --- The customer portal (a user sees the customers it is a member of, nothing else) --------

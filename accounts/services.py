@@ -14,6 +14,7 @@ from accounts import scopes as S
 from accounts.hooks import keys_changed
 from accounts.models import DEFAULT_TIER, ApiKey, Customer, Membership, Tier
 from accounts.principals import PLANNERS_GROUP
+from accounts.selectors import live_api_keys_made_by
 from controlplane.audit import actor_of as audit_actor_of
 from controlplane.audit import audit_change, audit_record, snapshot
 from controlplane.errors import ConflictError, DomainError
@@ -216,7 +217,7 @@ def api_key_create(
 
 
 @transaction.atomic
-def api_key_revoke(*, api_key: ApiKey, actor: str = "system:unknown") -> ApiKey:
+def api_key_revoke(*, api_key: ApiKey, actor: str = "system:unknown", reason: str = "") -> ApiKey:
     """Revoking twice is harmless and keeps the first revocation time."""
     revoked = ApiKey.objects.filter(pk=api_key.pk, revoked_at__isnull=True).update(
         revoked_at=timezone.now()
@@ -229,9 +230,52 @@ def api_key_revoke(*, api_key: ApiKey, actor: str = "system:unknown") -> ApiKey:
             obj=api_key,
             before={"revoked_at": None},
             after=snapshot(api_key, ["revoked_at"]),
+            reason=reason,
         )
         keys_changed()
     return api_key
+
+
+@dataclass(frozen=True)
+class RemovedMembership:
+    username: str
+    role: str
+    revoked: list[ApiKey]  # the keys the person made, revoked with the membership
+    kept: list[ApiKey]  # the keys the person made, left working (revoke_keys=False)
+
+
+@transaction.atomic
+def membership_remove(
+    *, membership: Membership, revoke_keys: bool, actor: str
+) -> RemovedMembership:
+    """Remove a person from a customer. The customer's keys the person made (and the keys those
+    keys made: accounts.selectors.live_api_keys_made_by) would otherwise outlive their place
+    in it, so the caller says whether they go too: with revoke_keys each is revoked (audited
+    as api_key.revoke, with the reason). Audited as membership.remove on the customer, whose
+    history then shows who left and which of their keys were revoked or kept."""
+    membership = Membership.objects.select_related("user", "customer").get(pk=membership.pk)
+    customer, user = membership.customer, membership.user
+    username = user.get_username()
+    made = live_api_keys_made_by(customer, [user.pk])[user.pk]
+    revoked: list[ApiKey] = []
+    if revoke_keys:
+        reason = f"made by {username}, removed from {customer.slug}"
+        for api_key in made:
+            revoked.append(api_key_revoke(api_key=api_key, actor=actor, reason=reason))
+    kept = [] if revoke_keys else made
+    membership.delete()
+    audit_record(
+        actor=actor,
+        action="membership.remove",
+        obj=customer,
+        before={"member": username, "role": membership.role},
+        after={
+            "member": None,
+            "keys_revoked": [api_key.prefix for api_key in revoked],
+            "keys_kept": [api_key.prefix for api_key in kept],
+        },
+    )
+    return RemovedMembership(username=username, role=membership.role, revoked=revoked, kept=kept)
 
 
 @transaction.atomic

@@ -50,6 +50,7 @@ from bench.bench_gateway import (
 from bench.bench_runner import _start_emulator
 from bench.figures import Figure
 from capacity.pricing.features import mu_of, replica_seconds_of
+from tests.support.publication import write_signed
 
 ROUNDS = 3
 # As bench_gateway's closed loop: enough streams that the gateway, not the engine, binds.
@@ -167,8 +168,7 @@ def _private_redis(folder: Path) -> tuple[subprocess.Popen, str]:
 def _publish_reservation(client: redis.Redis, mu_per_minute: float) -> None:
     """gw:v1:reservations: what the gateway's workers admit by while Redis is down."""
     doc = {MODEL["name"]: {"mu_per_minute": mu_per_minute, "steps": []}}
-    client.hset("gw:v1:reservations", str(CUSTOMER_ID), json.dumps(doc))
-    client.hincrby("gw:v1:meta", "version", 1)
+    write_signed(client, {"gw:v1:reservations": {str(CUSTOMER_ID): json.dumps(doc)}})
 
 
 def _closed_loop(url: str, key: str) -> Sample:

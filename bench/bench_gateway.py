@@ -74,6 +74,7 @@ from benchmarking import runner
 from dataplane.emulator.config import parse_config
 from dataplane.emulator.engine import Listener
 from dataplane.emulator.fleet import ModelFleet
+from tests.support.publication import write_signed
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCK = ROOT / "bench" / "litellm-requirements.txt"
@@ -512,14 +513,15 @@ def _publish_contract(client: redis.Redis, emulator_url: str) -> str:
             }
         ],
     }
-    pipe = client.pipeline(transaction=True)
-    pipe.delete(*GW_KEYS)
-    pipe.hset("gw:v1:keys", key.prefix, json.dumps(key_doc))
-    pipe.hset("gw:v1:models", MODEL["name"], json.dumps(model_doc))
-    pipe.hset("gw:v1:entitlements", str(CUSTOMER_ID), json.dumps([MODEL["name"]]))
-    pipe.hincrby("gw:v1:meta", "version", 1)
-    pipe.hset("gw:v1:meta", "published_at", repr(time.time()))
-    pipe.execute()
+    client.delete(*GW_KEYS)
+    write_signed(  # signed as the control plane signs (bench.sh's test-only key pair)
+        client,
+        {
+            "gw:v1:keys": {key.prefix: json.dumps(key_doc)},
+            "gw:v1:models": {MODEL["name"]: json.dumps(model_doc)},
+            "gw:v1:entitlements": {str(CUSTOMER_ID): json.dumps([MODEL["name"]])},
+        },
+    )
     buckets = Buckets(client, burst_seconds=10, idle_ttl_seconds=600, record_ttl_s=3600)
     # The customer's reservation floor (what a sale writes); no best-effort allowance.
     pair = (CUSTOMER_ID, MODEL_ID)
@@ -553,10 +555,13 @@ def _stop(process: subprocess.Popen) -> None:
             process.wait(timeout=5)
 
 
-def _start_gateway(folder: Path, usage_url: str) -> tuple[subprocess.Popen, str, Path]:
+def _start_gateway(
+    folder: Path, usage_url: str, **extra_env: str
+) -> tuple[subprocess.Popen, str, Path]:
     port = _free_port()
     env = {
         **os.environ,
+        **extra_env,
         "GATEWAY_PORT": str(port),
         "GATEWAY_WORKERS": str(WORKERS),
         "GATEWAY_REDIS_URL": os.environ["REDIS_URL"],

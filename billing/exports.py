@@ -7,7 +7,6 @@ Formats are the API's: instants in ISO 8601 UTC with a Z, decimals at their stor
 (quantity and unit price to 6, amounts to cents), a model by name, a reservation by id.
 """
 
-import csv
 import io
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from decimal import Decimal
 from django.http import HttpResponse
 
 from billing.models import Invoice, InvoiceLine
+from controlplane.csv_export import spreadsheet_writer
 
 # The CSV's columns, in order: the JSON export's line fields without `evidence` (a nested
 # object; the JSON detail and the PDF carry it).
@@ -72,13 +72,20 @@ def invoice_rows(invoice: Invoice) -> list[dict[str, str]]:
     return [line_row(line) for line in invoice_lines(invoice)]
 
 
+def _csv_cell(column: str, text: str) -> str | Decimal:
+    # The amounts as numbers (the same digits: a Decimal keeps the text's places), so the
+    # spreadsheet writer leaves a credit's "-20.00" a number; every other cell is text, and
+    # text a spreadsheet would run as a formula is neutralised.
+    return Decimal(text) if column in _PLACES else text
+
+
 def invoice_csv(invoice: Invoice) -> bytes:
     """One row per line, in the invoice's order."""
     buffer = io.StringIO()
-    writer = csv.writer(buffer)
+    writer = spreadsheet_writer(buffer)
     writer.writerow(LINE_COLUMNS)
     for row in invoice_rows(invoice):
-        writer.writerow([row[column] for column in LINE_COLUMNS])
+        writer.writerow([_csv_cell(column, row[column]) for column in LINE_COLUMNS])
     return buffer.getvalue().encode()
 
 

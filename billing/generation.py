@@ -30,7 +30,7 @@ from billing.money import money
 from billing.rates import cards_by_model, rate_segments
 from capacity.models import Reservation, ReservationChange, UsageMinute
 from controlplane.audit import audit_record
-from controlplane.bounds import EARLIEST, LATEST
+from controlplane.bounds import EARLIEST, LATEST, ascii_whole_number
 from controlplane.db import Lock, lock_for_transaction
 from controlplane.errors import ConflictError, DomainError
 
@@ -46,17 +46,20 @@ class GenerationResult:
 def period_bounds(period: str | date) -> tuple[date, datetime, datetime]:
     """'2026-11' (or a date in the month) -> (first day, start, end) in UTC."""
     if isinstance(period, str):
-        try:
-            year, month = (int(part) for part in period.split("-"))
-            first = date(year, month, 1)
-        except (ValueError, TypeError):
-            raise DomainError(f"'{period}' is not a month: use YYYY-MM.", field="period") from None
+        # ASCII digits only: int() would read '٢٠٢٦' and ' 2026', and a year of eleven digits
+        # overflows date() (OverflowError, not ValueError: a 500).
+        year_text, _, month_text = period.partition("-")
+        year = ascii_whole_number(year_text, max_digits=4)
+        month = ascii_whole_number(month_text, max_digits=2)
+        if year is None or month is None or not 1 <= month <= 12:
+            raise DomainError(f"'{period[:40]}' is not a month: use YYYY-MM.", field="period")
         if not EARLIEST.year <= year < LATEST.year:
             raise DomainError(
                 f"'{period}' is not a month billed here: use {EARLIEST:%Y-%m} to "
                 f"{LATEST.year - 1}-12.",
                 field="period",
             )
+        first = date(year, month, 1)
     else:
         first = period.replace(day=1)
     days = calendar.monthrange(first.year, first.month)[1]

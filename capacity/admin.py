@@ -486,7 +486,11 @@ class ReservationChangeAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 
 
 @admin.register(UsageEvent)
-class UsageEventAdmin(admin.ModelAdmin):
+class UsageEventAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Metered usage, what invoices are built on: stored only by ingestion (POST
+    /api/v1/usage/events), never added, changed or deleted by hand, where no audit entry and
+    no check (a model's context, the admission record) would stand behind it."""
+
     list_display = [
         "event_id",
         "customer",
@@ -516,16 +520,9 @@ class UsageEventAdmin(admin.ModelAdmin):
     list_select_related = ["customer", "served_model"]
     show_full_result_count = False  # counting millions of events on every page would crawl
 
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        # Metered usage is what invoices are built on.
-        return False
-
 
 @admin.register(FallbackAdmission)
-class FallbackAdmissionAdmin(admin.ModelAdmin):
+class FallbackAdmissionAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     """Decisions the Redis-down fallback made: evidence for billing, so read-only."""
 
     list_display = [
@@ -540,15 +537,9 @@ class FallbackAdmissionAdmin(admin.ModelAdmin):
     search_fields = ["request_id", "customer__slug"]
     list_select_related = ["customer", "served_model"]
 
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
 
 @admin.register(UsageKeyMinute)
-class UsageKeyMinuteAdmin(admin.ModelAdmin):
+class UsageKeyMinuteAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     """What each customer key's requests used per model and minute: rolled up from the events
     (capacity.metering.rollups), what a key's budget is priced from; read-only."""
 
@@ -566,27 +557,23 @@ class UsageKeyMinuteAdmin(admin.ModelAdmin):
     list_select_related = ["customer", "served_model"]
     show_full_result_count = False
 
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
 
 @admin.register(UsageMinute)
-class UsageMinuteAdmin(admin.ModelAdmin):
+class UsageMinuteAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Each customer's usage per model and minute: rolled up from the events
+    (capacity.metering.rollups), what invoices and the allocation tick read; read-only."""
+
     list_display = ["customer", "served_model", "minute", "requests", "mu", "refused_requests"]
     list_filter = ["served_model"]
     search_fields = ["customer__slug"]
     list_select_related = ["customer", "served_model"]
     show_full_result_count = False
 
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
 
 @admin.register(AllocationDecision)
-class AllocationDecisionAdmin(admin.ModelAdmin):
+class AllocationDecisionAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    """The allocation tick's decisions, the GPU-hours billing's margin counts: read-only."""
+
     list_display = [
         "created_at",
         "deployment",
@@ -601,12 +588,11 @@ class AllocationDecisionAdmin(admin.ModelAdmin):
     list_select_related = ["deployment"]
     show_full_result_count = False
 
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
 
 @admin.register(AdmissionAllowance)
-class AdmissionAllowanceAdmin(admin.ModelAdmin):
+class AdmissionAllowanceAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    """What the allocation tick allows each customer now: written by every tick; read-only."""
+
     list_display = [
         "customer",
         "served_model",
@@ -617,9 +603,6 @@ class AdmissionAllowanceAdmin(admin.ModelAdmin):
     list_filter = ["served_model"]
     search_fields = ["customer__slug"]
     list_select_related = ["customer", "served_model"]
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
 
 
 @admin.register(ActuatorCircuit)
@@ -650,8 +633,9 @@ class TickHeartbeatAdmin(admin.ModelAdmin):
 
 
 @admin.register(CapacitySample)
-class CapacitySampleAdmin(admin.ModelAdmin):
-    """Written by the allocation tick once a minute; the planner's fleet page charts them."""
+class CapacitySampleAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Written by the allocation tick once a minute (used MU among them, from the usage
+    rollups); the planner's fleet page charts them. Read-only."""
 
     list_display = [
         "served_model",
@@ -665,9 +649,6 @@ class CapacitySampleAdmin(admin.ModelAdmin):
     date_hierarchy = "minute"
     list_select_related = ["served_model"]
     show_full_result_count = False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
 
 
 @admin.register(CapacityRisk)

@@ -6,6 +6,12 @@ class CapacityConfig(AppConfig):
     verbose_name = "Capacity: fleet catalog"
 
     def ready(self) -> None:
+        # Every process of the control plane may publish: none starts with a malformed
+        # publication signing key, or without one when DEBUG is off.
+        from capacity.publication.publish import publication_signing_key
+
+        publication_signing_key()
+
         # accounts cannot import capacity (the dependency order), so capacity subscribes to
         # its key writes: a created or revoked key reaches gateways right after the commit.
         from accounts.hooks import on_keys_changed

@@ -38,3 +38,17 @@ def plausible_instant(moment: datetime) -> bool:
         return EARLIEST <= moment < LATEST
     except OverflowError:  # an offset that takes it past year 9999 or before year 1
         return False
+
+
+_ASCII_DIGITS = re.compile(r"[0-9]+")
+# A bigint holds 18 digits whatever they are: a longer number overflows a lookup.
+WHOLE_NUMBER_MAX_DIGITS = 18
+
+
+def ascii_whole_number(text: str, *, max_digits: int = WHOLE_NUMBER_MAX_DIGITS) -> int | None:
+    """The whole number `text` spells in ASCII digits and nothing else (at most `max_digits`
+    of them), else None. Not `str.isdigit()`, which passes superscripts ('²') that int() then
+    refuses (a 500), nor int() alone, which reads '٢٠', '２', ' 7 ', '+7' and '1_000'."""
+    if len(text) > max_digits or _ASCII_DIGITS.fullmatch(text) is None:
+        return None
+    return int(text)

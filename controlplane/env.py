@@ -10,6 +10,8 @@ from urllib.parse import urlparse
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from controlplane.bounds import ascii_whole_number
+
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
@@ -146,9 +148,10 @@ def env_rate(name: str, default: str | None) -> str | None:
     if value.lower() in {"", "none", "off"}:
         return None
     count, _, period = value.partition("/")
-    if not count.isdigit() or int(count) < 1 or period.lower() not in _RATE_PERIODS:
+    number = ascii_whole_number(count)
+    if number is None or number < 1 or period.lower() not in _RATE_PERIODS:
         raise ImproperlyConfigured(
             f"{name}={value!r} is not a rate: use N/s, N/min, N/hour or N/day (N at least 1), "
             "or none."
         )
-    return f"{int(count)}/{period.lower()}"
+    return f"{number}/{period.lower()}"

@@ -17,12 +17,21 @@ only chooses among what the operator allowed, and this module is the one home of
 - **Secrets by name** (`ACTUATOR_SECRET_ENV_NAMES`): which environment variables a config's
   `token_env` / `secret_env` may name; never the control plane's own secrets, whatever the
   setting says.
+- **Secrets bound to their destinations** (`ACTUATOR_SECRET_DESTINATIONS`, issue 34): a name
+  may be sent only to the destinations the operator bound it to, of one kind (a process
+  supervisor's bearer token, a webhook's signing secret), by host and port; a cluster
+  profile's `token_env` is bound to that profile. Allowing a host is not allowing a secret to
+  go there: without bindings, whoever may write a config could send a supervisor's token to a
+  listener of their own on any allowed host. A name bound nowhere goes nowhere unless
+  `ACTUATOR_ALLOW_UNBOUND_SECRETS` is on. Checked when a config is written and again by
+  `actuator_secret()`, the one place actuators, probes and restarts read a secret.
 - **Kubernetes clusters** (`KUBERNETES_CLUSTERS`): named profiles (kubeconfig file, API server
   and token, or in-cluster) that a config picks by name.
 
 The policy objects are plain Python (no Django): settings.py parses the environment with them
-at start-up, and the load runner uses them without Django. Only `policy()` and
-`secret_env_refusal_from_settings()` read django.conf.settings.
+at start-up, and the load runner uses them without Django. Only `policy()`,
+`secret_env_refusal_from_settings()` and the secret bindings' `*_from_settings()` /
+`actuator_secret()` read django.conf.settings.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ import errno
 import fnmatch
 import ipaddress
 import json
+import os
 import re
 import socket
 import ssl
@@ -602,6 +612,264 @@ def parse_kubernetes_clusters(text_or_value, *, secret_env_patterns: typing.Iter
                 raise ValueError(f"{where}: token_env: {refusal}")
         profiles[name] = dict(profile)
     return profiles
+
+
+# --- Secrets bound to their destinations ---------------------------------------------------------
+
+# The kinds of destination an actuator secret is sent to. A process supervisor's token is sent
+# as a bearer token (scale, status, restart); a webhook's secret signs its requests; a cluster
+# profile's token goes to that cluster's API server.
+SUPERVISOR = "supervisor"
+WEBHOOK = "webhook"
+CLUSTER = "cluster"
+BINDABLE_KINDS = (SUPERVISOR, WEBHOOK)  # cluster tokens are bound by KUBERNETES_CLUSTERS
+_DESTINATION_NOUNS = {SUPERVISOR: "the process supervisor", WEBHOOK: "the webhook"}
+_A_DESTINATION = {SUPERVISOR: "a process supervisor", WEBHOOK: "a webhook", CLUSTER: "a cluster"}
+_BINDING_EXAMPLE = '{"MU_ACTUATOR_GPU07_TOKEN": {"supervisor": ["http://gpu-07:8190"]}}'
+
+
+class SecretRefused(Exception):
+    """A secret asked for where the operator did not bind it; nothing was read or sent."""
+
+
+def _normal_host(host: str) -> str:
+    address = _address(host)
+    return str(address) if address is not None else host.lower().rstrip(".")
+
+
+def _origin(scheme: str, host: str, port: int) -> str:
+    shown = f"[{host}]" if ":" in host else host
+    return f"{scheme}://{shown}:{port}" if scheme else f"{shown}:{port}"
+
+
+def _url_origin(url: str) -> tuple[str, str, int]:
+    """(scheme, host, port) as the HTTP client parses `url` (httpx's parser, so the check and
+    the connection agree on the host); ValueError when it is not an http(s) URL."""
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError) as error:
+        raise ValueError(f"{url!r} is not a URL: {error}") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ValueError(f"{url!r} is not an http or https URL with a host.")
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    return parsed.scheme, _normal_host(parsed.host), port
+
+
+@dataclass(frozen=True)
+class Destination:
+    """Where a secret may be sent: an origin (`scheme://host:port`, the port defaulted by the
+    scheme) or `host:port` (either scheme). Host names match exactly (case aside), addresses as
+    addresses: another port of the same host is another destination."""
+
+    scheme: str  # "" for either
+    host: str
+    port: int
+    text: str  # as the operator wrote it
+
+    @classmethod
+    def parse(cls, text: str) -> Destination:
+        raw = text.strip()
+        with_scheme = "://" in raw
+        try:
+            parsed = httpx.URL(raw if with_scheme else f"http://{raw}")
+        except httpx.InvalidURL as error:
+            raise ValueError(
+                f"{text!r} is not a destination such as http://gpu-07:8190: {error}"
+            ) from None
+        if with_scheme and parsed.scheme not in ("http", "https"):
+            raise ValueError(f"{text!r}: a destination's scheme is http or https.")
+        if parsed.userinfo or parsed.query or parsed.fragment or parsed.raw_path != b"/":
+            raise ValueError(
+                f"{text!r}: a destination is scheme://host:port or host:port, without a user, "
+                "path or query (a secret is bound to a host and port, not to a path)."
+            )
+        host = _normal_host(parsed.host)
+        if _address(host) is None and not _HOST_NAME.match(host):
+            raise ValueError(f"{text!r}: {parsed.host!r} is not a host name or an IP address.")
+        if not with_scheme and not re.search(r":[0-9]+$", raw):
+            raise ValueError(f"{text!r} needs a port (host:port), or a scheme (https://host).")
+        port = parsed.port or (443 if parsed.scheme == "https" else 80)
+        return cls(parsed.scheme if with_scheme else "", host, port, raw)
+
+    def admits(self, scheme: str, host: str, port: int) -> bool:
+        return (not self.scheme or scheme == self.scheme) and (host, port) == (self.host, self.port)
+
+
+@dataclass(frozen=True)
+class SecretBinding:
+    kind: str  # SUPERVISOR, WEBHOOK or CLUSTER
+    destinations: tuple[Destination, ...] = ()  # SUPERVISOR and WEBHOOK
+    clusters: tuple[str, ...] = ()  # CLUSTER: the profiles whose token_env it is
+
+    def describe(self) -> str:
+        if self.kind == CLUSTER:
+            names = ", ".join(f"'{name}'" for name in self.clusters)
+            return f"cluster profile{'s' if len(self.clusters) > 1 else ''} {names}"
+        where = " or ".join(d.text for d in self.destinations)
+        return f"{_DESTINATION_NOUNS[self.kind]} at {where}"
+
+
+@dataclass(frozen=True)
+class SecretBindings:
+    """Where each actuator secret may go: ACTUATOR_SECRET_DESTINATIONS binds a name to one kind
+    of destination (a supervisor's token never signs a webhook) and its hosts; a cluster
+    profile's `token_env` is bound to that profile. An unbound name goes nowhere unless the
+    operator turned ACTUATOR_ALLOW_UNBOUND_SECRETS on (the behaviour before bindings)."""
+
+    by_name: dict[str, SecretBinding]
+    allow_unbound: bool
+
+    def refusal(self, name: str, *, kind: str, url: str = "", cluster: str = "") -> str:
+        """Why the secret in `name` may not go to `url` (a supervisor or a webhook) or to the
+        cluster profile `cluster`, or "" when it may."""
+        binding = self.by_name.get(name)
+        if binding is None:
+            if self.allow_unbound:
+                return ""
+            return (
+                f"{name} is bound to no destination: ACTUATOR_SECRET_DESTINATIONS (an operator "
+                f"setting) must name where it may be sent, e.g. {_BINDING_EXAMPLE}; "
+                "ACTUATOR_ALLOW_UNBOUND_SECRETS would send unbound secrets to any allowed host."
+            )
+        if binding.kind == CLUSTER:
+            if kind == CLUSTER and cluster in binding.clusters:
+                return ""
+            return (
+                f"{name} is the token of {binding.describe()} (KUBERNETES_CLUSTERS) and is sent "
+                "to that cluster only."
+            )
+        if kind != binding.kind:
+            return (
+                f"{name} is bound to {binding.describe()} (ACTUATOR_SECRET_DESTINATIONS, an "
+                f"operator setting), not to {_A_DESTINATION[kind]}: each destination has a "
+                "secret of its own."
+            )
+        try:
+            scheme, host, port = _url_origin(url)
+        except ValueError as error:
+            return str(error)
+        if any(d.admits(scheme, host, port) for d in binding.destinations):
+            return ""
+        return (
+            f"{name} may be sent only to {binding.describe()} (ACTUATOR_SECRET_DESTINATIONS, an "
+            f"operator setting), not to {_origin(scheme, host, port)}."
+        )
+
+
+def _cluster_tokens(kubernetes_clusters: dict) -> dict[str, tuple[str, ...]]:
+    tokens: dict[str, list[str]] = {}
+    for profile_name, profile in kubernetes_clusters.items():
+        if isinstance(profile, dict) and profile.get("token_env"):
+            tokens.setdefault(str(profile["token_env"]), []).append(profile_name)
+    return {name: tuple(sorted(profiles)) for name, profiles in tokens.items()}
+
+
+def secret_bindings(
+    destinations,
+    *,
+    kubernetes_clusters: dict,
+    secret_env_patterns: typing.Iterable[str],
+    allow_unbound: bool = False,
+) -> SecretBindings:
+    """The bindings of ACTUATOR_SECRET_DESTINATIONS (JSON text or its parsed value) and of the
+    cluster profiles; ValueError naming the fault."""
+    value = destinations
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"is not JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"must be a JSON object such as {_BINDING_EXAMPLE}.")
+    patterns = tuple(secret_env_patterns)
+    cluster_tokens = _cluster_tokens(kubernetes_clusters)
+    by_name = {
+        name: SecretBinding(CLUSTER, clusters=profiles) for name, profiles in cluster_tokens.items()
+    }
+    for name, binding in value.items():
+        refusal = secret_env_refusal(str(name), patterns)
+        if refusal:
+            raise ValueError(f"{name}: {refusal}")
+        if name in cluster_tokens:
+            raise ValueError(
+                f"{name} is the token of {by_name[name].describe()} (KUBERNETES_CLUSTERS), "
+                "bound to that cluster; give the supervisor or webhook a secret of its own."
+            )
+        if not isinstance(binding, dict) or not binding:
+            raise ValueError(
+                f"{name}: bind it to one kind of destination ({', '.join(BINDABLE_KINDS)}) "
+                f"and its hosts, e.g. {_BINDING_EXAMPLE}."
+            )
+        if len(binding) > 1:
+            raise ValueError(
+                f"{name} is bound to {' and '.join(sorted(binding))}: one kind of destination "
+                "per secret, so that a supervisor's token never signs a webhook."
+            )
+        [(kind, entries)] = binding.items()
+        if kind not in BINDABLE_KINDS:
+            raise ValueError(
+                f"{name}: {kind!r} is not a kind of destination ({', '.join(BINDABLE_KINDS)}); "
+                "a cluster's token is bound by its KUBERNETES_CLUSTERS profile (token_env)."
+            )
+        if isinstance(entries, str):
+            entries = [entries]
+        if not isinstance(entries, list) or not entries:
+            raise ValueError(f"{name}: {kind} needs a list of destinations (host:port, or URLs).")
+        parsed = []
+        for entry in entries:
+            if not isinstance(entry, str):
+                raise ValueError(f"{name}: {entry!r} is not a destination (host:port, or a URL).")
+            try:
+                parsed.append(Destination.parse(entry))
+            except ValueError as error:
+                raise ValueError(f"{name}: {error}") from None
+        by_name[name] = SecretBinding(kind, destinations=tuple(parsed))
+    return SecretBindings(by_name, allow_unbound)
+
+
+def parse_secret_destinations(
+    text: str, *, kubernetes_clusters: dict, secret_env_patterns: typing.Iterable[str]
+) -> dict:
+    """ACTUATOR_SECRET_DESTINATIONS as settings keep it, {NAME: {kind: [destination, ...]}};
+    ValueError naming the fault (settings.py refuses to start on it)."""
+    bindings = secret_bindings(
+        text, kubernetes_clusters=kubernetes_clusters, secret_env_patterns=secret_env_patterns
+    )
+    return {
+        name: {binding.kind: [d.text for d in binding.destinations]}
+        for name, binding in bindings.by_name.items()
+        if binding.kind != CLUSTER
+    }
+
+
+def secret_bindings_from_settings() -> SecretBindings:
+    from django.conf import settings
+
+    return secret_bindings(
+        settings.ACTUATOR_SECRET_DESTINATIONS,
+        kubernetes_clusters=settings.KUBERNETES_CLUSTERS,
+        secret_env_patterns=settings.ACTUATOR_SECRET_ENV_NAMES,
+        allow_unbound=settings.ACTUATOR_ALLOW_UNBOUND_SECRETS,
+    )
+
+
+def secret_destination_refusal_from_settings(
+    name: str, *, kind: str, url: str = "", cluster: str = ""
+) -> str:
+    return secret_bindings_from_settings().refusal(name, kind=kind, url=url, cluster=cluster)
+
+
+def actuator_secret(name: str, *, kind: str, url: str = "", cluster: str = "") -> str:
+    """The value of the environment variable `name`, to send to `url` (a supervisor or webhook,
+    the very URL requested) or to the cluster profile `cluster`; "" when it is unset.
+
+    The one place actuators read a secret: checked here, at send time, whatever was checked when
+    the config was written (a config stored before a binding changed never leaks). Raises
+    SecretRefused, before reading anything, when the secret is not bound there."""
+    refusal = secret_destination_refusal_from_settings(name, kind=kind, url=url, cluster=cluster)
+    if refusal:
+        raise SecretRefused(refusal)
+    return os.environ.get(name, "")
 
 
 # --- Guarded aiohttp sessions (the load runner: many streams, little per-request overhead) -----

@@ -42,6 +42,19 @@ _GENERATE_SECRET = "python -c 'import secrets; print(secrets.token_urlsafe(50))'
 KNOWN_PLACEHOLDER_SECRETS = frozenset(
     {"build-only", "changeme", "change-me", "secret", "secret-key", "controlplane", "django"}
 )
+# Django's own check asks for 5 distinct characters, which "abcde" * 10 meets. Ten refuses such
+# short alphabets yet admits every generator an operator uses: token_urlsafe(50) and Django's
+# get_random_secret_key() give 30-45 distinct characters, and hex keys (`openssl rand -hex 32`)
+# at most 16, of which 50 random hex digits show fewer than 10 about once in 10^8.
+SECRET_KEY_MIN_DISTINCT_CHARACTERS = 10
+
+
+def _repeats_a_shorter_run(text: str) -> bool:
+    """True for a key that is one run written over and over ("qwertyuiop" * 5, a counter):
+    however many characters it has, it is worth no more than its run."""
+    return any(text[period:] == text[:-period] for period in range(1, len(text) // 2 + 1))
+
+
 SECRET_KEY = env_str("SECRET_KEY")
 if BUILD_STEP:
     # Nothing is signed while static files are collected; this key exists only in that process.
@@ -58,12 +71,14 @@ elif not DEBUG and (
     SECRET_KEY.lower() in KNOWN_PLACEHOLDER_SECRETS
     or SECRET_KEY.startswith("django-insecure")
     or len(SECRET_KEY) < 50
-    or len(set(SECRET_KEY)) < 5
+    or len(set(SECRET_KEY)) < SECRET_KEY_MIN_DISTINCT_CHARACTERS
+    or _repeats_a_shorter_run(SECRET_KEY)
 ):
     raise ImproperlyConfigured(
-        "SECRET_KEY is a placeholder or too weak (known example value, or fewer than 50 "
-        "characters, or fewer than 5 distinct ones) and DEBUG is off. Set SECRET_KEY to a long "
-        f"random string ({_GENERATE_SECRET}) or set DEBUG=1."
+        "SECRET_KEY is a placeholder or too weak (known example value, fewer than 50 "
+        f"characters, fewer than {SECRET_KEY_MIN_DISTINCT_CHARACTERS} distinct ones, or one "
+        "run repeated) and DEBUG is off. Set SECRET_KEY to a long random string "
+        f"({_GENERATE_SECRET}) or set DEBUG=1."
     )
 
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
@@ -255,8 +270,13 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "controlplane.api.errors.api_exception_handler",
-    # Writes per key (or user); usage ingestion has its own limit (API_THROTTLE_* below).
-    "DEFAULT_THROTTLE_CLASSES": ["accounts.throttling.WriteThrottle"],
+    # Writes and reads per key (or user), exports beside reads; usage ingestion has its own
+    # limit (API_THROTTLE_* below).
+    "DEFAULT_THROTTLE_CLASSES": [
+        "accounts.throttling.WriteThrottle",
+        "accounts.throttling.ReadThrottle",
+        "accounts.throttling.ExportThrottle",
+    ],
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
 
@@ -403,6 +423,12 @@ PUBLICATION_BYTES_PER_TOKEN_MIN_TOKENS = env_int(
 # Revoked (and expired) keys stay published this long with revoked: true (or their
 # expires_at), so a gateway refuses them even if it missed the publication that revoked them.
 PUBLICATION_REVOKED_KEYS_SECONDS = env_int("PUBLICATION_REVOKED_KEYS_SECONDS", 86400, minimum=60)
+# The Ed25519 key publications are signed with, "<id>:<base64 private key>"
+# (`manage.py publication_keys new` makes one; docs/gateway-contract.md, "Signed
+# publications"). Gateways given the public half refuse any publication it did not sign, so
+# Redis write access is no way to forge a key. Empty: unsigned, development only: with DEBUG
+# off the capacity app refuses to start without it (capacity/apps.py).
+PUBLICATION_SIGNING_KEY = env_str("PUBLICATION_SIGNING_KEY", "")
 # --- Admission (capacity/admission/gate.py) -------------------------------------------------------
 ADMISSION_REDIS_URL = env_redis_url("ADMISSION_REDIS_URL", REDIS_URL)
 # Burst tolerance of every bucket, in seconds of its rate.
@@ -533,6 +559,20 @@ KUBERNETES_CLUSTERS = env_parsed(
         text, secret_env_patterns=ACTUATOR_SECRET_ENV_NAMES
     ),
 )
+# Where each actuator secret may be sent (issue 34): JSON {NAME: {"supervisor" | "webhook":
+# [destination, ...]}}, a destination "scheme://host:port" or "host:port". A cluster profile's
+# token_env is bound to that profile already. A name bound nowhere is sent nowhere unless
+# ACTUATOR_ALLOW_UNBOUND_SECRETS is on (the behaviour before bindings: any allowed host).
+ACTUATOR_SECRET_DESTINATIONS = env_parsed(
+    "ACTUATOR_SECRET_DESTINATIONS",
+    {},
+    lambda text: outbound.parse_secret_destinations(
+        text,
+        kubernetes_clusters=KUBERNETES_CLUSTERS,
+        secret_env_patterns=ACTUATOR_SECRET_ENV_NAMES,
+    ),
+)
+ACTUATOR_ALLOW_UNBOUND_SECRETS = env_bool("ACTUATOR_ALLOW_UNBOUND_SECRETS", False)
 
 # --- Cache (Redis) ------------------------------------------------------------------------------
 # Shared by every process, so that API throttles hold across gunicorn workers and hosts.
@@ -549,27 +589,63 @@ CACHES = {
 # How many reverse proxies in front of the control plane append to X-Forwarded-For. 0: the
 # client is REMOTE_ADDR and X-Forwarded-For is ignored (anyone can write it). N: the client is
 # the address the outermost trusted proxy saw, N entries from the right of the chain
-# (controlplane/client_ip.py). Too low, and every login seems to come from the proxy.
+# (controlplane/client_ip.py). Too low, and every login seems to come from the proxy. Too high,
+# or a port that lets clients past the proxy (deploy/compose.yaml binds web to 127.0.0.1 for
+# this), and a client writes its own address; the username's lockout below still holds then.
 TRUSTED_PROXY_COUNT = env_int("TRUSTED_PROXY_COUNT", 0, minimum=0)
+
+# --- /metrics (controlplane/metrics_view.py) -----------------------------------------------------
+# Set: /metrics answers only `Authorization: Bearer <METRICS_TOKEN>` (Prometheus's scrape
+# config passes it from a Secret), from anywhere. Empty: only the host itself (a loopback client
+# address, as TRUSTED_PROXY_COUNT reads it). Never anyone else: the metrics name the fleet's
+# deployments and models, its load and what is oversold. The production Ingress does not route
+# /metrics at all.
+METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+METRICS_TOKEN_MIN_CHARACTERS = 32
+if METRICS_TOKEN and len(METRICS_TOKEN) < METRICS_TOKEN_MIN_CHARACTERS:
+    raise ImproperlyConfigured(
+        f"METRICS_TOKEN is shorter than {METRICS_TOKEN_MIN_CHARACTERS} characters: use "
+        "python -c 'import secrets; print(secrets.token_urlsafe(32))', or leave it empty to "
+        "serve /metrics to the host itself only."
+    )
 
 # --- Login lockout (django-axes) ----------------------------------------------------------------
 # After LOGIN_FAILURE_LIMIT wrong passwords for one username from one client address, that pair
 # is refused (429, a page that says so) for LOGIN_COOLOFF_SECONDS, even with the right password;
-# the same user from elsewhere, and other users from that address, still log in.
+# the same user from elsewhere, and other users from that address, still log in. After
+# LOGIN_USERNAME_FAILURE_LIMIT wrong passwords for one username from any addresses, that
+# username is refused from everywhere for as long: guesses that each show a new address (a
+# forged X-Forwarded-For, many machines) never go on without end (controlplane/lockout.py).
+# The price is that anyone can lock a username out for a cool-off; `manage.py
+# axes_reset_username NAME` lifts it.
 AXES_ENABLED = True
 AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5, minimum=1)
+LOGIN_USERNAME_FAILURE_LIMIT = env_int(
+    "LOGIN_USERNAME_FAILURE_LIMIT", 2 * AXES_FAILURE_LIMIT, minimum=AXES_FAILURE_LIMIT
+)
 AXES_COOLOFF_TIME = timedelta(seconds=env_int("LOGIN_COOLOFF_SECONDS", 900, minimum=1))
-AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"], "username"]
+AXES_HANDLER = "controlplane.lockout.UsernameAndAddressLockoutHandler"
 AXES_CLIENT_IP_CALLABLE = "controlplane.client_ip.client_ip"
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
 AXES_HTTP_RESPONSE_CODE = 429
 
 # --- API throttles ----------------------------------------------------------------------------
-# Per API key (or signed-in user), in Redis (CACHES): "N/s", "N/min", "N/hour", "N/day";
-# "none" (or empty) turns a limit off. A throttled request gets 429 with Retry-After.
+# Per API key (or signed-in user; an anonymous reader of the schema per client address), in
+# Redis (CACHES): "N/s", "N/min", "N/hour", "N/day"; "none" (or empty) turns a limit off. A
+# throttled request gets 429 with Retry-After (accounts/throttling.py).
 # Writes: every POST/PUT/PATCH/DELETE except admission decisions and usage ingestion.
 API_THROTTLE_WRITES = env_rate("API_THROTTLE_WRITES", "600/min")
+# Reads: every GET (and HEAD, OPTIONS). A hundred a second per key is more than any client or
+# dashboard reads; it stops one key (a leaked one, a runaway script) from taking the workers.
+API_THROTTLE_READS = env_rate("API_THROTTLE_READS", "6000/min")
+# Exports, counted besides reads: the reads that build a whole document per request, an
+# invoice's PDF (most of a second of CPU) or CSV, the usage CSV (every matching event), the API
+# schema (about 1 MB), and the portal's invoice downloads. 30 a minute lets a platform key fetch
+# a month's invoices of 500 customers in 17 minutes while one caller holds at most a third of
+# one worker.
+API_THROTTLE_EXPORTS = env_rate("API_THROTTLE_EXPORTS", "30/min")
 # Usage ingestion: batches posted to /api/v1/usage/events (each up to 5,000 events). Every
 # gateway worker posts about one a second under its key, all of a fleet's gateways usually
 # under one service key, and a throttled batch is spooled and delivered late (demand,

@@ -3,10 +3,11 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from django.views import defaults
 from django.views.generic import RedirectView
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
+from drf_spectacular.views import SpectacularSwaggerSplitView
 
 from controlplane import liveness, metrics_view
 from controlplane.api.errors import json_404, json_500
+from controlplane.api.schema import SchemaView
 
 api_v1 = [
     path("", include("accounts.api.urls")),
@@ -18,6 +19,7 @@ api_v1 = [
 urlpatterns = [
     path("healthz", liveness.healthz, name="healthz"),
     path("readyz", liveness.readyz, name="readyz"),
+    # Prometheus's, with METRICS_TOKEN; the production Ingress does not route it.
     path("metrics", metrics_view.metrics, name="metrics"),
     path("admin/", admin.site.urls),
     path(
@@ -30,7 +32,7 @@ urlpatterns = [
     path("portal/", include("portal.urls")),
     path("", RedirectView.as_view(pattern_name="planner:fleet", permanent=False)),
     path("api/v1/", include(api_v1)),
-    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/schema/", SchemaView.as_view(), name="schema"),
     # Split: the page's init script comes from this URL too (?script), so the Content Security
     # Policy allows scripts from this server only.
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="api-docs"),

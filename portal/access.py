@@ -4,10 +4,8 @@ Every portal page's URL carries the customer's slug, and is served only to a sig
 of that customer. Anyone else signed in gets 404, the answer for a customer that does not
 exist, so the portal never confirms that another customer exists. Anonymous visitors are sent
 to the site's login page (django-axes guards it). Within a customer, owners manage its API
-keys; members and viewers read everything and change nothing.
-
-The API's rule differs (accounts.principals.Principal.can_manage_customer_keys lets members
-create keys too); the portal follows the customer's wish that only owners hand out keys.
+keys and its people; members and viewers read everything and change nothing. That is the
+API's rule too: both read it from accounts.scopes.ROLE_SCOPES.
 """
 
 from dataclasses import dataclass
@@ -17,10 +15,9 @@ from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
 from django.http import Http404
 
+from accounts import scopes as S
 from accounts.models import Customer, Membership
 from accounts.selectors import membership_of_user
-
-KEY_MANAGER_ROLES = frozenset({Membership.Role.OWNER})
 
 
 @dataclass(frozen=True)
@@ -32,7 +29,8 @@ class PortalAccess:
 
     @property
     def manages_keys(self) -> bool:
-        return self.role in KEY_MANAGER_ROLES
+        """Creates and revokes the customer's keys, and removes its people (its owners)."""
+        return S.role_manages_keys(self.role)
 
     @property
     def role_label(self) -> str:
@@ -54,7 +52,7 @@ def portal_page(view=None, *, owners_only: bool = False):
                 raise Http404("No such customer.")
             access = PortalAccess(customer=membership.customer, role=membership.role)
             if owners_only and not access.manages_keys:
-                raise PermissionDenied("Only the customer's owners manage its API keys.")
+                raise PermissionDenied("Only the customer's owners manage its API keys and people.")
             return view(request, access, *args, **kwargs)
 
         wrapped.portal_page = True

@@ -16,9 +16,11 @@ from accounts.principals import user_is_planner
 from accounts.selectors import (
     api_key_of_customer,
     api_keys_of_customer_newest_first,
+    membership_of_customer,
     memberships_of_user,
 )
-from accounts.services import api_key_create, api_key_revoke
+from accounts.services import api_key_create, api_key_revoke, membership_remove
+from accounts.throttling import counted_as_export
 from billing.budgets import budget_statuses, budgets_of_customer
 from billing.exports import INVOICE_FORMATS, invoice_download
 from billing.selectors import invoice_of_customer, invoices_of_customer, lines_of_invoice
@@ -30,7 +32,8 @@ from capacity.selling.selectors import reservations_of_customer
 from controlplane.audit import actor_of
 from controlplane.errors import DomainError
 from planner.customers.charts import utilisation_context
-from planner.customers.forms import ApiKeyForm
+from planner.customers.forms import ApiKeyForm, MembershipRemoveForm
+from planner.customers.people import people_page, removed_message
 from planner.paging import page_of
 from portal.access import portal_page
 
@@ -132,6 +135,41 @@ def key_revoke(request, access, pk):
 
 @portal_page
 @require_safe
+def people(request, access):
+    """The customer's people and the keys each made; owners remove people (not themselves:
+    the customer keeps an owner), offered to revoke the keys the person made."""
+    context = {
+        "access": access,
+        "section": "people",
+        "people": people_page(request, access.customer, per_page=50),
+    }
+    return render(request, "portal/people.html", context)
+
+
+@portal_page(owners_only=True)
+@require_POST
+def person_remove(request, access, pk):
+    membership = membership_of_customer(access.customer, pk)
+    if membership is None:
+        raise Http404("No such person of this customer.")
+    if membership.user_id == request.user.pk:
+        # The last owner removing themselves would leave the customer with no one to manage
+        # its keys; another owner (or a planner) removes an owner.
+        messages.error(request, "You cannot remove yourself: another owner can.")
+        return redirect("portal:people", slug=access.customer.slug)
+    form = MembershipRemoveForm(request.POST)
+    form.is_valid()  # a checkbox: always valid, absent is False
+    removed = membership_remove(
+        membership=membership,
+        revoke_keys=form.cleaned_data["revoke_keys"],
+        actor=actor_of(user=request.user),
+    )
+    messages.success(request, removed_message(removed, access.customer))
+    return redirect("portal:people", slug=access.customer.slug)
+
+
+@portal_page
+@require_safe
 def limits(request, access):
     customer = access.customer
     context = {
@@ -185,6 +223,7 @@ def invoice(request, access, pk):
 
 @portal_page
 @require_safe
+@counted_as_export
 def invoice_file(request, access, pk, format_name):
     invoice = _invoice_of(access, pk)
     if format_name not in INVOICE_FORMATS:

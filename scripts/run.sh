@@ -35,6 +35,20 @@ export EMULATOR_WEBHOOK_SECRET="$MU_ACTUATOR_DEMO_WEBHOOK_SECRET"
 # Likewise the process supervisor's bearer token (PROCESS_SUPERVISOR_TOKEN on its side).
 MU_ACTUATOR_DEMO_SUPERVISOR_TOKEN="$($BIN/python -c 'import secrets; print(secrets.token_hex(32))')"
 export MU_ACTUATOR_DEMO_SUPERVISOR_TOKEN
+# Each secret goes only to the listener it belongs to (a config naming it for any other host or
+# port is refused): the token to this run's supervisor, the signing secret to its emulator.
+printf -v DEMO_SECRET_DESTINATIONS '{"MU_ACTUATOR_DEMO_SUPERVISOR_TOKEN": {"supervisor": ["http://%s:%s"]}, "MU_ACTUATOR_DEMO_WEBHOOK_SECRET": {"webhook": ["http://%s:%s"]}}' \
+  "$HOST" "$SUPERVISOR_PORT" "$HOST" "$EMULATOR_PORT"
+export ACTUATOR_SECRET_DESTINATIONS="${ACTUATOR_SECRET_DESTINATIONS:-$DEMO_SECRET_DESTINATIONS}"
+# Publications to the gateway are signed with a key pair made for this run (manage.py
+# publication_keys): the control plane holds the private half, the gateway the public one.
+if [ -z "${PUBLICATION_SIGNING_KEY:-}" ]; then
+  PUBLICATION_KEY_PAIR="$($BIN/python -c 'from capacity.publication.signing import generate; print(" ".join(generate("run")))')"
+  PUBLICATION_SIGNING_KEY="${PUBLICATION_KEY_PAIR%% *}"
+  GATEWAY_PUBLICATION_KEYS="${PUBLICATION_KEY_PAIR#* }"
+fi
+export PUBLICATION_SIGNING_KEY
+export GATEWAY_PUBLICATION_KEYS="${GATEWAY_PUBLICATION_KEYS:-$($BIN/python -c 'import os, sys; from capacity.publication.signing import public_spec; print(public_spec(os.environ["PUBLICATION_SIGNING_KEY"]))')}"
 # Everything runs on $HOST; the default allow-list covers loopback only.
 case "$HOST" in
   127.*|localhost|::1) ;;

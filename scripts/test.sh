@@ -7,6 +7,10 @@ BIN=.venv/bin
 export DATABASE_URL="${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/controlplane}"
 export REDIS_URL="${TEST_REDIS_URL:-redis://127.0.0.1:6379/15}"
 export SECRET_KEY="${SECRET_KEY:-test-only-secret-key-not-for-production-0123456789abcdef}"
+# A test-only Ed25519 pair (capacity/publication/signing.py): the control plane signs its
+# publications, and every gateway a test starts verifies them.
+export PUBLICATION_SIGNING_KEY="${PUBLICATION_SIGNING_KEY:-test:ncbmrhSrJXNCfQdaZVeooMVPM6bWLV0nsT/j5OyWiBw=}"
+export GATEWAY_PUBLICATION_KEYS="${GATEWAY_PUBLICATION_KEYS:-test:HZ8I5mvoL/mJtCYV6U0Qh9CKe3+HUNfY64TWY5lRRKA=}"
 export DEBUG=0
 export SECURE_SSL_REDIRECT=0
 

@@ -43,6 +43,13 @@ class ApiKeyPermission(BasePermission):
         return bool(request.user and request.user.is_authenticated)
 
 
+_KEY_MANAGERS = (
+    "You may not {verb} keys of this customer: its owners manage its keys (members and viewers "
+    "read), and a key with the write scope does so only while the person who made it is one "
+    "of its owners."
+)
+
+
 class CustomerFilter(filters.FilterSet):
     class Meta:
         model = Customer
@@ -91,8 +98,9 @@ class ApiKeyViewSet(
 ):
     """API keys. The secret is returned once, by create, and never again.
 
-    Planners manage every key; a customer's owners and members (and its keys with the
-    `write` scope) list, create and revoke that customer's keys.
+    Planners manage every key. A customer's people list its keys; its owners (and its keys
+    with the `write` scope, while the person who made them is one of its owners) create and
+    revoke them, as in the portal: members and viewers read (accounts.scopes.ROLE_SCOPES).
     """
 
     serializer_class = ApiKeySerializer
@@ -115,7 +123,8 @@ class ApiKeyViewSet(
             may_create = principal.has_scope(S.WRITE)
         if not may_create:
             raise PermissionDenied(
-                "Creating keys needs the write scope (customers:write for platform keys)."
+                "Creating keys needs the write scope (customers:write for platform keys); "
+                "signed in, a customer's owners create its keys, members and viewers read."
             )
         customers = (
             Customer.objects.all()
@@ -129,7 +138,7 @@ class ApiKeyViewSet(
         customer = serializer.validated_data.get("customer")
         if customer is not None:
             if not principal.can_manage_customer_keys(customer.pk):
-                raise PermissionDenied("You may not create keys for this customer.")
+                raise PermissionDenied(_KEY_MANAGERS.format(verb="create"))
         elif not principal.is_planner:
             raise PermissionDenied("Only planners create service keys.")
         created = services.api_key_create(
@@ -156,7 +165,7 @@ class ApiKeyViewSet(
             or (api_key.customer_id and principal.can_manage_customer_keys(api_key.customer_id))
         )
         if not allowed:
-            raise PermissionDenied("You may not revoke this key.")
+            raise PermissionDenied(_KEY_MANAGERS.format(verb="revoke"))
         services.api_key_revoke(api_key=api_key, actor=actor_of(principal))
         return Response(ApiKeySerializer(api_key).data)
 

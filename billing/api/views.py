@@ -29,6 +29,7 @@ from billing.models import Budget, Invoice, InvoiceLine, RateCard
 from billing.rates import rate_card_create, rate_card_update
 from capacity.models import ServedModel
 from controlplane.api.serializers import InstantField, StrictModelSerializer, StrictSerializer
+from controlplane.api.throttle_scopes import EXPORTS
 from controlplane.audit import actor_of
 
 LINE_FIELDS = [
@@ -113,6 +114,8 @@ class InvoiceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
 
     permission_classes = [ReadPermission]
     filterset_class = InvoiceFilter
+    # The downloads set EXPORTS (a PDF takes most of a second): API_THROTTLE_EXPORTS.
+    throttle_scope: str | None = None
 
     def get_queryset(self):
         visible = customers_visible_to(principal_of(self.request))
@@ -125,7 +128,7 @@ class InvoiceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         return InvoiceDetailSerializer if self.action == "retrieve" else InvoiceSerializer
 
     @extend_schema(responses={(200, "text/csv"): str})
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], throttle_scope=EXPORTS)
     def csv(self, request, pk=None):
         # The rendering is billing.exports' (the portal downloads the same file).
         return invoice_download(self.get_object(), "csv")
@@ -135,7 +138,7 @@ class InvoiceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         "its evidence.",
         responses={(200, "application/pdf"): OpenApiTypes.BINARY},
     )
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], throttle_scope=EXPORTS)
     def pdf(self, request, pk=None):
         return invoice_download(self.get_object(), "pdf")
 

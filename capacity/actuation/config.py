@@ -3,7 +3,9 @@
 The config only chooses among what the operator allowed (DESIGN §6; controlplane/outbound.py):
 
 - secrets are named by the environment variable that holds them (`secret_env`, `token_env`),
-  and only variables of ACTUATOR_SECRET_ENV_NAMES may be named;
+  and only variables of ACTUATOR_SECRET_ENV_NAMES may be named; each is sent only to the
+  destination ACTUATOR_SECRET_DESTINATIONS binds it to (refused with the code
+  `secret_not_for_destination`, naming the field and the destination);
 - hosts (a webhook's `url`, a supervisor's `supervisor_url`, engines' `host`) must be allowed by
   OUTBOUND_ALLOWED_HOSTS;
 - a Kubernetes cluster is a profile of KUBERNETES_CLUSTERS, picked by name (`cluster`);
@@ -39,6 +41,8 @@ KUBERNETES_MODES = ("replicas", "hpa-bounds", "metric")
 _NO_SCALE_SUBRESOURCE = {("serving.kserve.io", "inferenceservices")}
 KUBERNETES_DEFAULT_TIMEOUT_SECONDS = 5.0
 DEFAULT_CLUSTER = "in-cluster"
+# The API's error code for a secret named for a destination it is not bound to.
+SECRET_NOT_FOR_DESTINATION = "secret_not_for_destination"
 # A host name or an IP address (IPv6 without brackets): it also goes into engines' argv.
 _HOST = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.:%_-]{0,252})$")
 
@@ -48,6 +52,17 @@ def _secret_env(value: str) -> str:
     if refusal:
         raise serializers.ValidationError(refusal)
     return value
+
+
+def _secret_destination(attrs: dict, *, field: str, kind: str, url: str) -> None:
+    """Refuses a secret the operator did not bind to `url`: allowing a host is not allowing
+    every secret to go there. Not skipped at apply time (it resolves nothing)."""
+    name = attrs.get(field)
+    if not name:
+        return
+    refusal = outbound.secret_destination_refusal_from_settings(name, kind=kind, url=url)
+    if refusal:
+        raise serializers.ValidationError({field: [refusal]}, code=SECRET_NOT_FOR_DESTINATION)
 
 
 def _check_url(serializer: serializers.Serializer, value: str) -> str:
@@ -237,7 +252,8 @@ class WebhookConfig(_StrictSerializer):
         validators=[_secret_env],
         help_text=(
             "Environment variable holding the HMAC signing secret; one of "
-            "ACTUATOR_SECRET_ENV_NAMES. Required unless ACTUATOR_ALLOW_UNSIGNED_WEBHOOKS."
+            "ACTUATOR_SECRET_ENV_NAMES, bound to this URL's host by ACTUATOR_SECRET_DESTINATIONS. "
+            "Required unless ACTUATOR_ALLOW_UNSIGNED_WEBHOOKS."
         ),
     )
     timeout_seconds = serializers.FloatField(
@@ -260,6 +276,7 @@ class WebhookConfig(_StrictSerializer):
                     ]
                 }
             )
+        _secret_destination(attrs, field="secret_env", kind=outbound.WEBHOOK, url=attrs["url"])
         return attrs
 
 
@@ -317,7 +334,7 @@ class ProcessConfig(_StrictSerializer):
         required=False,
         validators=[_secret_env],
         help_text="Environment variable holding the supervisor's bearer token; one of "
-        "ACTUATOR_SECRET_ENV_NAMES.",
+        "ACTUATOR_SECRET_ENV_NAMES, bound to this supervisor by ACTUATOR_SECRET_DESTINATIONS.",
     )
 
     def validate_host(self, value: str) -> str:
@@ -337,6 +354,12 @@ class ProcessConfig(_StrictSerializer):
                 "must be an http or https URL with a host, e.g. http://gpu-07:8190."
             )
         return _check_url(self, value)
+
+    def validate(self, attrs):
+        _secret_destination(
+            attrs, field="token_env", kind=outbound.SUPERVISOR, url=attrs["supervisor_url"]
+        )
+        return attrs
 
 
 SCHEMAS: dict[str, type[_StrictSerializer]] = {
@@ -366,6 +389,19 @@ def _flatten(prefix: str, detail) -> dict[str, list[str]]:
     return {prefix: [str(detail)]}
 
 
+def _first_code(detail) -> str | None:
+    """The code of the first error `_flatten` lists (DRF keeps one on each ErrorDetail)."""
+    if isinstance(detail, dict):
+        detail = list(detail.values())
+    if isinstance(detail, list):
+        for item in detail:
+            code = _first_code(item)
+            if code is not None:
+                return code
+        return None
+    return getattr(detail, "code", None)
+
+
 def validate_actuator_config(kind: str, config, *, check_hosts: bool = True) -> dict:
     """The config with defaults filled in, or a DomainError naming `actuator_config.<field>`.
 
@@ -384,10 +420,12 @@ def validate_actuator_config(kind: str, config, *, check_hosts: bool = True) -> 
     if not serializer.is_valid():
         fields = _flatten("actuator_config", serializer.errors)
         first_field, reasons = next(iter(fields.items()))
+        code = _first_code(serializer.errors)
         raise DomainError(
             f"{first_field}: {reasons[0]} (actuator kind '{kind}')",
             field=first_field,
             fields=fields,
+            code=code if code == SECRET_NOT_FOR_DESTINATION else "invalid",
         )
     return dict(serializer.validated_data)
 

@@ -195,7 +195,7 @@ def _ordinal(config: dict, replica: Replica) -> int:
         # index is the first number after the set's name.
         rest = name.removeprefix(f"{config.get('name', '')}-")
         head = rest.split("-", 1)[0]
-        return int(head) if head.isdigit() else -1
+        return int(head) if head.isascii() and head.isdigit() else -1
     match = _TRAILING_NUMBER.search(name)
     return int(match.group(1)) if match else -1
 

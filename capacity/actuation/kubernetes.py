@@ -43,7 +43,6 @@ in deploy/kubernetes/rbac/.
 """
 
 import json
-import os
 from typing import Any
 
 import urllib3
@@ -67,6 +66,7 @@ from capacity.actuation.config import (
     KUBERNETES_DEFAULT_TIMEOUT_SECONDS,
     validate_actuator_config,
 )
+from controlplane import outbound
 from controlplane.errors import DomainError
 
 # 409: another writer changed the object between our read and write; 408/429: the server
@@ -416,7 +416,10 @@ def _api_client(settings: dict) -> k8s_client.ApiClient:
             configuration.verify_ssl = profile.get("verify_tls", True)
             token_env = profile.get("token_env")
             if token_env:
-                token = os.environ.get(token_env, "")
+                try:
+                    token = outbound.actuator_secret(token_env, kind=outbound.CLUSTER, cluster=name)
+                except outbound.SecretRefused as error:
+                    raise PermanentActuatorError(f"cluster '{name}': {error}") from error
                 if not token:
                     raise PermanentActuatorError(
                         f"environment variable {token_env} (token_env of cluster '{name}') "

@@ -6,10 +6,9 @@ target.
 It sends the deployment's parameters (engine name, host, ports, drain time) with every call,
 so the supervisor keeps no database and a supervisor restarted empty is brought back to the
 target by the next tick. It never sends a command: the supervisor runs only the engines of its
-own allow-list. The supervisor's URL must be allowed by OUTBOUND_ALLOWED_HOSTS.
+own allow-list. The supervisor's URL must be allowed by OUTBOUND_ALLOWED_HOSTS, and its token
+bound to that supervisor by ACTUATOR_SECRET_DESTINATIONS (checked again here, before it is read).
 """
-
-import os
 
 import httpx
 
@@ -42,15 +41,20 @@ class ProcessActuator(Actuator):
         except DomainError as error:
             raise PermanentActuatorError(str(error)) from error
         headers = {}
+        url = config["supervisor_url"].rstrip("/") + "/scale"
         if config.get("token_env"):
-            token = os.environ.get(config["token_env"], "")
+            try:
+                token = outbound.actuator_secret(
+                    config["token_env"], kind=outbound.SUPERVISOR, url=url
+                )
+            except outbound.SecretRefused as error:
+                raise PermanentActuatorError(f"actuator_config.token_env: {error}") from error
             if not token:
                 raise PermanentActuatorError(
                     f"The environment variable {config['token_env']} (actuator_config.token_env) "
                     "is not set, so the process supervisor's token is unknown."
                 )
             headers["Authorization"] = f"Bearer {token}"
-        url = config["supervisor_url"].rstrip("/") + "/scale"
         body = {
             "deployment": request.deployment,
             "replicas": request.target_replicas,

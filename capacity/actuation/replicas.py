@@ -9,7 +9,8 @@
 - `dry_run` (and kubernetes without a selector): `endpoint_url` as one endpoint (none at zero
   replicas); a restart is only recorded.
 
-Every HTTP call goes through the guarded client (OUTBOUND_ALLOWED_HOSTS, controlplane/outbound.py);
+Every HTTP call goes through the guarded client (OUTBOUND_ALLOWED_HOSTS, controlplane/outbound.py)
+and reads a secret only where ACTUATOR_SECRET_DESTINATIONS binds it (`outbound.actuator_secret`);
 a deployment whose stored actuator config is flagged (`actuator_config_problem`) is neither
 listed nor restarted until its config is fixed.
 """
@@ -17,7 +18,6 @@ listed nor restarted until its config is fixed.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 
 import httpx
@@ -63,14 +63,24 @@ def _endpoint_only(deployment: Deployment) -> list[Endpoint]:
     return [Endpoint(ENDPOINT_KEY, deployment.endpoint_url.rstrip("/"))]
 
 
-def _supervisor(config: dict) -> tuple[str, dict]:
+def _supervisor(config: dict, path: str) -> tuple[str, dict]:
+    """The URL of the supervisor's `path` and the headers that authenticate a call to it."""
+    url = f"{config['supervisor_url'].rstrip('/')}{path}"
     headers = {}
     if config.get("token_env"):
-        token = os.environ.get(config["token_env"], "")
-        if not token:
-            raise ReplicaError(f"environment variable {config['token_env']} is not set")
+        token = _secret(config["token_env"], "token_env", kind=outbound.SUPERVISOR, url=url)
         headers["Authorization"] = f"Bearer {token}"
-    return config["supervisor_url"].rstrip("/"), headers
+    return url, headers
+
+
+def _secret(name: str, field: str, *, kind: str, url: str) -> str:
+    try:
+        secret = outbound.actuator_secret(name, kind=kind, url=url)
+    except outbound.SecretRefused as error:
+        raise ReplicaError(f"actuator_config.{field}: {error}") from error
+    if not secret:
+        raise ReplicaError(f"environment variable {name} is not set")
+    return secret
 
 
 def _config(deployment: Deployment) -> dict:
@@ -101,15 +111,15 @@ def list_replicas(deployment: Deployment) -> tuple[list[Endpoint], Observed | No
         return _endpoint_only(deployment), None
     config = _config(deployment)
     if kind == ActuatorKind.PROCESS:
-        base, headers = _supervisor(config)
+        url, headers = _supervisor(config, "/status")
         try:
             response = outbound.request(
-                "GET", f"{base}/status", headers=headers, timeout=SUPERVISOR_TIMEOUT_SECONDS
+                "GET", url, headers=headers, timeout=SUPERVISOR_TIMEOUT_SECONDS
             )
             response.raise_for_status()
             status = response.json()["deployments"].get(deployment.name)
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as error:
-            raise ReplicaError(f"process supervisor at {base}: {error}") from error
+            raise ReplicaError(f"process supervisor at {url}: {error}") from error
         if status is None:
             return [], Observed(0, 0, 0)
         host = config["host"]
@@ -190,21 +200,17 @@ def restart(deployment: Deployment, key: str) -> str:
         return "recorded only (dry run: nothing to restart)"
     config = _config(deployment)
     if kind == ActuatorKind.PROCESS and key.startswith("process:"):
-        base, headers = _supervisor(config)
+        url, headers = _supervisor(config, "/restart")
         body = {"deployment": deployment.name, "replica": int(key.split(":", 1)[1])}
         try:
             response = outbound.request(
-                "POST",
-                f"{base}/restart",
-                json=body,
-                headers=headers,
-                timeout=SUPERVISOR_TIMEOUT_SECONDS,
+                "POST", url, json=body, headers=headers, timeout=SUPERVISOR_TIMEOUT_SECONDS
             )
         except httpx.HTTPError as error:
-            raise ReplicaError(f"process supervisor at {base}: {error}") from error
+            raise ReplicaError(f"process supervisor at {url}: {error}") from error
         if response.status_code != 200:
             raise ReplicaError(
-                f"process supervisor at {base} answered {response.status_code}: "
+                f"process supervisor at {url} answered {response.status_code}: "
                 f"{response.text[:300]}"
             )
         return f"process supervisor restarted replica {body['replica']}"
@@ -241,9 +247,9 @@ def restart(deployment: Deployment, key: str) -> str:
         ).encode()
         headers = {"Content-Type": "application/json"}
         if config.get("secret_env"):
-            secret = os.environ.get(config["secret_env"], "")
-            if not secret:
-                raise ReplicaError(f"environment variable {config['secret_env']} is not set")
+            secret = _secret(
+                config["secret_env"], "secret_env", kind=outbound.WEBHOOK, url=config["url"]
+            )
             headers |= signed_headers(secret, body)
         try:
             response = outbound.request(

@@ -20,7 +20,9 @@ is refused unless the operator allows unsigned webhooks (ACTUATOR_ALLOW_UNSIGNED
 only then does a request go out without these headers.
 
 The URL must be allowed by OUTBOUND_ALLOWED_HOSTS, at write time and again on the address the
-connection is made to; redirects are not followed (a 3xx is a permanent failure).
+connection is made to; redirects are not followed (a 3xx is a permanent failure). The secret
+signs only for the host ACTUATOR_SECRET_DESTINATIONS binds it to, checked again before it is
+read.
 
 Any 2xx is success; if its body is a JSON object with an integer `observed_replicas`, that is
 what the data plane reports running. 408, 409, 429, 5xx and network errors are worth retrying;
@@ -30,7 +32,6 @@ every other answer is not (a 401 means the secrets differ, a redirect a wrong UR
 import hashlib
 import hmac
 import json
-import os
 import time
 import uuid
 
@@ -94,15 +95,18 @@ class WebhookActuator(Actuator):
         body = request_body(request)
         headers = {"Content-Type": "application/json"}
         secret_env = settings.get("secret_env")
+        url = settings["url"]
         if secret_env:
-            secret = os.environ.get(secret_env, "")
+            try:
+                secret = outbound.actuator_secret(secret_env, kind=outbound.WEBHOOK, url=url)
+            except outbound.SecretRefused as error:
+                raise PermanentActuatorError(f"actuator_config.secret_env: {error}") from error
             if not secret:
                 raise PermanentActuatorError(
                     f"environment variable {secret_env} (secret_env) is not set; "
                     "refusing to send an unsigned webhook."
                 )
             headers |= signed_headers(secret, body)
-        url = settings["url"]
         try:
             with outbound.client(timeout=settings["timeout_seconds"]) as client:
                 response = client.post(url, content=body, headers=headers)

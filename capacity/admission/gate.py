@@ -43,6 +43,7 @@ from capacity.admission.redis_buckets import (
     REFUSED,
     REFUSED_GUARANTEED,
     AdmissionRecord,
+    AlreadyDecided,
     Buckets,
 )
 from capacity.health.degradation import current as current_degradation
@@ -229,9 +230,12 @@ def admit(
     max_tokens: int,
     request_id: str | None = None,
     api_key_prefix: str | None = None,
+    owner: str = "",
 ) -> Admission:
     """`api_key_prefix`: the customer key the request came with, whose own request limits
-    apply beside the customer's (None: the customer's only)."""
+    apply beside the customer's (None: the customer's only). `owner`: who asks (a caller of the
+    API: "k<its key prefix>"), the only one who may ask again under the same request id, and
+    only while it was refused (records are written once)."""
     info = _model(model)
     degradation = current_degradation(info.model_id)
     cap = degradation.max_tokens_cap
@@ -255,7 +259,16 @@ def admit(
             tokens=input_tokens + max_tokens,
             api_key_prefix=api_key_prefix,
             shed=shed,
+            owner=owner,
         )
+    except AlreadyDecided:
+        raise DomainError(
+            f"The request id '{request_id}' was decided already; admission records are written "
+            "once, so its decision stands (send a new id for a new request).",
+            field="request_id",
+            code="request_id_decided",
+            status=409,
+        ) from None
     except redis.RedisError:
         return _degraded(
             customer_id, info.model_id, cost, request_id=request_id, api_key_prefix=api_key_prefix

@@ -256,7 +256,8 @@ local function best_effort_now(lim_key, tick_key, now, fresh_ms, stale_ms)
 end
 """
 
-# KEYS: MU limits hash, guaranteed TAT, best-effort TAT, request record (or "" for none), then
+# Key names (ARGV 17-32, see the script): MU limits hash, guaranteed TAT, best-effort TAT,
+# request record (or "" for none), then
 # per scope, the customer's and the key's (or four "" for none): request limits hash, log, log
 # tokens, requests in flight; then the reservation floor, the tick's heartbeat, the index of
 # open requests (or "" without a record), and the marker of floors written (FLOORS_WRITTEN_KEY)
@@ -282,19 +283,49 @@ end
 #
 # The record ("<class>:<estimated MU>:<guaranteed MU of it>:<key prefix>:<owner>", then ":s"
 # once settled) is what later decides the class its usage event is billed in, and how its MU
-# splits between guaranteed and best-effort; the latest decision for a request id is the one
-# kept. Its request joins the open index (score: the decision's time) until its usage event
-# settles it: the reaper (capacity.metering.reaper) closes what no event ever settles.
+# splits between guaranteed and best-effort. It is written once: only its owner may ask again,
+# and only while it was refused (anyone else is answered `duplicate`: AlreadyDecided). Its
+# request joins the open index (score: the decision's time) until its usage event settles it:
+# the reaper (capacity.metering.reaper) closes what no event ever settles.
 _ADMIT = (
     GCRA_LUA
     + REQUEST_LIMITS_LUA
     + FLOOR_LUA
     + """
+-- The key names come after the 16 arguments, not as KEYS: Redis checks every key declared
+-- to EVALSHA for write access (it cannot know what a script does with it), and a gateway's
+-- ACL user may only read what the control plane owns (floors, limits, the tick's heartbeat;
+-- capacity/publication/redis_acl.py). Each command below is checked for what it does.
+local KEYS = {}
+for i = 1, 16 do KEYS[i] = ARGV[16 + i] end
 if redis.call('EXISTS', KEYS[16]) == 0 then
   -- No floor was ever written here: this Redis lost its data (a restart without persistence, a
   -- flush), and every reservation would read as none. Not a decision: the caller decides as
   -- if Redis were down, within its share of what is sold, until the floors are back.
   return {'unknown', '-1', '-1', '-1', '0', '', '', 0}
+end
+if KEYS[4] ~= '' then
+  -- A request's record is written once. Only the worker that wrote it may ask again, and
+  -- only while it was refused (a request held for a model that wakes asks until it is let
+  -- in): anyone else (a second POST /api/v1/admission with a gateway's request id) would
+  -- rewrite the class its usage event is billed in, or erase its settled mark.
+  local prior = redis.call('GET', KEYS[4])
+  if prior then
+    local fields, from = {}, 1
+    while true do
+      local at = string.find(prior, ':', from, true)
+      if not at then fields[#fields + 1] = string.sub(prior, from) break end
+      fields[#fields + 1] = string.sub(prior, from, at - 1)
+      from = at + 1
+    end
+    local admitted = fields[1] == 'guaranteed' or fields[1] == 'best_effort'
+    local settled = string.sub(prior, -2) == ':s'
+    local owner = fields[5] or ''
+    if owner == 's' then owner = '' end
+    if admitted or settled or owner == '' or owner ~= ARGV[14] then
+      return {'duplicate', '-1', '-1', '-1', '0', '', '', 0}
+    end
+  end
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
@@ -450,9 +481,11 @@ return 1
 """
 PUBLISH_LIMITS_CHUNK = 2000
 
+# ARGV: the request's member, then the sets of requests in flight to free it from ("" for
+# none): names, not KEYS, so that no empty key name is declared (an ACL user matches none).
 _RELEASE = """
-for i = 1, #KEYS do
-  if KEYS[i] ~= '' then redis.call('ZREM', KEYS[i], ARGV[1]) end
+for i = 2, #ARGV do
+  if ARGV[i] ~= '' then redis.call('ZREM', ARGV[i], ARGV[1]) end
 end
 return 0
 """
@@ -541,7 +574,12 @@ def parse_open_member(member: bytes | str) -> tuple[int, int, str] | None:
     """(customer id, model id, request id) of an open index member; None if unreadable."""
     text = member.decode() if isinstance(member, bytes) else member
     parts = text.split(":", 2)
-    if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit():
+    if (
+        len(parts) != 3
+        or not (parts[0] + parts[1]).isascii()
+        or not parts[0].isdigit()
+        or not parts[1].isdigit()
+    ):
         return None
     return int(parts[1]), int(parts[0]), parts[2]
 
@@ -698,9 +736,10 @@ def _admit_keys_and_args(
         buckets.best_effort_stale_ms,
         owner,
         open_member(customer_id, model_id, request_id) if request_id else "",
-        0 if owner else buckets.unowned_reap_delay_ms,
+        0 if owner.startswith(WORKER_OWNER_PREFIX) else buckets.unowned_reap_delay_ms,
     ]
-    return keys, args
+    # No declared keys: their names follow the arguments (_ADMIT says why).
+    return [], [*args, *keys]
 
 
 class StateLost(redis.RedisError):
@@ -714,11 +753,29 @@ class StateLost(redis.RedisError):
         )
 
 
+# Owners of admission records: a gateway worker ("g…", its heartbeat in gw:v1:workers tells the
+# reaper whether its events may still come), or a caller of POST /api/v1/admission ("k<key
+# prefix>" or "u<user id>"), whose events can come until the lateness window is over.
+WORKER_OWNER_PREFIX = "g"
+
+
+class AlreadyDecided(redis.RedisError):
+    """The request id has a decision already, which only the worker that asked for it may ask
+    again, and only while it was refused: admission records are written once. (A RedisError,
+    so that a gateway that met one, which only a second sender of its id can cause, decides
+    without Redis rather than fails.)"""
+
+    def __init__(self) -> None:
+        super().__init__("this request id was decided already; its decision stands")
+
+
 def _decision(reply: Any, cost_mu: float) -> BucketDecision:
     admission_class, wait, guaranteed, best_effort, g_text, limit, scope, held = reply
     admission_class = admission_class.decode()
     if admission_class == "unknown":
         raise StateLost()
+    if admission_class == "duplicate":
+        raise AlreadyDecided()
     guaranteed_mu = best_effort_mu = 0.0
     if admission_class == GUARANTEED:
         guaranteed_mu = cost_mu
@@ -951,7 +1008,7 @@ class Buckets:
         """Free the concurrency slot a request holds (its end); freeing one not held is a
         no-op."""
         return self._evalsha(
-            self._release, _in_flight_keys(customer_id, api_key_prefix), [request_id]
+            self._release, [], [request_id, *_in_flight_keys(customer_id, api_key_prefix)]
         )
 
     def records(self, requests: list[tuple[int, int, str]]) -> list[AdmissionRecord | None]:
@@ -1199,7 +1256,7 @@ class AsyncBuckets:
     ) -> asyncio.Future[Any]:
         """Free the concurrency slot a request holds (its end), in the next round trip."""
         keys = _in_flight_keys(customer_id, api_key_prefix)
-        command = ("EVALSHA", self._release_script.sha, len(keys), *keys, request_id)
+        command = ("EVALSHA", self._release_script.sha, 0, request_id, *keys)
         return self._enqueue(command, None, lambda reply: reply)
 
     async def admit(

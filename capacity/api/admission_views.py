@@ -29,6 +29,10 @@ from controlplane.errors import DomainError
 MAX_TOKENS_LIMIT = 10_000_000
 
 
+# The ids `python -m dataplane.gateway` mints for its requests ("gw-" and 32 hex digits).
+GATEWAY_REQUEST_ID_PREFIX = "gw-"
+
+
 class AdmissionRequest(StrictSerializer):
     model = serializers.CharField(max_length=200)
     input_tokens = serializers.IntegerField(min_value=0, max_value=MAX_TOKENS_LIMIT)
@@ -56,6 +60,18 @@ class AdmissionRequest(StrictSerializer):
     def validate(self, data):
         if data["cached_input_tokens"] > data["input_tokens"]:
             raise serializers.ValidationError({"cached_input_tokens": "cannot exceed input_tokens"})
+        request_id = data.get("request_id") or ""
+        principal = principal_of(self.context["request"]) if "request" in self.context else None
+        platform = principal is not None and (principal.is_service or principal.is_planner)
+        if request_id.startswith(GATEWAY_REQUEST_ID_PREFIX) and not platform:
+            # The gateway's own ids (answered to clients as X-Request-Id): a customer key
+            # asking admission under one would take over the gateway's request.
+            raise serializers.ValidationError(
+                {
+                    "request_id": f"ids starting with '{GATEWAY_REQUEST_ID_PREFIX}' are the "
+                    "gateway's; a customer key names its own requests otherwise"
+                }
+            )
         return data
 
 
@@ -117,7 +133,7 @@ class AdmissionView(APIView):
         principal = principal_of(request)
         if not (principal.has_scope(S.ADMISSION) or principal.is_planner):
             raise PermissionDenied("Asking for admission needs the admission scope.")
-        body = AdmissionRequest(data=request.data)
+        body = AdmissionRequest(data=request.data, context={"request": request})
         body.is_valid(raise_exception=True)
         data = body.validated_data
         customer_id = _customer_id(principal, data.get("customer"))
@@ -130,6 +146,7 @@ class AdmissionView(APIView):
             max_tokens=data["max_tokens"],
             request_id=data.get("request_id"),
             api_key_prefix=api_key_prefix,
+            owner=_owner(principal),
         )
         if decision.admitted:
             return Response(decision.as_dict())
@@ -137,6 +154,15 @@ class AdmissionView(APIView):
         if decision.retry_after_ms is not None:
             response["Retry-After"] = str(max(1, math.ceil(decision.retry_after_ms / 1000)))
         return response
+
+
+def _owner(principal) -> str:
+    """Who asks, kept in the admission record: the only one who may ask again under the same
+    request id (while it was refused)."""
+    if principal.api_key is not None:
+        return "k" + principal.api_key.prefix
+    user = principal.user
+    return f"u{user.pk}" if user is not None else ""
 
 
 def _customer_id(principal, slug: str | None) -> int:

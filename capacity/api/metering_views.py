@@ -1,5 +1,4 @@
 import codecs
-import csv
 import io
 from datetime import UTC, timedelta
 
@@ -23,7 +22,7 @@ from accounts import scopes as S
 from accounts.permissions import ReadScope
 from accounts.principals import principal_of
 from accounts.selectors import customers_visible_to
-from accounts.throttling import UsageThrottle
+from accounts.throttling import ReadThrottle, UsageThrottle
 from capacity.metering.events import DecodedEvents, decode_batch
 from capacity.metering.ingestion import MAX_BATCH_EVENTS, usage_ingest
 from capacity.metering.selectors import (
@@ -39,7 +38,9 @@ from controlplane.api.errors import error_body
 from controlplane.api.filters import BoundedFilterBackend
 from controlplane.api.pagination import KeysetPagination, keyset_after
 from controlplane.api.parsers import BoundedJSONParser
+from controlplane.api.throttle_scopes import EXPORTS
 from controlplane.bounds import INSTANT_RULE, has_control_characters, plausible_instant
+from controlplane.csv_export import spreadsheet_writer
 from controlplane.errors import DomainError
 
 IngestResponse = inline_serializer(
@@ -79,7 +80,23 @@ class ReceiptSerializer(serializers.Serializer):
         help_text="The prefix of the customer's key the request was admitted under, as its "
         "admission record names it (null: none recorded). What a key's budget is spent from.",
     )
-    ttft_ms = serializers.FloatField(allow_null=True, help_text="Time to first token, if sent.")
+    ttft_ms = serializers.FloatField(
+        allow_null=True,
+        help_text="Time to first token as the gateway measured it, from the end of any hold "
+        "for a cold start; null for a non-streamed request (its first byte is its end).",
+    )
+    held_ms = serializers.FloatField(
+        allow_null=True,
+        help_text="How long the request waited for a model at zero before it was admitted "
+        "(null: not held).",
+    )
+    streamed = serializers.BooleanField(
+        allow_null=True, help_text="Whether the answer was streamed (null: not said)."
+    )
+    prompts = serializers.IntegerField(
+        help_text="Engine requests its tokens count (a completion's list of prompts)."
+    )
+    sequences = serializers.IntegerField(help_text="Sequences its output counts (n per prompt).")
     mu = serializers.FloatField(help_text="MU the request used (0 for a refused request).")
     guaranteed_mu = serializers.FloatField(help_text="Of mu: the part admitted as guaranteed.")
     best_effort_mu = serializers.FloatField(
@@ -202,8 +219,8 @@ class UsageEventsView(_ReceiptsMixin, GenericAPIView):
         return super().get_permissions()
 
     def get_throttles(self):
-        # Batches count against API_THROTTLE_USAGE, not the write limit; reads are not counted.
-        return [UsageThrottle()]
+        # Batches count against API_THROTTLE_USAGE, not the write limit; reads as every read.
+        return [UsageThrottle(), ReadThrottle()]
 
     @extend_schema(
         summary="Usage receipts", description=RECEIPTS_DESCRIPTION,
@@ -261,13 +278,12 @@ class UsageEventsView(_ReceiptsMixin, GenericAPIView):
 CSV_CHUNK_ROWS = 5_000
 
 
-def _csv_value(value) -> str:
-    return "" if value is None else str(value)
-
-
 class UsageEventsCsvView(_ReceiptsMixin, GenericAPIView):
     """The receipts as CSV, with the list's filters: every matching row, newest first,
     streamed in chunks (each chunk one keyset range, so no query holds the table open)."""
+
+    # Every matching row in one answer: counted against API_THROTTLE_EXPORTS too.
+    throttle_scope = EXPORTS
 
     @extend_schema(
         summary="Usage receipts as CSV",
@@ -283,7 +299,9 @@ class UsageEventsCsvView(_ReceiptsMixin, GenericAPIView):
 
     def _lines(self, queryset):
         buffer = io.StringIO()
-        writer = csv.writer(buffer)
+        # Values as receipts_of types them: numbers stay numbers, text that a spreadsheet
+        # would run as a formula (an event id "=HYPERLINK(...)") is neutralised.
+        writer = spreadsheet_writer(buffer)
 
         def flush() -> str:
             text = buffer.getvalue()
@@ -300,7 +318,7 @@ class UsageEventsCsvView(_ReceiptsMixin, GenericAPIView):
             )
             rows = list(chunk[:CSV_CHUNK_ROWS])
             for receipt in receipts_of(rows):
-                writer.writerow([_csv_value(receipt[column]) for column in RECEIPT_COLUMNS])
+                writer.writerow([receipt[column] for column in RECEIPT_COLUMNS])
             if rows:
                 yield flush()
             if len(rows) < CSV_CHUNK_ROWS:

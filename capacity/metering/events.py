@@ -34,6 +34,10 @@ MAX_TTFT_MS = 3_600_000
 TTFT_CLOCK_SLACK_MS = 1_000
 
 TokenCount = Annotated[StrictInt, Field(ge=0, le=MAX_TOKENS)]
+# A gateway's own bounds are lower (GATEWAY_MAX_PROMPTS, GATEWAY_MAX_N); these only keep a
+# sender's numbers sane.
+MAX_PROMPTS = 10_000
+MAX_SEQUENCES = 1_000_000
 # What a gateway's Redis-down fallback decided: admitted within its share of the reservation,
 # or refused (with a reservation behind the customer, or without).
 FallbackClass = Literal["guaranteed", "refused_guaranteed", "refused"]
@@ -100,6 +104,14 @@ class UsageEventIn(BaseModel):
     # record exists): taken only from a platform key, checked against the reservations sold
     # (capacity.metering.ingestion).
     fallback_class: FallbackClass | None = None
+    # A request of several prompts (a completion's list: one engine request each) or of `n`
+    # sequences a prompt: its tokens are the engine's totals, priced as that work
+    # (capacity.pricing.features.batch_replica_seconds) and held to the context per prompt.
+    prompts: Annotated[StrictInt, Field(ge=1, le=MAX_PROMPTS)] | None = None
+    sequences: Annotated[StrictInt, Field(ge=1, le=MAX_SEQUENCES)] | None = None
+    # The engine's status when it refused the request before any work (a 4xx, outcome error):
+    # billed 0 MU when a platform key says so.
+    engine_status: Annotated[StrictInt, Field(ge=400, le=499)] | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> "UsageEventIn":
@@ -113,6 +125,10 @@ class UsageEventIn(BaseModel):
                 f"ttft_ms ({self.ttft_ms:g}) exceeds the request's own duration "
                 f"(finished_at - started_at = {duration_ms:g} ms)"
             )
+        if (self.sequences or 1) < (self.prompts or 1):
+            raise ValueError("sequences must be at least prompts (each prompt has n of them)")
+        if self.engine_status is not None and self.outcome != "error":
+            raise ValueError("engine_status is the status of an engine's refusal: outcome error")
         if self.held_ms is not None and self.held_ms > duration_ms + TTFT_CLOCK_SLACK_MS:
             raise ValueError(
                 f"held_ms ({self.held_ms:g}) exceeds the request's own duration "
@@ -121,15 +137,38 @@ class UsageEventIn(BaseModel):
         return self
 
 
-def context_problems(context_length_tokens: int, input_tokens: int, output_tokens: int) -> dict:
-    """The field at fault when a request's tokens do not fit the model's context, or {}."""
-    if input_tokens > context_length_tokens:
-        return {"input_tokens": [f"exceeds the model's context ({context_length_tokens} tokens)"]}
-    if input_tokens + output_tokens > context_length_tokens:
+def context_problems(
+    context_length_tokens: int,
+    input_tokens: int,
+    output_tokens: int,
+    *,
+    prompts: int = 1,
+    sequences: int = 1,
+) -> dict:
+    """The field at fault when a request's tokens do not fit the model's context, or {}: per
+    prompt and sequence, for a request of several (each runs in a context of its own)."""
+    prompts, sequences = max(1, prompts), max(1, sequences)
+    per_prompt = input_tokens / prompts
+    per_sequence = output_tokens / sequences
+    several = " per prompt" if prompts > 1 else ""
+    if per_prompt > context_length_tokens:
+        return {
+            "input_tokens": [
+                f"exceeds the model's context ({context_length_tokens} tokens){several}"
+            ]
+        }
+    if per_prompt + per_sequence > context_length_tokens:
+        if prompts == sequences == 1:
+            return {
+                "output_tokens": [
+                    f"input_tokens + output_tokens = {input_tokens + output_tokens} exceeds the "
+                    f"model's context ({context_length_tokens} tokens)"
+                ]
+            }
         return {
             "output_tokens": [
-                f"input_tokens + output_tokens = {input_tokens + output_tokens} exceeds the "
-                f"model's context ({context_length_tokens} tokens)"
+                f"{per_prompt:g} input tokens a prompt + {per_sequence:g} output tokens a "
+                f"sequence exceed the model's context ({context_length_tokens} tokens)"
             ]
         }
     return {}
@@ -220,6 +259,9 @@ class UsageEventStruct(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     held_ms: Annotated[float, msgspec.Meta(ge=0, le=MAX_TTFT_MS)] | None = None
     streamed: bool | None = None
     fallback_class: FallbackClass | None = None
+    prompts: Annotated[int, msgspec.Meta(ge=1, le=MAX_PROMPTS)] | None = None
+    sequences: Annotated[int, msgspec.Meta(ge=1, le=MAX_SEQUENCES)] | None = None
+    engine_status: Annotated[int, msgspec.Meta(ge=400, le=499)] | None = None
 
 
 class _FastBatch(msgspec.Struct, forbid_unknown_fields=True, gc=False):
@@ -252,6 +294,10 @@ def decode_batch(body: bytes) -> DecodedEvents | None:
             return None
         # UsageEventIn._consistent, whose words the pydantic path gives.
         if event.finished_at < event.started_at or event.cached_input_tokens > event.input_tokens:
+            return None
+        if (event.sequences or 1) < (event.prompts or 1):
+            return None
+        if event.engine_status is not None and event.outcome != "error":
             return None
         if event.ttft_ms is not None or event.held_ms is not None:
             duration_ms = (event.finished_at - event.started_at).total_seconds() * 1000

@@ -40,7 +40,7 @@ from django.utils import timezone
 from pydantic import ValidationError
 
 from accounts.models import Customer
-from capacity.admission.gate import admission_records, reconcile_usage
+from capacity.admission.gate import admission_records, output_caps_tokens, reconcile_usage
 from capacity.admission.redis_buckets import (
     BEST_EFFORT,
     GUARANTEED,
@@ -94,6 +94,8 @@ COLUMNS = (
     "ttft_ms",
     "held_ms",
     "streamed",
+    "prompts",
+    "sequences",
     "mu",
     "guaranteed_mu",
     "best_effort_mu",
@@ -128,17 +130,22 @@ class IngestResult:
 def _mu_per_event(cost_model: CostModel, events: list[CheckedEvent]) -> np.ndarray:
     counts = np.array(
         [
-            (e.input_tokens, e.cached_input_tokens, e.output_tokens, e.images)
+            (e.input_tokens, e.cached_input_tokens, e.output_tokens, e.images,
+             e.prompts or 1, e.sequences or 1)
             for e in events
         ],
         dtype=float,
-    ).reshape(-1, 4)  # fmt: skip
+    ).reshape(-1, 6)  # fmt: skip
+    several = bool((counts[:, 4:] > 1).any())
     return mu_per_request(
         cost_model,
         input_tokens=counts[:, 0],
         cached_input_tokens=counts[:, 1],
         output_tokens=counts[:, 2],
         images=counts[:, 3],
+        # A list of prompts, or n sequences a prompt: priced as the engine ran it.
+        prompts=counts[:, 4] if several else None,
+        sequences=counts[:, 5] if several else None,
     )
 
 
@@ -240,7 +247,11 @@ def usage_ingest(*, events, customer: Customer | None, may_name_customer: bool) 
                     "be priced; retry the event once one is active"
                 )
             problems = context_problems(
-                model.context_length_tokens, event.input_tokens, event.output_tokens
+                model.context_length_tokens,
+                event.input_tokens,
+                event.output_tokens,
+                prompts=event.prompts or 1,
+                sequences=event.sequences or 1,
             )
             reasons.extend(f"{name}: {why[0]}" for name, why in problems.items())
         if event.deployment:
@@ -281,7 +292,11 @@ def usage_ingest(*, events, customer: Customer | None, may_name_customer: bool) 
     if valid:
         try:
             inserted = _insert(
-                valid, deployments=deployments, ingested_at=now, self_reported=customer is not None
+                valid,
+                deployments=deployments,
+                ingested_at=now,
+                self_reported=customer is not None,
+                demand_estimates=_demand_estimates(valid),
             )
         except (IntegrityError, psycopg.IntegrityError) as error:
             if not _is_reference_violation(error):
@@ -449,7 +464,48 @@ def _classify(valid, *, reject, platform: bool) -> list:
     return classified
 
 
-def _rows(valid, *, deployments, ingested_at, self_reported: bool):
+def _demand_estimates(valid) -> dict[int, float]:
+    """What a refused request without an admission record counts as demand, by its position in
+    `valid`: what the sender says (`estimated_mu`), at most the control plane's own estimate of
+    it, its input tokens plus the output cap admission estimates with
+    (capacity.admission.gate.output_caps_tokens; none yet: its input alone). One forged event
+    must not drive the fleet. Without a sender's figure, no demand (as before)."""
+    positions = [
+        position
+        for position, (_, event, _, _, _, _, record) in enumerate(valid)
+        if event.outcome == "refused" and record is None and event.estimated_mu is not None
+    ]
+    if not positions:
+        return {}
+    caps = output_caps_tokens({valid[p][3].pk for p in positions})
+    estimates = {}
+    for position in positions:
+        _, event, _, model, cost_model, _, _ = valid[position]
+        prompts = event.prompts or 1
+        sequences = event.sequences or 1
+        cap = caps.get(model.pk) or 0
+        own = float(
+            mu_per_request(
+                cost_model,
+                input_tokens=np.array([event.input_tokens], dtype=float),
+                cached_input_tokens=np.array([event.cached_input_tokens], dtype=float),
+                output_tokens=np.array([cap * sequences], dtype=float),
+                images=np.array([event.images], dtype=float),
+                prompts=np.array([prompts], dtype=float),
+                sequences=np.array([sequences], dtype=float),
+            )[0]
+        )
+        estimates[position] = min(own, float(event.estimated_mu))
+    return estimates
+
+
+def _engine_refused(event: CheckedEvent, self_reported: bool) -> bool:
+    """An error the engine answered before any work (a 4xx), as a platform's gateway says:
+    nothing ran, nothing is billed. A customer's own report of it is not taken."""
+    return event.engine_status is not None and event.outcome == "error" and not self_reported
+
+
+def _rows(valid, *, deployments, ingested_at, self_reported: bool, demand_estimates=None):
     by_cost_model: dict[int, list[int]] = {}
     for position, (_, _, _, _, cost_model, _, _) in enumerate(valid):
         by_cost_model.setdefault(cost_model.pk, []).append(position)
@@ -459,8 +515,10 @@ def _rows(valid, *, deployments, ingested_at, self_reported: bool):
         mu[positions] = _mu_per_event(cost_model, [valid[p][1] for p in positions])
     for position, (_, event, owner, model, cost_model, decided, record) in enumerate(valid):
         deployment = deployments.get(event.deployment) if event.deployment else None
-        # A refused request never ran: it used nothing.
-        used = 0.0 if event.outcome == "refused" else float(mu[position])
+        # A refused request never ran, nor one the engine refused before any work: it used
+        # nothing.
+        nothing = event.outcome == "refused" or _engine_refused(event, self_reported)
+        used = 0.0 if nothing else float(mu[position])
         guaranteed_mu, best_effort_mu = decided.split(used)
         yield (
             event.event_id,
@@ -486,10 +544,12 @@ def _rows(valid, *, deployments, ingested_at, self_reported: bool):
             None if event.streamed is False else event.ttft_ms,
             event.held_ms,
             event.streamed,
+            event.prompts,
+            event.sequences,
             used,
             guaranteed_mu,
             best_effort_mu,
-            _refused_estimate(event, record),
+            _refused_estimate(event, record, (demand_estimates or {}).get(position)),
             # A refused request never reached an engine: its tokens are estimates, not counts.
             None if event.outcome == "refused" else event.prompt_bytes,
             cost_model.pk,
@@ -498,14 +558,17 @@ def _rows(valid, *, deployments, ingested_at, self_reported: bool):
         )
 
 
-def _refused_estimate(event: CheckedEvent, record: AdmissionRecord | None) -> float | None:
+def _refused_estimate(
+    event: CheckedEvent, record: AdmissionRecord | None, own: float | None
+) -> float | None:
     """What a refused request would have cost: the control plane's own estimate in its
-    admission record, else the sender's `estimated_mu`; None for a request that ran."""
+    admission record, else its own estimate from the event (`_demand_estimates`, never above
+    the sender's); None for a request that ran."""
     if event.outcome != "refused":
         return None
     if record is not None:
         return float(record.estimated_mu)
-    return event.estimated_mu
+    return own
 
 
 _MU = COLUMNS.index("mu")
@@ -543,12 +606,18 @@ def _is_reference_violation(error: Exception) -> bool:
 
 
 def _insert(
-    valid, *, deployments, ingested_at, self_reported: bool
+    valid, *, deployments, ingested_at, self_reported: bool, demand_estimates=None
 ) -> dict[tuple[int, str], tuple[int, float]]:
     """Store the events; return those stored now (not known before) as (customer id, event
     id) -> (model id, MU)."""
     rows = list(
-        _rows(valid, deployments=deployments, ingested_at=ingested_at, self_reported=self_reported)
+        _rows(
+            valid,
+            deployments=deployments,
+            ingested_at=ingested_at,
+            self_reported=self_reported,
+            demand_estimates=demand_estimates,
+        )
     )
     stored = _insert_rows(rows)
     return {(row[1], row[0]): (row[2], row[_MU]) for row in rows if (row[1], row[0]) in stored}

@@ -12,10 +12,10 @@ decided whose worker has not been seen alive for as long:
   reaped`, and its admission is settled at 0 (the estimate refunded, its slot freed);
 - a refused one becomes its `refused` event (the demand it was, with the record's estimate).
 
-A request decided without an owner (`POST /api/v1/admission`'s callers) is looked at once the
-usage lateness window is over: no event of it can be accepted after that. A worker that is
-alive keeps its requests open however long they stream. Nothing is reaped while the usage spool
-(`gw:v1:spool`) holds batches: their events are on their way.
+A request decided for a caller of `POST /api/v1/admission` (no worker's heartbeat behind it)
+is looked at once the usage lateness window is over: no event of it can be accepted after
+that. A worker that is alive keeps its requests open however long they stream. Nothing is
+reaped while the usage spool (`gw:v1:spool`) holds batches: their events are on their way.
 
 A reaped event is final: a real event arriving later for the same id is a duplicate (the
 grace, minutes past the last heartbeat, is what keeps that from happening but for a worker cut
@@ -38,6 +38,7 @@ from capacity.admission.redis_buckets import (
     OPEN_REQUESTS_KEY,
     REFUSED_GUARANTEED,
     REFUSED_LIMIT,
+    WORKER_OWNER_PREFIX,
     AdmissionRecord,
     parse_open_member,
 )
@@ -114,7 +115,7 @@ def _pass(store, rows, alive: dict[str, float], *, now_ms: float, grace_ms: floa
         if found is None or record is None or record.settled:
             close.append(member)  # expired, unreadable, or its event came
             continue
-        if record.owner:
+        if record.owner.startswith(WORKER_OWNER_PREFIX):
             seen_at = alive.get(record.owner)
             if seen_at is not None and seen_at > now_ms - grace_ms:
                 kept += 1  # its worker lives: a long request, its event still due
@@ -181,6 +182,8 @@ def _reap(due) -> int:
             "ttft_ms": None,
             "held_ms": None,
             "streamed": None,
+            "prompts": None,
+            "sequences": None,
             "mu": 0.0,
             "guaranteed_mu": 0.0,
             "best_effort_mu": 0.0,

@@ -110,6 +110,8 @@ RECEIPT_FIELDS = (
     "ttft_ms",
     "held_ms",
     "streamed",
+    "prompts",
+    "sequences",
     "mu",
     "receipt_guaranteed_mu",
     "receipt_best_effort_mu",
@@ -201,6 +203,10 @@ def receipts_of(rows: list[dict]) -> list[dict]:
             "ttft_ms": row["ttft_ms"],
             "held_ms": row["held_ms"],
             "streamed": row["streamed"],
+            # A list of prompts or `n` sequences: the engine requests and sequences its tokens
+            # and MU count (one each otherwise).
+            "prompts": row["prompts"] or 1,
+            "sequences": row["sequences"] or 1,
             "mu": row["mu"],
             "guaranteed_mu": row["receipt_guaranteed_mu"],
             "best_effort_mu": row["receipt_best_effort_mu"],
@@ -230,6 +236,8 @@ RECEIPT_COLUMNS = (
     "ttft_ms",
     "held_ms",
     "streamed",
+    "prompts",
+    "sequences",
     "mu",
     "guaranteed_mu",
     "best_effort_mu",

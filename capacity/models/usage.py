@@ -102,6 +102,11 @@ class UsageEvent(models.Model):
     # Whether the response was streamed (SSE): only a streamed response has a first token
     # before its end. Null: the sender did not say.
     streamed = models.BooleanField(null=True, blank=True)
+    # A completion's list of prompts runs as that many engine requests, `n` sequences each: the
+    # tokens are their totals, priced as that work (capacity.pricing.features.
+    # batch_replica_seconds). Null: one prompt, one sequence.
+    prompts = models.PositiveIntegerField(null=True, blank=True)
+    sequences = models.PositiveIntegerField(null=True, blank=True)
     mu = models.FloatField()
     # How `mu` splits between the classes it is billed in (partial spillover,
     # capacity.admission.bucket.split): what the customer's guarantee covered and what ran

@@ -13,6 +13,7 @@ from capacity.pricing.features import (
     FEATURES,
     FloatArray,
     Shape,
+    batch_replica_seconds,
     feature_columns,
     mu_of,
     predict_replica_seconds,
@@ -63,19 +64,43 @@ def mu_per_request(
     cached_input_tokens: np.ndarray,
     output_tokens: np.ndarray,
     images: np.ndarray,
+    prompts: np.ndarray | None = None,
+    sequences: np.ndarray | None = None,
 ) -> FloatArray:
     """MU of each request under `cost_model`, from arrays of the API's counts (input_tokens
     includes the cached ones): usage ingestion prices a batch this way, and a price review
-    prices a week of requests under two versions."""
+    prices a week of requests under two versions. `prompts` and `sequences` (each request's
+    engine requests and sequences, None: one each) price a request of several prompts or of
+    `n` sequences as the engine runs it (features.batch_replica_seconds)."""
     input_tokens = np.asarray(input_tokens, dtype=float)
     cached_input_tokens = np.asarray(cached_input_tokens, dtype=float)
     weights = np.array([cost_model.weights_replica_seconds.get(name, 0.0) for name in FEATURES])
-    matrix = feature_columns(
-        input_tokens=uncached_input_tokens(input_tokens, cached_input_tokens),
-        cached_input_tokens=cached_input_tokens,
-        output_tokens=np.asarray(output_tokens, dtype=float),
-        images=np.asarray(images, dtype=float),
-        features=FEATURES,
-    )
-    mu: FloatArray = mu_of(matrix @ weights, cost_model.replica_mu_per_minute)
+
+    def seconds_of(uncached, cached, output, image_count):
+        matrix = feature_columns(
+            input_tokens=uncached,
+            cached_input_tokens=cached,
+            output_tokens=output,
+            images=image_count,
+            features=FEATURES,
+        )
+        return matrix @ weights
+
+    uncached = uncached_input_tokens(input_tokens, cached_input_tokens)
+    output = np.asarray(output_tokens, dtype=float)
+    image_counts = np.asarray(images, dtype=float)
+    if prompts is None and sequences is None:
+        seconds = seconds_of(uncached, cached_input_tokens, output, image_counts)
+    else:
+        ones = np.ones(len(input_tokens))
+        seconds = batch_replica_seconds(
+            seconds_of,
+            prompts=ones if prompts is None else np.maximum(np.asarray(prompts, float), 1.0),
+            sequences=ones if sequences is None else np.maximum(np.asarray(sequences, float), 1.0),
+            input_tokens=uncached,
+            cached_input_tokens=cached_input_tokens,
+            output_tokens=output,
+            images=image_counts,
+        )
+    mu: FloatArray = mu_of(seconds, cost_model.replica_mu_per_minute)
     return mu

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
@@ -183,6 +183,66 @@ def replica_seconds_of(
         float(input_tokens), float(cached_input_tokens), float(output_tokens), float(images), 1.0
     )
     return float(sum(float(weight) * values[name] for name, weight in weights.items()))
+
+
+def batch_replica_seconds(
+    seconds_of: Callable[[Any, Any, Any, Any], Any],
+    *,
+    prompts: Any,
+    sequences: Any,
+    input_tokens: Any,
+    cached_input_tokens: Any,
+    output_tokens: Any,
+    images: Any,
+) -> Any:
+    """The replica-seconds of a request the engine runs as `prompts` engine requests (a list of
+    prompts) of `sequences` sequences in all (`n` per prompt: parallel sampling), from its
+    totals as the engine reports them (vLLM counts each prompt's tokens once, every
+    sequence's output): each prompt is prefilled once and pays the per-request overhead, each
+    sequence decodes its share of the output. For one prompt and one sequence it is the
+    request's own replica-seconds. `seconds_of(uncached input, cached input, output, images)`
+    prices one request (plain numbers or numpy arrays alike)."""
+    per_input = input_tokens / prompts
+    per_cached = cached_input_tokens / prompts
+    per_images = images / prompts
+    prefill = seconds_of(per_input, per_cached, 0.0 * per_input, per_images)
+    whole = seconds_of(per_input, per_cached, output_tokens / sequences, per_images)
+    return prompts * prefill + sequences * (whole - prefill)
+
+
+def replica_seconds_of_batch(
+    weights: Mapping[str, float],
+    *,
+    prompts: int,
+    sequences: int,
+    input_tokens: float,
+    cached_input_tokens: float = 0.0,
+    output_tokens: float,
+    images: float = 0.0,
+) -> float:
+    """`replica_seconds_of` for a request of several prompts or sequences
+    (`batch_replica_seconds`); `input_tokens` is the uncached input of all its prompts."""
+
+    def seconds_of(uncached: Any, cached: Any, output: Any, image_count: Any) -> float:
+        return replica_seconds_of(
+            weights,
+            input_tokens=uncached,
+            cached_input_tokens=cached,
+            output_tokens=output,
+            images=image_count,
+        )
+
+    return float(
+        batch_replica_seconds(
+            seconds_of,
+            prompts=max(1, prompts),
+            sequences=max(1, sequences),
+            input_tokens=float(input_tokens),
+            cached_input_tokens=float(cached_input_tokens),
+            output_tokens=float(output_tokens),
+            images=float(images),
+        )
+    )
 
 
 def feature_matrix(shapes: Sequence[Shape], features: Sequence[str]) -> FloatArray:

@@ -62,8 +62,8 @@ from datetime import datetime, timedelta
 
 import numpy as np
 from django.conf import settings
-from django.db.models import Count, Q
-from django.db.models.functions import Mod
+from django.db.models import Count, Q, Value
+from django.db.models.functions import Coalesce, Mod
 from django.utils import timezone
 
 from accounts.models import Customer
@@ -248,9 +248,15 @@ class _Requests:
     output_tokens: np.ndarray
     images: np.ndarray
     counts: np.ndarray
+    # Engine requests and sequences of each (a list of prompts, `n`): 1 for most.
+    prompts: np.ndarray | None = None
+    sequences: np.ndarray | None = None
 
     def mu(self, cost_model: CostModel) -> np.ndarray:
         """The MU of each group: one request's price × how many."""
+        several = self.prompts is not None and bool(
+            (self.prompts > 1).any() or (self.sequences > 1).any()
+        )
         return (
             mu_per_request(
                 cost_model,
@@ -258,14 +264,17 @@ class _Requests:
                 cached_input_tokens=self.cached_input_tokens,
                 output_tokens=self.output_tokens,
                 images=self.images,
+                prompts=self.prompts if several else None,
+                sequences=self.sequences if several else None,
             )
             * self.counts
         )
 
 
-def _requests(rows: list[tuple[int, int, int, int, int, int]]) -> _Requests:
-    columns = np.array(rows, dtype=np.int64).reshape(-1, 6)
-    return _Requests(*(columns[:, index] for index in range(6)))
+def _requests(rows: list[tuple[int, ...]]) -> _Requests:
+    """Rows of (customer, input, cached, output, images, count[, prompts, sequences])."""
+    columns = np.array([(*row, 1, 1)[:8] for row in rows], dtype=np.int64).reshape(-1, 8)
+    return _Requests(*(columns[:, index] for index in range(8)))
 
 
 def _traffic(
@@ -283,7 +292,19 @@ def _traffic(
         events = events.alias(sample=Mod("id", step)).filter(sample=0)
     rows = list(
         events.order_by()
-        .values("customer_id", "input_tokens", "cached_input_tokens", "output_tokens", "images")
+        .annotate(
+            request_prompts=Coalesce("prompts", Value(1)),
+            request_sequences=Coalesce("sequences", Value(1)),
+        )
+        .values(
+            "customer_id",
+            "input_tokens",
+            "cached_input_tokens",
+            "output_tokens",
+            "images",
+            "request_prompts",
+            "request_sequences",
+        )
         .annotate(requests=Count("id"))
         .values_list(
             "customer_id",
@@ -292,6 +313,8 @@ def _traffic(
             "output_tokens",
             "images",
             "requests",
+            "request_prompts",
+            "request_sequences",
         )
     )
     return (_requests(rows) if rows else None), events_in_window, step

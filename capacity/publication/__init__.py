@@ -23,8 +23,6 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from django.db import transaction
-
 
 def publish_after_commit(
     reason: str, *, floors_of: Collection[tuple[int, int]] | None = None
@@ -33,6 +31,10 @@ def publish_after_commit(
     Each call publishes: a publication reads everything, so one more costs a few queries,
     and skipping one could lose the change that asked for it. `floors_of`: the (customer id,
     model id)s whose reservation floors changed (a sale), written with it."""
+    # Imported here: the package's pure module (signing.py) is what gateways import, and
+    # importing it runs this file, which must not bring Django into a gateway.
+    from django.db import transaction
+
     pairs = None if floors_of is None else list(floors_of)
     transaction.on_commit(lambda: _publish(reason, floors_of=pairs))
 

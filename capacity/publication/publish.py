@@ -9,13 +9,16 @@ and writes that already committed, and the next tick publishes again.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
 from collections.abc import Collection
 
 import redis
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
 from capacity.admission.floors import floors_digest
@@ -31,6 +34,7 @@ from capacity.admission.redis_buckets import (
     queue_floors,
     queue_request_limits,
 )
+from capacity.publication import signing
 from capacity.publication.documents import (
     customer_documents,
     customer_tier_documents,
@@ -57,6 +61,28 @@ _to_json = json.JSONEncoder(separators=(",", ":")).encode
 LOCK = "controlplane:gateway-publication"
 LOCK_TIMEOUT_SECONDS = 30  # a crashed publisher's lock frees itself after this
 LOCK_WAIT_SECONDS = 5.0
+
+
+@functools.cache
+def _parsed_signing_key(spec: str) -> tuple[str, Ed25519PrivateKey] | None:
+    return signing.parse_private_key(spec)
+
+
+def publication_signing_key() -> tuple[str, Ed25519PrivateKey] | None:
+    """(id, key) of settings.PUBLICATION_SIGNING_KEY, None when unsigned; raises
+    ImproperlyConfigured when it is malformed, or missing with DEBUG off (checked at start by
+    capacity/apps.py, so a process never starts without it)."""
+    try:
+        parsed = _parsed_signing_key(settings.PUBLICATION_SIGNING_KEY)
+    except signing.SigningKeyError as error:
+        raise ImproperlyConfigured(f"PUBLICATION_SIGNING_KEY: {error}") from None
+    if parsed is None and not settings.DEBUG and not settings.BUILD_STEP:
+        raise ImproperlyConfigured(
+            "PUBLICATION_SIGNING_KEY is required when DEBUG is off: without it, whoever can "
+            "write to Redis can publish a gateway key. Make a pair with `manage.py "
+            "publication_keys new`; the public half is the gateways' GATEWAY_PUBLICATION_KEYS."
+        )
+    return parsed
 
 
 def publish_gateway_state(
@@ -90,14 +116,15 @@ def publish_gateway_state(
             fresh, written = client.mget(FLOORS_FRESH_KEY, FLOORS_DIGEST_KEY)
             whole_floors = fresh is None or written != digest.encode()
             previous_floors = client.smembers(FLOORS_INDEX) if whole_floors else ()
+            encoded = {
+                key: {name: _to_json(value) for name, value in fields.items()}
+                for key, fields in documents.items()
+            }
             pipe = client.pipeline(transaction=True)
-            for key, fields in documents.items():
+            for key, fields in encoded.items():
                 pipe.delete(key)
                 if fields:
-                    pipe.hset(
-                        key,
-                        mapping={name: _to_json(value) for name, value in fields.items()},
-                    )
+                    pipe.hset(key, mapping=fields)
             queue_request_limits(pipe, request_limits, previous_scopes)
             queue_floors(
                 pipe,
@@ -113,28 +140,35 @@ def publish_gateway_state(
                 pipe.delete(FLOORS_DIGEST_KEY)  # the next publication checks them whole
             # The admission parameters the buckets' Lua scripts take: a gateway uses the control
             # plane's, so its decisions and the API's are the same rule with the same burst.
-            pipe.hset(
-                META,
-                mapping={
-                    "admission_burst_seconds": repr(float(settings.ADMISSION_BURST_SECONDS)),
-                    "admission_limits_ttl_seconds": repr(
-                        float(settings.ADMISSION_LIMITS_TTL_SECONDS)
-                    ),
-                    "admission_record_ttl_seconds": str(int(settings.ADMISSION_RECORD_TTL_SECONDS)),
-                    "admission_concurrency_ttl_seconds": str(
-                        int(settings.ADMISSION_CONCURRENCY_TTL_SECONDS)
-                    ),
-                    "admission_best_effort_fresh_seconds": repr(
-                        float(settings.ADMISSION_TICK_STALE_SECONDS)
-                    ),
-                    "admission_best_effort_stale_seconds": repr(
-                        float(settings.ADMISSION_BEST_EFFORT_MAX_STALENESS_SECONDS)
-                    ),
-                },
-            )
-            pipe.hincrby(META, "version", 1)
-            pipe.hset(META, "published_at", repr(time.time()))
-            version = int(pipe.execute()[-2])
+            meta = {
+                "admission_burst_seconds": repr(float(settings.ADMISSION_BURST_SECONDS)),
+                "admission_limits_ttl_seconds": repr(float(settings.ADMISSION_LIMITS_TTL_SECONDS)),
+                "admission_record_ttl_seconds": str(int(settings.ADMISSION_RECORD_TTL_SECONDS)),
+                "admission_concurrency_ttl_seconds": str(
+                    int(settings.ADMISSION_CONCURRENCY_TTL_SECONDS)
+                ),
+                "admission_best_effort_fresh_seconds": repr(
+                    float(settings.ADMISSION_TICK_STALE_SECONDS)
+                ),
+                "admission_best_effort_stale_seconds": repr(
+                    float(settings.ADMISSION_BEST_EFFORT_MAX_STALENESS_SECONDS)
+                ),
+                "published_at": repr(time.time()),
+                # Counted here, under the lock (no other publisher writes it meanwhile), and
+                # signed: a gateway takes no publication older than its copy (a replay).
+                "version": str(int(client.hget(META, "version") or 0) + 1),
+            }
+            signing_key = publication_signing_key()
+            if signing_key is not None:
+                # Signed (capacity.publication.signing): a gateway holding the public key takes
+                # no publication that a party other than the control plane wrote.
+                key_id, private = signing_key
+                meta["signature"] = signing.sign(key_id, private, signing.digest(encoded, meta))
+            else:
+                pipe.hdel(META, "signature")
+            pipe.hset(META, mapping=meta)
+            pipe.execute()
+            version = int(meta["version"])
     except redis.RedisError as error:
         metrics.GATEWAY_PUBLICATIONS.labels(result="failed").inc()
         logger.warning("publication (%s): Redis error, gateways keep their copy: %s", reason, error)

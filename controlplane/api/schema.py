@@ -2,6 +2,10 @@
 (controlplane.api.errors) under the status codes the API really uses, so that clients, and
 schemathesis's conformance checks in `make test`, can rely on it."""
 
+from drf_spectacular.views import SpectacularAPIView
+
+from controlplane.api.throttle_scopes import EXPORTS
+
 ERROR_COMPONENT = "ErrorResponse"
 _ERROR_REF = {"$ref": f"#/components/schemas/{ERROR_COMPONENT}"}
 
@@ -67,3 +71,12 @@ def document_error_responses(result, generator, request, public):
                     },
                 )
     return result
+
+
+class SchemaView(SpectacularAPIView):
+    """GET /api/schema/, open to anyone: the schema is the same for every install (it is built
+    from the code), and clients read it before they hold a key. Building it takes a good part
+    of a second and answers about 1 MB, so each caller (its key, user, or for an anonymous one
+    its address) gets API_THROTTLE_EXPORTS of them."""
+
+    throttle_scope = EXPORTS

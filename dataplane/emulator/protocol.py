@@ -115,6 +115,10 @@ class GenerationRequest:
     seed: int | None
     return_token_ids: bool
     temperature: float | None = None  # None: vLLM's default, 1.0 (sampling)
+    # Sequences per prompt (parallel sampling): vLLM's `n`. Choices are ordered prompt by
+    # prompt, `n` each (index = prompt * n + sample), and usage counts each prompt's tokens
+    # once (its `prompt_tokens`), every sequence's output.
+    n: int = 1
 
     @property
     def greedy(self) -> bool:
@@ -171,9 +175,11 @@ def _parse_common(
             f"'max_tokens' ({max_tokens}).",
             param="min_tokens",
         )
-    n = _optional_int(body, "n", minimum=1)
-    if n not in (None, 1):
-        raise RequestError("'n' other than 1 is not supported by the emulator.", param="n")
+    n = _optional_int(body, "n", minimum=1) or 1
+    best_of = _optional_int(body, "best_of", minimum=1)
+    if best_of is not None and best_of != 1:
+        # vLLM's V1 engine (vllm/v1/engine/processor.py) refuses it; its server answers 400.
+        raise RequestError("vLLM V1 does not yet support best_of.", param="best_of")
     stream = _bool(body, "stream")
     stream_options = body.get("stream_options")
     include_usage = False
@@ -204,6 +210,7 @@ def _parse_common(
         seed=_optional_int(body, "seed"),
         return_token_ids=_bool(body, "return_token_ids"),
         temperature=_temperature(body),
+        n=n,
     )
 
 
@@ -416,8 +423,10 @@ def completion_response(
     choices: list[Choice],
     prompt_tokens_details: bool = False,
 ) -> dict[str, Any]:
-    prompt_tokens = sum(len(c.prompt_token_ids) for c in choices)
-    cached_tokens = sum(c.cached_tokens for c in choices) if prompt_tokens_details else None
+    # Each prompt's tokens once, however many sequences sampled it (vLLM's usage).
+    firsts = choices[:: request.n]
+    prompt_tokens = sum(len(c.prompt_token_ids) for c in firsts)
+    cached_tokens = sum(c.cached_tokens for c in firsts) if prompt_tokens_details else None
     completion_tokens = sum(len(c.token_ids) for c in choices)
     body_choices: list[dict[str, Any]] = []
     for c in choices:

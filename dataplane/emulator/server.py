@@ -154,6 +154,7 @@ async def _generate(request: web.Request, gen: GenerationRequest) -> web.StreamR
     details = request.app[PROMPT_TOKENS_DETAILS_KEY]
     listener = Listener(streaming=gen.stream)
     request_id = ("chatcmpl-" if gen.kind == CHAT else "cmpl-") + uuid.uuid4().hex
+    # `n` sequences per prompt, in choice order (vLLM's parallel sampling).
     seqs = [
         model_fleet.new_sequence(
             request_id=request_id,
@@ -162,13 +163,14 @@ async def _generate(request: web.Request, gen: GenerationRequest) -> web.StreamR
             min_tokens=gen.min_tokens,
             ignore_eos=gen.ignore_eos,
             priority=gen.priority,
-            request_seed=gen.seed,
+            request_seed=None if gen.seed is None else gen.seed + sample,
             prompt_index=i,
             listener=listener,
             greedy=gen.greedy,
             image_ends=prepared.image_ends[i],
         )
         for i, ids in enumerate(prepared.token_ids)
+        for sample in range(gen.n)
     ]
     for seq in seqs:
         model_fleet.submit(seq)
@@ -269,9 +271,11 @@ async def _stream(
         if gen.include_usage:
             tail.append(
                 fmt.usage_chunk(
-                    sum(seq.prompt_tokens for seq in seqs),
+                    sum(seq.prompt_tokens for seq in seqs[:: gen.n]),
                     sum(len(seq.output_token_ids) for seq in seqs),
-                    sum(seq.cached_tokens for seq in seqs) if prompt_tokens_details else None,
+                    sum(seq.cached_tokens for seq in seqs[:: gen.n])
+                    if prompt_tokens_details
+                    else None,
                 )
             )
         tail.append(fmt.DONE)

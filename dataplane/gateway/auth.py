@@ -60,6 +60,9 @@ def authenticate(
     if key.kind == SERVICE:
         if not named_customer and not require_customer:
             return Caller(key=key, customer_id=0, customer="")
+        # A platform key sends traffic only with the scope that says so: a `read` key of a
+        # dashboard is no gateway key for every customer.
+        _require_admission(key)
         if not named_customer:
             raise GatewayError(
                 400,
@@ -75,12 +78,7 @@ def authenticate(
         return Caller(key=key, customer_id=customer_id, customer=named_customer)
     if key.kind != CUSTOMER or key.customer_id is None or not key.customer:
         raise _unauthorized("This API key cannot call the gateway.")
-    if ADMISSION_SCOPE not in key.scopes:
-        raise GatewayError(
-            403,
-            f"This API key lacks the '{ADMISSION_SCOPE}' scope needed to send requests.",
-            code="insufficient_scope",
-        )
+    _require_admission(key)
     if named_customer and named_customer != key.customer:
         raise GatewayError(
             403, "A customer key cannot send requests for another customer.", code="not_permitted"
@@ -88,8 +86,19 @@ def authenticate(
     return Caller(key=key, customer_id=key.customer_id, customer=key.customer)
 
 
+def _require_admission(key: ApiKey) -> None:
+    if ADMISSION_SCOPE not in key.scopes:
+        raise GatewayError(
+            403,
+            f"This API key lacks the '{ADMISSION_SCOPE}' scope needed to send requests.",
+            code="insufficient_scope",
+        )
+
+
 def may_use(contract: Contract, caller: Caller, model: str) -> bool:
-    """Customer keys: the customer's entitlements. Service keys: every model."""
-    if caller.is_service:
+    """The customer's entitlements, whoever sends for it (a service key acting for a customer
+    uses only what that customer may). A service key naming no customer (listing models):
+    every model."""
+    if caller.is_service and not caller.customer:
         return True
     return model in contract.entitlements.get(caller.customer_id, frozenset())

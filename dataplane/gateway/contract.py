@@ -1,9 +1,10 @@
 """The gateway contract as read from Redis (docs/gateway-contract.md): keys, models,
 entitlements, customers and their tiers, reservation floors, and their version.
 
-`ContractReader.refresh()` checks `gw:v1:meta.version` and re-reads the three documents when it
+`ContractReader.refresh()` checks `gw:v1:meta.version` and re-reads the documents when it
 changed; the last good copy is kept whenever Redis cannot be read or a document is malformed
-(a bad entry is skipped, the rest used).
+(a bad entry is skipped, the rest used), and, with GATEWAY_PUBLICATION_KEYS, whenever the
+publication is not signed by the control plane or is older than the copy held (a replay).
 """
 
 from __future__ import annotations
@@ -18,9 +19,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from redis.exceptions import RedisError
 
 from capacity.admission.bucket import Floor
+from capacity.publication.signing import digest, replayed_over, verify
+
+from .metrics import PUBLICATIONS_REFUSED
 
 log = logging.getLogger("dataplane.gateway")
 
@@ -282,11 +287,22 @@ def build_contract(
 class ContractReader:
     """Holds the current contract; `run()` refreshes it every `refresh_seconds`."""
 
-    def __init__(self, client: aioredis.Redis, *, refresh_seconds: float):
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        *,
+        refresh_seconds: float,
+        publication_keys: Mapping[str, Ed25519PublicKey] | None = None,
+        skew_seconds: float = 2.0,
+    ):
         self.client = client
         self.refresh_seconds = refresh_seconds
+        # Empty: publications are taken unsigned (a control plane without a signing key).
+        self.publication_keys = dict(publication_keys or {})
+        self.skew_seconds = skew_seconds
         self.contract = Contract()
         self._changed = asyncio.Event()
+        self._refused_version: int | None = None  # not read again until the version moves
 
     async def refresh(self) -> bool:
         """Re-read when the version changed; True when a new copy was taken."""
@@ -295,6 +311,8 @@ class ContractReader:
             if version is None:
                 return False
             if self.contract.loaded and int(version) == self.contract.version:
+                return False
+            if int(version) == self._refused_version:
                 return False
             pipe = self.client.pipeline(transaction=True)
             pipe.hgetall(META)
@@ -307,6 +325,23 @@ class ContractReader:
             meta, keys, models, entitlements, customers, tiers, reserved = await pipe.execute()
         except (RedisError, OSError, ValueError) as error:
             log.warning("the contract could not be read (%s); serving on the last copy", error)
+            return False
+        documents = {
+            KEYS: keys,
+            MODELS: models,
+            ENTITLEMENTS: entitlements,
+            CUSTOMERS: customers,
+            CUSTOMER_TIERS: tiers,
+            RESERVATIONS: reserved,
+        }
+        refusal = self.refusal(documents, meta)
+        if refusal is not None:
+            reason, detail = refusal
+            PUBLICATIONS_REFUSED.labels(reason).inc()
+            log.error(
+                "publication version %s refused (%s); serving on the last copy", version, detail
+            )
+            self._refused_version = int(version)
             return False
         self.contract = build_contract(
             meta=meta,
@@ -322,6 +357,47 @@ class ContractReader:
         self._changed.set()
         self._changed = asyncio.Event()
         return True
+
+    def refusal(
+        self,
+        documents: Mapping[str, Mapping[bytes | str, bytes | str]],
+        meta: Mapping[bytes | str, bytes | str],
+    ) -> tuple[str, str] | None:
+        """Why a publication read from Redis is not taken, as (metric reason, log text); None
+        when it is. Only with publication keys: a signature one of them verifies over the
+        documents and meta as read, and a `published_at` not older than the copy held."""
+        if not self.publication_keys:
+            return None
+        text = {_text(k): _text(v) for k, v in meta.items()}
+        signature = text.get("signature")
+        if not signature:
+            return "unsigned", "it carries no signature"
+        if not verify(self.publication_keys, signature, digest(documents, meta)):
+            key_id = signature.partition(":")[0]
+            known = "a key this gateway holds" if key_id in self.publication_keys else "no key"
+            return "signature", f"its signature does not verify ({key_id!r} is {known})"
+        try:
+            published_at = float(text["published_at"])
+            version = int(text["version"])
+        except (KeyError, ValueError):
+            return "signature", "it has no version or published_at"
+        held = self.contract
+        if (
+            held.version is not None
+            and held.published_at is not None
+            and replayed_over(
+                version=version,
+                published_at=published_at,
+                held_version=held.version,
+                held_published_at=held.published_at,
+                skew_seconds=self.skew_seconds,
+            )
+        ):
+            return "replay", (
+                f"version {version} published at {published_at:.3f} is not newer than the "
+                f"copy held, version {held.version} published at {held.published_at:.3f}"
+            )
+        return None
 
     async def changed(self, timeout_seconds: float) -> None:
         """Wait for the next new copy, at most `timeout_seconds`."""

@@ -15,14 +15,22 @@ order), request bodies by Content-Length or chunked (httptools decodes them), `E
 announced), a header limit (431), malformed requests (400, then the connection is closed),
 answers with a Content-Length or chunked, and a connection that the client closes cancels
 the task answering it (as aiohttp's handler_cancellation did).
+
+A slow or half-sent request holds nothing for long (`Limits`, every one a GATEWAY_* setting):
+its headers must arrive within `header_timeout_seconds` of its first byte, its body at no less
+than `body_min_bytes_per_second` after `body_grace_seconds` (408, then the connection is
+closed); a worker holds at most `max_connections` connections, at most
+`max_connections_per_client` from one address, and at most `max_body_bytes_in_flight` of
+request bodies being read or answered (503, then the connection is closed). 0 turns a limit off.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
@@ -37,6 +45,29 @@ KEEP_ALIVE_SECONDS = 75.0
 MAX_QUEUED = 8
 
 _REASONS = {status.value: status.phrase.encode() for status in HTTPStatus}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What slow, half-sent or too many connections may hold (module docstring); 0: off."""
+
+    header_timeout_seconds: float = 10.0
+    body_grace_seconds: float = 5.0
+    body_min_bytes_per_second: float = 16 * 1024
+    max_connections: int = 4096
+    max_connections_per_client: int = 512
+    max_body_bytes_in_flight: int = 256 * 1024 * 1024
+
+
+class _Shared:
+    """One worker's connections: the open ones, per client address, and the request-body bytes
+    held (read, or being answered)."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self.connections: set[ServerConnection] = set()
+        self.per_client: Counter[str] = Counter()
+        self.body_bytes = 0
 
 
 class ClientGone(Exception):  # noqa: N818 - a signal: the client closed its connection
@@ -159,12 +190,20 @@ class ServerConnection(asyncio.Protocol):
         on_error: Callable[[int, str, str], bytes],
         *,
         max_body_bytes: int,
-        connections: set[ServerConnection],
+        shared: _Shared,
     ):
         self._handler = handler
         self._error_body = on_error
         self._max_body_bytes = max_body_bytes
-        self._connections = connections
+        self._shared = shared
+        self._connections = shared.connections
+        self._client = ""
+        # The request being read: when it began (monotonic), the timer that checks its pace,
+        # and the body bytes it holds (counted in the worker's bytes in flight).
+        self._reading_since = 0.0
+        self._body_since = 0.0
+        self._pace: asyncio.TimerHandle | None = None
+        self._held_bytes = 0
         self._parser = httptools.HttpRequestParser(self)
         self._transport: asyncio.Transport | None = None
         self._loop = asyncio.get_running_loop()
@@ -185,12 +224,32 @@ class ServerConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
+        limits = self._shared.limits
+        peer = transport.get_extra_info("peername")
+        self._client = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        too_many = limits.max_connections and len(self._connections) >= limits.max_connections
+        per_client = self._shared.per_client
+        too_many_here = (
+            limits.max_connections_per_client
+            and per_client[self._client] >= limits.max_connections_per_client
+        )
         self._connections.add(self)
+        per_client[self._client] += 1
+        if too_many or too_many_here:
+            whose = "this gateway worker" if too_many else "your address"
+            self._refuse(503, f"Too many connections to {whose}; retry shortly.", "busy")
+            return
         self._arm_idle()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._connections.discard(self)
+        per_client = self._shared.per_client
+        per_client[self._client] -= 1
+        if per_client[self._client] <= 0:
+            del per_client[self._client]
+        self._release_body()
+        self._stop_pace()
         if self._idle is not None:
             self._idle.cancel()
         exchange = self._exchange
@@ -221,6 +280,8 @@ class ServerConnection(asyncio.Protocol):
             self._fail(400, f"Malformed HTTP request: {error}.", "invalid_request")
         except _HeadersTooLarge:
             self._fail(431, "The request's headers are too large.", "headers_too_large")
+        except _Refused:
+            pass  # answered and closed
 
     def write(self, data: bytes) -> None:
         if self._corked is not None:
@@ -255,6 +316,12 @@ class ServerConnection(asyncio.Protocol):
         self._header_bytes = 0
         self._body = []
         self._body_size = 0
+        self._reading_since = self._loop.time()
+        self._body_since = 0.0
+        timeout = self._shared.limits.header_timeout_seconds
+        if timeout:
+            self._stop_pace()
+            self._pace = self._loop.call_at(self._reading_since + timeout, self._check_pace)
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -268,11 +335,20 @@ class ServerConnection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         request = self._request
         assert request is not None
+        self._body_since = self._loop.time()
+        limits = self._shared.limits
+        self._stop_pace()
+        if limits.body_min_bytes_per_second:
+            self._pace = self._loop.call_at(
+                self._body_since + limits.body_grace_seconds, self._check_pace
+            )
         request.method = self._parser.get_method().decode("ascii", "replace")
         request.path = self._url.split(b"?", 1)[0].decode("latin-1")
         request.keep_alive = self._parser.should_keep_alive()
         announced = request.headers.get("content-length", "")
-        too_large = announced.isdigit() and int(announced) > self._max_body_bytes
+        too_large = (
+            announced.isascii() and announced.isdigit() and int(announced) > self._max_body_bytes
+        )
         if request.headers.get("expect", "").lower() == "100-continue":
             if too_large:
                 # The client waits for our word before sending the body: refuse it now.
@@ -291,11 +367,21 @@ class ServerConnection(asyncio.Protocol):
         self._body_size += len(body)
         if self._body_size > self._max_body_bytes:
             request.body_too_large = True  # read to its end, kept no more
+            self._release_body()
             self._body = []
         elif not request.body_too_large:
+            bound = self._shared.limits.max_body_bytes_in_flight
+            if bound and self._shared.body_bytes + len(body) > bound:
+                # The worker holds as many request bodies as it may: this one waits for no
+                # memory (a flood of large bodies must not grow a worker without bound).
+                self._refuse(503, "The gateway is busy reading other requests; retry.", "busy")
+                raise _Refused()
+            self._shared.body_bytes += len(body)
+            self._held_bytes += len(body)
             self._body.append(body)
 
     def on_message_complete(self) -> None:
+        self._stop_pace()
         request = self._request
         if request is None:
             return
@@ -348,6 +434,8 @@ class ServerConnection(asyncio.Protocol):
         """The answer being written is complete: the next request, or close."""
         self._exchange = None
         self._task = None
+        if not self._queue and self._request is None:
+            self._release_body()
         if not keep_alive:
             self.close()
             return
@@ -364,6 +452,48 @@ class ServerConnection(asyncio.Protocol):
     def _idle_timeout(self) -> None:
         self._idle = None
         if self.idle() and self._request is None:
+            self.close()
+
+    # -- what a connection may hold ------------------------------------------------------------
+
+    def _check_pace(self) -> None:
+        """A request being read: its headers late, or its body slower than the minimum rate."""
+        self._pace = None
+        if self._request is None or self.closed:
+            return
+        limits = self._shared.limits
+        now = self._loop.time()
+        if not self._body_since:
+            self._refuse(408, "The request's headers came too slowly.", "request_timeout")
+            return
+        elapsed = now - self._body_since - limits.body_grace_seconds
+        if self._body_size < limits.body_min_bytes_per_second * max(0.0, elapsed):
+            self._refuse(408, "The request's body came too slowly.", "request_timeout")
+            return
+        self._pace = self._loop.call_at(now + 1.0, self._check_pace)
+
+    def _stop_pace(self) -> None:
+        if self._pace is not None:
+            self._pace.cancel()
+            self._pace = None
+
+    def _release_body(self) -> None:
+        if self._held_bytes:
+            self._shared.body_bytes -= self._held_bytes
+            self._held_bytes = 0
+
+    def _refuse(self, status: int, message: str, code: str) -> None:
+        """Answered at once (when nothing is being answered) and closed: what the connection
+        holds is freed."""
+        self._request = None
+        self._body = []
+        self._release_body()
+        self._stop_pace()
+        if self._exchange is None and not self.closed:
+            Exchange(self, keep_alive=False).respond(
+                status, self._error_body(status, message, code)
+            )
+        else:
             self.close()
 
     def _count_header(self, size: int) -> None:
@@ -386,6 +516,10 @@ class _HeadersTooLarge(Exception):
     pass
 
 
+class _Refused(Exception):
+    """Raised from a parser callback once the connection was answered and closed."""
+
+
 async def serve(
     handler: Handler,
     on_error: Callable[[int, str, str], bytes],
@@ -394,17 +528,16 @@ async def serve(
     port: int,
     max_body_bytes: int,
     reuse_port: bool,
+    limits: Limits | None = None,
 ) -> tuple[asyncio.AbstractServer, set[ServerConnection]]:
     """Listen on host:port; returns the server and the set of open connections."""
     loop = asyncio.get_running_loop()
-    connections: set[ServerConnection] = set()
+    shared = _Shared(limits or Limits())
 
     def factory() -> Any:
-        return ServerConnection(
-            handler, on_error, max_body_bytes=max_body_bytes, connections=connections
-        )
+        return ServerConnection(handler, on_error, max_body_bytes=max_body_bytes, shared=shared)
 
     server = await loop.create_server(
         factory, host=host, port=port, reuse_port=reuse_port, backlog=1024
     )
-    return server, connections
+    return server, shared.connections

@@ -67,6 +67,17 @@ USAGE_POSTED = Counter(
     "Usage events by where they went: accepted, duplicate, rejected, spooled.",
     ["result"],
 )
+PUBLICATIONS_REFUSED = Counter(
+    "gateway_publications_refused_total",
+    "Publications not taken (the last good copy kept): unsigned, a signature that no "
+    "GATEWAY_PUBLICATION_KEYS key verifies, or older than the copy held (a replay).",
+    ["reason"],
+)
+SPOOL_ENTRIES_DROPPED = Counter(
+    "gateway_spool_entries_dropped_total",
+    "gw:v1:spool entries dropped undelivered: not written by a gateway holding this "
+    "service key (no or a wrong seal), so possibly forged.",
+)
 CONTRACT_VERSION = Gauge(
     "gateway_contract_version",
     "The version of the contract this worker serves from.",

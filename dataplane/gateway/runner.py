@@ -72,6 +72,7 @@ async def _run(settings: Settings) -> None:
         port=settings.port,
         max_body_bytes=settings.max_body_bytes,
         reuse_port=True,
+        limits=settings.limits,
     )
     stopping = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stopping.set)

@@ -126,7 +126,12 @@ class Gateway:
             socket_timeout=settings.redis_timeout_seconds * 4,
             socket_connect_timeout=settings.redis_timeout_seconds * 4,
         )
-        self.reader = ContractReader(self.redis, refresh_seconds=settings.refresh_seconds)
+        self.reader = ContractReader(
+            self.redis,
+            refresh_seconds=settings.refresh_seconds,
+            publication_keys=settings.publication_public_keys,
+            skew_seconds=settings.publication_skew_seconds,
+        )
         # Admission: the control plane's own Lua script, on a connection of its own that
         # pipelines the decisions asked for while one round trip is under way.
         self.buckets = AsyncBuckets(
@@ -184,6 +189,11 @@ class Gateway:
     async def start(self) -> None:
         self.session = aiohttp.ClientSession(trust_env=False)
         await self.usage.start()
+        if not self.reader.publication_keys:
+            log.warning(
+                "GATEWAY_PUBLICATION_KEYS is not set: publications are taken unsigned, so "
+                "whoever can write to Redis can publish a key (docs/gateway-contract.md)"
+            )
         await self.reader.refresh()
         await self._alive()
         self._tasks = [
@@ -351,7 +361,12 @@ class Gateway:
                 request.headers.get("authorization"),
                 request.headers.get(self._customer_header),
             )
-            body = parse_body(kind, self._json(request))
+            body = parse_body(
+                kind,
+                self._json(request),
+                max_prompts=self.settings.max_prompts,
+                max_n=self.settings.max_n,
+            )
             model = contract.models.get(body.model)
             if model is None or not may_use(contract, caller, body.model):
                 raise GatewayError(
@@ -444,6 +459,10 @@ class Gateway:
                 "The request body is not valid JSON.",
                 code="invalid_json",
             ) from None
+        except RecursionError:  # arrays or objects nested thousands deep
+            raise GatewayError(
+                400, "The request body is nested too deeply.", code="too_deep"
+            ) from None
 
     async def _admit(
         self,
@@ -472,6 +491,8 @@ class Gateway:
                 input_tokens=input_tokens,
                 output_tokens=output_tokens_of(body, candidate, input_tokens),
                 images=body.images,
+                prompts=body.prompts,
+                sequences=body.sequences,
             )
             usage = Usage(
                 request_id=request_id,
@@ -486,6 +507,8 @@ class Gateway:
                 customer_id=caller.customer_id,
                 api_key_prefix=None if caller.is_service else caller.key.prefix,
                 streamed=body.stream,
+                prompts=body.prompts,
+                sequences=body.sequences,
             )
             pending.append(usage)
             held_until: float | None = None
@@ -1029,6 +1052,10 @@ class Gateway:
         else:
             usage.outcome = "error"
             usage.output_tokens = 0
+            if 400 <= answer.status < 500:
+                # Refused by the engine before any work (a prompt over the context, a
+                # parameter it does not take): nothing to bill.
+                usage.engine_status = answer.status
         exchange.respond(
             answer.status,
             data,

@@ -9,6 +9,12 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from capacity.publication.signing import SigningKeyError, parse_public_keys
+
+from .http import Limits
+
 
 class SettingsError(ValueError):
     """A `GATEWAY_*` variable is malformed; the message names it."""
@@ -29,6 +35,18 @@ class Settings:
     usage_timeout_seconds: float = 10.0
     spool_retry_seconds: float = 5.0
     max_body_bytes: int = 10 * 1024 * 1024
+    # A completion's list of prompts (each one engine request) and `n` (sequences per prompt):
+    # at most this many, each counted as the work it is.
+    max_prompts: int = 64
+    max_n: int = 16
+    # What slow, half-sent or too many connections may hold (dataplane/gateway/http.py): 0
+    # turns one off.
+    header_timeout_seconds: float = 10.0
+    body_grace_seconds: float = 5.0
+    body_min_bytes_per_second: float = 16 * 1024.0
+    max_connections: int = 4096
+    max_connections_per_client: int = 512
+    max_body_bytes_in_flight: int = 256 * 1024 * 1024
     token_timeout_seconds: float = 30.0
     request_timeout_seconds: float = 600.0
     connect_timeout_seconds: float = 2.0
@@ -57,6 +75,14 @@ class Settings:
     # reservation.
     fallback_processes: int = 0
     retry_after_seconds: int = 60
+    # The control plane's publication keys, "<id>:<base64 Ed25519 public key>[,...]" (two
+    # during a rotation; `manage.py publication_keys`): a publication none of them signed is
+    # refused and the last good copy kept. Empty: publications are taken unsigned (a warning
+    # at start), as from a control plane without PUBLICATION_SIGNING_KEY.
+    publication_keys: str = ""
+    # How much older than the copy held a publication may be (publishers' clocks differ by
+    # this much at most); an older one is a replay and refused.
+    publication_skew_seconds: float = 2.0
     log_level: str = "INFO"
 
     @classmethod
@@ -85,6 +111,8 @@ class Settings:
             "redis_timeout_seconds",
             "connect_timeout_seconds",
             "affinity_load_factor",
+            "max_prompts",
+            "max_n",
             "admission_burst_seconds",
             "admission_concurrency_ttl_seconds",
         )
@@ -96,6 +124,12 @@ class Settings:
             "retry_backoff_seconds",
             "cold_start_wait_seconds",
             "shutdown_grace_seconds",
+            "header_timeout_seconds",
+            "body_grace_seconds",
+            "body_min_bytes_per_second",
+            "max_connections",
+            "max_connections_per_client",
+            "max_body_bytes_in_flight",
         ):
             if getattr(self, name) < 0:
                 raise SettingsError(f"GATEWAY_{name.upper()} must be >= 0")
@@ -111,6 +145,27 @@ class Settings:
             raise SettingsError(f"GATEWAY_ON_REDIS_DOWN must be guaranteed or refuse{removed}")
         if self.fallback_processes < 0:
             raise SettingsError("GATEWAY_FALLBACK_PROCESSES must be >= 0")
+        if self.publication_skew_seconds < 0:
+            raise SettingsError("GATEWAY_PUBLICATION_SKEW_SECONDS must be >= 0")
+        try:
+            self.publication_public_keys  # noqa: B018 (parsed to check it)
+        except SigningKeyError as error:
+            raise SettingsError(f"GATEWAY_PUBLICATION_KEYS: {error}") from None
+
+    @property
+    def publication_public_keys(self) -> dict[str, Ed25519PublicKey]:
+        return parse_public_keys(self.publication_keys)
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(
+            header_timeout_seconds=self.header_timeout_seconds,
+            body_grace_seconds=self.body_grace_seconds,
+            body_min_bytes_per_second=self.body_min_bytes_per_second,
+            max_connections=self.max_connections,
+            max_connections_per_client=self.max_connections_per_client,
+            max_body_bytes_in_flight=self.max_body_bytes_in_flight,
+        )
 
     @property
     def fallback_share(self) -> float:

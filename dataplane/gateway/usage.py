@@ -1,12 +1,14 @@
 """Usage events: one per request, posted in batches (at most GATEWAY_USAGE_BATCH_MAX, or every
 GATEWAY_USAGE_FLUSH_SECONDS) to the control plane's `POST /api/v1/usage/events` with the
 service key GATEWAY_SERVICE_KEY. A batch that cannot be delivered (the control plane down, a
-5xx, a 429) is appended to the Redis stream `gw:v1:spool` and redelivered later, oldest
-first; ingestion is idempotent on (customer, event_id), so redelivery never double-counts.
-While Redis is down too, undelivered events wait in memory (bounded).
+5xx, a 429) is appended to the Redis stream `gw:v1:spool`, sealed with this service key, and
+redelivered later, oldest first; an entry without a valid seal is dropped, never posted.
+Ingestion is idempotent on (customer, event_id), so redelivery never double-counts. While
+Redis is down too, undelivered events wait in memory (bounded).
 
 The fields added to the event schema over time (`OPTIONAL_FIELDS`: `estimated_mu` of refused
-events, `held_ms`, `streamed`, `fallback_class`) are sent while the control plane accepts them:
+events, `held_ms`, `streamed`, `fallback_class`, `prompts`, `sequences`, `engine_status`) are
+sent while the control plane accepts them:
 a control plane whose schema does not know one rejects it by name (an older one, mid-rollout),
 and the gateway then sends those events again without it, and stops sending it.
 """
@@ -15,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
 import json
 import logging
 import math
@@ -30,14 +34,23 @@ from redis.exceptions import RedisError
 from capacity.admission.redis_buckets import BEST_EFFORT, GUARANTEED
 
 from .contract import SPOOL
-from .metrics import USAGE_POSTED
+from .metrics import SPOOL_ENTRIES_DROPPED, USAGE_POSTED
 
 log = logging.getLogger("dataplane.gateway")
 
 # Newer than the first event schema: dropped, and no longer sent, once the control plane
 # rejects them by name.
-OPTIONAL_FIELDS = ("estimated_mu", "held_ms", "streamed", "fallback_class")
+OPTIONAL_FIELDS = (
+    "estimated_mu",
+    "held_ms",
+    "streamed",
+    "fallback_class",
+    "prompts",
+    "sequences",
+    "engine_status",
+)
 MEMORY_LIMIT_EVENTS = 200_000
+REDELIVERY_BATCHES = 20  # spooled batches a redelivery posts before giving way
 USAGE_PATH = "/api/v1/usage/events"
 
 
@@ -66,6 +79,13 @@ class UsageSink:
         self._full = asyncio.Event()
         self._session: aiohttp.ClientSession | None = None
         self._lock = asyncio.Lock()
+        # Spool entries are sealed with an HMAC under a key derived from the service key:
+        # Redis write access alone cannot add an event that this gateway would then post (and
+        # the control plane bill) under its key. `sealer` names the key, not revealing it, so
+        # gateways with other service keys leave each other's entries alone.
+        seal_key = hmac.new(service_key.encode(), b"gw:v1:spool seal", hashlib.sha256).digest()
+        self._seal_key = seal_key
+        self._sealer = hmac.new(seal_key, b"sealer", hashlib.sha256).hexdigest()[:16]
 
     def add(self, event: dict[str, Any]) -> None:
         self._buffer.append(event)
@@ -104,8 +124,11 @@ class UsageSink:
                     await self._spool(batch)
 
     async def _spool(self, batch: list[dict[str, Any]]) -> None:
+        events = json.dumps(batch).encode()
         try:
-            await self.redis.xadd(SPOOL, {"events": json.dumps(batch)})
+            await self.redis.xadd(
+                SPOOL, {"events": events, "sealer": self._sealer, "seal": self._seal(events)}
+            )
             USAGE_POSTED.labels("spooled").inc(len(batch))
             log.warning("usage: %d events spooled to %s", len(batch), SPOOL)
         except (RedisError, OSError):
@@ -122,22 +145,45 @@ class UsageSink:
                     await self._spool(self._unspooled.popleft())
                     return
                 self._unspooled.popleft()
-            try:
-                entries = await self.redis.xrange(SPOOL, count=20)
-            except (RedisError, OSError):
-                return
-            for entry_id, fields in entries:
-                raw = fields.get(b"events") or fields.get("events")
+            # Oldest first, paging past the entries of gateways with another service key
+            # (theirs to deliver), at most REDELIVERY_BATCHES of this gateway's at a time.
+            start: str = "-"
+            delivered = 0
+            while delivered < REDELIVERY_BATCHES:
                 try:
-                    batch = json.loads(raw) if raw else []
-                except ValueError:
-                    batch = []
-                if batch and not await self._post(batch):
-                    return
-                try:
-                    await self.redis.xdel(SPOOL, entry_id)
+                    entries = await self.redis.xrange(SPOOL, min=start, count=20)
                 except (RedisError, OSError):
                     return
+                if not entries:
+                    return
+                for entry_id, fields in entries:
+                    start = "(" + _text(entry_id)
+                    fields = {_text(k): v for k, v in fields.items()}
+                    sealer = fields.get("sealer")
+                    if sealer is not None and _text(sealer) != self._sealer:
+                        continue
+                    raw = fields.get("events") or b""
+                    raw = raw if isinstance(raw, bytes) else raw.encode()
+                    if sealer is None or not hmac.compare_digest(
+                        _text(fields.get("seal") or b""), self._seal(raw)
+                    ):
+                        # Written by someone without this service key: a party that can
+                        # write the stream but is not a gateway. Posted, it would be billed
+                        # under this gateway's key.
+                        SPOOL_ENTRIES_DROPPED.inc()
+                        log.error("usage: spool entry %s has no valid seal; dropped", entry_id)
+                    else:
+                        try:
+                            batch = json.loads(raw) if raw else []
+                        except ValueError:
+                            batch = []
+                        if batch and not await self._post(batch):
+                            return
+                        delivered += 1
+                    try:
+                        await self.redis.xdel(SPOOL, entry_id)
+                    except (RedisError, OSError):
+                        return
 
     async def _post(self, batch: list[dict[str, Any]]) -> bool:
         """True when the control plane took the batch (accepted, duplicate or rejected for
@@ -192,6 +238,13 @@ class UsageSink:
                 await self._spool(again)
         return True
 
+    def _seal(self, events: bytes) -> str:
+        return hmac.new(self._seal_key, events, hashlib.sha256).hexdigest()
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
 
 def _without(event: dict[str, Any], names: set[str]) -> dict[str, Any]:
     if not names.intersection(event):
@@ -221,6 +274,12 @@ class Usage:
     # TTFT, which counts from the end of the hold; None: not held.
     held_ms: float | None = None
     streamed: bool | None = None
+    # A list of prompts is that many engine requests, `n` sequences each: its usage (the
+    # engine's totals) is priced as that work, and may exceed one context.
+    prompts: int = 1
+    sequences: int = 1
+    # The engine's status when it refused the request before any work (a 4xx): billed 0 MU.
+    engine_status: int | None = None
     engine_usage: bool = False
     # The prompt's text in bytes (None for prompts given as token ids): sent beside the
     # engine's own input token count, it calibrates the model's bytes per token.
@@ -283,6 +342,11 @@ class Usage:
             event["streamed"] = self.streamed
         if self.fallback_class is not None:
             event["fallback_class"] = self.fallback_class
+        if self.prompts != 1 or self.sequences != 1:
+            event["prompts"] = self.prompts
+            event["sequences"] = self.sequences
+        if self.engine_status is not None:
+            event["engine_status"] = self.engine_status
         if self.outcome == "refused":
             event["estimated_mu"] = self.estimated_mu
         elif self.engine_usage and self.prompt_bytes is not None:

@@ -87,3 +87,12 @@ class RequestLimitForm(forms.Form):
         self.fields["api_key"].choices = [("", "All its keys")] + [
             (key.prefix, f"{key.prefix} ({key.name})") for key in keys
         ]
+
+
+class MembershipRemoveForm(forms.Form):
+    """Removing a person from a customer: whether the keys they made go with them (offered
+    checked, as a key a person made would otherwise outlive their place in the customer)."""
+
+    revoke_keys = forms.BooleanField(
+        required=False, initial=True, label="Also revoke the keys this person made"
+    )

@@ -20,6 +20,7 @@ urlpatterns = [
     ),
     path("<slug:slug>/api-keys/", views.api_key_new, name="key-new"),
     path("<slug:slug>/api-keys/<int:pk>/revoke", views.api_key_revoke_view, name="key-revoke"),
+    path("<slug:slug>/people/<int:pk>/remove", views.membership_remove_view, name="person-remove"),
     path("<slug:slug>/request-limits/", views.request_limit_set_view, name="limit-set"),
     path(
         "<slug:slug>/request-limits/<int:pk>/delete",

@@ -18,8 +18,9 @@ from accounts.selectors import (
     api_keys_of_customer_newest_first,
     customers_by_slug,
     membership_ids_of_customer,
+    membership_of_customer,
 )
-from accounts.services import api_key_create, api_key_revoke, customer_create
+from accounts.services import api_key_create, api_key_revoke, customer_create, membership_remove
 from billing.selectors import recent_invoices_of_customer
 from capacity.admission.limits import (
     request_limit_delete,
@@ -49,9 +50,11 @@ from planner.customers.forms import (
     AmendForm,
     ApiKeyForm,
     CustomerForm,
+    MembershipRemoveForm,
     RequestLimitForm,
     ReservationForm,
 )
+from planner.customers.people import people_page, removed_message
 from planner.paging import page_of, query_without
 
 USAGE_WINDOW = timedelta(hours=24)
@@ -126,6 +129,7 @@ def detail_context(request, customer, **extra):
         # Sold beyond what the fleet serves now (capacity.selling.at_risk): the oversold state.
         "at_risk_ids": {r.pk for r in reservations_at_risk_of_customer(customer)},
         "keys": page_of(request, keys, param="keys_page", per_page=20),
+        "people": people_page(request, customer),
         "invoices": recent_invoices_of_customer(customer, limit=12),
         "reservation_form": ReservationForm(),
         "key_form": ApiKeyForm(),
@@ -264,6 +268,24 @@ def api_key_revoke_view(request, slug, pk):
         raise Http404("No such key for this customer.")
     api_key_revoke(api_key=api_key, actor=actor_of(user=request.user))
     messages.success(request, f"Key {api_key.prefix} revoked: it no longer authenticates.")
+    return redirect("planner:customers:detail", slug=customer.slug)
+
+
+@planner_required
+@require_POST
+def membership_remove_view(request, slug, pk):
+    customer = get_object_or_404(Customer, slug=slug)
+    membership = membership_of_customer(customer, pk)
+    if membership is None:
+        raise Http404("No such person of this customer.")
+    form = MembershipRemoveForm(request.POST)
+    form.is_valid()  # a checkbox: always valid, absent is False
+    removed = membership_remove(
+        membership=membership,
+        revoke_keys=form.cleaned_data["revoke_keys"],
+        actor=actor_of(user=request.user),
+    )
+    messages.success(request, removed_message(removed, customer))
     return redirect("planner:customers:detail", slug=customer.slug)
 
 

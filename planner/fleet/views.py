@@ -6,6 +6,7 @@ from django.shortcuts import render
 from django.utils import timezone
 
 from capacity.catalog.selectors import gpu_pool_usage_by_name, served_models_by_name
+from capacity.metering.calibration import REQUEST_WEIGHT_CAP_TOKENS, calibrations
 from capacity.metering.history import capacity_history
 from capacity.metering.utilisation import sold_now, used_now
 from capacity.selling.selectors import risk_summary
@@ -31,6 +32,7 @@ def _model_rows(served_models, start, end, step, span):
     labels = [time_label(moment, span) for moment in moments]
     rows = []
     joint = joint_capacity([m.pk for m in served_models]) if served_models else {}
+    calibrated = calibrations(now=timezone.now())
     for served_model in served_models:
         capacity = model_capacity(served_model, joint=joint[served_model.pk])
         sold = sold_now(served_model)
@@ -65,6 +67,8 @@ def _model_rows(served_models, start, end, step, span):
                 "chart": chart,
                 "chart_id": f"capacity-{served_model.pk}",
                 "risk": risk_summary(served_model),
+                # What gateways estimate input tokens with before the engine counts them.
+                "calibration": calibrated.get(served_model.pk),
             }
         )
     return rows
@@ -80,6 +84,7 @@ def fleet(request):
         "range": range_name,
         "models": _model_rows(served_models, start, end, step, span),
         "pools": pool_rows,
+        "request_weight_cap": REQUEST_WEIGHT_CAP_TOKENS,
         "running_cost_usd_per_hour": sum(
             (row["running_cost_usd_per_hour"] for row in pool_rows), Decimal("0")
         ),

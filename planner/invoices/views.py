@@ -4,7 +4,7 @@ from django.contrib import messages
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from billing.generation import invoice_issue
+from billing.generation import invoice_issue, period_bounds
 from billing.models import Invoice
 from billing.selectors import (
     any_invoices,
@@ -23,24 +23,29 @@ from planner.paging import page_of, query_without
 def invoice_list(request):
     status = request.GET.get("status", "")
     period = request.GET.get("period", "").strip()
-    period_year = period_month = None
+    period_first, period_error = None, ""
     if period:
-        year, _, month = period.partition("-")
-        # Four digits: a longer year overflowed the lookup into a 500.
-        if len(year) == 4 and year.isdigit() and year != "0000" and month.isdigit():
-            period_year, period_month = int(year), int(month)
+        # Read as the API reads it (billing's one rule for a month): a period that is not one
+        # matches nothing and says why.
+        try:
+            period_first, _, _ = period_bounds(period)
+        except DomainError as error:
+            period_error = error.message
     query = request.GET.get("q", "").strip()
     invoices = invoices_with_line_count(
         status=status if status in Invoice.Status.values else "",
-        period_year=period_year,
-        period_month=period_month,
+        period_year=period_first.year if period_first else None,
+        period_month=period_first.month if period_first else None,
         customer_text=query,
     )
+    if period_error:
+        invoices = invoices.none()
     context = {
         "page": page_of(request, invoices),
         "query": query_without(request),
         "status": status,
         "period": period,
+        "period_error": period_error,
         "q": query,
         "statuses": Invoice.Status.choices,
         "any_invoices": any_invoices(),

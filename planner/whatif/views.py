@@ -7,6 +7,7 @@ from django.utils import timezone
 
 from capacity.models import ServedModel
 from capacity.pricing.features import REPLICA_MU_PER_MINUTE
+from controlplane.bounds import ascii_whole_number
 from controlplane.errors import DomainError
 from planner.access import planner_required
 from planner.paging import page_of, query_without
@@ -56,10 +57,10 @@ def _initial_for(request) -> dict:
     overcommit and keep-warm, and the target utilisation of its deployment on the reference
     GPU type. The deployment field stays blank (every deployment of the model) unless the
     model has only the one."""
-    model_id = request.GET.get("model")
-    if not (model_id and model_id.isdigit()):
+    model_id = ascii_whole_number(request.GET.get("model", ""))
+    if model_id is None:
         return {}
-    served_model = ServedModel.objects.filter(pk=int(model_id)).first()
+    served_model = ServedModel.objects.filter(pk=model_id).first()
     if served_model is None:
         return {}
     reservations, keep_warm = from_fleet.reservations_of(served_model, now=timezone.now())

@@ -93,15 +93,17 @@ def test_owner_member_and_outsider_see_what_their_memberships_allow(
     assert outsider_client.get("/api/v1/customers/acme/").status_code == 404
 
 
-def test_a_member_revokes_their_customers_key_but_an_outsider_cannot(
-    member_client, outsider_client, keys
+def test_an_owner_revokes_their_customers_key_but_a_member_or_an_outsider_cannot(
+    owner_client, member_client, outsider_client, keys
 ):
     acme_key = keys["acme"]
     assert outsider_client.post(f"/api/v1/api-keys/{acme_key.pk}/revoke/").status_code == 404
+    # A member reads the key but may not revoke it: the portal's rule (issue 34).
+    assert member_client.post(f"/api/v1/api-keys/{acme_key.pk}/revoke/").status_code == 403
     acme_key.refresh_from_db()
     assert acme_key.revoked_at is None
 
-    assert member_client.post(f"/api/v1/api-keys/{acme_key.pk}/revoke/").status_code == 200
+    assert owner_client.post(f"/api/v1/api-keys/{acme_key.pk}/revoke/").status_code == 200
     acme_key.refresh_from_db()
     assert acme_key.revoked_at is not None
 

@@ -1,4 +1,5 @@
-"""Issue 15: no command, secret or reachable host through the API (DESIGN §6).
+"""Issues 15 and 34: no command, secret or reachable host through the API (DESIGN §6), and
+each actuator secret only to the destination the operator bound it to.
 
 Each reproduced attack is replayed here and must end in the attacker's favour no more: the
 API refuses it with a 400 that names the rule, and a config forced into the database anyway
@@ -6,7 +7,9 @@ is flagged and never sent anywhere (a real local listener shows it received noth
 """
 
 import importlib
+import subprocess
 
+import httpx
 import pytest
 from django.apps import apps
 from django.core.management import call_command
@@ -14,10 +17,19 @@ from django.core.management.base import CommandError
 
 from benchmarking import services as benchmark_services
 from benchmarking.models import BenchmarkRun
+from capacity.actuation.replicas import ReplicaError, restart
 from capacity.allocation.tick import allocation_tick
-from capacity.health.probes import probe_endpoint
+from capacity.health.probes import probe_endpoint, probe_round
 from capacity.models import AllocationDecision, Deployment
+from controlplane import outbound
 from tests.capacity.allocation.test_allocation_tick import use
+from tests.dataplane.supervisor.support import (  # noqa: F401 - fixtures
+    emulator_command,
+    engines,
+    http_supervisor,
+    supervisor,
+)
+from tests.support.processes import ROOT
 from tests.support.recording_server import RecordingServer
 
 pytestmark = pytest.mark.django_db
@@ -292,12 +304,13 @@ def test_it_refuses_an_unsigned_webhook_unless_the_operator_allows_it(
     assert allowed.status_code == 200
 
 
-def test_a_redirect_from_a_webhook_is_not_followed(fleet, monkeypatch):
+def test_a_redirect_from_a_webhook_is_not_followed(fleet, monkeypatch, settings):
     monkeypatch.setenv("MU_ACTUATOR_HOOK", "hook-secret")
     with (
         RecordingServer(host="127.0.0.2") as elsewhere,
         RecordingServer(status=307, headers={"Location": elsewhere.url}) as hook,
     ):
+        settings.ACTUATOR_SECRET_DESTINATIONS = {"MU_ACTUATOR_HOOK": {"webhook": [hook.url]}}
         force(fleet, "webhook", {"url": hook.url, "secret_env": "MU_ACTUATOR_HOOK"})
 
         allocation_tick()
@@ -348,6 +361,7 @@ def test_check_actuator_configs_flags_and_clears_against_the_current_settings(
     fleet, settings, capsys
 ):
     force(fleet, "webhook", {"url": "http://127.0.0.1:9/scale", "secret_env": "MU_ACTUATOR_H"})
+    settings.ACTUATOR_SECRET_DESTINATIONS = {"MU_ACTUATOR_H": {"webhook": ["127.0.0.1:9"]}}
     settings.OUTBOUND_ALLOWED_HOSTS = ["10.0.0.0/8"]
 
     call_command("check_actuator_configs")
@@ -410,11 +424,36 @@ def deployment_pair(served_model, pool):
     )
 
 
-def test_the_demos_supervisor_and_webhook_are_allowed_by_the_defaults(db):
+def seed_demo_at_the_default_ports() -> None:
     call_command(
         "seed_demo", "--emulator-url", "http://127.0.0.1:8101",
         "--supervisor-url", "http://127.0.0.1:8190",
     )  # fmt: skip
+
+
+def make_run_bindings() -> str:
+    """ACTUATOR_SECRET_DESTINATIONS as scripts/run.sh exports it at its default ports: its own
+    lines, run by bash."""
+    script = (ROOT / "scripts" / "run.sh").read_text()
+    start = script.index("printf -v DEMO_SECRET_DESTINATIONS")
+    end = script.index("export ACTUATOR_SECRET_DESTINATIONS", start)
+    return subprocess.run(
+        ["bash", "-c", script[start:end] + 'printf %s "$DEMO_SECRET_DESTINATIONS"'],
+        env={"HOST": "127.0.0.1", "SUPERVISOR_PORT": "8190", "EMULATOR_PORT": "8101"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+
+
+def test_the_demos_supervisor_and_webhook_are_allowed_with_the_bindings_make_run_sets(db, settings):
+    settings.ACTUATOR_SECRET_DESTINATIONS = outbound.parse_secret_destinations(
+        make_run_bindings(),
+        kubernetes_clusters=settings.KUBERNETES_CLUSTERS,
+        secret_env_patterns=settings.ACTUATOR_SECRET_ENV_NAMES,
+    )
+
+    seed_demo_at_the_default_ports()
 
     webhook = Deployment.objects.get(name="llama-8b-l40s")
     assert webhook.actuator_kind == "webhook"
@@ -431,3 +470,246 @@ def test_the_demos_supervisor_and_webhook_are_allowed_by_the_defaults(db):
         "token_env": "MU_ACTUATOR_DEMO_SUPERVISOR_TOKEN",
     }  # fmt: skip
     assert process.actuator_config_problem == ""
+
+
+# -- Issue 34: a secret goes only where the operator bound it --------------------------------------
+
+SUPERVISOR_TOKEN_ENV = "MU_ACTUATOR_SUPERVISOR_TOKEN"
+SUPERVISOR_TOKEN = "s3cret-token"  # http_supervisor's
+
+
+@pytest.fixture
+def real_supervisor(http_supervisor, monkeypatch, settings):  # noqa: F811
+    """The operator's process supervisor, its token in the environment and bound to it."""
+    monkeypatch.setenv(SUPERVISOR_TOKEN_ENV, SUPERVISOR_TOKEN)
+    settings.ACTUATOR_SECRET_DESTINATIONS = {
+        SUPERVISOR_TOKEN_ENV: {"supervisor": [http_supervisor.url]}
+    }
+    return http_supervisor
+
+
+@pytest.fixture
+def elsewhere():
+    """The attacker's listener on another host the allow-list allows (production allows all of
+    10.0.0.0/8; here, all of 127.0.0.0/8)."""
+    with RecordingServer(host="127.0.0.2") as server:
+        yield server
+
+
+def process_config(supervisor_url: str, token_env: str = SUPERVISOR_TOKEN_ENV) -> dict:
+    return {
+        "engine": "emulator",
+        "base_port": 9000,
+        "supervisor_url": supervisor_url,
+        "token_env": token_env,
+    }
+
+
+def opened_by(real, received) -> list[int]:
+    """What the real supervisor answers to each Authorization header the listener received."""
+    return [
+        httpx.get(f"{real.url}/status", headers={"Authorization": header}, timeout=5).status_code
+        for request in received
+        if (header := request.headers.get("authorization"))
+    ]
+
+
+def test_a_catalog_key_cannot_send_the_supervisors_token_to_a_listener_of_its_choosing(
+    catalog_service_client, fleet, real_supervisor, elsewhere
+):
+    attack = {"actuator_kind": "process", "actuator_config": process_config(elsewhere.url)}
+
+    response = catalog_service_client.patch(DEPLOYMENT, attack, format="json")
+    allocation_tick()
+
+    # Before bindings: the listener got "Bearer s3cret-token", which opened the real /status.
+    stolen = [r.headers.get("authorization") for r in elsewhere.requests]
+    assert (stolen, opened_by(real_supervisor, elsewhere.requests)) == ([], [])
+    assert response.status_code == 400
+    error = error_of(response)
+    assert error["code"] == "secret_not_for_destination"
+    assert error["fields"] == {
+        "actuator_config.token_env": [
+            f"{SUPERVISOR_TOKEN_ENV} may be sent only to the process supervisor at "
+            f"{real_supervisor.url} (ACTUATOR_SECRET_DESTINATIONS, an operator setting), "
+            f"not to {elsewhere.url}."
+        ]
+    }
+    fleet.refresh_from_db()
+    assert fleet.actuator_kind == "dry_run"
+
+
+def test_a_catalog_key_cannot_create_a_deployment_that_sends_the_token_elsewhere(
+    catalog_service_client, fleet, real_supervisor, elsewhere
+):
+    body = {
+        "name": "llama-8b-h100-b",
+        "served_model": fleet.served_model.name,
+        "gpu_pool": fleet.gpu_pool.name,
+        "gpus_per_replica": 1,
+        "min_replicas": 1,
+        "max_replicas": 2,
+        "cold_start_seconds": 90,
+        "actuator_kind": "process",
+        "actuator_config": process_config(elsewhere.url),
+    }
+
+    response = catalog_service_client.post("/api/v1/deployments/", body, format="json")
+    allocation_tick()
+
+    assert elsewhere.requests == []
+    assert response.status_code == 400
+    assert error_of(response)["code"] == "secret_not_for_destination"
+    assert list(error_of(response)["fields"]) == ["actuator_config.token_env"]
+    assert not Deployment.objects.filter(name="llama-8b-h100-b").exists()
+
+
+def test_the_supervisors_token_still_reaches_the_supervisor_it_is_bound_to(
+    catalog_service_client, fleet, real_supervisor
+):
+    config = process_config(real_supervisor.url) | {"base_port": 65535, "engine": "sleeper"}
+
+    response = catalog_service_client.patch(
+        DEPLOYMENT, {"actuator_kind": "process", "actuator_config": config}, format="json"
+    )
+    allocation_tick()
+
+    assert response.status_code == 200, response.json()
+    # Authenticated: the supervisor itself refuses 3 replicas from port 65535 (400), not the
+    # token (401).
+    decision = latest_decision(fleet)
+    assert decision.actuator_ok is False
+    assert "answered 400: base_port" in decision.actuator_error
+
+
+def test_a_webhook_secret_is_refused_for_a_receiver_it_is_not_bound_to(
+    catalog_service_client, fleet, elsewhere, settings, monkeypatch
+):
+    monkeypatch.setenv("MU_ACTUATOR_HOOK", "hook-secret")
+    with RecordingServer() as receiver:
+        settings.ACTUATOR_SECRET_DESTINATIONS = {"MU_ACTUATOR_HOOK": {"webhook": [receiver.url]}}
+        attack = {"url": f"{elsewhere.url}/scale", "secret_env": "MU_ACTUATOR_HOOK"}
+        own = {"url": f"{receiver.url}/scale", "secret_env": "MU_ACTUATOR_HOOK"}
+
+        refused = catalog_service_client.patch(
+            DEPLOYMENT, {"actuator_kind": "webhook", "actuator_config": attack}, format="json"
+        )
+        allowed = catalog_service_client.patch(
+            DEPLOYMENT, {"actuator_kind": "webhook", "actuator_config": own}, format="json"
+        )
+        allocation_tick()
+
+    assert elsewhere.requests == []
+    assert refused.status_code == 400
+    assert error_of(refused)["code"] == "secret_not_for_destination"
+    [reason] = error_of(refused)["fields"]["actuator_config.secret_env"]
+    assert f"only to the webhook at {receiver.url}" in reason
+    assert f"not to {elsewhere.url}" in reason
+    assert allowed.status_code == 200
+    [signed] = receiver.requests
+    assert signed.path == "/scale" and signed.headers["x-signature-256"].startswith("sha256=")
+
+
+@pytest.mark.parametrize(
+    ("kind", "config", "says"),
+    [
+        # The supervisor's token as a webhook's signing key, even at the supervisor's origin.
+        (
+            "webhook",
+            lambda real: {
+                "url": f"{real.url}/scale",
+                "secret_env": SUPERVISOR_TOKEN_ENV,
+            },
+            "is bound to the process supervisor at {url}",
+        ),
+        # A cluster profile's token sent to a supervisor.
+        (
+            "process",
+            lambda real: process_config(real.url, "MU_ACTUATOR_K8S_TOKEN"),
+            "is the token of cluster profile 'lab' (KUBERNETES_CLUSTERS)",
+        ),
+    ],
+)
+def test_a_secret_bound_to_one_kind_of_destination_is_refused_for_another(
+    catalog_service_client, fleet, real_supervisor, settings, kind, config, says
+):
+    settings.KUBERNETES_CLUSTERS = {
+        "lab": {"api_server": "https://10.0.0.1:6443", "token_env": "MU_ACTUATOR_K8S_TOKEN"}
+    }
+
+    response = catalog_service_client.patch(
+        DEPLOYMENT,
+        {"actuator_kind": kind, "actuator_config": config(real_supervisor)},
+        format="json",
+    )
+
+    assert response.status_code == 400
+    error = error_of(response)
+    assert error["code"] == "secret_not_for_destination"
+    [reasons] = error["fields"].values()
+    assert says.format(url=real_supervisor.url) in reasons[0]
+
+
+def test_an_unbound_secret_is_refused_unless_the_operator_allows_unbound_secrets(
+    catalog_service_client, fleet, real_supervisor, elsewhere, settings
+):
+    unbound = {"actuator_kind": "process", "actuator_config": process_config(
+        elsewhere.url, "MU_ACTUATOR_UNBOUND")}  # fmt: skip
+    bound = {"actuator_kind": "process", "actuator_config": process_config(elsewhere.url)}
+
+    refused = catalog_service_client.patch(DEPLOYMENT, unbound, format="json")
+    settings.ACTUATOR_ALLOW_UNBOUND_SECRETS = True
+    allowed = catalog_service_client.patch(DEPLOYMENT, unbound, format="json")
+    still_refused = catalog_service_client.patch(DEPLOYMENT, bound, format="json")
+
+    assert refused.status_code == 400
+    assert error_of(refused)["code"] == "secret_not_for_destination"
+    [reason] = error_of(refused)["fields"]["actuator_config.token_env"]
+    assert "MU_ACTUATOR_UNBOUND is bound to no destination" in reason
+    assert "ACTUATOR_ALLOW_UNBOUND_SECRETS" in reason
+    # The old behaviour, chosen by the operator, for secrets bound nowhere; a bound one stays.
+    assert allowed.status_code == 200
+    assert still_refused.status_code == 400
+
+
+def test_a_stored_config_naming_a_foreign_secret_is_flagged_and_never_sends_it(
+    fleet, real_supervisor, elsewhere, capsys
+):
+    # Written before bindings existed (or before the operator bound the token elsewhere).
+    force(fleet, "process", process_config(elsewhere.url))
+    fleet.refresh_from_db()
+
+    # Before anyone flags it, every path that would send the token refuses it itself.
+    allocation_tick()
+    pushed = latest_decision(fleet)
+    probed = probe_round()
+    with pytest.raises(ReplicaError) as restarted:
+        restart(fleet, "process:0")
+    call_command("check_actuator_configs")
+    fleet.refresh_from_db()
+    allocation_tick()
+    flagged = latest_decision(fleet)
+
+    assert elsewhere.requests == []
+    assert pushed.actuator_ok is False
+    assert "actuator_config.token_env" in pushed.actuator_error
+    assert f"not to {elsewhere.url}" in pushed.actuator_error
+    assert any(f"not to {elsewhere.url}" in error for error in probed.errors)
+    assert f"not to {elsewhere.url}" in str(restarted.value)
+    assert fleet.actuator_config_problem.startswith("actuator_config.token_env: ")
+    assert f"not to {elsewhere.url}" in fleet.actuator_config_problem
+    assert f"{fleet.name} (process): actuator_config.token_env" in capsys.readouterr().out
+    assert flagged.actuator_ok is False and flagged.actuator_attempts == 0
+    assert "actuator_config_refused" in [reason["code"] for reason in flagged.reasons]
+
+
+def test_without_bindings_the_demos_secrets_are_flagged_saying_which_setting_binds_them(db):
+    seed_demo_at_the_default_ports()
+
+    for name, field, secret in [
+        ("llama-8b-l40s", "secret_env", "MU_ACTUATOR_DEMO_WEBHOOK_SECRET"),
+        ("llama-8b-h100", "token_env", "MU_ACTUATOR_DEMO_SUPERVISOR_TOKEN"),
+    ]:
+        problem = Deployment.objects.get(name=name).actuator_config_problem
+        assert problem.startswith(f"actuator_config.{field}: {secret} is bound to no destination")
+        assert "ACTUATOR_SECRET_DESTINATIONS" in problem

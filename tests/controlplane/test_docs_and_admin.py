@@ -179,3 +179,79 @@ def test_planner_and_admin_pages_have_no_inline_scripts(planner_client, planner)
         inline = re.findall(r"<script(?![^>]*\bsrc=)(?![^>]*application/json)[^>]*>", html)
         assert inline == [], path
         assert re.findall(r"\son[a-z]+=", html) == [], path
+
+
+# Rows only ingestion and the allocation tick write (issue 34, finding 14): a superuser could
+# add usage in the admin, with no audit entry and beyond the model's context.
+SYSTEM_WRITTEN = [
+    "usageevent",
+    "usageminute",
+    "usagekeyminute",
+    "fallbackadmission",
+    "capacitysample",
+    "allocationdecision",
+    "admissionallowance",
+]
+
+
+@pytest.fixture
+def superuser_client(client, django_user_model):
+    superuser = django_user_model.objects.create_superuser("root", "root@example.com", "pw")
+    client.force_login(superuser)
+    return client
+
+
+@pytest.mark.parametrize("model_name", SYSTEM_WRITTEN)
+def test_the_admin_offers_no_add_for_rows_only_the_system_writes(superuser_client, model_name):
+    changelist = superuser_client.get(reverse(f"admin:capacity_{model_name}_changelist"))
+    assert changelist.status_code == 200
+    add_url = reverse(f"admin:capacity_{model_name}_add")
+    assert add_url.encode() not in changelist.content
+    assert superuser_client.get(add_url).status_code == 403
+
+
+def test_a_superuser_cannot_add_a_usage_minute_beyond_anything_metered(
+    superuser_client, acme, served_model
+):
+    from capacity.models import UsageMinute
+    from controlplane.models import AuditEntry
+
+    response = superuser_client.post(
+        reverse("admin:capacity_usageminute_add"),
+        {
+            "customer": acme.pk,
+            "served_model": served_model.pk,
+            "minute_0": "2026-11-01",
+            "minute_1": "00:00:00",
+            "requests": 1,
+            "input_tokens": 10**12,  # far beyond any model's context
+            "output_tokens": 0,
+            "mu": 1e9,
+        },
+    )
+    assert response.status_code == 403
+    assert not UsageMinute.objects.exists()
+    assert not AuditEntry.objects.exists()
+
+
+def test_a_superuser_cannot_change_or_delete_usage_rollups(superuser_client, acme, served_model):
+    from datetime import UTC, datetime
+
+    from capacity.models import UsageKeyMinute, UsageMinute
+
+    minute = datetime(2026, 11, 1, tzinfo=UTC)
+    rolled = {"customer": acme, "served_model": served_model, "minute": minute, "mu": 5.0}
+    key_minute = UsageKeyMinute.objects.create(api_key_prefix="muc0123456789", **rolled)
+    usage_minute = UsageMinute.objects.create(**rolled)
+    for row, name in ((key_minute, "usagekeyminute"), (usage_minute, "usageminute")):
+        delete = reverse(f"admin:capacity_{name}_delete", args=[row.pk])
+        assert superuser_client.post(delete, {"post": "yes"}).status_code == 403
+        bulk = superuser_client.post(
+            reverse(f"admin:capacity_{name}_changelist"),
+            {"action": "delete_selected", "_selected_action": [row.pk], "post": "yes"},
+        )
+        assert bulk.status_code in (200, 302)  # the action is not offered: nothing happens
+        change = reverse(f"admin:capacity_{name}_change", args=[row.pk])
+        assert superuser_client.post(change, {"mu": 0}).status_code == 403
+        row.refresh_from_db()
+        assert row.mu == 5.0

@@ -29,6 +29,13 @@ MALFORMED_BODIES = [
         "application/json",
     ),
     ("not utf-8", b"\xff\xfe\xfa", "application/json"),
+    (
+        # Valid JSON whose strings are not Unicode text: half a surrogate pair (issue 34).
+        "lone surrogates",
+        b'{"name": "\\ud800", "scopes": ["\\ud800"], "slug": "\\udfff", "customer": "acme", '
+        b'"events": [{"event_id": "\\ud800"}], "\\udbff": 1, "actuator_config": {"x": "\\ud800"}}',
+        "application/json",
+    ),
     ("50,000 nested arrays", DEEP_ARRAYS, "application/json"),
     ("50,000 nested arrays in an object", DEEP_IN_AN_OBJECT, "application/json"),
     ("form garbage", b"a=%%%", "application/x-www-form-urlencoded"),
@@ -95,6 +102,40 @@ def test_no_endpoint_answers_500_to_a_malformed_body(
             assert error["message"]
         checked += 1
     assert checked >= 10
+
+
+@pytest.mark.parametrize(
+    ("url", "body", "field"),
+    [
+        ("/api/v1/api-keys/", b'{"name": "k", "customer": "acme", "scopes": ["\\ud800"]}',
+         "scopes.0"),
+        ("/api/v1/api-keys/", b'{"name": "k", "customer": "acme", "scopes": ["read"], '
+         b'"\\udc00": 1}', "\\udc00"),
+        ("/api/v1/usage/events", b'{"events": [{"event_id": "ok-1"}, {"event_id": "\\ud800"}]}',
+         "events.1.event_id"),
+        ("/api/v1/usage/events", b'[{"event_id": "\\udfff-1"}]', "0.event_id"),
+        ("/api/v1/deployments/", b'{"name": "d", "actuator_config": {"namespace": "\\ud800"}}',
+         "actuator_config.namespace"),
+    ],
+)  # fmt: skip
+def test_a_lone_surrogate_in_a_json_body_is_a_400_naming_its_field(
+    planner_client, acme, url, body, field
+):
+    response = planner_client.post(url, data=body, content_type="application/json")
+    assert response.status_code == 400, response.content[:300]
+    error = response.json()["error"]
+    assert list(error["fields"]) == [field]
+    assert "half of a UTF-16 surrogate pair" in error["fields"][field][0]
+    assert not UsageEvent.objects.exists()
+
+
+def test_a_whole_surrogate_pair_and_an_escaped_backslash_are_text(planner_client, acme):
+    # A pair of escapes is one character (U+1F600); an escaped backslash before "ud800" is a
+    # backslash and "ud800".
+    body = b'{"name": "k \\ud83d\\ude00 \\\\ud800", "customer": "acme", "scopes": ["read"]}'
+    response = planner_client.post("/api/v1/api-keys/", data=body, content_type="application/json")
+    assert response.status_code == 201, response.content[:300]
+    assert response.json()["name"] == "k \U0001f600 \\ud800"
 
 
 def test_malformed_json_is_a_400_that_says_so(planner_client):
@@ -197,6 +238,12 @@ def test_no_read_endpoint_answers_500_to_garbage_query_parameters(
     assert checked >= 20
 
 
+# Digits str.isdigit() passes and int() refuses, and a year no date holds (issue 34).
+SUPERSCRIPT_QUERIES = [
+    {"period": "2026-²", "page": "²", "page_size": "²", "model": "²", "step": "²m"},
+    {"period": "²²²²-1", "customer": "²", "from": "²²²²-01-01T00:00:00Z"},
+    {"period": "99999999999-1", "page": "99999999999999999999999"},
+]
 CONTROL_QUERY = {
     "search": "a\x00b",
     "model": "llama-8b\x00",
@@ -211,7 +258,7 @@ OUT_OF_RANGE_DATES = [
 ]
 
 
-def test_no_read_endpoint_answers_500_to_control_characters_or_dates_out_of_range(
+def test_no_read_endpoint_answers_500_to_control_characters_superscripts_or_dates_out_of_range(
     planner_client, deployment, pool, gpu_type, served_model, acme, make_key
 ):
     api_key, _ = make_key(customer=acme)
@@ -221,7 +268,7 @@ def test_no_read_endpoint_answers_500_to_control_characters_or_dates_out_of_rang
         if "get" not in methods:
             continue
         url = _concrete(path, deployment, pool, gpu_type, served_model, acme, api_key)
-        for query in (CONTROL_QUERY, *OUT_OF_RANGE_DATES):
+        for query in (CONTROL_QUERY, *OUT_OF_RANGE_DATES, *SUPERSCRIPT_QUERIES):
             response = planner_client.get(url, query)
             assert response.status_code < 500, (url, query, response.content[:300])
             if response.status_code >= 400 and url.startswith("/api/v1/"):

@@ -225,6 +225,117 @@ def test_a_cluster_profile_that_cannot_work_is_refused(profiles, says):
     assert says in str(refused.value)
 
 
+# --- Secrets bound to their destinations (issue 34) ----------------------------------------
+
+
+def bindings(destinations, clusters=None, **kwargs) -> outbound.SecretBindings:
+    return outbound.secret_bindings(
+        destinations,
+        kubernetes_clusters=clusters or {},
+        secret_env_patterns=["MU_ACTUATOR_*"],
+        **kwargs,
+    )
+
+
+@pytest.mark.parametrize(
+    ("bound_to", "url", "admitted"),
+    [
+        ("http://gpu-07:8190", "http://gpu-07:8190/scale", True),
+        ("http://gpu-07:8190", "http://GPU-07.:8190/status", True),
+        ("http://gpu-07:8190", "https://gpu-07:8190/scale", False),  # the scheme is bound too
+        ("gpu-07:8190", "https://gpu-07:8190/scale", True),  # host:port: either scheme
+        ("http://gpu-07:8190", "http://gpu-07:8191/scale", False),  # another port
+        ("http://gpu-07:8190", "http://gpu-07.attacker.example:8190/", False),
+        ("http://gpu-07:8190", "http://10.0.0.7:8190/", False),  # names match as names
+        # The userinfo trick: the client connects to the host after the "@".
+        ("http://gpu-07:8190", "http://gpu-07:8190\\@10.9.9.9/scale", False),
+        ("https://hooks.example", "https://hooks.example:443/scale", True),
+        ("https://hooks.example", "http://hooks.example:443/scale", False),
+        ("[::1]:8190", "http://[0:0::1]:8190/scale", True),
+        ("127.0.0.1:8190", "http://127.1:8190/scale", False),  # what the URL spells, not more
+    ],
+)
+def test_a_secret_goes_only_to_the_host_and_port_it_is_bound_to(bound_to, url, admitted):
+    bound = bindings({"MU_ACTUATOR_T": {"supervisor": [bound_to]}})
+
+    refusal = bound.refusal("MU_ACTUATOR_T", kind=outbound.SUPERVISOR, url=url)
+
+    assert (refusal == "") is admitted, refusal
+
+
+@pytest.mark.parametrize(
+    ("destinations", "says"),
+    [
+        ("{nope", "is not JSON"),
+        ('["MU_ACTUATOR_T"]', "must be a JSON object"),
+        ('{"SECRET_KEY": {"webhook": ["h:1"]}}', "the control plane's own secrets"),
+        ('{"HOME": {"webhook": ["h:1"]}}', "not one of the variables actuators may read"),
+        ('{"MU_ACTUATOR_T": ["http://h:1"]}', "bind it to one kind of destination"),
+        (
+            '{"MU_ACTUATOR_T": {"supervisor": ["h:1"], "webhook": ["h:2"]}}',
+            "MU_ACTUATOR_T is bound to supervisor and webhook: one kind of destination per secret",
+        ),
+        ('{"MU_ACTUATOR_T": {"cluster": ["prod"]}}', "'cluster' is not a kind of destination"),
+        ('{"MU_ACTUATOR_T": {"webhook": []}}', "needs a list of destinations"),
+        ('{"MU_ACTUATOR_T": {"webhook": ["hooks.example"]}}', "needs a port"),
+        ('{"MU_ACTUATOR_T": {"webhook": ["https://h/scale"]}}', "without a user, path or query"),
+        ('{"MU_ACTUATOR_T": {"webhook": ["ftp://h:21"]}}', "scheme is http or https"),
+        ('{"MU_ACTUATOR_T": {"webhook": ["h!:1"]}}', "is not a host name or an IP address"),
+    ],
+)
+def test_a_binding_that_cannot_work_is_refused_naming_it(destinations, says):
+    with pytest.raises(ValueError) as refused:
+        bindings(destinations)
+    assert says in str(refused.value)
+
+
+def test_a_cluster_profiles_token_goes_to_that_cluster_only():
+    clusters = {"lab": {"api_server": "https://10.0.0.1:6443", "token_env": "MU_ACTUATOR_K8S"}}
+    bound = bindings({}, clusters)
+
+    assert bound.refusal("MU_ACTUATOR_K8S", kind=outbound.CLUSTER, cluster="lab") == ""
+    assert "is the token of cluster profile 'lab' (KUBERNETES_CLUSTERS)" in bound.refusal(
+        "MU_ACTUATOR_K8S", kind=outbound.CLUSTER, cluster="other"
+    )
+    assert "sent to that cluster only" in bound.refusal(
+        "MU_ACTUATOR_K8S", kind=outbound.SUPERVISOR, url="https://10.0.0.1:6443/"
+    )
+    # Bound by its profile already, it may not be bound to a supervisor as well.
+    with pytest.raises(ValueError, match="MU_ACTUATOR_K8S is the token of cluster profile 'lab'"):
+        bindings({"MU_ACTUATOR_K8S": {"supervisor": ["10.0.0.1:6443"]}}, clusters)
+
+
+def test_an_unbound_secret_goes_nowhere_unless_the_operator_allows_unbound_secrets():
+    strict = bindings({"MU_ACTUATOR_T": {"webhook": ["h:1"]}})
+    lenient = bindings({"MU_ACTUATOR_T": {"webhook": ["h:1"]}}, allow_unbound=True)
+
+    assert "MU_ACTUATOR_OTHER is bound to no destination" in strict.refusal(
+        "MU_ACTUATOR_OTHER", kind=outbound.WEBHOOK, url="http://h:1/"
+    )
+    assert lenient.refusal("MU_ACTUATOR_OTHER", kind=outbound.WEBHOOK, url="http://x:2/") == ""
+    # A bound secret stays bound, and to its kind.
+    assert "may be sent only to the webhook at h:1" in lenient.refusal(
+        "MU_ACTUATOR_T", kind=outbound.WEBHOOK, url="http://x:2/"
+    )
+    assert "not to a process supervisor" in lenient.refusal(
+        "MU_ACTUATOR_T", kind=outbound.SUPERVISOR, url="http://h:1/"
+    )
+
+
+def test_an_actuator_reads_a_secret_only_for_its_destination(settings, monkeypatch):
+    monkeypatch.setenv("MU_ACTUATOR_T", "the-token")
+    settings.ACTUATOR_SECRET_DESTINATIONS = {"MU_ACTUATOR_T": {"supervisor": ["h:8190"]}}
+
+    read = outbound.actuator_secret("MU_ACTUATOR_T", kind=outbound.SUPERVISOR, url="http://h:8190/")
+    with pytest.raises(outbound.SecretRefused, match="not to http://elsewhere:8190") as refused:
+        outbound.actuator_secret(
+            "MU_ACTUATOR_T", kind=outbound.SUPERVISOR, url="http://elsewhere:8190/scale"
+        )
+
+    assert read == "the-token"
+    assert "the-token" not in str(refused.value)
+
+
 # --- The aiohttp session (the load runner) ------------------------------------------------
 
 

@@ -76,9 +76,9 @@ GET /api/v1/customers/{slug}/                            | 401  ok    ok     404
 PATCH /api/v1/customers/{slug}/                          | 401  403   403    403      403    403     403     403   403    403     403     403   403    403   404    ok
 PUT /api/v1/customers/{slug}/                            | 401  403   403    403      403    403     403     403   403    403     403     403   403    403   404    ok
 GET /api/v1/api-keys/                                    | 401  ok    ok     ok       ok     403     403     403   ok     403     403     403   403    403   403    ok
-POST /api/v1/api-keys/                                   | 401  ok    ok     ok       403    ok      403     403   403    403     403     403   403    403   ok     ok
+POST /api/v1/api-keys/                                   | 401  ok    403    ok       403    ok      403     403   403    403     403     403   403    403   ok     ok
 GET /api/v1/api-keys/{pk}/                               | 401  ok    ok     404      ok     403     403     403   404    403     403     403   403    403   403    ok
-POST /api/v1/api-keys/{pk}/revoke/                       | 401  ok    ok     404      403    ok      403     403   404    404     404     404   404    404   ok     ok
+POST /api/v1/api-keys/{pk}/revoke/                       | 401  ok    403    404      403    ok      403     403   404    404     404     404   404    404   ok     ok
 GET /api/v1/tiers/                                       | 401  ok    ok     ok       ok     403     403     403   ok     403     403     403   403    403   403    ok
 POST /api/v1/tiers/                                      | 401  403   403    403      403    403     403     403   403    403     403     403   403    403   403    ok
 DELETE /api/v1/tiers/{name}/                             | 401  403   403    403      403    403     403     403   403    403     403     403   403    403   403    ok

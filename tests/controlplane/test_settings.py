@@ -1,6 +1,7 @@
 """Settings come from the environment; a malformed value stops start-up naming the variable."""
 
 import os
+import secrets
 import subprocess
 import sys
 from pathlib import Path
@@ -67,8 +68,36 @@ def run_manage(*args: str, **env: str) -> subprocess.CompletedProcess:
             '{"lab": {"api_server": "https://10.0.0.1:6443", "token_env": "SECRET_KEY"}}',
             "control plane's own secrets",
         ),
+        ("ACTUATOR_SECRET_DESTINATIONS", "{nope", "ACTUATOR_SECRET_DESTINATIONS: is not JSON"),
+        (
+            "ACTUATOR_SECRET_DESTINATIONS",
+            '{"MU_ACTUATOR_T": {"supervisor": ["gpu-07"]}}',
+            "ACTUATOR_SECRET_DESTINATIONS: MU_ACTUATOR_T: 'gpu-07' needs a port",
+        ),
+        (
+            "ACTUATOR_SECRET_DESTINATIONS",
+            '{"MU_ACTUATOR_T": {"supervisor": ["gpu-07:8190"], "webhook": ["hooks:443"]}}',
+            "one kind of destination per secret",
+        ),
+        (
+            "ACTUATOR_SECRET_DESTINATIONS",
+            '{"SECRET_KEY": {"webhook": ["https://hooks.example"]}}',
+            "control plane's own secrets",
+        ),
+        ("ACTUATOR_ALLOW_UNBOUND_SECRETS", "sure", "ACTUATOR_ALLOW_UNBOUND_SECRETS='sure'"),
         ("API_THROTTLE_WRITES", "lots", "API_THROTTLE_WRITES='lots' is not a rate"),
+        ("API_THROTTLE_WRITES", "²/min", "API_THROTTLE_WRITES='²/min' is not a rate"),
         ("TRUSTED_PROXY_COUNT", "-1", "TRUSTED_PROXY_COUNT=-1 must be at least 0"),
+        ("LOGIN_USERNAME_FAILURE_LIMIT", "3", "LOGIN_USERNAME_FAILURE_LIMIT=3 must be at least 5"),
+        ("METRICS_TOKEN", "prometheus", "METRICS_TOKEN is shorter than 32 characters"),
+        ("API_THROTTLE_READS", "many", "API_THROTTLE_READS='many' is not a rate"),
+        ("PUBLICATION_SIGNING_KEY", "k1:tooshort", "PUBLICATION_SIGNING_KEY: key 'k1' is not"),
+        (
+            "PUBLICATION_SIGNING_KEY",
+            "",
+            "PUBLICATION_SIGNING_KEY is required when DEBUG is off",
+        ),
+        ("API_THROTTLE_EXPORTS", "10/fortnight", "API_THROTTLE_EXPORTS='10/fortnight'"),
         (
             "COST_MODEL_REVIEW_MIN_CUSTOMER_REQUESTS",
             "lots",
@@ -85,6 +114,29 @@ def test_a_malformed_value_stops_start_up_naming_the_variable(variable, value, s
     result = run_manage("check", **(PRODUCTION_LIKE | {variable: value}))
     assert result.returncode != 0
     assert says in result.stderr
+
+
+def test_a_cluster_token_bound_to_a_supervisor_as_well_stops_start_up():
+    cluster = '{"lab": {"api_server": "https://10.0.0.1:6443", "token_env": "MU_ACTUATOR_K8S"}}'
+    env = PRODUCTION_LIKE | {"KUBERNETES_CLUSTERS": cluster}
+
+    refused = run_manage(
+        "check",
+        **env,
+        ACTUATOR_SECRET_DESTINATIONS='{"MU_ACTUATOR_K8S": {"supervisor": ["10.0.0.9:8190"]}}',
+    )
+    started = run_manage(
+        "check",
+        **env,
+        ACTUATOR_SECRET_DESTINATIONS='{"MU_ACTUATOR_GPU07": {"supervisor": ["10.0.0.9:8190"]}}',
+    )
+
+    assert refused.returncode != 0
+    assert (
+        "ACTUATOR_SECRET_DESTINATIONS: MU_ACTUATOR_K8S is the token of cluster profile 'lab'"
+        in refused.stderr
+    )
+    assert started.returncode == 0, started.stderr
 
 
 def test_a_missing_secret_key_stops_start_up_unless_debug():
@@ -107,6 +159,11 @@ def test_a_missing_secret_key_stops_start_up_unless_debug():
         "django-insecure-" + "k" * 40 + "abcdef",
         "short-but-random-7Hq2",
         "a" * 60,
+        # Long enough, with Django's own floor of 5 distinct characters (issue 34).
+        "abcde" * 10,
+        # Ten distinct characters or more, but one short run repeated: a keyboard row, a count.
+        "qwertyuiop" * 5,
+        "0123456789ab" * 4 + "01234",
     ],
 )
 def test_start_up_refuses_placeholder_secrets_unless_debug(secret):
@@ -114,6 +171,16 @@ def test_start_up_refuses_placeholder_secrets_unless_debug(secret):
     assert result.returncode != 0
     assert "SECRET_KEY is a placeholder or too weak" in result.stderr
     assert f"'{secret}'" not in result.stderr  # the message never repeats the secret
+
+
+def test_start_up_accepts_the_keys_the_usual_generators_make():
+    """token_urlsafe (what the docs say), Django's own generator, and hex keys (`openssl rand
+    -hex 32`: 16 symbols at most, the reason the distinct-character floor is 10, not more)."""
+    from django.core.management.utils import get_random_secret_key
+
+    for secret in (secrets.token_urlsafe(50), get_random_secret_key(), secrets.token_hex(25)):
+        result = run_manage("check", **(PRODUCTION_LIKE | {"SECRET_KEY": secret}))
+        assert result.returncode == 0, result.stderr
 
 
 def test_a_debug_process_may_run_with_a_placeholder_secret():

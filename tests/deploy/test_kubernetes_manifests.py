@@ -158,7 +158,7 @@ def test_the_examples_cover_keda_an_hpa_kserve_lws_and_vllm():
         "Deployment",
     } <= kinds
     # The custom resources are checked against the vendored CRDs, not skipped.
-    for kind in ("ScaledObject", "InferenceService", "LeaderWorkerSet"):
+    for kind in ("ScaledObject", "InferenceService", "LeaderWorkerSet", "ServiceMonitor"):
         assert any(known == kind for _, known in m.crd_validators()), kind
 
 
@@ -468,6 +468,79 @@ def test_the_gateway_gets_neither_the_database_nor_djangos_key(rendered):
     assert not {"DATABASE_URL", "SECRET_KEY", "REDIS_URL"} & set(env)
 
 
+# --- What the Ingress publishes, and how Prometheus scrapes ------------------------------------
+
+# Web's paths that only the cluster uses: the kubelet's probes and Prometheus's scrape.
+INTERNAL_PATHS = {"/metrics", "/healthz", "/readyz"}
+
+
+def _segments(path: str) -> list[str]:
+    return [part for part in path.split("/") if part]
+
+
+def ingress_routes(ingress: dict, path: str) -> bool:
+    """Whether the Ingress sends `path` to a backend, by the API's path types: Exact matches
+    the path alone, Prefix element by element ("/api" matches "/api/v1/", not "/apiary")."""
+    for rule in ingress["spec"]["rules"]:
+        for route in rule.get("http", {}).get("paths", []):
+            if route["pathType"] == "Exact" and route["path"] == path:
+                return True
+            if route["pathType"] == "Prefix":
+                prefix = _segments(route["path"])
+                if _segments(path)[: len(prefix)] == prefix:
+                    return True
+    return False
+
+
+def web_paths() -> set[str]:
+    """The first path of every route of the URL conf, and the static files'."""
+    from controlplane.urls import urlpatterns
+
+    return {"/" + str(pattern.pattern) for pattern in urlpatterns} | {"/" + settings.STATIC_URL}
+
+
+def test_the_ingress_publishes_every_page_and_the_api_but_not_metrics_or_the_probes(production):
+    """Issue 34: the Ingress routed `/` to web, so /metrics was public. It now routes what
+    people and clients use, by name; a new top-level path must be added to it (or here)."""
+    paths = web_paths()
+    assert paths >= INTERNAL_PATHS
+    for ingress in of_kind(production, "Ingress"):
+        for path in sorted(INTERNAL_PATHS):
+            assert not ingress_routes(ingress, path), (ingress["metadata"]["name"], path)
+    web_ingress = named(production, "Ingress", "controlplane-web")
+    for path in sorted(paths - INTERNAL_PATHS):
+        assert ingress_routes(web_ingress, path), path
+        # Below a page (a prefix), everything is routed; the bare "/" redirects, nothing more.
+        assert ingress_routes(web_ingress, path + "anything/below") == (path != "/"), path
+
+
+def test_prometheus_scrapes_web_with_the_token_web_reads_from_the_same_secret(production):
+    """The ServiceMonitor example selects web's Service and sends the METRICS_TOKEN web's pods
+    read, from a Secret of its own (Prometheus's operator reads it, so it holds nothing else)."""
+    web = named(production, "Deployment", "controlplane-web")
+    token = next(
+        entry["valueFrom"]["secretKeyRef"]
+        for entry in pod_spec(web)["containers"][0]["env"]
+        if entry["name"] == "METRICS_TOKEN"
+    )
+    assert token["name"] != "controlplane-secrets"
+    (monitor,) = example("prometheus-servicemonitor.yaml")
+    assert monitor["kind"] == "ServiceMonitor"
+    service = named(production, "Service", "controlplane-web")
+    assert selects(monitor["spec"]["selector"], service["metadata"].get("labels", {}))
+    # The operator reads the Secret in the ServiceMonitor's own namespace: web's.
+    assert monitor["metadata"]["namespace"] == web["metadata"]["namespace"]
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] in {port["name"] for port in service["spec"]["ports"]}
+    assert endpoint["path"] == "/metrics"
+    assert endpoint["authorization"]["type"] == "Bearer"
+    credentials = endpoint["authorization"]["credentials"]
+    assert (credentials["name"], credentials["key"]) == (token["name"], token["key"])
+    # And the network lets Prometheus in.
+    labels = pod_labels(web)
+    assert Policies(production).ingress(labels, 8000, from_namespace="monitoring", named_as="http")
+
+
 # --- Service accounts and RBAC ----------------------------------------------------------------
 
 
@@ -643,7 +716,11 @@ def test_network_policies_let_each_part_reach_what_it_uses_and_no_more(rendered)
         ), name
         assert policies.egress(labels, 5432) == ("DATABASE_URL" in env), name
         uses_redis = "REDIS_URL" in env or "GATEWAY_REDIS_URL" in env
-        assert policies.egress(labels, 6379) == uses_redis, name
+        # Redis in its own namespace, and nowhere else on its port (issue 34: a pod that
+        # reaches Redis can try its passwords).
+        assert policies.egress(labels, 6379, to_namespace="redis", to_pod={}) == uses_redis, name
+        assert not policies.egress(labels, 6379, to_namespace="default", to_pod={}), name
+        assert not policies.egress(labels, 6379), name
         actuator = pod_spec(workload).get("serviceAccountName") == SERVICE_ACCOUNT
         assert policies.egress(labels, 443) == actuator, name
         talks_to_web = "GATEWAY_CONTROL_PLANE_URL" in env

@@ -295,3 +295,74 @@ def test_a_planner_sets_and_removes_request_limits_on_the_customer_page(
     planner_client.post(f"/planner/customers/acme/request-limits/{limit.pk}/delete")
     assert not RequestLimit.objects.exists()
     assert AuditEntry.objects.filter(action="request_limit.delete").count() == 1
+
+
+# --- A customer's people and the keys each made (issue 34, finding 6) ------------------------
+
+
+def test_the_customer_page_lists_the_keys_each_person_made_and_removing_one_offers_to_revoke_them(
+    planner_client, acme, globex, owner, member, key_client
+):
+    from accounts.models import Membership
+    from accounts.services import api_key_create
+    from controlplane.models import AuditEntry
+
+    ci = api_key_create(name="ci", customer=acme, created_by=member)
+    laptop = api_key_create(name="laptop", customer=acme, created_by=member)
+    owners = api_key_create(name="prod", customer=acme, created_by=owner)
+    page = planner_client.get("/planner/customers/acme/").content.decode()
+    member_row = page.split('data-testid="person-member"')[1].split("</tr>")[0]
+    assert ci.api_key.prefix in member_row and laptop.api_key.prefix in member_row
+    assert owners.api_key.prefix not in member_row
+    assert "Also revoke the 2 keys this person made" in member_row
+    assert 'name="revoke_keys" checked' in member_row  # offered, on unless unticked
+    assert owners.api_key.prefix in page.split('data-testid="person-owner"')[1].split("</tr>")[0]
+
+    # Another customer's page does not reach acme's people.
+    theirs = Membership.objects.get(user=member, customer=acme)
+    assert (
+        planner_client.post(f"/planner/customers/globex/people/{theirs.pk}/remove").status_code
+        == 404
+    )
+
+    removed = planner_client.post(
+        f"/planner/customers/acme/people/{theirs.pk}/remove", {"revoke_keys": "on"}, follow=True
+    )
+    assert "member (member) removed from Acme. The 2 key(s) they made are revoked" in (
+        removed.content.decode()
+    )
+    assert not Membership.objects.filter(pk=theirs.pk).exists()
+    for created in (ci, laptop):
+        assert key_client(created.plaintext).get("/api/v1/me").status_code == 401
+    # The customer's history says who left and which keys went with them.
+    history = removed.content.decode().split('<section aria-label="History">')[1]
+    assert "membership.remove" in history and ci.api_key.prefix in history
+
+    # Unticked, the owner's removal keeps the key they made working.
+    mine = Membership.objects.get(user=owner, customer=acme)
+    kept = planner_client.post(f"/planner/customers/acme/people/{mine.pk}/remove", follow=True)
+    assert "The 1 key(s) they made keep working" in kept.content.decode()
+    assert key_client(owners.plaintext).get("/api/v1/me").status_code == 200
+    assert AuditEntry.objects.filter(action="membership.remove").count() == 2
+
+
+def test_the_people_list_costs_the_same_queries_for_few_and_many_people_and_keys(
+    planner_client, acme
+):
+    from accounts.services import api_key_create
+    from tests.support.factories import MembershipFactory
+
+    def grow(n):
+        for _ in range(n):
+            user = MembershipFactory(customer=acme).user
+            made = api_key_create(
+                name="k", customer=acme, scopes=["read", "write"], created_by=user
+            )
+            api_key_create(name="kk", customer=acme, scopes=["read"], created_by_key=made.api_key)
+
+    grow(1)
+    few, _ = queries(planner_client, "/planner/customers/acme/")
+    grow(15)
+    many, response = queries(planner_client, "/planner/customers/acme/")
+    assert response.content.decode().count('aria-label="Remove ') == 16
+    assert many == few

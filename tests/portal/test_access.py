@@ -10,6 +10,7 @@ from django.contrib.auth import SESSION_KEY
 from django.urls import URLPattern, URLResolver, get_resolver
 
 from accounts.models import ApiKey, Membership
+from accounts.services import api_key_create
 from tests.support.factories import MembershipFactory, UserFactory
 
 pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
@@ -44,19 +45,28 @@ def paths_of(side) -> list[str]:
         "slug": side.customer.slug,
         "format_name": "csv",
     }
+    # A person of the customer's who is not its owner (the one an owner could remove).
+    person = side.customer.memberships.exclude(role=Membership.Role.OWNER).order_by("pk").first()
     paths = []
     for route in portal_routes():
-        # The one object a route names: a key under keys/, else the invoice.
-        pk = side.key.pk if "/keys/" in route else side.invoice.pk
+        # The one object a route names: a key under keys/, a person under people/, else the
+        # invoice.
+        if "/keys/" in route:
+            pk = side.key.pk
+        elif "/people/" in route:
+            pk = person.pk if person is not None else 0
+        else:
+            pk = side.invoice.pk
         paths.append(route.format(pk=pk, **values))
     return paths
 
 
 def test_the_walk_finds_every_page(world):
     paths = paths_of(world["acme"])
-    for page in ("usage", "keys", "limits", "invoices"):
+    for page in ("usage", "keys", "people", "limits", "invoices"):
         assert f"/portal/acme/{page}/" in paths, page
     assert any(path.endswith("/revoke") for path in paths)
+    assert any(path.endswith("/remove") for path in paths)
     assert any("/download/csv" in path for path in paths)
     assert all("{" not in path for path in paths), paths
 
@@ -94,13 +104,16 @@ def test_another_customers_objects_under_ones_own_slug_answer_404(client, world,
     assert ApiKey.objects.get(pk=globex.key.pk).revoked_at is None
 
 
-def test_members_and_viewers_read_every_page_and_change_no_key(client, world, acme, member):
+def test_members_and_viewers_read_every_page_and_change_no_key_or_person(
+    client, world, acme, member
+):
     viewer = MembershipFactory(customer=acme, role=Membership.Role.VIEWER).user
     acme_key = world["acme"].key
+    people = set(Membership.objects.filter(customer=acme).values_list("pk", "role"))
     for user in (member, viewer):
         client.force_login(user)
         for path in paths_of(world["acme"]):
-            if path.endswith(("/keys/new", "/revoke")):
+            if path.endswith(("/keys/new", "/revoke", "/remove")):
                 continue
             assert client.get(path).status_code == 200, (user, path)
         created = client.post("/portal/acme/keys/new", {"name": "mine", "scopes": ["read"]})
@@ -110,8 +123,15 @@ def test_members_and_viewers_read_every_page_and_change_no_key(client, world, ac
         keys_page = client.get("/portal/acme/keys/").content.decode()
         assert 'aria-label="New API key"' not in keys_page
         assert "its owners create and revoke them" in keys_page
+        for pk, _ in people:
+            removed = client.post(f"/portal/acme/people/{pk}/remove", {"revoke_keys": "on"})
+            assert removed.status_code == 403
+        people_page = client.get("/portal/acme/people/").content.decode()
+        assert 'aria-label="Remove' not in people_page
+        assert "its owners remove them" in people_page
     assert list(ApiKey.objects.filter(customer=acme)) == [acme_key]
     assert ApiKey.objects.get(pk=acme_key.pk).revoked_at is None
+    assert set(Membership.objects.filter(customer=acme).values_list("pk", "role")) == people
 
 
 def test_an_owner_creates_a_key_seen_once_and_revokes_it(client, world, acme, owner):
@@ -135,6 +155,36 @@ def test_an_owner_creates_a_key_seen_once_and_revokes_it(client, world, acme, ow
     revoked = client.post(f"/portal/acme/keys/{key.pk}/revoke", follow=True)
     assert b"revoked: it no longer authenticates" in revoked.content
     assert client.get("/api/v1/me", **api).status_code == 401
+
+
+def test_an_owner_sees_the_keys_each_person_made_and_removes_a_member_with_them(
+    client, world, acme, owner, member
+):
+    """Keys a member made outlive the member, unless their removal takes them too (issue 34)."""
+    members_key = api_key_create(name="member's laptop", customer=acme, created_by=member)
+    client.force_login(owner)
+    page = client.get("/portal/acme/people/").content.decode()
+    member_row = page.split('data-testid="person-member"')[1].split("</tr>")[0]
+    assert members_key.api_key.prefix in member_row
+    assert "Also revoke the 1 key this person made" in member_row
+    # An owner does not remove themselves (the customer would be left without one).
+    owner_row = page.split('data-testid="person-owner"')[1].split("</tr>")[0]
+    assert 'aria-label="Remove owner"' not in owner_row and ">you<" in owner_row
+    mine = Membership.objects.get(user=owner, customer=acme)
+    refused = client.post(f"/portal/acme/people/{mine.pk}/remove", follow=True)
+    assert "You cannot remove yourself" in refused.content.decode()
+    assert Membership.objects.filter(pk=mine.pk).exists()
+
+    theirs = Membership.objects.get(user=member, customer=acme)
+    removed = client.post(
+        f"/portal/acme/people/{theirs.pk}/remove", {"revoke_keys": "on"}, follow=True
+    )
+    assert "The 1 key(s) they made are revoked" in removed.content.decode()
+    api = {"HTTP_AUTHORIZATION": f"Bearer {members_key.plaintext}"}
+    assert client.get("/api/v1/me", **api).status_code == 401
+    # The member is gone from acme: its pages answer them as a stranger's.
+    client.force_login(member)
+    assert client.get("/portal/acme/").status_code == 404
 
 
 def test_a_key_the_service_refuses_says_why_on_its_field(client, world, owner):

@@ -28,8 +28,11 @@ def prometheus_server(
     *,
     job: str = "engine",
     scrape_interval_seconds: int = 1,
+    scrape_configs: Sequence[dict] | None = None,
 ) -> Iterator[str]:
-    """Runs Prometheus scraping `targets` ("host:port") every second; yields its base URL."""
+    """Runs Prometheus scraping `targets` ("host:port") every second; yields its base URL.
+    `scrape_configs`, when given, replaces that one job (Prometheus's own scrape_config
+    entries: a metrics path, an authorization, several jobs)."""
     if not PROMETHEUS_BINARY.exists():
         pytest.fail(
             f"{PROMETHEUS_BINARY} is missing. `make test` installs it (scripts/services.py); "
@@ -44,7 +47,11 @@ def prometheus_server(
             "scrape_timeout": interval,
             "evaluation_interval": interval,
         },
-        "scrape_configs": [{"job_name": job, "static_configs": [{"targets": list(targets)}]}],
+        "scrape_configs": (
+            list(scrape_configs)
+            if scrape_configs is not None
+            else [{"job_name": job, "static_configs": [{"targets": list(targets)}]}]
+        ),
     }
     port = free_port()
     directory.mkdir(parents=True, exist_ok=True)

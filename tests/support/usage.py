@@ -116,6 +116,8 @@ def store_events(events: list[dict]) -> None:
             "ttft_ms": None,
             "held_ms": None,
             "streamed": None,
+            "prompts": None,
+            "sequences": None,
             "mu": 1.0,
             "estimated_mu": None,
             "prompt_bytes": None,

@@ -1,10 +1,11 @@
 """`manage.py check_actuator_configs`: flag every stored actuator config against today's rules.
 
 The rules are operator settings (OUTBOUND_ALLOWED_HOSTS, ACTUATOR_SECRET_ENV_NAMES,
-ACTUATOR_ALLOW_UNSIGNED_WEBHOOKS, KUBERNETES_CLUSTERS). After changing them, run this: a
-config they now refuse is flagged (`Deployment.actuator_config_problem`), so the allocation
-tick stops applying it, and a flag they no longer justify is cleared. Prints each refused
-config with its reason; exits 1 with --strict when any is refused.
+ACTUATOR_SECRET_DESTINATIONS, ACTUATOR_ALLOW_UNBOUND_SECRETS, ACTUATOR_ALLOW_UNSIGNED_WEBHOOKS,
+KUBERNETES_CLUSTERS). After changing them, run this: a config they now refuse (e.g. one naming
+a secret for a destination it is not bound to) is flagged (`Deployment.actuator_config_problem`),
+so the allocation tick stops applying it, and a flag they no longer justify is cleared. Prints
+each refused config with its reason; exits 1 with --strict when any is refused.
 """
 
 from django.core.management.base import BaseCommand, CommandError

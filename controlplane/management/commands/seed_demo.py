@@ -42,7 +42,9 @@ from simulation.demo_history import demo_history_seed
 
 DEMO_KEY_NAME = "demo key (seed_demo)"
 # scripts/run.sh puts a fresh secret here and the same one in the emulator's
-# EMULATOR_WEBHOOK_SECRET; MU_ACTUATOR_* is what actuators may read by default.
+# EMULATOR_WEBHOOK_SECRET; MU_ACTUATOR_* is what actuators may read by default. It binds each
+# to the demo's own emulator and supervisor (ACTUATOR_SECRET_DESTINATIONS); unbound, the
+# demo's configs are flagged (see _actuate) and the rest of the demo still comes up.
 DEMO_WEBHOOK_SECRET_ENV = "MU_ACTUATOR_DEMO_WEBHOOK_SECRET"
 DEMO_SUPERVISOR_TOKEN_ENV = "MU_ACTUATOR_DEMO_SUPERVISOR_TOKEN"
 # The supervisor's engine (scripts/run.sh: --engine llama-3.1-8b=...) and its replicas' ports.

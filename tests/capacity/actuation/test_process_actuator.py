@@ -21,6 +21,8 @@ from tests.dataplane.supervisor.support import (  # noqa: F401 - fixtures
     supervisor,
     wait_until,
 )
+from tests.support.recording_server import RecordingServer
+from tests.support.secret_bindings import bind_secret
 
 
 def scale_request(config: dict, replicas: int) -> ScaleRequest:
@@ -72,8 +74,11 @@ def test_the_actuator_starts_and_stops_emulators_through_the_supervisor_api(
 def test_the_actuator_tells_transient_from_permanent_failures(
     http_supervisor,  # noqa: F811
     monkeypatch,
+    settings,
 ):
     monkeypatch.setenv("MU_ACTUATOR_SUPERVISOR_TOKEN", "s3cret-token")
+    # Bound to this supervisor, and never set.
+    bind_secret(settings, "MU_ACTUATOR_NO_SUCH_TOKEN", "supervisor", http_supervisor.url)
     config = {"engine": "sleeper", "base_port": 65535, "supervisor_url": http_supervisor.url}
     actuator = ProcessActuator(timeout_seconds=2)
 
@@ -90,6 +95,35 @@ def test_the_actuator_tells_transient_from_permanent_failures(
     with pytest.raises(TransientActuatorError, match="ConnectError"):
         actuator.apply(scale_request(down, 1))
     assert httpx.get(f"{http_supervisor.url}/status", timeout=5).status_code == 401
+
+
+def test_a_token_is_not_read_for_a_supervisor_it_is_no_longer_bound_to(
+    http_supervisor,  # noqa: F811
+    monkeypatch,
+    settings,
+):
+    monkeypatch.setenv("MU_ACTUATOR_SUPERVISOR_TOKEN", "s3cret-token")
+    with RecordingServer() as listener:
+        # Valid when written: the operator had bound the token to this listener.
+        bind_secret(settings, "MU_ACTUATOR_SUPERVISOR_TOKEN", "supervisor", listener.url)
+        config = {
+            "engine": "sleeper",
+            "base_port": 9000,
+            "supervisor_url": listener.url,
+            "token_env": "MU_ACTUATOR_SUPERVISOR_TOKEN",
+        }
+        request = scale_request(config, 1)
+        # Bound to the real supervisor since.
+        bind_secret(settings, "MU_ACTUATOR_SUPERVISOR_TOKEN", "supervisor", http_supervisor.url)
+
+        with pytest.raises(PermanentActuatorError) as refused:
+            ProcessActuator(timeout_seconds=2).apply(request)
+
+    assert str(refused.value).startswith(
+        "actuator_config.token_env: MU_ACTUATOR_SUPERVISOR_TOKEN may be sent only to the process "
+        f"supervisor at {http_supervisor.url}"
+    )
+    assert listener.requests == []
 
 
 def test_a_process_config_names_an_engine_and_fills_in_defaults():

@@ -9,6 +9,7 @@ from capacity.actuation.config import validate_actuator_config
 from capacity.actuation.replicas import Endpoint, ReplicaError, list_endpoints, restart
 from capacity.models import ActuatorKind
 from tests.support.scale_api import ScaleApiServer
+from tests.support.secret_bindings import bind_secret
 from tests.support.webhook_receiver import WebhookReceiver
 
 pytestmark = pytest.mark.django_db
@@ -94,9 +95,10 @@ def test_without_a_pod_selector_the_endpoint_is_probed_as_a_whole(deployment, k8
     assert list_endpoints(deployment) == [Endpoint("endpoint", "http://llama.inference.svc:8000")]
 
 
-def test_a_webhook_restart_is_a_signed_post(deployment, monkeypatch):
+def test_a_webhook_restart_is_a_signed_post(deployment, monkeypatch, settings):
     monkeypatch.setenv("MU_ACTUATOR_HOOK_SECRET", "hook-secret")
     receiver = WebhookReceiver(secret="hook-secret").start()
+    bind_secret(settings, "MU_ACTUATOR_HOOK_SECRET", "webhook", receiver.url)
     try:
         configure(
             deployment,

@@ -11,14 +11,18 @@ from capacity.actuation.webhook import WebhookActuator, request_body, sign, sign
 from dataplane.emulator import parse_config
 from dataplane.emulator.background import BackgroundEmulator
 from tests.capacity.actuation.conftest import apply, scale_request
+from tests.support.recording_server import RecordingServer
+from tests.support.secret_bindings import bind_secret
 from tests.support.webhook_receiver import HANG, WebhookReceiver
 
 SECRET = "correct horse battery staple"
+SECRET_ENV = "MU_ACTUATOR_SCALE_WEBHOOK_SECRET"
 
 
 @pytest.fixture
-def receiver():
+def receiver(settings):
     server = WebhookReceiver(secret=SECRET).start()
+    bind_secret(settings, SECRET_ENV, "webhook", server.url)
     yield server
     server.stop()
 
@@ -147,6 +151,19 @@ def test_an_unset_secret_variable_fails_before_sending_anything(receiver, monkey
     assert receiver.received == []
 
 
+def test_a_secret_bound_to_another_receiver_is_refused_before_sending_anything(settings):
+    # Bound when the config was written; the operator has bound the secret elsewhere since.
+    with RecordingServer() as stale, RecordingServer() as bound_now:
+        bind_secret(settings, SECRET_ENV, "webhook", bound_now.url)
+
+        result = apply(WebhookActuator(), scale_request(config(f"{stale.url}/scale")))
+
+    assert (result.ok, result.attempts) == (False, 1)
+    assert result.error.startswith(f"permanent: actuator_config.secret_env: {SECRET_ENV} may be")
+    assert f"not to {stale.url}" in result.error
+    assert stale.requests == [] and bound_now.requests == []
+
+
 def test_a_stored_config_without_secret_env_is_refused_before_sending_anything():
     receiver = WebhookReceiver(secret=None).start()
     try:
@@ -176,10 +193,11 @@ def test_when_the_operator_allows_unsigned_webhooks_it_sends_unsigned_requests(s
 
 
 @pytest.fixture
-def emulator(monkeypatch):
+def emulator(monkeypatch, settings):
     monkeypatch.setenv("EMULATOR_WEBHOOK_SECRET", SECRET)
     config = parse_config({"models": [{"name": "llama-8b", "replicas": 1}]})
     with BackgroundEmulator(config) as running:
+        bind_secret(settings, SECRET_ENV, "webhook", running.url)
         yield running
 
 

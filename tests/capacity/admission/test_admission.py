@@ -69,19 +69,19 @@ def test_within_the_reservation_is_guaranteed_then_best_effort_then_429(
 ):
     # 6 MU/min reserved with a 10 s burst: 1 MU of burst, one small request (0.58 MU).
     limits(acme, served_model, 6.0, 3.0)
-    body = {"model": "llama-8b", **SMALL, "request_id": "r1"}
+    body = {"model": "llama-8b", **SMALL}
 
-    first = admission_client.post("/api/v1/admission", body, format="json")
+    first = admission_client.post("/api/v1/admission", body | {"request_id": "r1"}, format="json")
     assert first.status_code == 200
     assert first.json()["class"] == "guaranteed"
     assert first.json()["priority"] == 0
     assert first.json()["estimated_mu"] == pytest.approx(SMALL_MU)
     assert first.json()["limits"]["guaranteed_mu_per_minute"] == 6.0
 
-    second = admission_client.post("/api/v1/admission", body, format="json")
+    second = admission_client.post("/api/v1/admission", body | {"request_id": "r2"}, format="json")
     assert (second.json()["class"], second.json()["priority"]) == ("best_effort", 1)
 
-    refused = admission_client.post("/api/v1/admission", body, format="json")
+    refused = admission_client.post("/api/v1/admission", body | {"request_id": "r3"}, format="json")
     assert refused.status_code == 429
     assert refused.json()["admitted"] is False
     assert refused.json()["class"] == "refused"

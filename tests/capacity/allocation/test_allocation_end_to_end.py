@@ -13,6 +13,7 @@ from capacity.models import AllocationDecision, Deployment
 from dataplane.emulator.background import BackgroundEmulator
 from dataplane.emulator.config import parse_config
 from tests.support.factories import DeploymentFactory
+from tests.support.secret_bindings import bind_secret
 
 pytestmark = pytest.mark.django_db
 
@@ -61,7 +62,7 @@ def post_usage(client, *, mu_per_minute_wanted: float, minutes: int, now):
 
 
 def test_replicas_follow_demand_up_and_down(
-    sellable, served_model, pool, acme, make_key, key_client, monkeypatch
+    sellable, served_model, pool, acme, make_key, key_client, monkeypatch, settings
 ):
     # Signed, as in the demo: the emulator checks what the control plane signs.
     monkeypatch.setenv("EMULATOR_WEBHOOK_SECRET", "end-to-end-secret")
@@ -71,6 +72,7 @@ def test_replicas_follow_demand_up_and_down(
     served_model.engine_model_id = "llama-8b"  # the name the emulator serves it under
     served_model.save()
     with BackgroundEmulator(parse_config(EMULATOR)) as emulator:
+        bind_secret(settings, "MU_ACTUATOR_EMULATOR_SECRET", "webhook", emulator.url)
         Deployment.objects.filter(name="llama-8b-h100").delete()
         deployment = DeploymentFactory(
             name="llama-emu",

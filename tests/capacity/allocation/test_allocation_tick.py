@@ -182,9 +182,12 @@ def test_allocate_json_is_machine_readable(fleet, served_model, globex, capsys):
 
 
 def test_failures_open_a_circuit_and_the_next_tick_decides_afresh(
-    fleet, served_model, globex, monkeypatch
+    fleet, served_model, globex, monkeypatch, settings
 ):
     monkeypatch.setenv("MU_ACTUATOR_HOOK_SECRET", "hook-secret")
+    settings.ACTUATOR_SECRET_DESTINATIONS = {
+        "MU_ACTUATOR_HOOK_SECRET": {"webhook": ["127.0.0.1:9"]}
+    }
     Deployment.objects.filter(pk=fleet.pk).update(
         actuator_kind="webhook",
         actuator_config={

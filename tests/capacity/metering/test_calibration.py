@@ -45,7 +45,7 @@ def published_bytes_per_token(settings) -> float:
     return json.loads(client.hget("gw:v1:models", "llama-8b"))["bytes_per_token"]
 
 
-def test_a_model_publishes_the_ratio_of_its_prompt_bytes_to_its_engines_input_tokens(
+def test_a_model_publishes_the_median_ratio_of_its_requests_prompt_bytes_to_their_input_tokens(
     gateway, sellable, acme, settings
 ):
     settings.PUBLICATION_BYTES_PER_TOKEN_MIN_TOKENS = 5_000
@@ -71,7 +71,50 @@ def test_a_model_publishes_the_ratio_of_its_prompt_bytes_to_its_engines_input_to
     assert gateway.post(URL, {"events": more}, format="json").status_code == 200
     usage_rollup()
 
-    assert published_bytes_per_token(settings) == pytest.approx((9500 + 9600) / 6000)
+    # The requests' own ratios, each weighing its input tokens: 2.5 (1,000), 3.2 (3,000), 3.5
+    # (2,000): half of the 6,000 is reached at 3.2.
+    assert published_bytes_per_token(settings) == pytest.approx(3.2)
+
+
+def test_no_one_request_and_no_one_customer_moves_the_calibration(
+    gateway, sellable, acme, globex, settings
+):
+    """Issue 34, finding 5: one request with a 1.5 MB `text` took the published ratio from 4
+    to 64 within 10 s, and every estimate, TPM limit and budget cap ran 16x low."""
+    settings.PUBLICATION_BYTES_PER_TOKEN_MIN_TOKENS = 1_000
+    normal = [  # 4 bytes a token, ten requests of each customer
+        event(customer=c, input_tokens=500, prompt_bytes=2000)
+        for c in ("acme", "globex")
+        for _ in range(10)
+    ]
+    assert gateway.post(URL, {"events": normal}, format="json").status_code == 200
+    usage_rollup()
+    assert published_bytes_per_token(settings) == pytest.approx(4.0)
+    # One request of 1.5 MB of text for 1,500 tokens: one vote among twenty-one.
+    huge = event(customer="globex", input_tokens=1500, prompt_bytes=1_500_000)
+    assert gateway.post(URL, {"events": [huge]}, format="json").status_code == 200
+    usage_rollup()
+    assert published_bytes_per_token(settings) == pytest.approx(4.0)
+    # globex sends forty such: it holds at most half of the vote, acme's half still holds it.
+    flood = [event(customer="globex", input_tokens=1500, prompt_bytes=1_500_000)] * 40
+    assert gateway.post(URL, {"events": [e | {"event_id": uuid.uuid4().hex} for e in flood]},
+                        format="json").status_code == 200  # fmt: skip
+    usage_rollup()
+    assert published_bytes_per_token(settings) == pytest.approx(4.0)
+    (shown,) = calibration.calibrations(now=timezone.now()).values()
+    assert (shown.customers, shown.requests) == (2, 61)
+
+
+def test_the_planners_fleet_page_says_what_the_calibration_rests_on(
+    gateway, sellable, acme, settings, planner_client
+):
+    settings.PUBLICATION_BYTES_PER_TOKEN_MIN_TOKENS = 1_000
+    events = [event(input_tokens=500, prompt_bytes=1750) for _ in range(4)]
+    assert gateway.post(URL, {"events": events}, format="json").status_code == 200
+    usage_rollup()
+    calibration.forget()
+    page = planner_client.get("/planner/").content.decode()
+    assert "3.50 bytes a token: the median of the last\n  4 requests" in page
 
 
 def test_usage_older_than_the_window_no_longer_calibrates(gateway, sellable, acme, settings):

@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from capacity.metering.rollups import direct_aggregation, usage_rollup
 from capacity.models import UsageEvent, UsageMinute
+from capacity.pricing.features import mu_of, replica_seconds_of
 from tests.support.servers import gunicorn_server
 
 pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
@@ -249,11 +250,18 @@ def test_a_refused_request_costs_nothing(usage_client, sellable):
     assert UsageEvent.objects.get(event_id="r").mu == 0
 
 
-def test_without_an_admission_record_a_refused_event_keeps_the_senders_estimate(
+def test_without_an_admission_record_a_refused_event_counts_at_most_the_control_planes_estimate(
     gateway, acme, sellable
 ):
+    """Issue 34, finding 10: one event's self-declared estimate (up to 10^6) scaled a fleet to
+    its maximum. Without a record, the demand is at most the control plane's own estimate of
+    the event: its 1,000 input tokens, plus the output cap admission estimates with (no completed
+    output yet here: none)."""
+    own = mu_of(replica_seconds_of(sellable.weights_replica_seconds, input_tokens=1000,
+                                   output_tokens=0), 100.0)  # fmt: skip
     batch = [
-        event(event_id="refused", customer="acme", outcome="refused", estimated_mu=2.5),
+        event(event_id="modest", customer="acme", outcome="refused", estimated_mu=own / 2),
+        event(event_id="forged", customer="acme", outcome="refused", estimated_mu=1e6),
         # A request that ran is priced by what it used; an estimate sent with it is ignored.
         event(event_id="ran", customer="acme", estimated_mu=2.5),
         event(event_id="silent", customer="acme", outcome="refused"),
@@ -262,12 +270,14 @@ def test_without_an_admission_record_a_refused_event_keeps_the_senders_estimate(
 
     assert response.status_code == 200, response.json()
     stored = {e.event_id: e for e in UsageEvent.objects.all()}
-    assert (stored["refused"].mu, stored["refused"].estimated_mu) == (0, 2.5)
+    assert (stored["modest"].mu, stored["modest"].estimated_mu) == (0, pytest.approx(own / 2))
+    assert stored["forged"].estimated_mu == pytest.approx(own)
     assert stored["ran"].estimated_mu is None and stored["ran"].mu > 0
     assert stored["silent"].estimated_mu is None
     usage_rollup()
     (minute,) = UsageMinute.objects.all()
-    assert (minute.refused_requests, minute.refused_mu) == (2, 2.5)
+    assert minute.refused_requests == 3
+    assert minute.refused_mu == pytest.approx(own * 1.5)
 
 
 @pytest.mark.parametrize("estimate", [-1, 1e7, "NaN", "3"])

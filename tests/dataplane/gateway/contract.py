@@ -7,14 +7,15 @@ can be swapped for the real publisher (capacity/publication/) once that exists.
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, field
 
 import redis
 
 from accounts.keys import mint
+from tests.support.publication import write_signed
 
 KEYS = "gw:v1:keys"
+CUSTOMERS = "gw:v1:customers"
 MODELS = "gw:v1:models"
 ENTITLEMENTS = "gw:v1:entitlements"
 CUSTOMER_TIERS = "gw:v1:customer_tiers"
@@ -112,36 +113,24 @@ class Publication:
 
 
 def publish(client: redis.Redis, publication: Publication) -> int:
-    """Write the documents whole, then bump `gw:v1:meta.version`; returns the version."""
-    pipe = client.pipeline(transaction=True)
-    pipe.delete(KEYS, MODELS, ENTITLEMENTS, CUSTOMER_TIERS, RESERVATIONS)
-    if publication.keys:
-        pipe.hset(KEYS, mapping={p: json.dumps(d) for p, d in publication.keys.items()})
-    if publication.models:
-        pipe.hset(MODELS, mapping={n: json.dumps(d) for n, d in publication.models.items()})
-    if publication.entitlements:
-        pipe.hset(
-            ENTITLEMENTS,
-            mapping={str(c): json.dumps(names) for c, names in publication.entitlements.items()},
-        )
-    if publication.customer_tiers:
-        pipe.hset(
-            CUSTOMER_TIERS,
-            mapping={str(c): tier for c, tier in publication.customer_tiers.items()},
-        )
-    if publication.reservations:
-        pipe.hset(
-            RESERVATIONS,
-            mapping={
+    """Write the documents whole, signed as the control plane signs them, with the next
+    `gw:v1:meta.version`; returns the version (tests/support/publication.py)."""
+    return write_signed(
+        client,
+        {
+            KEYS: {p: json.dumps(d) for p, d in publication.keys.items()},
+            MODELS: {n: json.dumps(d) for n, d in publication.models.items()},
+            ENTITLEMENTS: {str(c): json.dumps(n) for c, n in publication.entitlements.items()},
+            CUSTOMERS: {},
+            CUSTOMER_TIERS: {str(c): tier for c, tier in publication.customer_tiers.items()},
+            RESERVATIONS: {
                 str(c): json.dumps(
                     {name: {"mu_per_minute": mu, "steps": []} for name, mu in floors.items()}
                 )
                 for c, floors in publication.reservations.items()
             },
-        )
-    pipe.hincrby(META, "version", 1)
-    pipe.hset(META, "published_at", repr(time.time()))
-    return int(pipe.execute()[-2])
+        },
+    )
 
 
 def clear(client: redis.Redis) -> None:

@@ -219,6 +219,39 @@ def test_a_service_key_names_the_customer_it_sends_for(served, http, usage_serve
     assert event["customer"] == "acme"
 
 
+def test_a_service_key_without_admission_sends_nothing_and_one_with_it_only_what_the_customer_may(
+    served, http, usage_server
+):
+    """Issue 34, finding 2: a `read` service key naming globex got a completion billed to
+    globex, for a model globex may not use."""
+    world, gateway, _url = served
+    reader = C.key(kind="service", scopes=("read",))
+    sender = C.key(kind="service", scopes=("admission", "usage:write"))
+    globex = C.key(customer_id=2, customer="globex")
+    for key in (reader, sender, globex):
+        world.publication.keys[key.prefix] = key.doc
+    world.publication.entitlements[2] = []  # globex may use no model
+    version = world.publish()
+    wait_for(lambda: http.get(gateway.url + "/healthz").json()["contract_version"] == version)
+
+    def send(key, customer):
+        return http.post(
+            gateway.url + "/v1/chat/completions",
+            json=CHAT,
+            headers={**bearer(key), "X-MU-Customer": customer},
+        )
+
+    read_only = send(reader, "globex")
+    assert read_only.status_code == 403
+    assert read_only.json()["error"]["code"] == "insufficient_scope"
+    not_entitled = send(sender, "globex")
+    assert not_entitled.status_code == 404
+    assert not_entitled.json()["error"]["code"] == "model_not_found"
+    assert send(sender, "acme").status_code == 200  # acme may use tiny
+    time.sleep(0.5)  # a flush: only acme's request left an event
+    assert [e["customer"] for e in usage_events(usage_server)] == ["acme"]
+
+
 def test_admission_refusal_is_a_429_with_retry_after_and_a_refused_event(
     served, http, usage_server
 ):
@@ -506,6 +539,21 @@ def test_a_refused_request_falls_back_to_the_degraded_models_fallback(served, ht
         (json.dumps({**CHAT, "max_tokens": "12"}), 400, "max_tokens"),
         (json.dumps({"model": "tiny"}), 400, "messages"),
         (json.dumps([1, 2]), 400, None),
+        # Issue 34, finding 11: each was a 500 (and the worker's traceback).
+        (b"[" * 100_000 + b"]" * 100_000, 400, None),
+        (
+            json.dumps({**CHAT, "messages": [{"role": "user", "content": [[[]]]}]}).replace(
+                "[[[]]]", "[" * 990 + "]" * 990
+            ),
+            400,
+            None,  # too deep for the parser: the body as a whole
+        ),
+        (
+            json.dumps({**CHAT, "messages": [{"role": "user", "content": "\ud800"}]}),
+            400,
+            "messages[0].content",
+        ),
+        (b'{"model": "tiny\ud800", "messages": [{"role": "user", "content": "x"}]}', 404, "model"),
     ],
     ids=[
         "malformed",
@@ -514,6 +562,10 @@ def test_a_refused_request_falls_back_to_the_degraded_models_fallback(served, ht
         "string-max-tokens",
         "no-messages",
         "not-an-object",
+        "nested-100k-deep",
+        "content-nested-990-lists",
+        "lone-surrogate-in-content",
+        "lone-surrogate-in-model",
     ],
 )
 def test_bad_input_gets_an_openai_shaped_4xx(served, http, body, status, param):

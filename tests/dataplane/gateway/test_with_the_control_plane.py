@@ -98,3 +98,45 @@ def test_a_guaranteed_customer_within_its_reservation_is_never_refused_while_bes
 
     assert outcomes["acme"] == [200] * 20
     assert 429 in outcomes["globex"] and 200 in outcomes["globex"]
+
+
+def test_no_one_rewrites_the_gateways_admission_record_of_a_request_through_the_api(
+    fleet, acme, globex, make_key, key_client, tmp_path
+):
+    """Issue 34, finding 4: a second POST /api/v1/admission with the gateway's X-Request-Id
+    (answered to the client) overwrote its record and erased its settled mark: a stream
+    admitted best-effort was billed guaranteed. A record is written once now."""
+    set_rates(
+        buckets(),
+        {(acme.pk, served_model_id(fleet)): (0.0, 600.0)},  # acme best-effort only
+        ttl_s=settings.ADMISSION_LIMITS_TTL_SECONDS,
+    )
+    with gateway_process(
+        tmp_path,
+        GATEWAY_SERVICE_KEY=fleet["service"],
+        GATEWAY_REDIS_URL=settings.ADMISSION_REDIS_URL,
+    ) as gateway, httpx.Client(timeout=30, trust_env=False) as client:  # fmt: skip
+        request_id, status, _ = complete(
+            client, gateway.url, fleet["acme"], fleet["model"], stream=True, max_tokens=4
+        )
+    assert status == 200
+    record_key = f"adm:req:{served_model_id(fleet)}:{acme.pk}:{request_id}"
+    recorded = buckets().client.get(record_key)
+    assert recorded.startswith(b"best_effort:")
+    body = {"model": fleet["model"], "input_tokens": 3, "max_tokens": 4, "request_id": request_id}
+    # The customer's own key: the gateway's ids are not its to name.
+    own = key_client(fleet["acme"]).post("/api/v1/admission", body, format="json")
+    assert own.status_code == 400
+    assert "request_id" in own.json()["error"]["fields"]
+    # A platform key may name any id, but not decide a recorded one again.
+    _, platform = make_key(service_name="other-gateway", scopes=[S.ADMISSION])
+    again = key_client(platform).post(
+        "/api/v1/admission", body | {"customer": "acme"}, format="json"
+    )
+    assert again.status_code == 409
+    assert again.json()["error"]["code"] == "request_id_decided"
+    assert buckets().client.get(record_key) == recorded
+
+
+def served_model_id(fleet) -> int:
+    return Deployment.objects.get(endpoint_url=fleet["emulator"]).served_model_id

@@ -169,11 +169,21 @@ def supervisor(tmp_path, engines):
     supervisor.shutdown(drain=False)
 
 
+# The control plane's name for the supervisor's token (tests set it to "s3cret-token").
+SUPERVISOR_TOKEN_ENV = "MU_ACTUATOR_SUPERVISOR_TOKEN"
+
+
 @pytest.fixture
-def http_supervisor(supervisor):
+def http_supervisor(supervisor, settings, monkeypatch):
+    """The supervisor's API, its token bound to it as an operator binds it
+    (ACTUATOR_SECRET_DESTINATIONS): in this process's settings and in the environment of the
+    workers a test starts."""
     server = make_server(supervisor, port=0, token="s3cret-token")
     thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
+    bindings = {SUPERVISOR_TOKEN_ENV: {"supervisor": [server.url]}}
+    settings.ACTUATOR_SECRET_DESTINATIONS = bindings
+    monkeypatch.setenv("ACTUATOR_SECRET_DESTINATIONS", json.dumps(bindings))
     yield server
     server.shutdown()
     server.server_close()
