@@ -8,7 +8,7 @@ from rest_framework import authentication, exceptions
 
 from accounts import keys
 from accounts.models import ApiKey
-from controlplane.audit import note_api_key
+from core.audit import note_api_key
 
 # last_used_at is a hint for people auditing keys; writing it on every request would turn every
 # read into a write, so it moves at most once per interval.

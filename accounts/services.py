@@ -15,9 +15,9 @@ from accounts.hooks import keys_changed
 from accounts.models import DEFAULT_TIER, ApiKey, Customer, Membership, Tier
 from accounts.principals import PLANNERS_GROUP
 from accounts.selectors import live_api_keys_made_by
-from controlplane.audit import actor_of as audit_actor_of
-from controlplane.audit import audit_change, audit_record, snapshot
-from controlplane.errors import ConflictError, DomainError
+from core.audit import actor_of as audit_actor_of
+from core.audit import audit_change, audit_record, snapshot
+from core.errors import ConflictError, DomainError
 
 _CUSTOMER_AUDIT_FIELDS = ("name", "slug", "tier", "may_report_own_usage")
 _KEY_AUDIT_FIELDS = ("name", "customer", "service_name", "prefix", "scopes", "expires_at")

@@ -2,15 +2,15 @@
 
 `WriteThrottle` counts writes against API_THROTTLE_WRITES, `ReadThrottle` reads against
 API_THROTTLE_READS (both every view's default); `ExportThrottle` counts, besides, the reads of
-views whose `throttle_scope` is EXPORTS (controlplane.api.throttle_scopes: an invoice's PDF or
+views whose `throttle_scope` is EXPORTS (core.api.throttle_scopes: an invoice's PDF or
 CSV, the usage CSV, the schema) against the tighter API_THROTTLE_EXPORTS; `UsageThrottle`
 counts usage batches against API_THROTTLE_USAGE. Rates are read from settings on every
 request, so "none" turns a limit off without a code change. A throttled request gets 429,
-`Retry-After` and the API's error body (controlplane.api.errors).
+`Retry-After` and the API's error body (core.api.errors).
 
 An anonymous caller reaches a throttle only on the views open to anyone (the schema and its
 docs page; every other view refuses it first, 401): it is counted by its client address, as
-the trusted proxies saw it (controlplane.client_ip).
+the trusted proxies saw it (core.client_ip).
 """
 
 import functools
@@ -22,8 +22,8 @@ from rest_framework.permissions import SAFE_METHODS
 from rest_framework.throttling import SimpleRateThrottle
 
 from accounts.models import ApiKey
-from controlplane.api.throttle_scopes import EXPORTS
-from controlplane.client_ip import client_ip
+from core.api.throttle_scopes import EXPORTS
+from core.client_ip import client_ip
 
 
 class _PerCallerThrottle(SimpleRateThrottle):

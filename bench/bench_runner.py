@@ -32,7 +32,7 @@ from django.conf import settings
 
 from bench.figures import Figure
 from benchmarking import runner
-from controlplane import outbound
+from core import outbound
 from dataplane.emulator.config import parse_config
 from dataplane.emulator.engine import Listener
 from dataplane.emulator.fleet import ModelFleet

@@ -27,7 +27,7 @@ from bench.figures import Figure
 from capacity.models import CostModel, Deployment, GpuPool, GpuType, Reservation, ServedModel
 from capacity.selling import reservations
 from capacity.selling.sellable import JointCapacity, model_capacity
-from controlplane.errors import ConflictError
+from core.errors import ConflictError
 
 MODELS = 50
 POOLS = 20

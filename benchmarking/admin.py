@@ -1,7 +1,7 @@
 from django.contrib import admin
 
 from benchmarking.models import BenchmarkRun, BenchmarkSample, BenchmarkSuite
-from controlplane.audit import AuditedAdminMixin
+from core.audit import AuditedAdminMixin
 
 
 @admin.register(BenchmarkSuite)

@@ -10,7 +10,7 @@ import io
 import math
 from dataclasses import dataclass
 
-from controlplane.errors import DomainError
+from core.errors import DomainError
 
 REQUIRED_COLUMNS = ("input_len", "output_len", "requests_per_s")
 OPTIONAL_COLUMNS = ("ttft_p95_ms", "tpot_p95_ms", "concurrency", "cached_input_len")

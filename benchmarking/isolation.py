@@ -39,8 +39,8 @@ from capacity.allocation.wake import request_tick
 from capacity.health.probes import engine_counters
 from capacity.models import ActuatorKind, AllocationDecision, Deployment, Replica
 from capacity.publication.publish import publish_gateway_state
-from controlplane.audit import audit_record
-from controlplane.errors import DomainError
+from core.audit import audit_record
+from core.errors import DomainError
 
 logger = logging.getLogger(__name__)
 

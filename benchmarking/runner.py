@@ -10,7 +10,7 @@ Pure asyncio over the runner's own HTTP client (streams.py); no Django. The serv
 stores results calls `run_grid`.
 
 Load goes only where the operator allows (BENCHMARK_ALLOWED_HOSTS): every connection of the
-runner's clients is checked by a `controlplane.outbound.HostPolicy` when it is opened, on the
+runner's clients is checked by a `core.outbound.HostPolicy` when it is opened, on the
 address it is opened to. Connections are pooled, so the check costs nothing per request.
 """
 
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarking.streams import ClientError, StreamClient
-from controlplane import outbound
+from core import outbound
 
 
 class RunnerError(Exception):

@@ -26,8 +26,8 @@ from capacity.metering.events import MAX_TOKENS
 from capacity.models import CostModel, Deployment, GpuType, ServedModel
 from capacity.pricing.cost_models import cost_model_record
 from capacity.pricing.features import REPLICA_MU_PER_MINUTE, Shape, mu_coefficients
-from controlplane import outbound
-from controlplane.errors import ConflictError, DomainError
+from core import outbound
+from core.errors import ConflictError, DomainError
 
 logger = logging.getLogger(__name__)
 

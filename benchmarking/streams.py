@@ -7,7 +7,7 @@ and per-request bookkeeping were the client's own cost, and that cost lands in e
 runner measures (make bench, bench_runner: the runner beside wrk).
 
 Load goes only where the operator allows: every connection is vetted by a
-`controlplane.outbound.HostPolicy` when it is opened, on the address it is opened to (names
+`core.outbound.HostPolicy` when it is opened, on the address it is opened to (names
 are resolved once a minute, like aiohttp's DNS cache did). No redirect is followed (a
 redirect would be the server choosing where we connect next) and no proxy is read from the
 environment. https uses the project's one TLS context (SSL_CERT_FILE / SSL_CERT_DIR apply).
@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from controlplane import outbound
+from core import outbound
 
 # A resolved name's vetted addresses are reused this long (aiohttp's ttl_dns_cache was 60).
 RESOLVE_TTL_SECONDS = 60.0

@@ -4,8 +4,8 @@ from django.contrib import admin
 from billing.latency import latency_sla_clean
 from billing.models import Budget, BudgetAlert, Invoice, InvoiceLine, RateCard
 from billing.rates import issued_through, rate_card_used
-from controlplane.audit import AuditedAdminMixin, ReadOnlyAdminMixin
-from controlplane.errors import DomainError
+from core.audit import AuditedAdminMixin, ReadOnlyAdminMixin
+from core.errors import DomainError
 
 
 class RateCardAdminForm(forms.ModelForm):

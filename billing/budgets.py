@@ -51,8 +51,8 @@ from capacity.admission.limits import budget_cap_of, budget_cap_set, budget_caps
 from capacity.metering.utilisation import customer_utilisation
 from capacity.models import Reservation, UsageKeyMinute
 from capacity.telemetry.alerts import send_alert
-from controlplane.audit import all_fields, audit_change, audit_record, current_actor, snapshot
-from controlplane.errors import ConflictError, DomainError
+from core.audit import all_fields, audit_change, audit_record, current_actor, snapshot
+from core.errors import ConflictError, DomainError
 
 logger = logging.getLogger(__name__)
 

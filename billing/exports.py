@@ -16,7 +16,7 @@ from decimal import Decimal
 from django.http import HttpResponse
 
 from billing.models import Invoice, InvoiceLine
-from controlplane.csv_export import spreadsheet_writer
+from core.csv_export import spreadsheet_writer
 
 # The CSV's columns, in order: the JSON export's line fields without `evidence` (a nested
 # object; the JSON detail and the PDF carry it).

@@ -29,10 +29,10 @@ from billing.models import Invoice, InvoiceLine
 from billing.money import money
 from billing.rates import cards_by_model, rate_segments
 from capacity.models import Reservation, ReservationChange, UsageMinute
-from controlplane.audit import audit_record
-from controlplane.bounds import EARLIEST, LATEST, ascii_whole_number
-from controlplane.db import Lock, lock_for_transaction
-from controlplane.errors import ConflictError, DomainError
+from core.audit import audit_record
+from core.bounds import EARLIEST, LATEST, ascii_whole_number
+from core.db import Lock, lock_for_transaction
+from core.errors import ConflictError, DomainError
 
 
 @dataclass

@@ -30,7 +30,7 @@ from fractions import Fraction
 from billing.models import InvoiceLine
 from billing.money import money
 from capacity.metering.selectors import TtftCounts, guaranteed_ttft_counts
-from controlplane.errors import DomainError
+from core.errors import DomainError
 
 MAX_TTFT_OBJECTIVE_MS = 3_600_000  # ingestion refuses a ttft_ms above an hour
 MAX_TIERS = 10

@@ -11,8 +11,8 @@ from django.db.models import Max
 from billing.latency import latency_sla_clean
 from billing.models import Invoice, InvoiceLine, RateCard
 from capacity.models import ServedModel
-from controlplane.audit import all_fields, audit_change, audit_record, snapshot
-from controlplane.errors import ConflictError, DomainError
+from core.audit import all_fields, audit_change, audit_record, snapshot
+from core.errors import ConflictError, DomainError
 
 
 @dataclass(frozen=True)

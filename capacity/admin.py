@@ -46,9 +46,9 @@ from capacity.schedules import deployment_schedule_delete, deployment_schedule_s
 from capacity.selling.at_risk import capacity_change
 from capacity.selling.entitlements import entitlement_grant, entitlement_withdraw
 from capacity.telemetry.prometheus import validate_selector
-from controlplane import outbound
-from controlplane.audit import AuditedAdminMixin, ReadOnlyAdminMixin, actor_of
-from controlplane.errors import ConflictError, DomainError
+from core import outbound
+from core.audit import AuditedAdminMixin, ReadOnlyAdminMixin, actor_of
+from core.errors import ConflictError, DomainError
 
 
 class PublishedAdminMixin:

@@ -20,7 +20,7 @@ class CapacityConfig(AppConfig):
         on_keys_changed(publish_keys_changed)
 
         from capacity.telemetry.desired import DesiredReplicasCollector
-        from controlplane import metrics_view
+        from core import metrics_view
 
         if not any(
             isinstance(c, DesiredReplicasCollector) for c in metrics_view.scrape_time_collectors
@@ -34,7 +34,7 @@ class CapacityConfig(AppConfig):
 
         from capacity.allocation.heartbeat import readiness
         from capacity.telemetry.tick_age import TickAgeCollector
-        from controlplane import liveness
+        from core import liveness
 
         if not any(isinstance(c, TickAgeCollector) for c in metrics_view.scrape_time_collectors):
             metrics_view.scrape_time_collectors.append(TickAgeCollector())

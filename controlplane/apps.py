@@ -1,8 +1,11 @@
 from django.apps import AppConfig
 
 
-class ControlPlaneConfig(AppConfig):
-    # The project package is also an app so that project-wide records (the audit log) have
-    # one home below every other app: accounts, capacity and billing all write to it.
+class ShellConfig(AppConfig):
+    # The project's shell: settings, URLs, Celery, the WSGI/ASGI entry points and the commands
+    # that span every app (seed_demo, setup_periodic_tasks). An app only so that Django finds
+    # those commands; it has no models. Its label is not "controlplane", which the audit log in
+    # core/ keeps.
     name = "controlplane"
-    verbose_name = "Control plane: audit log"
+    label = "shell"
+    verbose_name = "Control plane: the project"

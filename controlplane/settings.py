@@ -8,8 +8,8 @@ from pathlib import Path
 from django.core.exceptions import ImproperlyConfigured
 from kombu import Queue
 
-from controlplane import outbound
-from controlplane.env import (
+from core import outbound
+from core.env import (
     env_bool,
     env_database,
     env_float,
@@ -99,6 +99,7 @@ INSTALLED_APPS = [
     "django_celery_beat",
     "axes",
     "csp",
+    "core",
     "controlplane",
     "accounts",
     "capacity",
@@ -114,13 +115,13 @@ MIDDLEWARE = [
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
-    "controlplane.middleware.RefuseControlCharacters",
+    "core.middleware.RefuseControlCharacters",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    # Lets services name who made each change in the audit log (controlplane.audit).
-    "controlplane.audit.AuditActorMiddleware",
+    # Lets services name who made each change in the audit log (core.audit).
+    "core.audit.AuditActorMiddleware",
     "csp.middleware.CSPMiddleware",
     # Last: it answers a locked-out login attempt (see "Login lockout" below).
     "axes.middleware.AxesMiddleware",
@@ -255,21 +256,21 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PAGINATION_CLASS": "controlplane.api.pagination.StandardPagination",
+    "DEFAULT_PAGINATION_CLASS": "core.api.pagination.StandardPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_FILTER_BACKENDS": [
-        "controlplane.api.filters.BoundedFilterBackend",
+        "core.api.filters.BoundedFilterBackend",
         "rest_framework.filters.OrderingFilter",
         "rest_framework.filters.SearchFilter",
     ],
     # DRF's parsers, with the JSON one refusing bodies nested deeper than API_MAX_JSON_DEPTH.
     "DEFAULT_PARSER_CLASSES": [
-        "controlplane.api.parsers.BoundedJSONParser",
+        "core.api.parsers.BoundedJSONParser",
         "rest_framework.parsers.FormParser",
         "rest_framework.parsers.MultiPartParser",
     ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "EXCEPTION_HANDLER": "controlplane.api.errors.api_exception_handler",
+    "EXCEPTION_HANDLER": "core.api.errors.api_exception_handler",
     # Writes and reads per key (or user), exports beside reads; usage ingestion has its own
     # limit (API_THROTTLE_* below).
     "DEFAULT_THROTTLE_CLASSES": [
@@ -295,7 +296,7 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "accounts.throttling.document_throttled_responses",
-        "controlplane.api.schema.document_error_responses",
+        "core.api.schema.document_error_responses",
     ],
     "COMPONENT_SPLIT_REQUEST": True,
     "SECURITY": [{"BearerApiKey": []}],
@@ -506,7 +507,7 @@ BILLING_SLA_CREDIT_SHARE = float(env_str("BILLING_SLA_CREDIT_SHARE", "0.5"))
 ALLOCATION_TTFT_SLO_MS = env_int("ALLOCATION_TTFT_SLO_MS", 2000, minimum=1)
 
 # --- Trust boundaries: what the control plane may reach, and with which secrets ------------------
-# Operator settings, never API fields (DESIGN §6); controlplane/outbound.py applies them.
+# Operator settings, never API fields (DESIGN §6); core/outbound.py applies them.
 
 
 def _host_list(name: str, default: tuple[str, ...] | list[str]) -> list[str]:
@@ -589,12 +590,12 @@ CACHES = {
 # How many reverse proxies in front of the control plane append to X-Forwarded-For. 0: the
 # client is REMOTE_ADDR and X-Forwarded-For is ignored (anyone can write it). N: the client is
 # the address the outermost trusted proxy saw, N entries from the right of the chain
-# (controlplane/client_ip.py). Too low, and every login seems to come from the proxy. Too high,
+# (core/client_ip.py). Too low, and every login seems to come from the proxy. Too high,
 # or a port that lets clients past the proxy (deploy/compose.yaml binds web to 127.0.0.1 for
 # this), and a client writes its own address; the username's lockout below still holds then.
 TRUSTED_PROXY_COUNT = env_int("TRUSTED_PROXY_COUNT", 0, minimum=0)
 
-# --- /metrics (controlplane/metrics_view.py) -----------------------------------------------------
+# --- /metrics (core/metrics_view.py) -----------------------------------------------------
 # Set: /metrics answers only `Authorization: Bearer <METRICS_TOKEN>` (Prometheus's scrape
 # config passes it from a Secret), from anywhere. Empty: only the host itself (a loopback client
 # address, as TRUSTED_PROXY_COUNT reads it). Never anyone else: the metrics name the fleet's
@@ -615,7 +616,7 @@ if METRICS_TOKEN and len(METRICS_TOKEN) < METRICS_TOKEN_MIN_CHARACTERS:
 # the same user from elsewhere, and other users from that address, still log in. After
 # LOGIN_USERNAME_FAILURE_LIMIT wrong passwords for one username from any addresses, that
 # username is refused from everywhere for as long: guesses that each show a new address (a
-# forged X-Forwarded-For, many machines) never go on without end (controlplane/lockout.py).
+# forged X-Forwarded-For, many machines) never go on without end (core/lockout.py).
 # The price is that anyone can lock a username out for a cool-off; `manage.py
 # axes_reset_username NAME` lifts it.
 AXES_ENABLED = True
@@ -625,8 +626,8 @@ LOGIN_USERNAME_FAILURE_LIMIT = env_int(
 )
 AXES_COOLOFF_TIME = timedelta(seconds=env_int("LOGIN_COOLOFF_SECONDS", 900, minimum=1))
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"], "username"]
-AXES_HANDLER = "controlplane.lockout.UsernameAndAddressLockoutHandler"
-AXES_CLIENT_IP_CALLABLE = "controlplane.client_ip.client_ip"
+AXES_HANDLER = "core.lockout.UsernameAndAddressLockoutHandler"
+AXES_CLIENT_IP_CALLABLE = "core.client_ip.client_ip"
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
 AXES_HTTP_RESPONSE_CODE = 429

@@ -5,9 +5,9 @@ from django.views import defaults
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularSwaggerSplitView
 
-from controlplane import liveness, metrics_view
-from controlplane.api.errors import json_404, json_500
-from controlplane.api.schema import SchemaView
+from core import liveness, metrics_view
+from core.api.errors import json_404, json_500
+from core.api.schema import SchemaView
 
 api_v1 = [
     path("", include("accounts.api.urls")),

@@ -29,8 +29,8 @@ from capacity.allocation.selectors import admission_allowances_of_customer
 from capacity.metering.selectors import usage_events_of_customer_newest_first
 from capacity.selling.entitlements import entitled_model_names
 from capacity.selling.selectors import reservations_of_customer
-from controlplane.audit import actor_of
-from controlplane.errors import DomainError
+from core.audit import actor_of
+from core.errors import DomainError
 from planner.customers.charts import utilisation_context
 from planner.customers.forms import ApiKeyForm, MembershipRemoveForm
 from planner.customers.people import people_page, removed_message

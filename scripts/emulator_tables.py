@@ -229,7 +229,7 @@ async def _measure(base_url: str, model: str) -> tuple[list, float]:
     import httpx
 
     from benchmarking.runner import SuiteSpec, run_grid
-    from controlplane.outbound import HostPolicy
+    from core.outbound import HostPolicy
 
     spec = SuiteSpec(grid=tuple(GRID), **SUITE)
     lag = {"max": 0.0}

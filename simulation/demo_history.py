@@ -49,8 +49,8 @@ from capacity.models import (
 from capacity.pricing.cost_models import active_cost_model
 from capacity.pricing.features import mu_of, replica_seconds_of
 from capacity.selling.sellable import model_capacity
-from controlplane.audit import audit_record
-from controlplane.models import AuditEntry
+from core.audit import audit_record
+from core.models import AuditEntry
 from simulation.engine import SERVED, SimulationSettings, simulate
 from simulation.engine.autoscaling import Observation
 from simulation.engine.modelunit import LiveDemand, ModelUnitAutoscaler

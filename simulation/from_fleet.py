@@ -41,7 +41,7 @@ from django.db.models import Avg, Sum
 from capacity.catalog.engine_profile import effective_engine_profile
 from capacity.models import CostModel, Deployment, Reservation, ServedModel, UsageEvent
 from capacity.pricing.features import replica_seconds_of
-from controlplane.errors import DomainError
+from core.errors import DomainError
 from simulation.engine.deployments import DeploymentFleet, FleetDeployment
 from simulation.engine.profile import (
     ConfigError,

@@ -59,7 +59,7 @@ from django.utils import timezone
 
 from capacity.models import Deployment, ServedModel
 from capacity.pricing.features import REPLICA_MU_PER_MINUTE
-from controlplane.errors import DomainError
+from core.errors import DomainError
 from simulation import from_fleet
 from simulation.engine.compare import (
     MODELUNIT,

@@ -6,7 +6,7 @@ from rest_framework import serializers
 from accounts import scopes as S
 from accounts.models import ApiKey, Customer, Tier
 from accounts.services import MAX_SHED_ORDER, MAX_TIER_WEIGHT
-from controlplane.api.serializers import (
+from core.api.serializers import (
     StrictModelSerializer,
     StrictSerializer,
     no_control_characters,

@@ -21,7 +21,7 @@ from accounts.api.serializers import (
 from accounts.models import ApiKey, Customer, Tier
 from accounts.permissions import scoped_permission
 from accounts.principals import principal_of
-from controlplane.audit import actor_of
+from core.audit import actor_of
 
 CustomerPermission = scoped_permission(
     "CustomerPermission",

@@ -2,7 +2,7 @@ from rest_framework import serializers
 
 from benchmarking.models import BenchmarkRun, BenchmarkSample, BenchmarkSuite
 from capacity.models import Deployment, GpuType, ServedModel
-from controlplane.api.serializers import FreeTextField, StrictModelSerializer, StrictSerializer
+from core.api.serializers import FreeTextField, StrictModelSerializer, StrictSerializer
 
 # A latency SLO of an hour is already no SLO.
 MAX_SLO_MS = 3_600_000

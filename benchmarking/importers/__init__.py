@@ -31,7 +31,7 @@ from benchmarking.importers._common import (
     load_json_documents,
     top_level_keys,
 )
-from controlplane.errors import DomainError
+from core.errors import DomainError
 
 __all__ = [
     "AUTO",

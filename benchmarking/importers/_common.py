@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from capacity.metering.events import MAX_TOKENS
-from controlplane.errors import DomainError
+from core.errors import DomainError
 
 MAX_RECORDS = 100_000
 # Token counts, request counts and concurrency land in 32-bit integer columns.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from benchmarking.csv_import import REQUIRED_COLUMNS, parse_throughput_csv
 from benchmarking.importers._common import ImportedSample
-from controlplane.errors import DomainError
+from core.errors import DomainError
 
 FORMAT = "csv"
 TITLE = f"a throughput table (CSV with {','.join(REQUIRED_COLUMNS)})"

@@ -28,9 +28,9 @@ from billing.margin import model_margins
 from billing.models import Budget, Invoice, InvoiceLine, RateCard
 from billing.rates import rate_card_create, rate_card_update
 from capacity.models import ServedModel
-from controlplane.api.serializers import InstantField, StrictModelSerializer, StrictSerializer
-from controlplane.api.throttle_scopes import EXPORTS
-from controlplane.audit import actor_of
+from core.api.serializers import InstantField, StrictModelSerializer, StrictSerializer
+from core.api.throttle_scopes import EXPORTS
+from core.audit import actor_of
 
 LINE_FIELDS = [
     "kind",

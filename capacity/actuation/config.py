@@ -1,6 +1,6 @@
 """What each actuator kind needs in `Deployment.actuator_config`, checked before it is stored.
 
-The config only chooses among what the operator allowed (DESIGN §6; controlplane/outbound.py):
+The config only chooses among what the operator allowed (DESIGN §6; core/outbound.py):
 
 - secrets are named by the environment variable that holds them (`secret_env`, `token_env`),
   and only variables of ACTUATOR_SECRET_ENV_NAMES may be named; each is sent only to the
@@ -23,8 +23,8 @@ from django.conf import settings
 from rest_framework import serializers
 
 from capacity.models import ActuatorKind
-from controlplane import outbound
-from controlplane.errors import DomainError
+from core import outbound
+from core.errors import DomainError
 
 ENGINE_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")

@@ -38,7 +38,7 @@ InferenceService's new bounds are a new Knative revision, which replaces every p
 
 Which cluster, and with which credentials, is the operator's: the config names a profile of
 KUBERNETES_CLUSTERS (`cluster`). The profiles are trusted settings, so the client connects to
-them without the outbound allow-list (controlplane/outbound.py). The verbs each mode needs are
+them without the outbound allow-list (core/outbound.py). The verbs each mode needs are
 in deploy/kubernetes/rbac/.
 """
 
@@ -66,8 +66,8 @@ from capacity.actuation.config import (
     KUBERNETES_DEFAULT_TIMEOUT_SECONDS,
     validate_actuator_config,
 )
-from controlplane import outbound
-from controlplane.errors import DomainError
+from core import outbound
+from core.errors import DomainError
 
 # 409: another writer changed the object between our read and write; 408/429: the server
 # asks us to come back. Every 5xx is the server's own trouble.

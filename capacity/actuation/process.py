@@ -20,8 +20,8 @@ from capacity.actuation.base import (
 )
 from capacity.actuation.config import validate_actuator_config
 from capacity.models import ActuatorKind
-from controlplane import outbound
-from controlplane.errors import DomainError
+from core import outbound
+from core.errors import DomainError
 
 # 408 and 429 say "later", 409 "someone else wrote first": all worth another try (base.py).
 _RETRYABLE_CLIENT_ERRORS = {408, 409, 429}

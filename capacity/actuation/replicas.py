@@ -9,7 +9,7 @@
 - `dry_run` (and kubernetes without a selector): `endpoint_url` as one endpoint (none at zero
   replicas); a restart is only recorded.
 
-Every HTTP call goes through the guarded client (OUTBOUND_ALLOWED_HOSTS, controlplane/outbound.py)
+Every HTTP call goes through the guarded client (OUTBOUND_ALLOWED_HOSTS, core/outbound.py)
 and reads a secret only where ACTUATOR_SECRET_DESTINATIONS binds it (`outbound.actuator_secret`);
 a deployment whose stored actuator config is flagged (`actuator_config_problem`) is neither
 listed nor restarted until its config is fixed.
@@ -28,8 +28,8 @@ from capacity.actuation import kubernetes as k8s_actuator
 from capacity.actuation.config import KUBERNETES_DEFAULT_TIMEOUT_SECONDS, validate_actuator_config
 from capacity.actuation.webhook import signed_headers
 from capacity.models import ActuatorKind, Deployment
-from controlplane import outbound
-from controlplane.errors import DomainError
+from core import outbound
+from core.errors import DomainError
 
 ENDPOINT_KEY = "endpoint"
 SUPERVISOR_TIMEOUT_SECONDS = 5.0

@@ -44,8 +44,8 @@ from capacity.actuation.base import (
     TransientActuatorError,
 )
 from capacity.actuation.config import validate_actuator_config
-from controlplane import outbound
-from controlplane.errors import DomainError
+from core import outbound
+from core.errors import DomainError
 
 SIGNATURE_HEADER = "X-Signature-256"
 TIMESTAMP_HEADER = "X-Timestamp"

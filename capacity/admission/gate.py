@@ -58,7 +58,7 @@ from capacity.models import (
 from capacity.pricing.cost_models import pricing_cost_model
 from capacity.pricing.features import mu_of, replica_seconds_of, uncached_input_tokens
 from capacity.telemetry import metrics
-from controlplane.errors import DomainError
+from core.errors import DomainError
 
 # vLLM's priority scheduling runs lower values first.
 PRIORITY = {GUARANTEED: 0, BEST_EFFORT: 1}

@@ -30,8 +30,8 @@ from accounts.models import ApiKey, Customer
 from capacity.admission.redis_buckets import api_key_scope, customer_scope
 from capacity.models import BudgetCap, RequestLimit
 from capacity.publication import publish_after_commit
-from controlplane.audit import audit_change, audit_record, current_actor
-from controlplane.errors import ConflictError, DomainError
+from core.audit import audit_change, audit_record, current_actor
+from core.errors import ConflictError, DomainError
 
 LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "concurrent_requests")
 # A bound no real fleet reaches, so that a typo is a 400 and not a limit of nothing.

@@ -29,7 +29,7 @@ from django.utils import timezone
 
 from capacity.models import TickHeartbeat
 from capacity.telemetry.alerts import send_alert
-from controlplane.audit import audit_record
+from core.audit import audit_record
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def tick_age_seconds(now: datetime | None = None) -> float | None:
 
 
 def readiness() -> str:
-    """/readyz's `allocation_tick` (controlplane.liveness.degrading_checks): "ok", "stale", or
+    """/readyz's `allocation_tick` (core.liveness.degrading_checks): "ok", "stale", or
     "unknown" before the first tick."""
     state = tick_state()
     if state.ticked_at is None:

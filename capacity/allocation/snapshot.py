@@ -51,7 +51,7 @@ from capacity.pricing.exchange import DEFAULT_MIX, MeanShape
 from capacity.pricing.exchange import replica_mu_per_minute as exchange_rate
 from capacity.publication.demand import gateway_waiting
 from capacity.selling.sellable import MIX_LOOKBACK
-from controlplane.db import driver_rows
+from core.db import driver_rows
 
 logger = logging.getLogger(__name__)
 

@@ -50,7 +50,7 @@ from capacity.models import (
 from capacity.publication.publish import publish_gateway_state
 from capacity.selling.at_risk import fleet_recheck
 from capacity.telemetry import metrics
-from controlplane.db import Lock, copy_update, copy_upsert, exclusive
+from core.db import Lock, copy_update, copy_upsert, exclusive
 
 logger = logging.getLogger(__name__)
 

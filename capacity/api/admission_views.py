@@ -18,13 +18,13 @@ from accounts.principals import principal_of
 from capacity.admission import limits as request_limits
 from capacity.admission.gate import admit
 from capacity.models import RequestLimit
-from controlplane.api.serializers import (
+from core.api.serializers import (
     StrictModelSerializer,
     StrictSerializer,
     identifier_validator,
 )
-from controlplane.audit import actor_of
-from controlplane.errors import DomainError
+from core.audit import actor_of
+from core.errors import DomainError
 
 MAX_TOKENS_LIMIT = 10_000_000
 

@@ -17,7 +17,7 @@ from capacity.models import (
     Deployment,
     ServedModel,
 )
-from controlplane.api.serializers import StrictSerializer
+from core.api.serializers import StrictSerializer
 
 
 class GatewayOrPlanner(BasePermission):

@@ -3,7 +3,7 @@ from rest_framework import serializers
 from capacity.catalog.services import DEPLOYMENT_FIELDS
 from capacity.metering.events import MAX_TOKENS
 from capacity.models import ActuatorKind, Deployment, GpuPool, GpuType, ServedModel
-from controlplane.api.serializers import (
+from core.api.serializers import (
     FreeTextField,
     StrictModelSerializer,
     no_control_characters,

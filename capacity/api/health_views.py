@@ -40,7 +40,7 @@ from capacity.models import (
     Replica,
     ServedModel,
 )
-from controlplane.api.serializers import StrictModelSerializer
+from core.api.serializers import StrictModelSerializer
 
 RECENT_CHANGES = 10
 

@@ -34,14 +34,14 @@ from capacity.metering.selectors import (
 from capacity.metering.utilisation import MAX_RANGE, customer_utilisation, model_capacity_summary
 from capacity.models import AdmissionClass, Outcome, ServedModel
 from capacity.selling.selectors import reservations_at_risk_of_customer
-from controlplane.api.errors import error_body
-from controlplane.api.filters import BoundedFilterBackend
-from controlplane.api.pagination import KeysetPagination, keyset_after
-from controlplane.api.parsers import BoundedJSONParser
-from controlplane.api.throttle_scopes import EXPORTS
-from controlplane.bounds import INSTANT_RULE, has_control_characters, plausible_instant
-from controlplane.csv_export import spreadsheet_writer
-from controlplane.errors import DomainError
+from core.api.errors import error_body
+from core.api.filters import BoundedFilterBackend
+from core.api.pagination import KeysetPagination, keyset_after
+from core.api.parsers import BoundedJSONParser
+from core.api.throttle_scopes import EXPORTS
+from core.bounds import INSTANT_RULE, has_control_characters, plausible_instant
+from core.csv_export import spreadsheet_writer
+from core.errors import DomainError
 
 IngestResponse = inline_serializer(
     "UsageIngestResponse",

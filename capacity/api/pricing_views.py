@@ -11,8 +11,8 @@ from capacity.metering.events import MAX_TOKENS, context_problems
 from capacity.models import CostModel, GpuType, ServedModel
 from capacity.pricing import cost_models
 from capacity.pricing.estimates import price_shapes
-from controlplane.api.serializers import StrictSerializer
-from controlplane.errors import ConflictError
+from core.api.serializers import StrictSerializer
+from core.errors import ConflictError
 
 CostModelPermission = scoped_permission(
     "CostModelPermission",

@@ -14,14 +14,14 @@ from accounts.selectors import customers_visible_to
 from capacity.models import Reservation, ReservationChange, ServedModel
 from capacity.selling import entitlements, reservations
 from capacity.selling.selectors import is_at_risk
-from controlplane.api.serializers import (
+from core.api.serializers import (
     FreeTextField,
     InstantField,
     StrictModelSerializer,
     StrictSerializer,
     no_control_characters,
 )
-from controlplane.audit import actor_of
+from core.audit import actor_of
 
 ReservationPermission = scoped_permission(
     "ReservationPermission",

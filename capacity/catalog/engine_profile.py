@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from controlplane.errors import DomainError
+from core.errors import DomainError
 
 FIELD = "engine_profile"
 # key -> (what it is, inclusive minimum, inclusive maximum)

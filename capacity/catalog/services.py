@@ -22,9 +22,9 @@ from capacity.publication import publish_after_commit
 from capacity.schedules import deployment_schedule_delete, deployment_schedule_sync
 from capacity.selling.at_risk import capacity_change
 from capacity.telemetry.prometheus import validate_selector
-from controlplane import outbound
-from controlplane.audit import all_fields, audit_change, audit_record, snapshot
-from controlplane.errors import ConflictError, DomainError
+from core import outbound
+from core.audit import all_fields, audit_change, audit_record, snapshot
+from core.errors import ConflictError, DomainError
 
 # What a deployment's writer may set, in the order forms and the API show it; the one list the
 # API serializer and the admin form are built from.

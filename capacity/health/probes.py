@@ -52,8 +52,8 @@ from capacity.models import (
 )
 from capacity.publication import publish_after_commit
 from capacity.telemetry import metrics
-from controlplane import outbound
-from controlplane.db import Lock, exclusive
+from core import outbound
+from core.db import Lock, exclusive
 
 logger = logging.getLogger(__name__)
 

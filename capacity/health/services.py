@@ -23,8 +23,8 @@ from capacity.models import (
     ServedModel,
 )
 from capacity.publication import publish_after_commit
-from controlplane.audit import all_fields, audit_change, audit_record, snapshot
-from controlplane.errors import DomainError
+from core.audit import all_fields, audit_change, audit_record, snapshot
+from core.errors import DomainError
 
 # PositiveIntegerField's upper bound on PostgreSQL.
 MAX_SECONDS = 2_147_483_647

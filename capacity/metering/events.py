@@ -25,7 +25,7 @@ from pydantic import (
     model_validator,
 )
 
-from controlplane.bounds import IDENTIFIER_PATTERN, IDENTIFIER_RULE
+from core.bounds import IDENTIFIER_PATTERN, IDENTIFIER_RULE
 
 MAX_TOKENS = 2_000_000_000  # the database column is a 32-bit integer
 # A first token later than an hour is no latency measurement.
@@ -66,7 +66,7 @@ Instant = Annotated[AwareDatetime, AfterValidator(_in_utc)]
 class UsageEventIn(BaseModel):
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=True, frozen=True)
 
-    # Printable ASCII (controlplane.bounds.IDENTIFIER_PATTERN): no NUL or line breaks.
+    # Printable ASCII (core.bounds.IDENTIFIER_PATTERN): no NUL or line breaks.
     event_id: _identifier(100)
     customer: _identifier(64) | None = None
     model: _identifier(100)

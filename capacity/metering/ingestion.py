@@ -69,7 +69,7 @@ from capacity.models import (
 from capacity.pricing.cost_models import active_cost_model
 from capacity.pricing.estimates import mu_per_request
 from capacity.telemetry import metrics
-from controlplane.errors import ConflictError, DomainError
+from core.errors import ConflictError, DomainError
 
 MAX_BATCH_EVENTS = 5_000
 

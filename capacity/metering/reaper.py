@@ -47,7 +47,7 @@ from capacity.metering.ingestion import COLUMNS, _insert_rows
 from capacity.models import AdmissionClass, Outcome, ServedModel, UsageEvent, Verification
 from capacity.pricing.cost_models import pricing_cost_model
 from capacity.publication.demand import SPOOL, WORKERS
-from controlplane.errors import DomainError
+from core.errors import DomainError
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from django.db import connection, transaction
 from django.db.models import Count, Q, Sum
 
 from capacity.models import UsageEvent, UsageKeyMinute, UsageMinute
-from controlplane.db import Lock, try_lock_for_transaction
+from core.db import Lock, try_lock_for_transaction
 
 BATCH_EVENTS = 50_000
 

@@ -13,7 +13,7 @@ from capacity.models import Reservation, ServedModel, UsageMinute
 from capacity.selling.selectors import risk_summary
 from capacity.selling.sellable import model_capacity
 from capacity.telemetry.prometheus import read_fleet_load
-from controlplane.errors import DomainError
+from core.errors import DomainError
 
 MAX_BUCKETS = 5_000
 MAX_RANGE = timedelta(days=400)

@@ -40,8 +40,8 @@ from capacity.pricing.review import (
     price_change,
 )
 from capacity.publication import publish_after_commit
-from controlplane.audit import audit_record, current_actor
-from controlplane.errors import ConflictError, DomainError
+from core.audit import audit_record, current_actor
+from core.errors import ConflictError, DomainError
 
 AUTO = "system:auto"
 

@@ -42,9 +42,9 @@ from capacity.selling.sellable import (
     sold_moments,
 )
 from capacity.telemetry.alerts import send_alert
-from controlplane.audit import audit_record, current_actor
-from controlplane.db import copy_update
-from controlplane.errors import ConflictError, DomainError
+from core.audit import audit_record, current_actor
+from core.db import copy_update
+from core.errors import ConflictError, DomainError
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from django.db import transaction
 from accounts.models import Customer
 from capacity.models import Entitlement, ServedModel
 from capacity.publication import publish_after_commit
-from controlplane.audit import audit_change, current_actor
+from core.audit import audit_change, current_actor
 
 
 def entitled_model_names(customer: Customer) -> list[str]:

@@ -26,8 +26,8 @@ from capacity.selling.sellable import (
     model_capacity,
     sold_moments,
 )
-from controlplane.audit import audit_record, current_actor, in_request
-from controlplane.errors import ConflictError, DomainError
+from core.audit import audit_record, current_actor, in_request
+from core.errors import ConflictError, DomainError
 
 # Floating-point sums of MU must not refuse a sale that fits exactly.
 EPSILON_MU = 1e-6

@@ -15,7 +15,7 @@ from django.conf import settings
 
 from capacity.actuation.webhook import signed_headers
 from capacity.telemetry import metrics
-from controlplane import outbound
+from core import outbound
 
 logger = logging.getLogger(__name__)
 

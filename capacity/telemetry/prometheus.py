@@ -58,7 +58,7 @@ from urllib3.util.retry import Retry
 from capacity.models import CostModel, Deployment
 from capacity.pricing.cost_models import pricing_cost_model
 from capacity.pricing.exchange import MeanShape
-from controlplane.errors import DomainError
+from core.errors import DomainError
 
 logger = logging.getLogger(__name__)
 

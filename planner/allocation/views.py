@@ -12,7 +12,7 @@ from capacity.allocation.selectors import (
     replica_counts_per_step,
 )
 from capacity.catalog.selectors import any_deployments, deployments_with_model_and_gpu
-from controlplane.audit import entries_about
+from core.audit import entries_about
 from planner.access import planner_required
 from planner.audit.views import audit_link
 from planner.charts import chart_range, chart_window, line_chart, time_label

@@ -6,7 +6,7 @@ from urllib.parse import urlencode
 from django.shortcuts import render
 from django.urls import reverse
 
-from controlplane.audit_selectors import (
+from core.audit_selectors import (
     any_audit_entries,
     audit_actions,
     audit_entries_newest_first,

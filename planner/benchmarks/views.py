@@ -48,8 +48,8 @@ from capacity.pricing.selectors import (
     reference_gpu_has_active_version,
     unfitted_deployment_groups,
 )
-from controlplane.audit import entries_about
-from controlplane.errors import DomainError
+from core.audit import entries_about
+from core.errors import DomainError
 from planner.access import planner_required
 from planner.benchmarks.forms import DecisionForm, RunNowForm
 from planner.charts import PALETTE, line_chart, scatter_chart

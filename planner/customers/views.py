@@ -41,8 +41,8 @@ from capacity.selling.selectors import (
     reservations_of_customer,
     reserved_mu_per_minute_by_customer,
 )
-from controlplane.audit import actor_of, entries_about
-from controlplane.errors import DomainError
+from core.audit import actor_of, entries_about
+from core.errors import DomainError
 from planner.access import planner_required
 from planner.audit.views import audit_link
 from planner.customers.charts import utilisation_context

@@ -30,8 +30,8 @@ from capacity.health.services import (
     step_timings,
 )
 from capacity.models import Deployment
-from controlplane.audit import entries_about
-from controlplane.errors import DomainError
+from core.audit import entries_about
+from core.errors import DomainError
 from planner.access import planner_required
 from planner.audit.views import audit_link
 from planner.health.forms import PolicyForm

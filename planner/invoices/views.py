@@ -12,8 +12,8 @@ from billing.selectors import (
     invoices_with_line_count,
     lines_of_invoice,
 )
-from controlplane.audit import entries_about
-from controlplane.errors import DomainError
+from core.audit import entries_about
+from core.errors import DomainError
 from planner.access import planner_required
 from planner.audit.views import audit_link
 from planner.paging import page_of, query_without

@@ -9,8 +9,8 @@ from django.views.decorators.http import require_POST
 from accounts.models import DEFAULT_TIER, Tier
 from accounts.selectors import tiers_with_customer_counts
 from accounts.services import tier_create, tier_delete, tier_update
-from controlplane.audit import actor_of
-from controlplane.errors import DomainError
+from core.audit import actor_of
+from core.errors import DomainError
 from planner.access import planner_required
 from planner.tiers.forms import TierChangeForm, TierForm
 

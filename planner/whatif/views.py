@@ -7,8 +7,8 @@ from django.utils import timezone
 
 from capacity.models import ServedModel
 from capacity.pricing.features import REPLICA_MU_PER_MINUTE
-from controlplane.bounds import ascii_whole_number
-from controlplane.errors import DomainError
+from core.bounds import ascii_whole_number
+from core.errors import DomainError
 from planner.access import planner_required
 from planner.paging import page_of, query_without
 from planner.whatif.forms import WhatIfForm

@@ -7,7 +7,7 @@ import pytest
 from django.utils import timezone
 
 from accounts.models import ApiKey
-from controlplane.models import AuditEntry
+from core.models import AuditEntry
 
 pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
 KEYS = "/api/v1/api-keys/"

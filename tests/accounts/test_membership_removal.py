@@ -7,7 +7,7 @@ import pytest
 
 from accounts.models import ApiKey, Membership
 from accounts.services import api_key_create, membership_remove
-from controlplane.models import AuditEntry
+from core.models import AuditEntry
 
 pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
 

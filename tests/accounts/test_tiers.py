@@ -4,7 +4,7 @@ import pytest
 from django.urls import reverse
 
 from accounts.models import Customer, Tier
-from controlplane.models import AuditEntry
+from core.models import AuditEntry
 
 pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
 

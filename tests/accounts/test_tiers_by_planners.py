@@ -12,7 +12,7 @@ from accounts.models import Customer, Tier
 from accounts.principals import PLANNERS_GROUP
 from accounts.services import customer_create
 from capacity.health.degradation import tiers_in_shed_order
-from controlplane.models import AuditEntry
+from core.models import AuditEntry
 
 pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
 

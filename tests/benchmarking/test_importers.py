@@ -22,7 +22,7 @@ from benchmarking.importers import detect_format, parse_result_files
 from benchmarking.models import BenchmarkRun, BenchmarkSample
 from capacity.models import CostModel, GpuType, ServedModel
 from capacity.pricing.features import Shape
-from controlplane.errors import DomainError
+from core.errors import DomainError
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = Path(__file__).resolve().parent / "data"

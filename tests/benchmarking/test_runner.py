@@ -9,7 +9,7 @@ import pytest
 from aiohttp import web
 
 from benchmarking import runner
-from controlplane import outbound
+from core import outbound
 from dataplane.emulator.background import BackgroundEmulator
 from dataplane.emulator.config import parse_config
 from simulation.engine.profile import ground_truth_replica_seconds

@@ -20,7 +20,7 @@ from billing.rates import rate_card_create
 from capacity.admission import gate as admission
 from capacity.allocation.policy import Allowance
 from capacity.models import BudgetCap, Reservation, UsageMinute
-from controlplane.models import AuditEntry
+from core.models import AuditEntry
 from tests.support.admission import publish_allowances, reserve
 from tests.support.processes import free_port
 from tests.support.webhook_receiver import WebhookReceiver

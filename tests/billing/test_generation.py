@@ -12,7 +12,7 @@ from billing.generation import invoice_generate, invoice_issue
 from billing.models import Invoice, InvoiceLine
 from billing.rates import rate_card_create, rate_card_update
 from capacity.models import Reservation, ReservationChange, UsageMinute
-from controlplane.errors import ConflictError
+from core.errors import ConflictError
 
 pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
 

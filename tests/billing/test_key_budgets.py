@@ -20,7 +20,7 @@ from capacity.admission import gate as admission
 from capacity.allocation.policy import Allowance
 from capacity.metering.rollups import direct_key_aggregation, usage_rollup
 from capacity.models import BudgetCap, UsageEvent, UsageKeyMinute
-from controlplane.models import AuditEntry
+from core.models import AuditEntry
 from tests.support.admission import publish_allowances, reserve
 from tests.support.usage import USAGE, gateway_client, store_events
 from tests.support.webhook_receiver import WebhookReceiver

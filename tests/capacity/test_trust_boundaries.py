@@ -21,7 +21,7 @@ from capacity.actuation.replicas import ReplicaError, restart
 from capacity.allocation.tick import allocation_tick
 from capacity.health.probes import probe_endpoint, probe_round
 from capacity.models import AllocationDecision, Deployment
-from controlplane import outbound
+from core import outbound
 from tests.capacity.allocation.test_allocation_tick import use
 from tests.dataplane.supervisor.support import (  # noqa: F401 - fixtures
     emulator_command,

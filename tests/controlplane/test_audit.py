@@ -13,7 +13,7 @@ from billing.generation import invoice_generate
 from billing.models import Invoice
 from billing.rates import rate_card_create
 from capacity.models import CostModel, DeploymentFingerprint, Reservation, ReservationChange
-from controlplane.models import AuditEntry
+from core.models import AuditEntry
 from tests.conftest import make_cost_model
 
 pytestmark = pytest.mark.django_db

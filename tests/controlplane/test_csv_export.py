@@ -11,7 +11,7 @@ import pytest
 from django.utils import timezone
 
 from billing.models import Invoice, InvoiceLine
-from controlplane.csv_export import FORMULA_PREFIXES, spreadsheet_writer
+from core.csv_export import FORMULA_PREFIXES, spreadsheet_writer
 from tests.conftest import make_cost_model
 from tests.support.usage import USAGE, gateway_client
 

@@ -214,7 +214,7 @@ def test_a_superuser_cannot_add_a_usage_minute_beyond_anything_metered(
     superuser_client, acme, served_model
 ):
     from capacity.models import UsageMinute
-    from controlplane.models import AuditEntry
+    from core.models import AuditEntry
 
     response = superuser_client.post(
         reverse("admin:capacity_usageminute_add"),

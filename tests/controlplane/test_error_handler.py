@@ -5,7 +5,7 @@ from django.db import DataError, IntegrityError
 from django.db.models import ProtectedError
 
 from capacity.models import GpuPool, GpuType
-from controlplane.api.errors import api_exception_handler
+from core.api.errors import api_exception_handler
 
 pytestmark = pytest.mark.django_db
 

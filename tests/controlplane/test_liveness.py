@@ -38,7 +38,7 @@ def test_readyz_names_redis_when_it_does_not_answer_and_stays_ready(client, sett
 
 def test_readyz_tells_anonymous_callers_only_which_dependency_failed(client, settings, caplog):
     settings.REDIS_URL = "redis://cp-secret-host.invalid:6390/0"
-    with caplog.at_level("ERROR", logger="controlplane.liveness"):
+    with caplog.at_level("ERROR", logger="core.liveness"):
         response = client.get("/readyz")
     assert response.status_code == 200
     assert response.json() == {

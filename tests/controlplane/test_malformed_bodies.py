@@ -4,7 +4,7 @@ import pytest
 from drf_spectacular.generators import SchemaGenerator
 
 from capacity.models import Reservation, UsageEvent
-from controlplane.api.parsers import json_depth
+from core.api.parsers import json_depth
 
 pytestmark = pytest.mark.django_db
 

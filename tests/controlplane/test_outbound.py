@@ -10,8 +10,8 @@ import aiohttp
 import httpx
 import pytest
 
-from controlplane import outbound
-from controlplane.errors import DomainError
+from core import outbound
+from core.errors import DomainError
 from tests.support.recording_server import RecordingServer
 
 METADATA_ADDRESSES = [

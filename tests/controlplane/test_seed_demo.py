@@ -24,7 +24,7 @@ from capacity.models import (
 from capacity.pricing.cost_models import active_cost_model
 from capacity.selling.sellable import model_capacity
 from controlplane.management.commands.seed_demo import DEMO_PORTAL_PASSWORD
-from controlplane.models import AuditEntry
+from core.models import AuditEntry
 from tests.billing.test_pdf import pdf_text
 
 pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]

@@ -7,7 +7,7 @@ import pytest
 from playwright.sync_api import expect
 
 from accounts.models import Customer, Tier
-from controlplane.models import AuditEntry
+from core.models import AuditEntry
 from tests.support.browser import log_in, screenshot
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]

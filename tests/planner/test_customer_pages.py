@@ -263,7 +263,7 @@ def test_a_planner_sets_and_removes_request_limits_on_the_customer_page(
 ):
     from accounts.services import api_key_create
     from capacity.models import RequestLimit
-    from controlplane.models import AuditEntry
+    from core.models import AuditEntry
 
     key = api_key_create(customer=acme, name="app").api_key
     theirs = api_key_create(customer=globex, name="other").api_key
@@ -305,7 +305,7 @@ def test_the_customer_page_lists_the_keys_each_person_made_and_removing_one_offe
 ):
     from accounts.models import Membership
     from accounts.services import api_key_create
-    from controlplane.models import AuditEntry
+    from core.models import AuditEntry
 
     ci = api_key_create(name="ci", customer=acme, created_by=member)
     laptop = api_key_create(name="laptop", customer=acme, created_by=member)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from benchmarking import runner
-from controlplane import outbound
+from core import outbound
 from dataplane.emulator.background import BackgroundEmulator
 from dataplane.emulator.config import ModelConfig, parse_config
 from simulation.engine import (

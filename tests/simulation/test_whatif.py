@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from controlplane.errors import DomainError
+from core.errors import DomainError
 from dataplane.emulator.config import ModelConfig
 from simulation import whatif
 from simulation.engine.compare import compare

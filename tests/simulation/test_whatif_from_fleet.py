@@ -11,7 +11,7 @@ import pytest
 from django.utils import timezone
 
 from capacity.models import CostModel, Reservation, UsageEvent
-from controlplane.errors import DomainError
+from core.errors import DomainError
 from simulation import whatif
 from simulation.models import WhatIfRun
 from tests.conftest import make_cost_model

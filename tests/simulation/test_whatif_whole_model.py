@@ -5,7 +5,7 @@ replica-hours, GPU-hours and cost by deployment. Real database; short traces."""
 
 import pytest
 
-from controlplane.errors import DomainError
+from core.errors import DomainError
 from simulation import whatif
 from simulation.models import WhatIfRun
 from tests.conftest import make_cost_model

@@ -1,5 +1,5 @@
 """Binding actuator secrets to the tests' local servers, as an operator binds them to theirs
-(ACTUATOR_SECRET_DESTINATIONS, controlplane/outbound.py)."""
+(ACTUATOR_SECRET_DESTINATIONS, core/outbound.py)."""
 
 import httpx
 

@@ -86,7 +86,7 @@ def store_events(events: list[dict]) -> None:
     from capacity.metering.events import minute_of
     from capacity.metering.ingestion import COLUMNS
     from capacity.models import UsageEvent
-    from controlplane.db import copy_upsert
+    from core.db import copy_upsert
 
     def full(event: dict) -> dict:
         row = _defaults(event)

@@ -6,7 +6,7 @@ from django.utils import timezone
 from accounts import scopes as S
 from accounts.models import Customer
 from accounts.services import api_key_create
-from controlplane.errors import DomainError
+from core.errors import DomainError
 
 
 class Command(BaseCommand):

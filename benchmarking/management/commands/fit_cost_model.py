@@ -4,7 +4,7 @@ from benchmarking.management.commands._output import cost_model_dict, print_fit_
 from benchmarking.models import BenchmarkRun
 from benchmarking.services import cost_model_fit
 from capacity.models import GpuType, ServedModel
-from controlplane.errors import DomainError
+from core.errors import DomainError
 
 
 class Command(BaseCommand):

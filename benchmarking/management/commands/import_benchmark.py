@@ -6,7 +6,7 @@ from django.core.management.base import BaseCommand, CommandError
 from benchmarking import importers
 from benchmarking.management.commands._output import print_json
 from benchmarking.services import benchmark_import
-from controlplane.errors import DomainError
+from core.errors import DomainError
 
 
 def _short_names(paths: list[Path]) -> list[str]:

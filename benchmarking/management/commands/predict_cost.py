@@ -8,7 +8,7 @@ from benchmarking.csv_import import _positive_int
 from capacity.models import GpuType, ServedModel
 from capacity.pricing.cost_models import pricing_cost_model
 from capacity.pricing.estimates import price_shapes
-from controlplane.errors import DomainError
+from core.errors import DomainError
 
 
 class Command(BaseCommand):

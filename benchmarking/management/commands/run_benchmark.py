@@ -6,7 +6,7 @@ from benchmarking.management.commands._output import print_json
 from benchmarking.models import BenchmarkRun, BenchmarkSuite
 from benchmarking.services import run_queue
 from capacity.models import Deployment
-from controlplane.errors import DomainError
+from core.errors import DomainError
 
 
 class Command(BaseCommand):

@@ -4,7 +4,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from accounts.models import Customer
 from billing.generation import invoice_generate
-from controlplane.errors import DomainError
+from core.errors import DomainError
 
 
 class Command(BaseCommand):

@@ -13,7 +13,7 @@ from kubernetes.client.exceptions import ApiException
 
 from capacity.actuation.config import validate_actuator_config
 from capacity.actuation.kubernetes import KubernetesActuator
-from controlplane.errors import DomainError
+from core.errors import DomainError
 from tests.capacity.actuation.conftest import apply, scale_request
 from tests.support.scale_api import HANG
 

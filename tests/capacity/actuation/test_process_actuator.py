@@ -9,7 +9,7 @@ import pytest
 from capacity.actuation.base import PermanentActuatorError, ScaleRequest, TransientActuatorError
 from capacity.actuation.config import validate_actuator_config
 from capacity.actuation.process import ProcessActuator
-from controlplane.errors import DomainError
+from core.errors import DomainError
 from tests.dataplane.supervisor.support import (  # noqa: F401 - fixtures
     emulator_command,
     engines,

@@ -10,7 +10,7 @@ from capacity.actuation.dry_run import DryRunActuator
 from capacity.actuation.kubernetes import KubernetesActuator
 from capacity.actuation.registry import actuator_for
 from capacity.actuation.webhook import WebhookActuator
-from controlplane.errors import DomainError
+from core.errors import DomainError
 from tests.capacity.actuation.conftest import apply, scale_request
 
 

@@ -24,7 +24,7 @@ from capacity.admission.redis_buckets import (
     request_limits_key,
 )
 from capacity.models import RequestLimit, UsageEvent
-from controlplane.models import AuditEntry
+from core.models import AuditEntry
 from tests.capacity.admission.test_admission import SMALL, limits
 from tests.support.admission import reserve, set_rates
 

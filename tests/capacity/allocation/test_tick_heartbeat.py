@@ -13,7 +13,7 @@ from capacity.allocation.heartbeat import tick_watch
 from capacity.allocation.tick import allocation_tick
 from capacity.models import TickHeartbeat
 from capacity.tasks import health_probes
-from controlplane.models import AuditEntry
+from core.models import AuditEntry
 from tests.support.webhook_receiver import WebhookReceiver
 
 pytestmark = [

@@ -12,7 +12,7 @@ from django_celery_beat.models import PeriodicTask, PeriodicTasks
 
 from benchmarking.services import suite_create
 from capacity.catalog.services import deployment_update
-from controlplane.errors import DomainError
+from core.errors import DomainError
 
 pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
 

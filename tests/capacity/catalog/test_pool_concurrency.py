@@ -7,7 +7,7 @@ from django.db import close_old_connections
 
 from capacity.catalog import services
 from capacity.models import Deployment, GpuPool
-from controlplane.errors import DomainError
+from core.errors import DomainError
 
 
 @pytest.mark.django_db(transaction=True)

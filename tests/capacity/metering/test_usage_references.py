@@ -16,7 +16,7 @@ from accounts.models import Customer
 from accounts.services import customer_create
 from capacity.metering.ingestion import COLUMNS, _insert_rows, usage_ingest
 from capacity.models import Deployment, UsageEvent
-from controlplane.errors import ConflictError
+from core.errors import ConflictError
 from tests.support.factories import ServedModelFactory
 
 both = pytest.mark.both_databases

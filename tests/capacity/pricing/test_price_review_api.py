@@ -7,7 +7,7 @@ import pytest
 
 from capacity.models import UsageEvent
 from capacity.pricing.cost_models import cost_model_activate, cost_model_reject
-from controlplane.models import AuditEntry
+from core.models import AuditEntry
 from tests.capacity.pricing.conftest import COST_MODELS
 from tests.conftest import SIMPLE_WEIGHTS, make_cost_model
 from tests.support.usage import post_usage, replica_seconds, scaled
@@ -109,7 +109,7 @@ def test_the_price_change_of_the_active_version_is_a_409(last_week, planner_clie
 
 
 def test_rejecting_needs_a_candidate_and_the_service_says_so(last_week):
-    from controlplane.errors import ConflictError
+    from core.errors import ConflictError
 
     with pytest.raises(ConflictError, match="Version 1 is active; only a candidate is rejected"):
         cost_model_reject(cost_model=last_week, actor="user:planner")

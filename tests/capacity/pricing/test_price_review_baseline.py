@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from benchmarking.services import benchmark_import, cost_model_fit
 from capacity.pricing.cost_models import cost_model_activate
-from controlplane.models import AuditEntry
+from core.models import AuditEntry
 from tests.capacity.pricing.conftest import COST_MODELS, weights_moving
 from tests.conftest import make_cost_model
 from tests.support.factories import CustomerFactory

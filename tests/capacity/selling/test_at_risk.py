@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from capacity.models import CapacityRisk, CostModel
 from capacity.selling.at_risk import fleet_recheck
-from controlplane.models import AuditEntry
+from core.models import AuditEntry
 from tests.conftest import make_cost_model
 from tests.support.factories import DeploymentFactory, GpuPoolFactory, GpuTypeFactory
 from tests.support.webhook_receiver import WebhookReceiver

@@ -11,7 +11,7 @@ from django.apps import apps
 from accounts import scopes as S
 from capacity.models import Entitlement, UsageMinute
 from capacity.selling.reservations import reservation_create
-from controlplane.models import AuditEntry
+from core.models import AuditEntry
 from tests.support.factories import ServedModelFactory
 
 pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]

@@ -17,7 +17,7 @@ from capacity.selling.sellable import (
     model_capacity,
     sold_moments,
 )
-from controlplane.errors import ConflictError
+from core.errors import ConflictError
 from tests.conftest import make_cost_model
 from tests.support.factories import (
     CustomerFactory,

@@ -19,7 +19,7 @@ from prometheus_client import (
     multiprocess,
 )
 
-from controlplane.client_ip import client_ip
+from core.client_ip import client_ip
 
 # Collectors apps add in their AppConfig.ready() (controlplane cannot import them: the
 # dependency order). They read the database when scraped, so every process answers the same.

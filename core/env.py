@@ -10,7 +10,7 @@ from urllib.parse import urlparse
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from controlplane.bounds import ascii_whole_number
+from core.bounds import ascii_whole_number
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}

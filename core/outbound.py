@@ -53,7 +53,7 @@ import anyio
 import httpcore
 import httpx
 
-from controlplane.errors import DomainError
+from core.errors import DomainError
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network

@@ -1,10 +1,10 @@
 """The OpenAPI schema says what every operation may answer besides success: one error body
-(controlplane.api.errors) under the status codes the API really uses, so that clients, and
+(core.api.errors) under the status codes the API really uses, so that clients, and
 schemathesis's conformance checks in `make test`, can rely on it."""
 
 from drf_spectacular.views import SpectacularAPIView
 
-from controlplane.api.throttle_scopes import EXPORTS
+from core.api.throttle_scopes import EXPORTS
 
 ERROR_COMPONENT = "ErrorResponse"
 _ERROR_REF = {"$ref": f"#/components/schemas/{ERROR_COMPONENT}"}

@@ -27,7 +27,7 @@ class AuditEntry(models.Model):
         ordering = ["-at", "-id"]
         indexes = [
             # An object's own history (the planner's per-object view).
-            # serves: controlplane.audit.entries_about; the audit list filtered to one object
+            # serves: core.audit.entries_about; the audit list filtered to one object
             models.Index(fields=["object_type", "object_id", "-at"], name="audit_object_history"),
         ]
         verbose_name_plural = "audit entries"

@@ -1,7 +1,7 @@
 from django.contrib import admin
 
-from controlplane.audit import ReadOnlyAdminMixin
-from controlplane.models import AuditEntry
+from core.audit import ReadOnlyAdminMixin
+from core.models import AuditEntry
 
 
 @admin.register(AuditEntry)

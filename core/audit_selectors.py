@@ -1,9 +1,9 @@
-"""Reads of the audit log for the planner's audit page (`controlplane.audit.entries_about`
+"""Reads of the audit log for the planner's audit page (`core.audit.entries_about`
 reads one object's history)."""
 
 from django.db.models import Q, QuerySet
 
-from controlplane.models import AuditEntry
+from core.models import AuditEntry
 
 
 def audit_entries_newest_first(

@@ -21,7 +21,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
-from controlplane.errors import DomainError
+from core.errors import DomainError
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ def api_exception_handler(exc, context):
     elif isinstance(exc, DataError):
         # A value the database cannot hold (too long, out of range, NUL) got past validation:
         # still the caller's input, not a server fault. Every input is bounded at the edge
-        # (controlplane.bounds), so this is the net under a bound someone forgot.
+        # (core.bounds), so this is the net under a bound someone forgot.
         logger.warning("Input the database refused reached it unbounded: %s", exc)
         return Response(
             error_body(
@@ -165,7 +165,7 @@ def api_exception_handler(exc, context):
             fields=fields,
         )
     elif isinstance(exc, exceptions.ParseError):
-        # `too_deep` (controlplane.api.parsers) says what to change; any other is malformed.
+        # `too_deep` (core.api.parsers) says what to change; any other is malformed.
         code = getattr(exc.detail, "code", None)
         response.data = error_body(
             status_code=response.status_code,

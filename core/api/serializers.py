@@ -11,7 +11,7 @@ from django.core.validators import RegexValidator
 from rest_framework import serializers
 from rest_framework.relations import ManyRelatedField, RelatedField
 
-from controlplane.bounds import (
+from core.bounds import (
     FREE_TEXT_MAX_CHARS,
     IDENTIFIER_PATTERN,
     IDENTIFIER_RULE,
@@ -88,7 +88,7 @@ class StrictModelSerializer(StrictFieldsMixin, serializers.ModelSerializer):
 
 
 def identifier_validator() -> RegexValidator:
-    """Event and request ids: printable ASCII (controlplane.bounds.IDENTIFIER_PATTERN)."""
+    """Event and request ids: printable ASCII (core.bounds.IDENTIFIER_PATTERN)."""
     return RegexValidator(IDENTIFIER_PATTERN, IDENTIFIER_RULE + ".")
 
 
@@ -120,7 +120,7 @@ class FreeTextField(serializers.CharField):
 
 
 class InstantField(serializers.DateTimeField):
-    """A date-time from 1970 to 2999 (controlplane.bounds), in UTC."""
+    """A date-time from 1970 to 2999 (core.bounds), in UTC."""
 
     def to_internal_value(self, value):
         moment = super().to_internal_value(value)

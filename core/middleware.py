@@ -2,8 +2,8 @@
 
 from django.http import HttpResponseBadRequest, HttpResponseNotFound, JsonResponse
 
-from controlplane.api.errors import error_body
-from controlplane.bounds import has_control_characters
+from core.api.errors import error_body
+from core.bounds import has_control_characters
 
 
 class RefuseControlCharacters:

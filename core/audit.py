@@ -18,7 +18,7 @@ from typing import Any
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 
-from controlplane.models import AuditEntry
+from core.models import AuditEntry
 
 _MAX_REPR_CHARS = 200
 
