@@ -3,7 +3,7 @@ from django.contrib import admin
 from accounts.hooks import keys_changed
 from accounts.models import DEFAULT_TIER, ApiKey, Customer, Membership, Tier
 from accounts.selectors import live_api_keys_made_by
-from accounts.services import membership_remove
+from accounts.services import api_key_revoke, membership_remove
 from core.audit import AuditedAdminMixin, actor_of
 
 
@@ -147,9 +147,6 @@ class ApiKeyAdmin(KeysChangedAdminMixin, AuditedAdminMixin, admin.ModelAdmin):
 
     @admin.action(description="Revoke the selected keys")
     def revoke_selected(self, request, queryset):
-        from accounts.services import api_key_revoke
-        from core.audit import actor_of
-
         for api_key in queryset:
             api_key_revoke(api_key=api_key, actor=actor_of(user=request.user))
         self.message_user(request, f"Revoked {queryset.count()} key(s).")

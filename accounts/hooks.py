@@ -5,7 +5,7 @@ must republish the gateways' copy of the keys the moment a key is created or rev
 key is refused by gateways within seconds). So capacity registers a callback here at start-up
 (`CapacityConfig.ready`), and accounts' services call `keys_changed()` inside their transaction:
 the callbacks run after it commits, never for a rolled-back write. Not a Django signal: the
-services say explicitly where they notify (DESIGN §6, no logic in signals).
+services say explicitly where they notify (docs/design.md#services: no logic in signals).
 """
 
 from __future__ import annotations

@@ -16,6 +16,8 @@ PLANNERS_GROUP = "planners"
 
 
 def user_is_planner(user) -> bool:
+    """An active superuser, or an active staff user in the planners group: staff alone is not
+    enough, so an admin account made for another purpose plans nothing."""
     if not getattr(user, "is_authenticated", False) or not getattr(user, "is_active", False):
         return False
     if user.is_superuser:
@@ -25,6 +27,9 @@ def user_is_planner(user) -> bool:
 
 @dataclass(frozen=True)
 class Principal:
+    """A caller as the permission rules see it: planner, platform service or a customer's
+    (member or key), with its scopes and its role in each customer it belongs to."""
+
     is_planner: bool = False
     is_service: bool = False
     # Customer id → role for users; a customer key has its one customer with the "key" role.
@@ -35,16 +40,20 @@ class Principal:
 
     @property
     def sees_all_customers(self) -> bool:
+        """Planners, and services holding `read`, see every customer."""
         return self.is_planner or (self.is_service and S.READ in self.scopes)
 
     @property
     def customer_ids(self) -> set[int]:
+        """The customers the caller belongs to (none for planners and services)."""
         return set(self.roles)
 
     def can_see_customer(self, customer_id: int) -> bool:
+        """Whether the caller may read this customer's objects."""
         return self.sees_all_customers or customer_id in self.roles
 
     def has_scope(self, scope: str) -> bool:
+        """Whether the caller holds the scope; planners hold every one."""
         return self.is_planner or scope in self.scopes
 
     def can_manage_customer_keys(self, customer_id: int) -> bool:
@@ -67,6 +76,8 @@ ANONYMOUS = Principal()
 
 
 def principal_for_user(user) -> Principal:
+    """A signed-in user's principal: a planner, or a person with a role in each customer they
+    belong to and the union of those roles' scopes; anyone else is ANONYMOUS."""
     if user is None or isinstance(user, AnonymousUser) or not user.is_authenticated:
         return ANONYMOUS
     if user_is_planner(user):
@@ -112,6 +123,8 @@ def key_maker_manages_keys(api_key: ApiKey) -> bool:
 
 
 def principal_for_key(api_key: ApiKey) -> Principal:
+    """An API key's principal: a customer key acts for its one customer, a service key across
+    customers; either does no more than its scopes say."""
     if api_key.customer_id:
         return Principal(
             roles={api_key.customer_id: "key"},

@@ -1,13 +1,15 @@
 """Reads for customers and API keys, always through what the principal may see."""
 
-from django.db.models import Case, IntegerField, Q, QuerySet, Value, When
+from django.db.models import Case, Count, IntegerField, Q, QuerySet, Value, When
 
 from accounts import scopes as S
-from accounts.models import ApiKey, Customer, Membership
+from accounts.models import ApiKey, Customer, Membership, Tier
 from accounts.principals import Principal
 
 
 def customers_visible_to(principal: Principal) -> QuerySet[Customer]:
+    """The customers a caller may see: every one for planners and services that see all,
+    else only those it belongs to. Every customer list of the API starts here."""
     # The tier is read by name through its row (a to_field key): fetched with the customers,
     # not once per customer.
     customers = Customer.objects.select_related("tier")
@@ -17,6 +19,8 @@ def customers_visible_to(principal: Principal) -> QuerySet[Customer]:
 
 
 def api_keys_visible_to(principal: Principal) -> QuerySet[ApiKey]:
+    """The keys a caller may see: all for planners; a service's own (and customers' keys when
+    it provisions customers); a customer's member, its customers' keys."""
     api_keys = ApiKey.objects.select_related("customer")
     if principal.is_planner:
         return api_keys
@@ -42,18 +46,23 @@ def customers_by_slug(*, text: str = "") -> QuerySet[Customer]:
 
 
 def any_customers() -> bool:
+    """Whether any customer exists: the planner's list says "none yet" rather than "no match"."""
     return Customer.objects.exists()
 
 
 def api_keys_of_customer_newest_first(customer: Customer) -> QuerySet[ApiKey]:
+    """The customer's keys, revoked ones included, newest first (the order the pages list)."""
     return customer.api_keys.order_by("-created_at", "-id")
 
 
 def api_key_ids_of_customer(customer: Customer) -> QuerySet:
+    """The ids of the customer's keys, as a subquery: the customer's history shows their audit
+    entries too."""
     return customer.api_keys.values_list("pk", flat=True)
 
 
 def membership_ids_of_customer(customer: Customer) -> QuerySet:
+    """The ids of the customer's memberships, as a subquery: likewise for its people."""
     return customer.memberships.values_list("pk", flat=True)
 
 
@@ -155,8 +164,4 @@ def membership_of_user(user, slug: str) -> Membership | None:
 
 def tiers_with_customer_counts() -> list:
     """Every tier in shed order, each with `customer_count` (one grouped query)."""
-    from django.db.models import Count
-
-    from accounts.models import Tier
-
     return list(Tier.objects.annotate(customer_count=Count("customers")).order_by("shed_order"))

@@ -5,6 +5,7 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 
+from django.apps import apps as live_apps
 from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -31,6 +32,8 @@ def customer_create(
     tier: Tier | str = DEFAULT_TIER,
     may_report_own_usage: bool = False,
 ) -> Customer:
+    """A new customer in a tier (by row or name), audited. A slug taken is a 409 on `slug`,
+    since the slug is what keys, the portal's URLs and the gateways name the customer by."""
     if Customer.objects.filter(slug=slug).exists():
         raise ConflictError(f"A customer with slug '{slug}' already exists.", field="slug")
     if isinstance(tier, str):
@@ -49,6 +52,8 @@ def customer_create(
 
 @transaction.atomic
 def customer_update(*, customer: Customer, **changes) -> Customer:
+    """Change a customer's fields (`changes`: field=value), audited before -> after. Gateways'
+    copy of the keys is republished after commit, as it names the customer's slug and tier."""
     customer = Customer.objects.select_for_update().get(pk=customer.pk)
     new_slug = changes.get("slug", customer.slug)
     if Customer.objects.filter(slug=new_slug).exclude(pk=customer.pk).exists():
@@ -85,6 +90,8 @@ def customer_delete(*, customer: Customer) -> None:
 
 @transaction.atomic
 def membership_set(*, user, customer: Customer, role: str) -> Membership:
+    """Give a user a role in a customer, making the membership or changing its role; audited
+    with the role before (none for a new member) and after."""
     previous = Membership.objects.filter(user=user, customer=customer).first()
     membership, _ = Membership.objects.update_or_create(
         user=user, customer=customer, defaults={"role": role}
@@ -113,6 +120,8 @@ def customer_user_set(*, username: str, password: str, customer: Customer, role:
 
 @dataclass(frozen=True)
 class CreatedKey:
+    """A key just made, with the only copy of its secret the caller will ever get."""
+
     api_key: ApiKey
     plaintext: str  # shown once; never stored
 
@@ -172,6 +181,12 @@ def api_key_create(
     created_by_key: ApiKey | None = None,
     actor: str = "",
 ) -> CreatedKey:
+    """Mint a key for exactly one owner (a customer, or a platform service by name), audited.
+
+    Scopes are checked against what that kind of owner may hold, and a key minting a key gets
+    no more scopes and no longer life than its own (`created_by_key`), so a key cannot escalate
+    itself. Only the secret's hash is stored; the plaintext is returned once. Gateways' copy of
+    the keys is republished after commit, so the key works there within seconds."""
     if (customer is None) == (not service_name):
         raise DomainError(
             "A key belongs to exactly one owner: give a customer or a service name.",
@@ -238,6 +253,8 @@ def api_key_revoke(*, api_key: ApiKey, actor: str = "system:unknown", reason: st
 
 @dataclass(frozen=True)
 class RemovedMembership:
+    """What removing a person from a customer did: who, in which role, and their keys."""
+
     username: str
     role: str
     revoked: list[ApiKey]  # the keys the person made, revoked with the membership
@@ -280,6 +297,8 @@ def membership_remove(
 
 @transaction.atomic
 def planner_create(*, username: str, password: str, email: str = ""):
+    """A planner (staff, in the planners group), made or its password reset; returns (user,
+    created). `manage.py create_planner` provisions planners with it."""
     User = get_user_model()
     user, created = User.objects.get_or_create(username=username, defaults={"email": email})
     user.is_staff = True
@@ -444,8 +463,7 @@ PLANNER_MODEL_PERMISSIONS = (
 def planners_group_ensure(*, apps=None, using: str = "default"):
     """The planners group, holding the model permissions planners use in the admin (tiers).
     `apps`: a migration state's (post_migrate), else the live models."""
-    if apps is None:
-        from django.apps import apps
+    apps = apps or live_apps
     group_model = apps.get_model("auth", "Group")
     permission_model = apps.get_model("auth", "Permission")
     group, _ = group_model._default_manager.using(using).get_or_create(name=PLANNERS_GROUP)
@@ -455,3 +473,15 @@ def planners_group_ensure(*, apps=None, using: str = "default"):
     )
     group.permissions.add(*wanted)
     return group
+
+
+def ensure_planners_group(sender=None, *, apps=None, using="default", **kwargs) -> None:
+    """post_migrate: make the planners group and grant it its permissions, once auth's tables
+    exist (`planners_group_ensure`)."""
+    apps = apps or live_apps
+    try:
+        apps.get_model("auth", "Group")
+        apps.get_model("auth", "Permission")
+    except LookupError:  # auth not migrated yet
+        return
+    planners_group_ensure(apps=apps, using=using)

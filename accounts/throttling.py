@@ -15,9 +15,11 @@ the trusted proxies saw it (core.client_ip).
 
 import functools
 import math
+from collections.abc import Callable
+from typing import Concatenate, ParamSpec
 
 from django.conf import settings
-from django.http import HttpResponse
+from django.http import HttpRequest, HttpResponse
 from rest_framework.permissions import SAFE_METHODS
 from rest_framework.throttling import SimpleRateThrottle
 
@@ -86,13 +88,18 @@ class UsageThrottle(_PerCallerThrottle):
     setting_name = "API_THROTTLE_USAGE"
 
 
-def counted_as_export(view_func):
+_P = ParamSpec("_P")
+
+
+def counted_as_export(
+    view_func: Callable[Concatenate[HttpRequest, _P], HttpResponse],
+) -> Callable[Concatenate[HttpRequest, _P], HttpResponse]:
     """For a Django view that builds a document (the portal's invoice downloads): the same
     count per user as the API's exports, so a signed-in user cannot get around
     API_THROTTLE_EXPORTS by downloading through the page instead of the API."""
 
     @functools.wraps(view_func)
-    def wrapper(request, *args, **kwargs):
+    def wrapper(request: HttpRequest, *args: _P.args, **kwargs: _P.kwargs) -> HttpResponse:
         throttle = ExportThrottle()
         if throttle.count(request, None):
             return view_func(request, *args, **kwargs)

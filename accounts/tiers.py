@@ -8,6 +8,8 @@ default one (`standard`) must exist.
 
 from __future__ import annotations
 
+from django.apps import apps as live_apps
+
 # name, label, weight, shed order: the cheapest tier is shed first, and each paid tier weighs
 # twice the one below it in the even part of the best-effort split.
 DEFAULT_TIERS = [
@@ -20,8 +22,7 @@ DEFAULT_TIERS = [
 
 def ensure_default_tiers(sender=None, *, apps=None, using="default", **kwargs) -> None:
     """A post_migrate receiver: the default tiers, when there is no tier at all."""
-    if apps is None:
-        from django.apps import apps
+    apps = apps or live_apps
     try:
         tier_model = apps.get_model("accounts", "Tier")
     except LookupError:  # migrated back past the tiers' migration

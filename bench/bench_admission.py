@@ -44,12 +44,12 @@ from bench.timing import median_latencies
 from capacity.admission import gate as admission
 from capacity.admission.bucket import Floor
 from capacity.admission.limits import request_limit_set
-from capacity.admission.redis_buckets import _admit_keys_and_args
+from capacity.admission.redis_layout import admit_keys_and_args
 from capacity.allocation.policy import Allowance
 from capacity.models import GpuType, ServedModel
-from capacity.pricing.cost_models import cost_model_record
 from capacity.pricing.features import mu_coefficients
 from capacity.publication.publish import publish_gateway_state
+from capacity.repricing.services import cost_model_record
 
 DECISIONS = 20_000
 ROUNDS = 3  # redis-benchmark and our decisions take turns; each figure is their median
@@ -110,7 +110,7 @@ def _far_above_the_load(customer, model) -> None:
 def _admission_command(customer, model) -> list[str]:
     """EVALSHA of the admission script as `admit` sends it for the benchmark's decision."""
     buckets = admission.buckets()
-    keys, args = _admit_keys_and_args(buckets, customer.pk, model.pk, 1.0, None, 600, None)
+    keys, args = admit_keys_and_args(buckets, customer.pk, model.pk, 1.0, None, 600, None)
     buckets.client.script_load(buckets._admit.script)
     return ["EVALSHA", buckets._admit.sha, str(len(keys)), *keys, *(str(a) for a in args)]
 

@@ -39,7 +39,7 @@ from django.utils import timezone
 from accounts.models import Customer
 from bench.figures import Figure
 from capacity.admission.gate import buckets
-from capacity.admission.redis_buckets import LIMITS_FRESH_KEY
+from capacity.admission.redis_layout import LIMITS_FRESH_KEY
 from capacity.allocation import policy as allocation
 from capacity.allocation.tick import allocation_tick, build_snapshot
 from capacity.metering.history import record_capacity

@@ -74,8 +74,8 @@ def _admission_fixture():
     from capacity.admission.bucket import Floor
     from capacity.allocation.policy import Allowance
     from capacity.models import GpuType, ServedModel
-    from capacity.pricing.cost_models import cost_model_record
     from capacity.pricing.features import mu_coefficients
+    from capacity.repricing.services import cost_model_record
 
     gpu = GpuType.objects.create(name="bench-fail-safe-h100", memory_gb=80, hourly_cost_usd=4)
     model = ServedModel.objects.create(
@@ -104,7 +104,7 @@ def _stale_limits() -> list[Figure]:
     from django.conf import settings
 
     from capacity.admission import gate as admission
-    from capacity.admission.redis_buckets import LIMITS_TICK_KEY
+    from capacity.admission.redis_layout import LIMITS_TICK_KEY
 
     customer, model = _admission_fixture()
     client = redis.Redis.from_url(settings.ADMISSION_REDIS_URL)

@@ -16,8 +16,8 @@ from accounts.principals import PLANNERS_GROUP
 from bench.figures import Figure
 from bench.timing import median_latencies
 from capacity.models import Deployment, GpuPool, GpuType, Reservation, ServedModel, UsageMinute
-from capacity.pricing.cost_models import cost_model_record
 from capacity.pricing.features import mu_coefficients
+from capacity.repricing.services import cost_model_record
 
 CUSTOMERS = 10_000
 USAGE_MINUTES_PER_CUSTOMER = 24  # one an hour over the last day

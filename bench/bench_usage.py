@@ -40,8 +40,8 @@ from accounts.services import api_key_create, customer_create
 from bench.figures import Figure
 from capacity.metering.utilisation import customer_utilisation
 from capacity.models import GpuType, ServedModel
-from capacity.pricing.cost_models import cost_model_record
 from capacity.pricing.features import mu_coefficients
+from capacity.repricing.services import cost_model_record
 
 ROOT = Path(__file__).resolve().parent.parent
 # (workers, events per batch, batches per round): the headline, the two-worker figure, and the

@@ -1,6 +1,12 @@
 from django.contrib import admin
 
-from benchmarking.models import BenchmarkRun, BenchmarkSample, BenchmarkSuite
+from benchmarking.models import (
+    BenchmarkRun,
+    BenchmarkSample,
+    BenchmarkSuite,
+    CostModelSource,
+    DeploymentSuite,
+)
 from core.audit import AuditedAdminMixin
 
 
@@ -83,3 +89,33 @@ class BenchmarkSampleAdmin(admin.ModelAdmin):
     list_filter = ["sustainable", "slo_met"]
     search_fields = ["run__served_model__name"]
     list_select_related = ["run"]
+
+
+class _ReferenceAdmin(admin.ModelAdmin):
+    """A reference benchmarking keeps to a catalogue row: shown, never added or edited here;
+    deleted only with the row it belongs to (the admin's delete of a deployment, a cost model,
+    a suite or a run takes it along, so deleting it must be allowed)."""
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(DeploymentSuite)
+class DeploymentSuiteAdmin(_ReferenceAdmin):
+    """Which suite each deployment's nightly benchmark runs: set on the deployment (its
+    `benchmark_suite`, in the API or the deployment's admin page), shown here."""
+
+    list_display = ["deployment", "suite"]
+    list_select_related = ["deployment", "suite"]
+    search_fields = ["deployment__name", "suite__name"]
+
+
+@admin.register(CostModelSource)
+class CostModelSourceAdmin(_ReferenceAdmin):
+    """The run each cost model version was fitted from, recorded by the fit."""
+
+    list_display = ["cost_model", "run"]
+    list_select_related = ["cost_model__served_model", "cost_model__gpu_type", "run"]

@@ -1,4 +1,4 @@
-"""Fitting a request cost model to benchmark throughputs (DESIGN.md §1, §3).
+"""Fitting a request cost model to benchmark throughputs (docs/design.md#the-currency, #benchmarks).
 
 A cost model predicts the replica time a request consumes on a saturated replica,
 
@@ -170,6 +170,7 @@ def _group_splits(
     if n_splits >= len(group_ids):
         folds = [(np.delete(group_ids, i), group_ids[i : i + 1]) for i in range(len(group_ids))]
     else:
+        # Imported here, as LinearRegression is in _fit_weights: scikit-learn's import time.
         from sklearn.model_selection import KFold
 
         kfold = KFold(n_splits=n_splits, shuffle=True, random_state=seed)

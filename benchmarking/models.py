@@ -2,7 +2,7 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
 
-from capacity.models import Deployment, GpuType, ServedModel
+from capacity.models import CostModel, Deployment, GpuType, ServedModel
 
 
 class BenchmarkSuite(models.Model):
@@ -168,3 +168,40 @@ class BenchmarkSample(models.Model):
         return (
             f"{self.input_len}/{self.output_len} @ {self.concurrency}: {self.requests_per_s:.3g}/s"
         )
+
+
+# References benchmarking owns into the catalogue (benchmarking/references.py): benchmark data
+# points at capacity's rows, never the reverse (docs/architecture.md: the dependency order,
+# which the schema follows). Capacity reads them back through the reverse relations.
+
+
+class DeploymentSuite(models.Model):
+    """The suite a deployment's nightly benchmark runs (at most one per deployment); read as
+    `Deployment.benchmark_suite`, set through the deployment's API field `benchmark_suite`."""
+
+    deployment = models.OneToOneField(
+        Deployment,
+        on_delete=models.CASCADE,
+        primary_key=True,
+        related_name="benchmark_suite_link",
+    )
+    # A deleted suite leaves its deployments without one, as a null reference did.
+    suite = models.ForeignKey(
+        BenchmarkSuite, on_delete=models.CASCADE, related_name="deployment_links"
+    )
+
+    def __str__(self) -> str:
+        return f"{self.deployment_id} runs {self.suite_id}"
+
+
+class CostModelSource(models.Model):
+    """The run a cost model version was fitted from; read as `CostModel.source_run`."""
+
+    cost_model = models.OneToOneField(
+        CostModel, on_delete=models.CASCADE, primary_key=True, related_name="source_link"
+    )
+    # A deleted run leaves its versions without a source, as a null reference did.
+    run = models.ForeignKey(BenchmarkRun, on_delete=models.CASCADE, related_name="cost_model_links")
+
+    def __str__(self) -> str:
+        return f"cost model {self.cost_model_id} from run {self.run_id}"

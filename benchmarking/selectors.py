@@ -1,17 +1,23 @@
+"""Reads of benchmark suites, runs and their samples, for the API and the planner's pages."""
+
 from django.db.models import QuerySet
 
 from benchmarking.models import BenchmarkRun, BenchmarkSample, BenchmarkSuite
+from capacity.models import CostModel, Deployment
 
 
 def suites() -> QuerySet[BenchmarkSuite]:
+    """Every benchmark suite."""
     return BenchmarkSuite.objects.all()
 
 
 def runs() -> QuerySet[BenchmarkRun]:
+    """Every run, with its suite, deployment, model and GPU type."""
     return BenchmarkRun.objects.select_related("suite", "deployment", "served_model", "gpu_type")
 
 
 def samples_of(run: BenchmarkRun) -> QuerySet[BenchmarkSample]:
+    """A run's samples by input and output length, then concurrency."""
     return run.samples.order_by("input_len", "output_len", "concurrency", "id")
 
 
@@ -47,4 +53,17 @@ def sustainable_samples_of_run(run_id: int) -> QuerySet[BenchmarkSample]:
 
 
 def any_suites() -> bool:
+    """Whether any suite exists."""
     return BenchmarkSuite.objects.exists()
+
+
+def suite_of(deployment: Deployment) -> BenchmarkSuite | None:
+    """The suite the deployment's nightly benchmark runs, or None (typed:
+    `Deployment.benchmark_suite` is, to capacity, some model)."""
+    suite = deployment.benchmark_suite
+    return suite if isinstance(suite, BenchmarkSuite) else None
+
+
+def cost_models_fitted_from(run: BenchmarkRun) -> QuerySet[CostModel]:
+    """The versions fitted from a benchmark run, oldest first."""
+    return CostModel.objects.filter(source_link__run=run).order_by("version")

@@ -1,6 +1,6 @@
 """Writes for benchmark suites and runs, imports, and fits.
 
-A run is a row (DESIGN §6): the task claims it with a conditional update, reports progress
+A run is a row (docs/design.md#tasks): the task claims it by a conditional update, reports progress
 and a heartbeat on the row while it works, and ends it as succeeded or failed. The heartbeat
 beats every sixth of BENCHMARK_STALE_AFTER_SECONDS from the runner's event loop, during a
 point too (a point may last an hour), so only a worker that really stopped goes silent. A run
@@ -15,6 +15,7 @@ from contextlib import suppress
 from datetime import timedelta
 
 from asgiref.sync import async_to_sync, sync_to_async
+from celery import current_app
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F
@@ -22,10 +23,11 @@ from django.utils import timezone
 
 from benchmarking import fitting, importers, isolation, runner
 from benchmarking.models import BenchmarkRun, BenchmarkSample, BenchmarkSuite
+from benchmarking.references import cost_model_source_set
 from capacity.metering.events import MAX_TOKENS
 from capacity.models import CostModel, Deployment, GpuType, ServedModel
-from capacity.pricing.cost_models import cost_model_record
 from capacity.pricing.features import REPLICA_MU_PER_MINUTE, Shape, mu_coefficients
+from capacity.repricing.services import cost_model_record
 from core import outbound
 from core.errors import ConflictError, DomainError
 
@@ -114,6 +116,8 @@ def grid_shapes(grid) -> tuple[runner.GridShape, ...]:
 
 
 def validate_grid(grid) -> list:
+    """A suite's grid as it is stored: every shape checked (a bad one named by its index), none
+    repeated."""
     if not isinstance(grid, list) or not grid:
         raise DomainError("grid must be a non-empty list of [input_len, output_len].", field="grid")
     shapes = [_grid_shape(index, shape) for index, shape in enumerate(grid)]
@@ -124,6 +128,7 @@ def validate_grid(grid) -> list:
 
 @transaction.atomic
 def suite_create(**values) -> BenchmarkSuite:
+    """Create a suite from its fields, its grid validated; its name is unique."""
     values["grid"] = validate_grid(values.get("grid"))
     if BenchmarkSuite.objects.filter(name=values["name"]).exists():
         raise ConflictError(f"A suite named '{values['name']}' already exists.", field="name")
@@ -141,10 +146,14 @@ def suite_create(**values) -> BenchmarkSuite:
 SHARED_ENDPOINT = "shared endpoint"
 
 
-def _queue_task(run_id: int) -> None:
-    from benchmarking.tasks import run_benchmark
+# The task that executes a queued run, registered under this name by benchmarking.tasks, and
+# its queue. Queued by name: the tasks call these services, never the reverse.
+RUN_TASK = "benchmarking.run_benchmark"
+RUN_QUEUE = "benchmarks"
 
-    run_benchmark.delay(run_id)
+
+def _queue_task(run_id: int) -> None:
+    current_app.send_task(RUN_TASK, args=[run_id], queue=RUN_QUEUE)
 
 
 @transaction.atomic
@@ -314,6 +323,7 @@ def _heartbeat(run_id: int) -> bool:
 
 
 def heartbeat_interval_seconds() -> float:
+    """How often a running run beats: a sixth of BENCHMARK_STALE_AFTER_SECONDS."""
     return settings.BENCHMARK_STALE_AFTER_SECONDS / 6
 
 
@@ -337,6 +347,7 @@ async def _with_heartbeat(run_id: int, measuring) -> list:
 
 
 def run_fail(*, run_id: int, error: str) -> bool:
+    """End a queued or running run as failed, with the reason; False when it had ended."""
     ended = BenchmarkRun.objects.filter(
         pk=run_id, status__in=[BenchmarkRun.Status.QUEUED, BenchmarkRun.Status.RUNNING]
     ).update(status=BenchmarkRun.Status.FAILED, error=error[:5000], finished_at=timezone.now())
@@ -351,8 +362,21 @@ def run_execute(*, run_id: int) -> BenchmarkRun | None:
         logger.info("benchmark run %s was not queued; nothing to do", run_id)
         return None
     run = BenchmarkRun.objects.select_related("suite", "deployment").get(pk=run_id)
-    suite = run.suite
-    spec = runner.SuiteSpec(
+    assert run.suite is not None  # a queued run measures a suite (run_queue)
+    spec = _suite_spec(run.suite)
+    try:
+        _measure_run(run, spec)
+    except (runner.RunnerError, isolation.IsolationError, DomainError) as error:
+        run_fail(run_id=run_id, error=str(getattr(error, "message", error)))
+        return BenchmarkRun.objects.get(pk=run_id)
+    _judge_client_overhead(run_id)
+    _run_succeed(run_id)
+    return BenchmarkRun.objects.get(pk=run_id)
+
+
+def _suite_spec(suite: BenchmarkSuite) -> runner.SuiteSpec:
+    """A stored suite as the runner takes it."""
+    return runner.SuiteSpec(
         grid=grid_shapes(suite.grid),
         slo_ttft_p95_ms=suite.slo_ttft_p95_ms,
         slo_tpot_p95_ms=suite.slo_tpot_p95_ms,
@@ -363,6 +387,43 @@ def run_execute(*, run_id: int) -> BenchmarkRun | None:
         max_error_rate=suite.max_error_rate,
         request_timeout_seconds=suite.request_timeout_seconds,
     )
+
+
+def _measure_run(run: BenchmarkRun, spec: runner.SuiteSpec) -> None:
+    """Measure the run's grid on the replicas held for it, out of the customers' rotation,
+    when it is isolated; else at its endpoint."""
+    run_id = run.pk
+    if run.isolated and run.deployment is not None:
+        deployment = run.deployment
+        with isolation.held_replicas(
+            run_id=run_id,
+            deployment=deployment,
+            replicas=run.replicas,
+            wait_seconds=deployment.cold_start_seconds + settings.BENCHMARK_REPLICA_WAIT_SECONDS,
+            progress=lambda message: _progress(run_id, message),
+            beat=lambda: _heartbeat(run_id),
+        ) as urls:
+            BenchmarkRun.objects.filter(pk=run_id).update(measured_endpoints=urls)
+            _append_log(
+                run_id,
+                f"benchmarking {run.engine_model_id} on {len(urls)} replica(s) held for "
+                f"the run, out of the customers' rotation: {', '.join(urls)}",
+            )
+            _measure_grid(run, spec, urls)
+    else:
+        shared = (
+            f" (shared with customers' traffic: {isolation.isolation_refusal(run.deployment)})"
+            if run.deployment is not None
+            else ""
+        )
+        _append_log(run_id, f"benchmarking {run.engine_model_id} at {run.endpoint_url}{shared}")
+        _measure_grid(run, spec, [run.endpoint_url])
+
+
+def _measure_grid(run: BenchmarkRun, spec: runner.SuiteSpec, base_urls: list[str]) -> None:
+    """The runner's grid against `base_urls`, each point and shape recorded as it ends, while
+    the run's heartbeat beats."""
+    run_id = run.pk
     record_point = sync_to_async(_record_point, thread_sensitive=True)
     record_shape = sync_to_async(_record_shape, thread_sensitive=True)
 
@@ -372,55 +433,26 @@ def run_execute(*, run_id: int) -> BenchmarkRun | None:
     async def on_shape(shape):
         await record_shape(run_id, shape)
 
-    def measure(base_urls) -> None:
-        # async_to_sync runs the loop in a side thread and brings sync_to_async callbacks back
-        # to this thread, so progress is written on this thread's database connection.
-        async_to_sync(_with_heartbeat)(
-            run_id,
-            runner.run_grid(
-                base_url=base_urls,
-                model=run.engine_model_id,
-                spec=spec,
-                host_policy=outbound.policy(outbound.BENCHMARK),
-                processes=settings.BENCHMARK_CLIENT_PROCESSES,
-                on_point=on_point,
-                on_shape=on_shape,
-            ),
-        )
+    # async_to_sync runs the loop in a side thread and brings sync_to_async callbacks back
+    # to this thread, so progress is written on this thread's database connection.
+    async_to_sync(_with_heartbeat)(
+        run_id,
+        runner.run_grid(
+            base_url=base_urls,
+            model=run.engine_model_id,
+            spec=spec,
+            host_policy=outbound.policy(outbound.BENCHMARK),
+            processes=settings.BENCHMARK_CLIENT_PROCESSES,
+            on_point=on_point,
+            on_shape=on_shape,
+        ),
+    )
 
-    try:
-        if run.isolated and run.deployment is not None:
-            deployment = run.deployment
-            with isolation.held_replicas(
-                run_id=run_id,
-                deployment=deployment,
-                replicas=run.replicas,
-                wait_seconds=deployment.cold_start_seconds
-                + settings.BENCHMARK_REPLICA_WAIT_SECONDS,
-                progress=lambda message: _progress(run_id, message),
-                beat=lambda: _heartbeat(run_id),
-            ) as urls:
-                BenchmarkRun.objects.filter(pk=run_id).update(measured_endpoints=urls)
-                _append_log(
-                    run_id,
-                    f"benchmarking {run.engine_model_id} on {len(urls)} replica(s) held for "
-                    f"the run, out of the customers' rotation: {', '.join(urls)}",
-                )
-                measure(urls)
-        else:
-            shared = (
-                f" (shared with customers' traffic: {isolation.isolation_refusal(run.deployment)})"
-                if run.deployment is not None
-                else ""
-            )
-            _append_log(run_id, f"benchmarking {run.engine_model_id} at {run.endpoint_url}{shared}")
-            measure([run.endpoint_url])
-    except (runner.RunnerError, isolation.IsolationError, DomainError) as error:
-        run_fail(run_id=run_id, error=str(getattr(error, "message", error)))
-        return BenchmarkRun.objects.get(pk=run_id)
-    _judge_client_overhead(run_id)
-    # The run turns succeeded and its fit lands in one transaction, so nobody sees a succeeded
-    # run whose cost model is still missing.
+
+def _run_succeed(run_id: int) -> None:
+    """The run turns succeeded and its fit lands in one transaction, so nobody sees a
+    succeeded run whose cost model is still missing. A run whose client overhead was over the
+    limit (`_judge_client_overhead`) measured its own client: it is not fitted."""
     with transaction.atomic():
         finished = BenchmarkRun.objects.filter(
             pk=run_id, status=BenchmarkRun.Status.RUNNING
@@ -431,7 +463,7 @@ def run_execute(*, run_id: int) -> BenchmarkRun | None:
             progress_message="measured every shape",
         )
         if not finished:
-            return BenchmarkRun.objects.get(pk=run_id)
+            return
         _append_log(run_id, "succeeded")
         judged = BenchmarkRun.objects.get(pk=run_id)
         if judged.reliable is False:
@@ -443,19 +475,22 @@ def run_execute(*, run_id: int) -> BenchmarkRun | None:
             )
             BenchmarkRun.objects.filter(pk=run_id).update(fit_error=reason)
             _append_log(run_id, reason)
-            return BenchmarkRun.objects.get(pk=run_id)
-        try:
-            with transaction.atomic():
-                cost_model = cost_model_fit(run=BenchmarkRun.objects.get(pk=run_id))
-            _append_log(
-                run_id,
-                f"fitted v{cost_model.version}: CV MAPE {cost_model.cv_mape:.1%}, "
-                f"{cost_model.status}",
-            )
-        except DomainError as error:
-            BenchmarkRun.objects.filter(pk=run_id).update(fit_error=error.message)
-            _append_log(run_id, f"no fit: {error.message}")
-    return BenchmarkRun.objects.get(pk=run_id)
+            return
+        _fit_run(run_id)
+
+
+def _fit_run(run_id: int) -> None:
+    """A new cost-model version from the run; why none could be fitted, on the run."""
+    try:
+        with transaction.atomic():
+            cost_model = cost_model_fit(run=BenchmarkRun.objects.get(pk=run_id))
+        _append_log(
+            run_id,
+            f"fitted v{cost_model.version}: CV MAPE {cost_model.cv_mape:.1%}, {cost_model.status}",
+        )
+    except DomainError as error:
+        BenchmarkRun.objects.filter(pk=run_id).update(fit_error=error.message)
+        _append_log(run_id, f"no fit: {error.message}")
 
 
 def _progress(run_id: int, message: str) -> None:
@@ -545,10 +580,60 @@ def benchmark_import(
     endpoint's and is divided by `replicas`. `gpus_per_replica` defaults to what the files say
     (a trtllm-bench report's world size), else 1. Every file is read before anything is
     written, so a bad one writes nothing."""
+    results, gpus_per_replica = _imported_results(
+        csv_text=csv_text,
+        files=files,
+        file_format=file_format,
+        gpus_per_replica=gpus_per_replica,
+        replicas=replicas,
+    )
+    created: list[str] = []
+    gpu_type = GpuType.objects.filter(name=gpu_name).first()
+    if gpu_type is None:
+        gpu_type = GpuType.objects.create(
+            name=gpu_name, memory_gb=gpu_memory_gb, hourly_cost_usd=gpu_hourly_cost_usd
+        )
+        created.append(f"GPU type '{gpu_name}' ({gpu_memory_gb} GB, ${gpu_hourly_cost_usd}/h)")
+    served_model = ServedModel.objects.filter(name=model_name).first()
+    if served_model is None:
+        context = max(sample.input_len + sample.output_len for sample in results.samples)
+        served_model = ServedModel.objects.create(
+            name=model_name,
+            engine_model_id=engine_model_id or results.engine_model_id or model_name,
+            parameters_billions=0,
+            reference_gpu_type=gpu_type,
+            context_length_tokens=context,
+        )
+        created.append(
+            f"served model '{model_name}' (reference GPU {gpu_name}, context {context} tokens)"
+        )
+    run = _imported_run(
+        results,
+        served_model=served_model,
+        gpu_type=gpu_type,
+        gpus_per_replica=gpus_per_replica,
+        replicas=replicas,
+        source_detail=source_detail,
+    )
+    _imported_samples(run, results, replicas=replicas)
+    return run, created
+
+
+def _imported_results(
+    *,
+    csv_text: str | None,
+    files: Sequence[tuple[str, str]] | None,
+    file_format: str,
+    gpus_per_replica: int | None,
+    replicas: int,
+) -> tuple[importers.ImportedResults, int]:
+    """The files read and checked against what the caller said of them, and the GPUs of a
+    replica (the caller's, else what the files say, else 1)."""
     if (csv_text is None) == (files is None):
         raise DomainError("Give a CSV table or result files, not both.", field="file")
     if csv_text is not None:
         files, file_format = [("CSV", csv_text)], importers.CSV
+    assert files is not None  # one of the two, as checked above
     if replicas < 1:
         raise DomainError("replicas must be at least 1.", field="replicas")
     results = importers.parse_result_files(files, file_format=file_format)
@@ -568,30 +653,23 @@ def benchmark_import(
         )
     if gpus_per_replica < 1:
         raise DomainError("gpus_per_replica must be at least 1.", field="gpus_per_replica")
-    samples = results.samples
-    created = []
-    gpu_type = GpuType.objects.filter(name=gpu_name).first()
-    if gpu_type is None:
-        gpu_type = GpuType.objects.create(
-            name=gpu_name, memory_gb=gpu_memory_gb, hourly_cost_usd=gpu_hourly_cost_usd
-        )
-        created.append(f"GPU type '{gpu_name}' ({gpu_memory_gb} GB, ${gpu_hourly_cost_usd}/h)")
-    served_model = ServedModel.objects.filter(name=model_name).first()
-    if served_model is None:
-        context = max(sample.input_len + sample.output_len for sample in samples)
-        served_model = ServedModel.objects.create(
-            name=model_name,
-            engine_model_id=engine_model_id or results.engine_model_id or model_name,
-            parameters_billions=0,
-            reference_gpu_type=gpu_type,
-            context_length_tokens=context,
-        )
-        created.append(
-            f"served model '{model_name}' (reference GPU {gpu_name}, context {context} tokens)"
-        )
+    return results, gpus_per_replica
+
+
+def _imported_run(
+    results: importers.ImportedResults,
+    *,
+    served_model: ServedModel,
+    gpu_type: GpuType,
+    gpus_per_replica: int,
+    replicas: int,
+    source_detail: str,
+) -> BenchmarkRun:
+    """The succeeded run that holds imported results."""
     now = timezone.now()
     shapes = results.distinct_shapes
-    run = BenchmarkRun.objects.create(
+    samples = results.samples
+    return BenchmarkRun.objects.create(
         served_model=served_model,
         gpu_type=gpu_type,
         gpus_per_replica=gpus_per_replica,
@@ -611,6 +689,12 @@ def benchmark_import(
         finished_at=now,
         heartbeat_at=now,
     )
+
+
+def _imported_samples(
+    run: BenchmarkRun, results: importers.ImportedResults, *, replicas: int
+) -> None:
+    """The imported samples, per replica (the tools' files measure a whole endpoint)."""
     BenchmarkSample.objects.bulk_create(
         BenchmarkSample(
             run=run,
@@ -630,9 +714,8 @@ def benchmark_import(
             error_count=sample.error_count,
             sustainable=sustainable,
         )
-        for sample, sustainable in zip(samples, results.sustainable, strict=True)
+        for sample, sustainable in zip(results.samples, results.sustainable, strict=True)
     )
-    return run, created
 
 
 # --- Fitting -----------------------------------------------------------------------------------
@@ -660,28 +743,7 @@ def cost_model_fit(
 ) -> CostModel:
     """Fit a new cost-model version from a succeeded run (default: the latest one)."""
     if run is None:
-        if served_model is None or gpu_type is None:
-            raise DomainError("Give a run, or a model and a GPU type.", field="run")
-        gpus = gpus_per_replica
-        if gpus is None:
-            latest = (
-                BenchmarkRun.objects.filter(
-                    served_model=served_model,
-                    gpu_type=gpu_type,
-                    status=BenchmarkRun.Status.SUCCEEDED,
-                )
-                .order_by("-finished_at", "-id")
-                .first()
-            )
-            gpus = latest.gpus_per_replica if latest else 1
-        run = _latest_fittable_run(served_model, gpu_type, gpus)
-        if run is None:
-            raise DomainError(
-                f"No succeeded benchmark run for '{served_model.name}' on {gpu_type.name}"
-                f"×{gpus}: import a table or run a benchmark first.",
-                field="run",
-                code="no_run",
-            )
+        run = _run_to_fit(served_model, gpu_type, gpus_per_replica)
     if run.status != BenchmarkRun.Status.SUCCEEDED:
         raise DomainError(
             f"Run {run.pk} is {run.status}; only a succeeded run is fitted.",
@@ -689,6 +751,71 @@ def cost_model_fit(
             code="run_not_succeeded",
             status=409,
         )
+    result = _fit_of(run)
+    replica_mu_per_minute = REPLICA_MU_PER_MINUTE
+    mu_per_unit = mu_coefficients(result.weights_replica_seconds, replica_mu_per_minute)
+    held_because = ""
+    if run.source_detail.startswith(SHARED_ENDPOINT):
+        # Its throughput may include customers' requests: a planner decides, never the fit.
+        held_because = (
+            "measured at the deployment's endpoint, shared with customers' traffic, not on "
+            "replicas held for the run"
+        )
+    # The version and its source commit together.
+    with transaction.atomic():
+        cost_model = cost_model_record(
+            held_because=held_because,
+            served_model=run.served_model,
+            gpu_type=run.gpu_type,
+            gpus_per_replica=run.gpus_per_replica,
+            features=result.features,
+            weights_replica_seconds=result.weights_replica_seconds,
+            mu_per_unit=mu_per_unit,
+            sample_count=result.sample_count,
+            distinct_shapes=result.distinct_shapes,
+            cv_mape=result.cv_mape,
+            cv_worst_error=result.cv_worst_error,
+            cv_error_by_feature=result.cv_error_by_feature,
+            candidates=_candidates_of(result),
+            residuals=_residuals_of(result),
+            replica_mu_per_minute=replica_mu_per_minute,
+        )
+        cost_model_source_set(cost_model=cost_model, run=run)
+    return cost_model
+
+
+def _run_to_fit(
+    served_model: ServedModel | None, gpu_type: GpuType | None, gpus_per_replica: int | None
+) -> BenchmarkRun:
+    """The latest succeeded run of the model on the GPU type, with `gpus_per_replica` GPUs
+    (default: as many as its latest succeeded run on that type had)."""
+    if served_model is None or gpu_type is None:
+        raise DomainError("Give a run, or a model and a GPU type.", field="run")
+    gpus = gpus_per_replica
+    if gpus is None:
+        latest = (
+            BenchmarkRun.objects.filter(
+                served_model=served_model,
+                gpu_type=gpu_type,
+                status=BenchmarkRun.Status.SUCCEEDED,
+            )
+            .order_by("-finished_at", "-id")
+            .first()
+        )
+        gpus = latest.gpus_per_replica if latest else 1
+    run = _latest_fittable_run(served_model, gpu_type, gpus)
+    if run is None:
+        raise DomainError(
+            f"No succeeded benchmark run for '{served_model.name}' on {gpu_type.name}"
+            f"×{gpus}: import a table or run a benchmark first.",
+            field="run",
+            code="no_run",
+        )
+    return run
+
+
+def _fit_of(run: BenchmarkRun) -> fitting.FitResult:
+    """The fit of the run's sustainable samples: replica time per request shape."""
     samples = list(run.samples.filter(sustainable=True, requests_per_s__gt=0))
     shapes = [
         Shape(
@@ -700,51 +827,34 @@ def cost_model_fit(
         for s in samples
     ]
     try:
-        result = fitting.fit_cost_model(shapes, [s.requests_per_s for s in samples])
+        return fitting.fit_cost_model(shapes, [s.requests_per_s for s in samples])
     except fitting.FitError as error:
         raise DomainError(str(error), field="run", code="cannot_fit") from None
-    replica_mu_per_minute = REPLICA_MU_PER_MINUTE
-    mu_per_unit = mu_coefficients(result.weights_replica_seconds, replica_mu_per_minute)
-    held_because = ""
-    if run.source_detail.startswith(SHARED_ENDPOINT):
-        # Its throughput may include customers' requests: a planner decides, never the fit.
-        held_because = (
-            "measured at the deployment's endpoint, shared with customers' traffic, not on "
-            "replicas held for the run"
-        )
-    return cost_model_record(
-        held_because=held_because,
-        served_model=run.served_model,
-        gpu_type=run.gpu_type,
-        gpus_per_replica=run.gpus_per_replica,
-        features=result.features,
-        weights_replica_seconds=result.weights_replica_seconds,
-        mu_per_unit=mu_per_unit,
-        sample_count=result.sample_count,
-        distinct_shapes=result.distinct_shapes,
-        cv_mape=result.cv_mape,
-        cv_worst_error=result.cv_worst_error,
-        cv_error_by_feature=result.cv_error_by_feature,
-        candidates=[
-            {
-                "features": list(candidate.features),
-                "cv_mape": candidate.cv_mape,
-                "cv_worst_error": candidate.cv_worst_error,
-            }
-            for candidate in result.candidates
-        ],
-        residuals=[
-            {
-                "input_tokens": residual.shape.input_tokens,
-                "cached_input_tokens": residual.shape.cached_input_tokens,
-                "output_tokens": residual.shape.output_tokens,
-                "images": residual.shape.images,
-                "measured_replica_seconds": residual.measured_replica_seconds,
-                "predicted_replica_seconds": residual.predicted_replica_seconds,
-                "relative_error": residual.relative_error,
-            }
-            for residual in result.residuals
-        ],
-        replica_mu_per_minute=replica_mu_per_minute,
-        source_run=run,
-    )
+
+
+def _candidates_of(result: fitting.FitResult) -> list[dict]:
+    """The feature sets the fit compared, with their cross-validated errors."""
+    return [
+        {
+            "features": list(candidate.features),
+            "cv_mape": candidate.cv_mape,
+            "cv_worst_error": candidate.cv_worst_error,
+        }
+        for candidate in result.candidates
+    ]
+
+
+def _residuals_of(result: fitting.FitResult) -> list[dict]:
+    """Each sample's measured and predicted replica time."""
+    return [
+        {
+            "input_tokens": residual.shape.input_tokens,
+            "cached_input_tokens": residual.shape.cached_input_tokens,
+            "output_tokens": residual.shape.output_tokens,
+            "images": residual.shape.images,
+            "measured_replica_seconds": residual.measured_replica_seconds,
+            "predicted_replica_seconds": residual.predicted_replica_seconds,
+            "relative_error": residual.relative_error,
+        }
+        for residual in result.residuals
+    ]

@@ -43,9 +43,10 @@ from django.db.models import F, Sum
 from django.utils import timezone
 
 from accounts.models import ApiKey, Customer, Membership
-from billing.generation import build_lines, lines_totals, period_bounds
+from billing.generation import build_lines, lines_totals
 from billing.models import Budget, BudgetAlert
 from billing.money import money
+from billing.periods import period_bounds
 from billing.rates import cards_by_model, rate_segments
 from capacity.admission.limits import budget_cap_of, budget_cap_set, budget_caps_of_customers
 from capacity.metering.utilisation import customer_utilisation
@@ -128,6 +129,8 @@ def budget_create(
 
 @transaction.atomic
 def budget_update(*, budget: Budget, changes: dict, actor: str | None = None) -> Budget:
+    """Change a budget's amount, currency, hard cap or alert address (audited); the cap
+    follows the change at once. Any other field is refused, naming it."""
     unknown = sorted(set(changes) - set(BUDGET_FIELDS))
     if unknown:
         raise DomainError(f"{unknown[0]} cannot be changed.", field=unknown[0])
@@ -149,6 +152,7 @@ def budget_update(*, budget: Budget, changes: dict, actor: str | None = None) ->
 
 @transaction.atomic
 def budget_delete(*, budget: Budget, actor: str | None = None) -> None:
+    """Delete a budget (audited) and lift the hard cap it held."""
     actor = actor or current_actor()
     before = _state(budget)
     pk, label, customer, api_key = budget.pk, str(budget), budget.customer, budget.api_key
@@ -260,6 +264,8 @@ def _status(budget: Budget, spend: dict[str, Decimal], now: datetime, capped: bo
 
 
 def budget_status(budget: Budget, *, now: datetime | None = None) -> BudgetStatus:
+    """The budget's month-to-date spend, its share of the budget and whether its cap
+    holds now."""
     now = now or timezone.now()
     spend = _spend_of([budget], now=now)[budget.pk]
     capped = budget_cap_of(budget.customer, budget.api_key) is not None
@@ -288,6 +294,7 @@ def budgets_of_customer(customer: Customer) -> list[Budget]:
 
 
 def alerts_of_budget(budget: Budget, *, limit: int = 20) -> list[BudgetAlert]:
+    """The budget's latest alerts (at most `limit`), newest first."""
     return list(BudgetAlert.objects.filter(budget=budget).order_by("-created_at", "pk")[:limit])
 
 

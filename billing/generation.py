@@ -11,10 +11,9 @@ writes last has read last, so an older run never overwrites a newer run's drafts
 
 from __future__ import annotations
 
-import calendar
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime, timedelta
+from datetime import date, datetime, timedelta
 from decimal import Decimal
 
 from django.conf import settings
@@ -27,12 +26,12 @@ from billing.commitments import commitment_segments, keep_warm_segments
 from billing.latency import latency_counts, latency_credit_lines
 from billing.models import Invoice, InvoiceLine
 from billing.money import money
+from billing.periods import period_bounds
 from billing.rates import cards_by_model, rate_segments
 from capacity.models import Reservation, ReservationChange, UsageMinute
 from core.audit import audit_record
-from core.bounds import EARLIEST, LATEST, ascii_whole_number
 from core.db import Lock, lock_for_transaction
-from core.errors import ConflictError, DomainError
+from core.errors import ConflictError
 
 
 @dataclass
@@ -41,30 +40,6 @@ class GenerationResult:
     drafts: int = 0
     skipped_issued: int = 0
     unpriced: list[str] = field(default_factory=list)  # what had no rate card
-
-
-def period_bounds(period: str | date) -> tuple[date, datetime, datetime]:
-    """'2026-11' (or a date in the month) -> (first day, start, end) in UTC."""
-    if isinstance(period, str):
-        # ASCII digits only: int() would read '٢٠٢٦' and ' 2026', and a year of eleven digits
-        # overflows date() (OverflowError, not ValueError: a 500).
-        year_text, _, month_text = period.partition("-")
-        year = ascii_whole_number(year_text, max_digits=4)
-        month = ascii_whole_number(month_text, max_digits=2)
-        if year is None or month is None or not 1 <= month <= 12:
-            raise DomainError(f"'{period[:40]}' is not a month: use YYYY-MM.", field="period")
-        if not EARLIEST.year <= year < LATEST.year:
-            raise DomainError(
-                f"'{period}' is not a month billed here: use {EARLIEST:%Y-%m} to "
-                f"{LATEST.year - 1}-12.",
-                field="period",
-            )
-        first = date(year, month, 1)
-    else:
-        first = period.replace(day=1)
-    days = calendar.monthrange(first.year, first.month)[1]
-    start = datetime(first.year, first.month, 1, tzinfo=UTC)
-    return first, start, start + timedelta(days=days)
 
 
 def _whole_minutes(start: datetime, end: datetime) -> int:
@@ -125,6 +100,8 @@ def build_lines(period: str | date, *, customers=None, until: datetime | None = 
 
 
 def invoice_generate(*, period: str | date, customers=None) -> GenerationResult:
+    """Build the period's invoices and replace their drafts, under the period's lock;
+    issued invoices are left as they are (see the module docstring)."""
     first, _, _ = period_bounds(period)
     with transaction.atomic():
         # Lines are built after the lock is held (READ COMMITTED: each query sees what the
@@ -500,6 +477,7 @@ def _store_drafts(first: date, lines_by_customer: dict, result: GenerationResult
 
 @transaction.atomic
 def invoice_issue(*, invoice: Invoice, actor: str | None = None) -> Invoice:
+    """Freeze a draft invoice (audited); a ConflictError for one not a draft."""
     invoice = Invoice.objects.select_for_update().get(pk=invoice.pk)
     if invoice.status != Invoice.Status.DRAFT:
         raise ConflictError(f"Only a draft can be issued; this invoice is {invoice.status}.")

@@ -13,8 +13,8 @@ from decimal import Decimal
 from django.db import connection
 from django.db.models import Sum
 
-from billing.generation import period_bounds
 from billing.models import Invoice, InvoiceLine
+from billing.periods import period_bounds
 from capacity.models import AllocationDecision, Deployment, ServedModel
 
 _GPU_SECONDS_SQL = """
@@ -69,6 +69,9 @@ def replica_seconds_in_python(start: datetime, end: datetime) -> dict[int, float
 
 
 def model_margins(period) -> dict:
+    """Per model, the period's invoiced revenue (void invoices left out) beside its GPU cost:
+    the GPU-hours its deployments held (from the allocation decisions) at their GPU type's
+    hourly cost."""
     first, start, end = period_bounds(period)
     revenue: dict[int, Decimal] = defaultdict(Decimal)
     for model_id, amount in (

@@ -6,4 +6,5 @@ CENT = Decimal("0.01")
 
 
 def money(amount: Decimal) -> Decimal:
+    """The amount to cents, half up."""
     return amount.quantize(CENT, rounding=ROUND_HALF_UP)

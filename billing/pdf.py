@@ -1,7 +1,7 @@
-"""An invoice as a PDF a finance team can send: the rows of its CSV (billing.exports), its
-totals, its credits with their evidence and the latency SLA's attainment when no credit is due,
-laid out by WeasyPrint (HTML and CSS, through Debian's Pango) from the template
-billing/invoice_pdf.html.
+"""An invoice as a PDF a finance team can send: the rows and columns of its CSV
+(billing.line_rows), its totals, its credits with their evidence and the latency SLA's
+attainment when no credit is due, laid out by WeasyPrint (HTML and CSS, through Debian's Pango)
+from the template billing/invoice_pdf.html.
 
 WeasyPrint would fetch what a document links to (images, style sheets); an invoice links to
 nothing, so every fetch is refused: nothing in a line's text can make the server reach out.
@@ -9,7 +9,7 @@ nothing, so every fetch is refused: nothing in a line's text can make the server
 
 from django.template.loader import render_to_string
 
-from billing.exports import invoice_lines, line_row
+from billing.line_rows import COLUMNS, LineColumn, invoice_lines, line_row
 from billing.models import Invoice, InvoiceLine
 
 
@@ -58,18 +58,24 @@ def credit_evidence(line: InvoiceLine) -> str:
     return ""
 
 
+def _cell(column: LineColumn, text: str) -> dict[str, str]:
+    """A cell of the PDF's table: an instant to the minute (invoices prorate to the minute),
+    without the T; decimals right-aligned."""
+    if column.instant:
+        return {"text": text[:16].replace("T", " "), "class": "when"}
+    return {"text": text, "class": "num" if column.number else ""}
+
+
 def invoice_pdf(invoice: Invoice) -> bytes:
     """The invoice as PDF bytes."""
-    # Imported when used: it loads Pango and the fonts.
+    # Imported when used: importing WeasyPrint loads Pango and its fonts (about half a second),
+    # which every process importing billing (each web and Celery worker) would pay otherwise.
     from weasyprint import HTML
     from weasyprint.urls import URLFetcher
 
     lines = invoice_lines(invoice)
     rows = [line_row(line) for line in lines]
-    for row in rows:
-        # The same instants, to the minute (invoices prorate to the minute), without the T.
-        for name in ("starts_at", "ends_at"):
-            row[f"{name}_shown"] = row[name][:16].replace("T", " ")
+    table = [[_cell(column, row[column.name]) for column in COLUMNS] for row in rows]
     credits = [
         {"row": row, "evidence": credit_evidence(line)}
         for line, row in zip(lines, rows, strict=True)
@@ -83,7 +89,13 @@ def invoice_pdf(invoice: Invoice) -> bytes:
     ]
     html = render_to_string(
         "billing/invoice_pdf.html",
-        {"invoice": invoice, "rows": rows, "credits": credits, "latency": latency},
+        {
+            "invoice": invoice,
+            "columns": COLUMNS,
+            "table": table,
+            "credits": credits,
+            "latency": latency,
+        },
     )
     # No protocol allowed: any URL a document names is refused, never fetched.
     refuse_all = URLFetcher(allowed_protocols=frozenset())

@@ -10,6 +10,7 @@ from django.db.models import Max
 
 from billing.latency import latency_sla_clean
 from billing.models import Invoice, InvoiceLine, RateCard
+from billing.periods import period_bounds
 from capacity.models import ServedModel
 from core.audit import all_fields, audit_change, audit_record, snapshot
 from core.errors import ConflictError, DomainError
@@ -35,6 +36,7 @@ def rate_segments(cards: list[RateCard], start: datetime, end: datetime) -> list
 
 
 def cards_by_model(model_ids) -> dict[int, list[RateCard]]:
+    """Each model's rate cards, by effective_from (the order rate_segments reads)."""
     cards: dict[int, list[RateCard]] = {}
     for card in RateCard.objects.filter(served_model_id__in=model_ids).order_by("effective_from"):
         cards.setdefault(card.served_model_id, []).append(card)
@@ -48,9 +50,6 @@ def issued_through() -> datetime | None:
     )["latest"]
     if latest is None:
         return None
-    # Deferred: generation imports this module.
-    from billing.generation import period_bounds
-
     return period_bounds(latest)[2]
 
 
@@ -66,6 +65,9 @@ def rate_card_create(
     ttft_objective_ms: int | None = None,
     latency_credit_tiers: list | None = None,
 ) -> RateCard:
+    """A new rate card for a model from `effective_from` (audited): a ConflictError
+    for a second one at the same moment or one inside an issued period, a DomainError for a
+    negative price or a bad latency SLA."""
     if RateCard.objects.filter(served_model=served_model, effective_from=effective_from).exists():
         raise ConflictError(
             "A rate card for this model already takes effect at that time.",

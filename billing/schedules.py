@@ -10,7 +10,9 @@ BUDGET_CHECK_MINUTES = 5
 
 
 @transaction.atomic
-def billing_schedules_sync() -> int:
+def billing_schedules_sync() -> dict[str, int]:
+    """Write the billing app's beat rows (last month's drafts on the 1st, the budget check every
+    BUDGET_CHECK_MINUTES); how many ("periodic")."""
     # 03:00 UTC on the 1st, after the month's last rollups have settled.
     monthly, _ = CrontabSchedule.objects.get_or_create(
         minute="0", hour="3", day_of_month="1", month_of_year="*", day_of_week="*", timezone="UTC"
@@ -28,4 +30,4 @@ def billing_schedules_sync() -> int:
         defaults={"task": "billing.check_budgets", "interval": every, "crontab": None,
                   "queue": "default", "enabled": True},
     )  # fmt: skip
-    return 2
+    return {"periodic": 2}

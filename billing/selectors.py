@@ -27,18 +27,22 @@ def invoices_with_line_count(
 
 
 def any_invoices() -> bool:
+    """Whether any invoice exists."""
     return Invoice.objects.exists()
 
 
 def invoices_with_customer() -> QuerySet[Invoice]:
+    """Every invoice, with its customer."""
     return Invoice.objects.select_related("customer")
 
 
 def lines_of_invoice(invoice: Invoice) -> QuerySet[InvoiceLine]:
+    """The invoice's lines, in the exports' order (kind, then as made)."""
     return invoice.lines.select_related("served_model", "reservation").order_by("kind", "pk")
 
 
 def recent_invoices_of_customer(customer, *, limit: int = 12) -> QuerySet[Invoice]:
+    """The customer's latest invoices (at most `limit`), newest period first."""
     return customer.invoices.order_by("-period_start", "-id")[:limit]
 
 

@@ -1,4 +1,4 @@
-"""Settings for every environment. Only environment variables change behaviour (DESIGN §5)."""
+"""Settings for every environment; only environment variables set them (docs/design.md#settings)."""
 
 import os
 import sys
@@ -170,7 +170,7 @@ REDIS_URL = env_redis_url("REDIS_URL", "redis://127.0.0.1:6379/0")
 
 CELERY_BROKER_URL = REDIS_URL
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-# The API reads rows, never the result backend (DESIGN §6); results are not kept.
+# The API reads rows, never the result backend (docs/design.md#tasks); results are not kept.
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
@@ -190,6 +190,15 @@ CELERY_TASK_DEFAULT_QUEUE = "default"
 CELERY_TASK_QUEUES = tuple(
     Queue(name, routing_key=name) for name in ("default", "allocation", "benchmarks", "health")
 )
+# Tasks queued by name (Celery's send_task), routed here rather than by their decorators: the
+# what-if (simulation.tasks), under its name and under the one it had in the benchmarking app
+# (messages queued before the rename), to the benchmarks queue: long, CPU-bound work nobody
+# waits on by the second, kept off "default" (short periodic housekeeping whose messages expire
+# within seconds) and "allocation" (the control loop's tick).
+CELERY_TASK_ROUTES = {
+    "simulation.run_whatif": {"queue": "benchmarks"},
+    "benchmarking.run_whatif": {"queue": "benchmarks"},
+}
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_TIMEZONE = "UTC"
 
@@ -320,7 +329,7 @@ LOGGING = {
 }
 
 # --- Cost models and benchmarks ---------------------------------------------------------------
-# A fit whose cross-validated MAPE is at most this becomes active by itself (DESIGN §1).
+# A fit whose cross-validated MAPE is at most this activates by itself (docs/design.md#versions).
 COST_MODEL_MAX_ACTIVE_MAPE = env_int("COST_MODEL_MAX_ACTIVE_MAPE_PERCENT", 10, minimum=0) / 100
 # ... and only when, priced on the last 7 days of real request shapes, it changes the total, and
 # each customer's charge, by at most this share, from the active version and from the last one
@@ -385,7 +394,7 @@ RESERVATION_START_WINDOW_DAYS = env_int("RESERVATION_START_WINDOW_DAYS", 365, mi
 
 # --- Allocation ----------------------------------------------------------------------------------
 ALLOCATION_TICK_SECONDS = env_int("ALLOCATION_TICK_SECONDS", 15, minimum=1)
-# Scale down only to the highest recommendation of this many seconds (DESIGN §2).
+# Scale down only to the highest recommendation of this many seconds (docs/design.md#the-tick).
 ALLOCATION_STABILISATION_SECONDS = env_int("ALLOCATION_STABILISATION_SECONDS", 120, minimum=0)
 # Each actuator push (with its retries) must answer within this; one that does not is recorded
 # as a failure on its decision and abandoned (its HTTP timeout is capped below it), so one
@@ -507,7 +516,7 @@ BILLING_SLA_CREDIT_SHARE = float(env_str("BILLING_SLA_CREDIT_SHARE", "0.5"))
 ALLOCATION_TTFT_SLO_MS = env_int("ALLOCATION_TTFT_SLO_MS", 2000, minimum=1)
 
 # --- Trust boundaries: what the control plane may reach, and with which secrets ------------------
-# Operator settings, never API fields (DESIGN §6); core/outbound.py applies them.
+# Operator settings, never API fields (docs/design.md#trust); core/outbound.py applies them.
 
 
 def _host_list(name: str, default: tuple[str, ...] | list[str]) -> list[str]:

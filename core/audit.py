@@ -1,4 +1,4 @@
-"""Write the audit log: who changed what, before → after, and when (DESIGN §6).
+"""Write the audit log: who changed what, before → after, and when (docs/design.md#audit).
 
 Services call `audit_record(...)` inside their transaction. The actor is a plain string so that
 entries outlive the users and keys they name: "user:<name>", "key:<prefix> (<owner>)" or
@@ -72,10 +72,13 @@ def acting_as(actor: str) -> Iterator[None]:
 
 
 def in_request() -> bool:
+    """Whether an HTTP request is being served, so the caller is known without an `actor`."""
     return _request.get() is not None
 
 
 def current_actor() -> str:
+    """Who the write being made is by: the current request's key or user ("anonymous" when
+    it authenticated neither), else the job named by `acting_as` ("system:unknown" if none)."""
     request = _request.get()
     if request is not None:
         api_key = getattr(request, "audit_api_key", None)
@@ -115,6 +118,10 @@ def audit_record(
     after: dict | None = None,
     reason: str = "",
 ) -> AuditEntry:
+    """Record one write: who (`actor`, else `current_actor()`), what (`action` on `obj`, or
+    on the object named by type, id and label when it is gone), and the object before and
+    after. Call it inside the write's transaction, so the entry and the change commit or roll
+    back together."""
     if obj is not None:
         object_type = object_type or obj._meta.label_lower
         object_id = object_id or obj.pk
@@ -182,25 +189,33 @@ class AuditedAdminMixin:
     """For ModelAdmins: changes made in the admin are written to the audit log too, with the
     staff user as the actor (the admin saves models itself, not through the services)."""
 
+    def audit_state(self, obj) -> dict[str, Any]:
+        """What an entry keeps of `obj`: its fields; an admin that writes more beside the row
+        (`saved`) adds it here."""
+        return snapshot(obj, all_fields(obj))
+
+    def saved(self, request, obj, form, change) -> None:
+        """After the row is saved, before the entry reads it back: an admin writes here what
+        it saves beside the row, in the same transaction."""
+
     def save_model(self, request, obj, form, change):
         model = type(obj)
-        fields = all_fields(obj)
         before = None
         if change and obj.pk is not None:
             stored = model._default_manager.filter(pk=obj.pk).first()
-            before = snapshot(stored, fields) if stored is not None else None
+            before = self.audit_state(stored) if stored is not None else None
         super().save_model(request, obj, form, change)  # type: ignore[misc]
+        self.saved(request, obj, form, change)
         name = f"{obj._meta.model_name}.{'update' if change else 'create'}"
         actor = actor_of(user=request.user)
+        after = self.audit_state(obj)
         if before is None:
-            audit_record(actor=actor, action=name, obj=obj, after=snapshot(obj, fields))
+            audit_record(actor=actor, action=name, obj=obj, after=after)
         else:
-            audit_change(
-                actor=actor, action=name, obj=obj, before=before, after=snapshot(obj, fields)
-            )
+            audit_change(actor=actor, action=name, obj=obj, before=before, after=after)
 
     def delete_model(self, request, obj):
-        before = snapshot(obj, all_fields(obj))
+        before = self.audit_state(obj)
         pk, label, label_lower = obj.pk, str(obj), obj._meta.label_lower
         super().delete_model(request, obj)  # type: ignore[misc]
         audit_record(
@@ -213,6 +228,7 @@ class AuditedAdminMixin:
         )
 
     def delete_queryset(self, request, queryset):
+        """One entry per row: the admin's bulk delete would otherwise write none."""
         for obj in queryset:
             self.delete_model(request, obj)
 

@@ -38,4 +38,5 @@ def audit_object_types() -> QuerySet:
 
 
 def any_audit_entries() -> bool:
+    """Whether the log holds anything: the audit page says "none yet" rather than "no match"."""
     return AuditEntry.objects.exists()

@@ -25,10 +25,12 @@ INSTANT_RULE = "must be from 1970-01-01 to 2999-12-31 (UTC)"
 
 
 def has_control_characters(text: str) -> bool:
+    """Whether the text holds any C0 or C1 control character (identifiers, one-line text)."""
     return _CONTROL.search(text) is not None
 
 
 def has_text_control_characters(text: str) -> bool:
+    """Likewise for free text, which may hold tabs and line breaks."""
     return _TEXT_CONTROL.search(text) is not None
 
 

@@ -21,6 +21,7 @@ def _address(value: str) -> str | None:
 
 
 def client_ip(request) -> str | None:
+    """The client's address, normalised; None when there is none to read."""
     remote = request.META.get("REMOTE_ADDR") or ""
     proxies = settings.TRUSTED_PROXY_COUNT
     if proxies <= 0:

@@ -23,8 +23,9 @@ import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
+import redis
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 
 
 class Lock(enum.IntEnum):
@@ -50,8 +51,6 @@ def exclusive(lock: Lock, *, timeout_seconds: int = 120) -> Iterator[bool]:
                 with connection.cursor() as cursor:
                     cursor.execute("SELECT pg_advisory_unlock(%s)", [int(lock)])
         return
-    import redis
-
     client = redis.Redis.from_url(settings.REDIS_URL)
     redis_lock = client.lock(
         f"controlplane:{lock.name.lower().replace('_', '-')}",
@@ -142,8 +141,6 @@ def copy_update(*, model, rows: Sequence, fields: Sequence[str], batch_size: int
     if connection.vendor != "postgresql" or len(rows) * len(fields) < COPY_UPDATE_MIN_VALUES:
         model.objects.bulk_update(rows, list(fields), batch_size=batch_size)
         return
-    from django.db import transaction
-
     meta = model._meta
     table = meta.db_table
     key = meta.pk.column

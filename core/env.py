@@ -1,10 +1,12 @@
 """Typed readers for environment variables.
 
-Every setting comes from the environment (DESIGN §5). A malformed value must stop start-up
-with a message that names the variable, so each reader raises ImproperlyConfigured with it.
+Every setting comes from the environment (docs/design.md#settings). A malformed value must
+stop start-up with a message that names the variable, so each reader raises
+ImproperlyConfigured with it.
 """
 
 import os
+from typing import overload
 from urllib.parse import urlparse
 
 import dj_database_url
@@ -21,12 +23,18 @@ def _raw(name: str) -> str | None:
     return None if value is None else value.strip()
 
 
+@overload
+def env_str(name: str, default: str) -> str: ...
+@overload
+def env_str(name: str, default: None = None) -> str | None: ...
 def env_str(name: str, default: str | None = None) -> str | None:
+    """The variable's text, stripped; `default` when unset or empty."""
     value = _raw(name)
     return default if value is None or value == "" else value
 
 
 def env_bool(name: str, default: bool) -> bool:
+    """1/0, true/false, yes/no or on/off (empty is false); anything else stops start-up."""
     value = _raw(name)
     if value is None:
         return default
@@ -41,6 +49,7 @@ def env_bool(name: str, default: bool) -> bool:
 
 
 def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
+    """A whole number, at least `minimum` when given; `default` when unset or empty."""
     value = _raw(name)
     if value is None or value == "":
         return default
@@ -54,6 +63,7 @@ def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
 
 
 def env_float(name: str, default: float, *, minimum: float | None = None) -> float:
+    """A number (never NaN), at least `minimum` when given; `default` when unset or empty."""
     value = _raw(name)
     if value is None or value == "":
         return default
@@ -87,7 +97,8 @@ def env_list(name: str, default: list[str]) -> list[str]:
     return [item.strip() for item in value.split(",") if item.strip()]
 
 
-def env_database(name: str, default_url: str) -> dict:
+def env_database(name: str, default_url: str) -> dj_database_url.DBConfig:
+    """Django's DATABASES entry for a database URL (persistent connections, health-checked)."""
     url = env_str(name, default_url)
     try:
         config = dj_database_url.parse(url, conn_max_age=60, conn_health_checks=True)
@@ -99,6 +110,8 @@ def env_database(name: str, default_url: str) -> dict:
 
 
 def env_redis_url(name: str, default_url: str) -> str:
+    """A redis://, rediss:// or unix:// URL, checked for a host and a well-formed port here,
+    at start-up, rather than at the first connection."""
     url = env_str(name, default_url)
     parsed = urlparse(url)
     if parsed.scheme not in {"redis", "rediss", "unix"}:
@@ -115,6 +128,7 @@ def env_redis_url(name: str, default_url: str) -> str:
 
 
 def env_origins(name: str) -> list[str]:
+    """A comma-separated list of http(s) origins (such as CSRF_TRUSTED_ORIGINS)."""
     origins = env_list(name, [])
     for origin in origins:
         parsed = urlparse(origin)

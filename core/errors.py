@@ -1,4 +1,6 @@
-"""The one domain error that services raise; the API maps it to 400 or 409 (DESIGN §6)."""
+"""The one domain error that services raise; the API maps it to 400 or 409
+(docs/design.md#services).
+"""
 
 
 class DomainError(Exception):
@@ -29,6 +31,8 @@ class DomainError(Exception):
 
 
 class ConflictError(DomainError):
+    """A domain error about the state of things (taken, in use, decided already): a 409."""
+
     def __init__(self, message: str, **kwargs) -> None:
         kwargs.setdefault("status", 409)
         kwargs.setdefault("code", "conflict")

@@ -26,6 +26,7 @@ logger = logging.getLogger(__name__)
 
 @require_GET
 def healthz(request):
+    """200 while the process serves requests; it touches nothing."""
     return JsonResponse({"status": "ok"})
 
 
@@ -72,6 +73,7 @@ def _degrading(name: str, check: Callable[[], str]) -> str:
 
 @require_GET
 def readyz(request):
+    """503 without the database; 200 "degraded" naming what else failed; else 200 "ok"."""
     database = _check_database()
     checks = {
         "database": "ok" if database else "unavailable",

@@ -75,6 +75,7 @@ def _refusal(request) -> HttpResponse | None:
 
 
 def metrics(request):
+    """The metrics in Prometheus' text format, to the scrapers the settings allow."""
     refused = _refusal(request)
     if refused is not None:
         return refused

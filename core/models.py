@@ -5,7 +5,7 @@ from django.utils import timezone
 
 
 class AuditEntry(models.Model):
-    """One change: who made it, to what, and the object before and after (DESIGN §6).
+    """One change: who made it, to what, and the object before and after (docs/design.md#audit).
 
     Written by services (never by signals or `save()`), in the same transaction as the change,
     so a rolled-back change leaves no entry and a committed one always has its entry.

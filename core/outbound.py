@@ -1,7 +1,8 @@
 """What the control plane may reach, and with which credentials: the operator's, never the API's.
 
-DESIGN §6: secrets, commands, file paths and reachable hosts are operator settings. The API
-only chooses among what the operator allowed, and this module is the one home of the rules:
+Secrets, commands, file paths and reachable hosts are operator settings (docs/design.md#trust).
+The API only chooses among what the operator allowed, and this module is the one home of the
+rules:
 
 - **Reachable hosts** (`OUTBOUND_ALLOWED_HOSTS` for actuators, probes and restarts;
   `BENCHMARK_ALLOWED_HOSTS` for benchmark load): CIDRs, IP addresses and host names (exact,
@@ -52,6 +53,7 @@ from urllib.parse import urlsplit
 import anyio
 import httpcore
 import httpx
+from django.conf import settings
 
 from core.errors import DomainError
 
@@ -64,9 +66,11 @@ OUTBOUND = "outbound"
 BENCHMARK = "benchmark"
 SETTING_FOR_PURPOSE = {OUTBOUND: "OUTBOUND_ALLOWED_HOSTS", BENCHMARK: "BENCHMARK_ALLOWED_HOSTS"}
 # Everything in the demo and the tests listens on this machine.
-DEFAULT_ALLOWED_HOSTS = ("127.0.0.0/8", "::1/128", "localhost")
-DEFAULT_SECRET_ENV_NAMES = ("MU_ACTUATOR_*",)
-DEFAULT_KUBERNETES_CLUSTERS = {"in-cluster": {"in_cluster": True}}
+# Typed: the settings read these while this module is still being imported (it imports the
+# settings back), where a type checker cannot infer them.
+DEFAULT_ALLOWED_HOSTS: tuple[str, ...] = ("127.0.0.0/8", "::1/128", "localhost")
+DEFAULT_SECRET_ENV_NAMES: tuple[str, ...] = ("MU_ACTUATOR_*",)
+DEFAULT_KUBERNETES_CLUSTERS: dict[str, dict[str, object]] = {"in-cluster": {"in_cluster": True}}
 
 # Instance-metadata services answer on these with the machine's cloud credentials; link-local
 # ranges hold them on every major cloud (AWS, GCP, Azure, OCI on 169.254.169.254, AWS over
@@ -176,9 +180,11 @@ class HostPolicy:
         )
 
     def describe(self) -> str:
+        """The setting as a refusal quotes it, so the operator sees what to change."""
         return f"{self.setting}={','.join(self.entries) or '(empty)'}"
 
     def allows_name(self, host: str) -> bool:
+        """Whether the host name itself is listed (exactly, or under a `*.suffix`)."""
         name = host.lower().rstrip(".")
         return name in self.names or any(name.endswith(suffix) for suffix in self.suffixes)
 
@@ -245,8 +251,6 @@ def _parsed(setting: str, entries: tuple[str, ...]) -> HostPolicy:
 
 def policy(purpose: str = OUTBOUND) -> HostPolicy:
     """The policy for `purpose` ("outbound" or "benchmark") from the current Django settings."""
-    from django.conf import settings
-
     setting = SETTING_FOR_PURPOSE[purpose]
     return _parsed(setting, tuple(getattr(settings, setting)))
 
@@ -371,6 +375,7 @@ _DEFAULT_LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20
 
 @lru_cache(maxsize=1)
 def default_ssl_context() -> ssl.SSLContext:
+    """The SSL context of every client that verifies against the default CA bundle."""
     # Loading the CA bundle costs milliseconds; one context serves every client (it is only
     # read once built). SSL_CERT_FILE / SSL_CERT_DIR still apply: they are the operator's.
     return httpx.create_ssl_context()
@@ -439,6 +444,8 @@ class GuardedClient(httpx.Client):
 
 
 class AsyncGuardedClient(httpx.AsyncClient):
+    """The async twin of GuardedClient: never follows a redirect."""
+
     async def send(
         self, request, *, stream=False, auth=httpx.USE_CLIENT_DEFAULT, follow_redirects=False
     ):
@@ -548,8 +555,7 @@ def secret_env_refusal(name: str, allowed_patterns: typing.Iterable[str]) -> str
 
 
 def secret_env_refusal_from_settings(name: str) -> str:
-    from django.conf import settings
-
+    """`secret_env_refusal` under the operator's ACTUATOR_SECRET_ENV_NAMES."""
     return secret_env_refusal(name, settings.ACTUATOR_SECRET_ENV_NAMES)
 
 
@@ -668,6 +674,7 @@ class Destination:
 
     @classmethod
     def parse(cls, text: str) -> Destination:
+        """A destination as the operator wrote it; ValueError saying what is wrong with it."""
         raw = text.strip()
         with_scheme = "://" in raw
         try:
@@ -692,16 +699,20 @@ class Destination:
         return cls(parsed.scheme if with_scheme else "", host, port, raw)
 
     def admits(self, scheme: str, host: str, port: int) -> bool:
+        """Whether a request to this origin goes to this destination."""
         return (not self.scheme or scheme == self.scheme) and (host, port) == (self.host, self.port)
 
 
 @dataclass(frozen=True)
 class SecretBinding:
+    """Where one secret may go: a kind of destination and its hosts, or cluster profiles."""
+
     kind: str  # SUPERVISOR, WEBHOOK or CLUSTER
     destinations: tuple[Destination, ...] = ()  # SUPERVISOR and WEBHOOK
     clusters: tuple[str, ...] = ()  # CLUSTER: the profiles whose token_env it is
 
     def describe(self) -> str:
+        """Where the secret is bound, in words, for a refusal that names both destinations."""
         if self.kind == CLUSTER:
             names = ", ".join(f"'{name}'" for name in self.clusters)
             return f"cluster profile{'s' if len(self.clusters) > 1 else ''} {names}"
@@ -843,8 +854,7 @@ def parse_secret_destinations(
 
 
 def secret_bindings_from_settings() -> SecretBindings:
-    from django.conf import settings
-
+    """The operator's bindings, as the settings hold them (read on each call, not cached)."""
     return secret_bindings(
         settings.ACTUATOR_SECRET_DESTINATIONS,
         kubernetes_clusters=settings.KUBERNETES_CLUSTERS,
@@ -856,6 +866,8 @@ def secret_bindings_from_settings() -> SecretBindings:
 def secret_destination_refusal_from_settings(
     name: str, *, kind: str, url: str = "", cluster: str = ""
 ) -> str:
+    """Why the secret `name` may not go to this destination under the operator's settings, or
+    "" when it may (`SecretBindings.refusal`)."""
     return secret_bindings_from_settings().refusal(name, kind=kind, url=url, cluster=cluster)
 
 
@@ -901,7 +913,9 @@ def _aiohttp_guard_class() -> type:
             self._inner = aiohttp.ThreadedResolver()
             self._vetted: set[IPAddress] = set()
 
-        async def resolve(self, host: str, port: int = 0, family: int = socket.AF_INET):
+        async def resolve(
+            self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+        ):
             answers = await self._inner.resolve(host, port, family)
             addresses = [ipaddress.ip_address(answer["host"]) for answer in answers]
             try:
@@ -933,7 +947,7 @@ def aiohttp_session(
     """An aiohttp session whose every connection `host_policy` vets; no proxy from the
     environment (trust_env off). Callers pass allow_redirects=False on each request: a
     redirect would be the server choosing where we connect next."""
-    import aiohttp
+    import aiohttp  # on first use: see _aiohttp_guard_class
 
     guard = _aiohttp_guard_class()(host_policy)
     connector = aiohttp.TCPConnector(

@@ -4,6 +4,12 @@ Times are labels (UTC, formatted here), so the vendored Chart.js needs no date a
 """
 
 from datetime import datetime, timedelta
+from typing import Any, TypeAlias
+
+from django.http import HttpRequest
+
+# A Chart.js configuration (its JSON, as json_script writes it into the page).
+ChartConfig: TypeAlias = dict[str, Any]
 
 # Ranges a time-series chart offers, with the bucket each point summarises.
 RANGES = {
@@ -15,7 +21,8 @@ DEFAULT_RANGE = "24h"
 PALETTE = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#4b5563"]
 
 
-def chart_range(request) -> tuple[str, timedelta, timedelta]:
+def chart_range(request: HttpRequest) -> tuple[str, timedelta, timedelta]:
+    """The range `?range=` names (else the default): its name, span and bucket."""
     name = request.GET.get("range", DEFAULT_RANGE)
     if name not in RANGES:
         name = DEFAULT_RANGE
@@ -31,10 +38,15 @@ def chart_window(now: datetime, span: timedelta, step: timedelta) -> tuple[datet
 
 
 def time_label(moment: datetime, span: timedelta) -> str:
+    """A bucket's label: the time of day, with the weekday on charts longer than a day."""
     return moment.strftime("%H:%M" if span <= timedelta(days=1) else "%a %H:%M")
 
 
-def line_chart(labels: list[str], datasets: list[dict], *, y_title: str, x_title: str = "UTC"):
+def line_chart(
+    labels: list[str], datasets: list[dict[str, Any]], *, y_title: str, x_title: str = "UTC"
+) -> ChartConfig:
+    """A line chart of the datasets over the labels; a dataset's `color` (else the palette's
+    next) colours its line and fill."""
     styled = []
     for index, dataset in enumerate(datasets):
         color = dataset.pop("color", PALETTE[index % len(PALETTE)])
@@ -66,7 +78,11 @@ def line_chart(labels: list[str], datasets: list[dict], *, y_title: str, x_title
     }
 
 
-def scatter_chart(datasets: list[dict], *, x_title: str, y_title: str, diagonal_to: float = 0):
+def scatter_chart(
+    datasets: list[dict[str, Any]], *, x_title: str, y_title: str, diagonal_to: float = 0
+) -> ChartConfig:
+    """A scatter chart of the datasets; with diagonal_to, the line y = x from 0 to it (where
+    predicted equals measured)."""
     styled = [
         {
             "backgroundColor": dataset.pop("color", PALETTE[index % len(PALETTE)]),

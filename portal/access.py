@@ -8,12 +8,14 @@ keys and its people; members and viewers read everything and change nothing. Tha
 API's rule too: both read it from accounts.scopes.ROLE_SCOPES.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import wraps
+from typing import Concatenate, ParamSpec, Protocol, cast, overload
 
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
-from django.http import Http404
+from django.http import Http404, HttpRequest, HttpResponse
 
 from accounts import scopes as S
 from accounts.models import Customer, Membership
@@ -34,17 +36,52 @@ class PortalAccess:
 
     @property
     def role_label(self) -> str:
+        """The role in words, as the pages show it."""
         return Membership.Role(self.role).label
 
 
-def portal_page(view=None, *, owners_only: bool = False):
+P = ParamSpec("P")
+
+# What a portal page's view takes: the request, the caller's access, then the URL's other
+# arguments.
+PortalView = Callable[Concatenate[HttpRequest, PortalAccess, P], HttpResponse]
+
+
+class PortalPage(Protocol[P]):
+    """A portal page's view once guarded: the request, the URL's `slug`, then the URL's other
+    arguments as the view takes them; marked as a portal page."""
+
+    portal_page: bool
+
+    def __call__(
+        self, request: HttpRequest, slug: str, /, *args: P.args, **kwargs: P.kwargs
+    ) -> HttpResponse:
+        """The page, or the way to the login page for an anonymous visitor."""
+        ...
+
+
+@overload
+def portal_page(view: PortalView[P], *, owners_only: bool = False) -> PortalPage[P]: ...
+
+
+@overload
+def portal_page(
+    view: None = None, *, owners_only: bool = False
+) -> Callable[[PortalView[P]], PortalPage[P]]: ...
+
+
+def portal_page(
+    view: PortalView[P] | None = None, *, owners_only: bool = False
+) -> PortalPage[P] | Callable[[PortalView[P]], PortalPage[P]]:
     """A view of one customer's portal: `view(request, access, ...)`, the URL's `slug` turned
     into the caller's PortalAccess. With owners_only, members get 403 (they may see the page
     the action belongs to, so the refusal can say why)."""
 
-    def decorate(view):
+    def decorate(view: PortalView[P]) -> PortalPage[P]:
         @wraps(view)
-        def wrapped(request, slug, *args, **kwargs):
+        def wrapped(
+            request: HttpRequest, slug: str, *args: P.args, **kwargs: P.kwargs
+        ) -> HttpResponse:
             if not request.user.is_authenticated:
                 return redirect_to_login(request.get_full_path())
             membership = membership_of_user(request.user, slug)
@@ -55,7 +92,8 @@ def portal_page(view=None, *, owners_only: bool = False):
                 raise PermissionDenied("Only the customer's owners manage its API keys and people.")
             return view(request, access, *args, **kwargs)
 
-        wrapped.portal_page = True
-        return wrapped
+        page = cast("PortalPage[P]", wrapped)
+        page.portal_page = True
+        return page
 
     return decorate(view) if view is not None else decorate

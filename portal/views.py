@@ -4,10 +4,12 @@ scoped to the page's customer (portal.access puts it on the request), every writ
 same services as the API and the planner.
 """
 
+from typing import Any
+
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.views import redirect_to_login
-from django.http import Http404
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST, require_safe
@@ -23,6 +25,7 @@ from accounts.services import api_key_create, api_key_revoke, membership_remove
 from accounts.throttling import counted_as_export
 from billing.budgets import budget_statuses, budgets_of_customer
 from billing.exports import INVOICE_FORMATS, invoice_download
+from billing.models import Invoice
 from billing.selectors import invoice_of_customer, invoices_of_customer, lines_of_invoice
 from capacity.admission.limits import request_limits_of_customer
 from capacity.allocation.selectors import admission_allowances_of_customer
@@ -35,7 +38,7 @@ from planner.customers.charts import utilisation_context
 from planner.customers.forms import ApiKeyForm, MembershipRemoveForm
 from planner.customers.people import people_page, removed_message
 from planner.paging import page_of
-from portal.access import portal_page
+from portal.access import PortalAccess, portal_page
 
 # Receipts page over the newest events only: a count over every event a large customer ever
 # sent would cost more than the page; older requests are on the invoices.
@@ -43,7 +46,7 @@ RECEIPTS_LIMIT = 10_000
 RECEIPTS_PER_PAGE = 50
 
 
-def home(request):
+def home(request: HttpRequest) -> HttpResponse:
     """The user's customers: straight to the one it belongs to, else a choice."""
     if not request.user.is_authenticated:
         return redirect_to_login(request.get_full_path())
@@ -58,7 +61,9 @@ def home(request):
 
 @portal_page
 @require_safe
-def overview(request, access):
+def overview(request: HttpRequest, access: PortalAccess) -> HttpResponse:
+    """The customer's use of its reservations per model (the planner's chart), and the models
+    it may call."""
     context = {
         "access": access,
         "section": "overview",
@@ -71,7 +76,8 @@ def overview(request, access):
 
 @portal_page
 @require_safe
-def usage(request, access):
+def usage(request: HttpRequest, access: PortalAccess) -> HttpResponse:
+    """The customer's usage receipts, newest first (the newest RECEIPTS_LIMIT events)."""
     events = usage_events_of_customer_newest_first(access.customer, limit=RECEIPTS_LIMIT)
     context = {
         "access": access,
@@ -82,7 +88,9 @@ def usage(request, access):
     return render(request, "portal/usage.html", context)
 
 
-def _keys_page(request, access, *, status=200, **extra):
+def _keys_page(
+    request: HttpRequest, access: PortalAccess, *, status: int = 200, **extra: Any
+) -> HttpResponse:
     context = {
         "access": access,
         "section": "keys",
@@ -96,14 +104,16 @@ def _keys_page(request, access, *, status=200, **extra):
 
 @portal_page
 @require_safe
-def keys(request, access):
+def keys(request: HttpRequest, access: PortalAccess) -> HttpResponse:
+    """The customer's API keys; its owners also see the form that creates one."""
     return _keys_page(request, access)
 
 
 # Membership first (404 for anyone else, whatever the method), then the role, then the method.
 @portal_page(owners_only=True)
 @require_POST
-def key_new(request, access):
+def key_new(request: HttpRequest, access: PortalAccess) -> HttpResponse:
+    """An owner creates a key; its plaintext is shown in this response only."""
     form = ApiKeyForm(request.POST)
     if form.is_valid():
         try:
@@ -124,7 +134,8 @@ def key_new(request, access):
 
 @portal_page(owners_only=True)
 @require_POST
-def key_revoke(request, access, pk):
+def key_revoke(request: HttpRequest, access: PortalAccess, pk: int) -> HttpResponse:
+    """An owner revokes one of the customer's keys: it no longer authenticates."""
     api_key = api_key_of_customer(access.customer, pk)
     if api_key is None:
         raise Http404("No such key for this customer.")
@@ -135,7 +146,7 @@ def key_revoke(request, access, pk):
 
 @portal_page
 @require_safe
-def people(request, access):
+def people(request: HttpRequest, access: PortalAccess) -> HttpResponse:
     """The customer's people and the keys each made; owners remove people (not themselves:
     the customer keeps an owner), offered to revoke the keys the person made."""
     context = {
@@ -148,7 +159,8 @@ def people(request, access):
 
 @portal_page(owners_only=True)
 @require_POST
-def person_remove(request, access, pk):
+def person_remove(request: HttpRequest, access: PortalAccess, pk: int) -> HttpResponse:
+    """An owner removes another person from the customer, and the keys they made if asked."""
     membership = membership_of_customer(access.customer, pk)
     if membership is None:
         raise Http404("No such person of this customer.")
@@ -170,7 +182,9 @@ def person_remove(request, access, pk):
 
 @portal_page
 @require_safe
-def limits(request, access):
+def limits(request: HttpRequest, access: PortalAccess) -> HttpResponse:
+    """What the customer may send: its reservations, allowances, request limits, budgets and
+    the API's rates."""
     customer = access.customer
     context = {
         "access": access,
@@ -190,7 +204,8 @@ def limits(request, access):
 
 @portal_page
 @require_safe
-def invoices(request, access):
+def invoices(request: HttpRequest, access: PortalAccess) -> HttpResponse:
+    """The customer's invoices, newest first."""
     context = {
         "access": access,
         "section": "invoices",
@@ -200,7 +215,7 @@ def invoices(request, access):
     return render(request, "portal/invoices.html", context)
 
 
-def _invoice_of(access, pk):
+def _invoice_of(access: PortalAccess, pk: int) -> Invoice:
     invoice = invoice_of_customer(access.customer, pk)
     if invoice is None:
         raise Http404("No such invoice for this customer.")
@@ -209,7 +224,8 @@ def _invoice_of(access, pk):
 
 @portal_page
 @require_safe
-def invoice(request, access, pk):
+def invoice(request: HttpRequest, access: PortalAccess, pk: int) -> HttpResponse:
+    """One of the customer's invoices with its lines."""
     invoice = _invoice_of(access, pk)
     context = {
         "access": access,
@@ -224,7 +240,11 @@ def invoice(request, access, pk):
 @portal_page
 @require_safe
 @counted_as_export
-def invoice_file(request, access, pk, format_name):
+def invoice_file(
+    request: HttpRequest, access: PortalAccess, pk: int, format_name: str
+) -> HttpResponse:
+    """One of the customer's invoices as a file (counted as an export against the user's
+    rate)."""
     invoice = _invoice_of(access, pk)
     if format_name not in INVOICE_FORMATS:
         raise Http404(f"Invoices download as {', '.join(INVOICE_FORMATS)}.")

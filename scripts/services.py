@@ -94,6 +94,7 @@ def ensure_database(url: str) -> None:
 
 
 def ensure_postgres(url: str) -> None:
+    """PostgreSQL answers at `url`, started from the machine's own service when it does not."""
     if _postgres_answers(url) is None:
         print(f"PostgreSQL answers at {urlparse(url).hostname}:{urlparse(url).port or 5432}.")
         ensure_database(url)
@@ -114,6 +115,7 @@ def ensure_postgres(url: str) -> None:
 
 
 def ensure_redis(url: str, *, private_dir: Path | None) -> None:
+    """Redis answers at `url`; when it does not, one is started (in `private_dir`, if given)."""
     if _redis_answers(url):
         print(f"Redis answers at {url}.")
         return
@@ -280,6 +282,7 @@ def ensure_pango() -> None:
 
 
 def main() -> None:
+    """`test` or `run`: make sure the services the mode needs answer."""
     mode = sys.argv[1] if len(sys.argv) > 1 else "test"
     redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     if mode == "test":

@@ -18,7 +18,9 @@ $BIN/python scripts/services.py test
 echo "== ruff check";            $BIN/ruff check .
 echo "== ruff format --check";   $BIN/ruff format --check .
 # The dependency order between packages and the pure modules' freedom from Django
-# (pyproject.toml, [tool.importlinter]); strict types on the pure modules ([tool.mypy]).
+# (pyproject.toml, [tool.importlinter]); types over every package ([tool.mypy]: strict on the
+# pure modules, the data plane, the planner and the portal), read with django-stubs' plugin,
+# which loads the settings from the environment exported above.
 echo "== lint-imports";           $BIN/lint-imports
 echo "== mypy";                   $BIN/mypy
 echo "== makemigrations --check"; $BIN/python manage.py makemigrations --check --dry-run

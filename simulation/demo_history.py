@@ -27,9 +27,11 @@ Idempotent: with a marker in the audit log nothing is written again.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -51,7 +53,7 @@ from capacity.pricing.features import mu_of, replica_seconds_of
 from capacity.selling.sellable import model_capacity
 from core.audit import audit_record
 from core.models import AuditEntry
-from simulation.engine import SERVED, SimulationSettings, simulate
+from simulation.engine import SERVED, SimulationResult, SimulationSettings, simulate
 from simulation.engine.autoscaling import Observation
 from simulation.engine.modelunit import LiveDemand, ModelUnitAutoscaler
 from simulation.engine.policy_context import PolicyContext
@@ -184,6 +186,43 @@ def demo_history_seed(
     end = now.replace(second=0, microsecond=0)
     start = end - SPAN
     requests = _demand(start)
+    per_replica = float(reference.replica_mu_per_minute)  # the reference deployment mints R
+    request_mu, mean_request_mu = _priced(requests, reference)
+    recorder, result = _replay(
+        requests,
+        deployment=deployment,
+        reservations_mu_per_minute=reservations_mu_per_minute,
+        replica_mu_per_minute=per_replica,
+        request_mu=request_mu,
+        mean_request_mu=mean_request_mu,
+    )
+    usage = _usage_minutes(
+        requests, result, customers, served_model, start, end, request_mu,
+        reserved=set(reservations_mu_per_minute),
+    )  # fmt: skip
+    sold = sum(reservations_mu_per_minute.values())
+    samples = _capacity_samples(result, recorder, served_model, start, end, sold)
+    decisions = _decisions(recorder, deployment, start, end, now, per_replica)
+    _store(usage, samples, decisions)
+    seeded = Seeded(
+        start=start,
+        end=end,
+        requests=len(requests) * REQUESTS_PER_SIMULATED,
+        usage_minutes=len(usage),
+        capacity_samples=len(samples),
+        decisions=len(decisions),
+        scale_events=result.scale_events,
+        gpu_hours=result.gpu_hours,
+    )
+    _mark(seeded, deployment)
+    return seeded
+
+
+def _priced(
+    requests: list[TraceRequest], reference: CostModel
+) -> tuple[Callable[[TraceRequest], float], float]:
+    """(a request's MU, as the reference cost model prices it, for the
+    REQUESTS_PER_SIMULATED requests it stands for; the mean of those MU)."""
     weights = reference.weights_replica_seconds
     r_mu = reference.replica_mu_per_minute
     mu = np.array(
@@ -204,12 +243,25 @@ def demo_history_seed(
     def request_mu(request: TraceRequest) -> float:
         return mu_by_request[id(request)]
 
-    (profile,) = parse_config(_json(PROFILE)).models
-    per_replica = float(r_mu)  # the reference deployment mints R per replica
+    return request_mu, float(mu.mean()) * REQUESTS_PER_SIMULATED if len(mu) else 0.0
+
+
+def _replay(
+    requests: list[TraceRequest],
+    *,
+    deployment: Deployment,
+    reservations_mu_per_minute: dict,
+    replica_mu_per_minute: float,
+    request_mu: Callable[[TraceRequest], float],
+    mean_request_mu: float,
+) -> tuple[_Recorder, SimulationResult]:
+    """The week through the simulated deployment, sized by the live policy (recorded), warm
+    from the start with what the reservations need."""
+    (profile,) = parse_config(json.loads(PROFILE.read_text())).models
     guaranteed = sum(reservations_mu_per_minute.values())
-    warm = math.ceil(guaranteed / (per_replica * deployment.target_utilisation) - 1e-9)
+    warm = math.ceil(guaranteed / (replica_mu_per_minute * deployment.target_utilisation) - 1e-9)
     context = PolicyContext(
-        replica_mu_per_minute=per_replica,
+        replica_mu_per_minute=replica_mu_per_minute,
         request_mu=request_mu,
         max_replicas=deployment.max_replicas,
         max_num_seqs=profile.max_num_seqs,
@@ -219,7 +271,7 @@ def demo_history_seed(
         reservations_mu_per_minute=dict(reservations_mu_per_minute),
         keep_warm=True,
         scale_to_zero_after_seconds=deployment.scale_to_zero_after_seconds,
-        mean_request_mu=float(mu.mean()) * REQUESTS_PER_SIMULATED if len(mu) else 0.0,
+        mean_request_mu=mean_request_mu,
         warm_replicas=max(warm, deployment.min_replicas),
     )
     recorder = _Recorder(
@@ -237,13 +289,11 @@ def demo_history_seed(
         ),
         recorder,
     )
+    return recorder, result
 
-    usage = _usage_minutes(
-        requests, result, customers, served_model, start, end, request_mu,
-        reserved=set(reservations_mu_per_minute),
-    )  # fmt: skip
-    samples = _capacity_samples(result, recorder, served_model, start, end, guaranteed)
-    decisions = _decisions(recorder, deployment, start, end, now, per_replica)
+
+def _store(usage: list, samples: list, decisions: list) -> None:
+    """The usage minutes, capacity samples and decisions, each decision at its simulated time."""
     UsageMinute.objects.bulk_create(usage, batch_size=2000)
     CapacitySample.objects.bulk_create(samples, batch_size=2000, ignore_conflicts=True)
     created = AllocationDecision.objects.bulk_create(decisions, batch_size=2000)
@@ -252,16 +302,11 @@ def demo_history_seed(
         decision.created_at = wanted._simulated_at
         decision.applied_at = None
     AllocationDecision.objects.bulk_update(created, ["created_at"], batch_size=2000)
-    seeded = Seeded(
-        start=start,
-        end=end,
-        requests=len(requests) * REQUESTS_PER_SIMULATED,
-        usage_minutes=len(usage),
-        capacity_samples=len(samples),
-        decisions=len(decisions),
-        scale_events=result.scale_events,
-        gpu_hours=result.gpu_hours,
-    )
+
+
+def _mark(seeded: Seeded, deployment: Deployment) -> None:
+    """The marker (`demo_history_marker`): what was simulated, over which span, and how."""
+    start, end = seeded.start, seeded.end
     audit_record(
         actor="system:seed_demo",
         action=ACTION,
@@ -282,13 +327,6 @@ def demo_history_seed(
         },
         reason="seed_demo replayed a week of demand through the fleet simulator",
     )
-    return seeded
-
-
-def _json(path: Path) -> dict:
-    import json
-
-    return json.loads(path.read_text())
 
 
 def _usage_minutes(requests, result, customers, served_model, start, end, request_mu, *, reserved):

@@ -4,7 +4,7 @@
 error names its line), the numbers are in range, the reservations parse (an error names the
 line and the client), the model config is valid — and raises `DomainError(field=...)` naming
 the form field at fault; otherwise it stores a queued `WhatIfRun` and queues
-`benchmarking.run_whatif` once the transaction commits. `whatif_execute(run_id)` claims the
+`simulation.run_whatif` once the transaction commits. `whatif_execute(run_id)` claims the
 run, simulates (progress: one step per policy, static-peak first) and stores `compare()`'s
 output, or ends the run as failed with the message.
 
@@ -49,9 +49,10 @@ import logging
 import math
 import re
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from celery import current_app
 from django.conf import settings as django_settings
 from django.db import transaction
 from django.db.models import F
@@ -64,13 +65,20 @@ from simulation import from_fleet
 from simulation.engine.compare import (
     MODELUNIT,
     REFERENCE,
+    Comparison,
     compare,
     known_policies,
     policy_registry,
     request_mu_of_weights,
 )
 from simulation.engine.profile import ConfigError, ModelConfig, parse_config
-from simulation.engine.traces import TraceError, TraceRequest, load_trace, summarise
+from simulation.engine.traces import (
+    TraceError,
+    TraceRequest,
+    TraceSummary,
+    load_trace,
+    summarise,
+)
 from simulation.models import WhatIfRun
 
 logger = logging.getLogger(__name__)
@@ -116,6 +124,9 @@ DEFAULT_POLICIES = ("static-peak", "kpa", "hpa-rps", "oracle", "modelunit")
 # offered, not run by default: they cost several runs of the trace each.)
 HINDSIGHT = ("oracle", "oracle-slo")
 
+# The Celery task that executes a run (simulation.tasks), queued by this name.
+RUN_TASK = "simulation.run_whatif"
+
 MAX_UPLOAD_BYTES = 5 * 1024 * 1024
 # A what-if should finish in seconds: about 5 s per policy per 20,000 requests on one core.
 MAX_REQUESTS = 60_000
@@ -140,6 +151,7 @@ _CLIENT = re.compile(r"^[^\s=,#]{1,100}$")
 
 
 def describe_limit(field: str) -> str:
+    """The range a number field accepts, as an error or a form says it."""
     _, low, high, exclusive = LIMITS[field]
     return f"{'>' if exclusive else '≥'} {low:g} and ≤ {high:g}"
 
@@ -214,6 +226,7 @@ def parse_reservations(text_or_dict) -> dict[str, float]:
 
 
 def format_reservations(reservations: dict[str, float]) -> str:
+    """Reservations as the `client = MU/min` lines parse_reservations reads."""
     return "\n".join(f"{client} = {mu:g}" for client, mu in reservations.items())
 
 
@@ -242,11 +255,14 @@ def parse_model_config(raw) -> dict | None:
 
 
 def model_of(settings: dict) -> ModelConfig:
+    """The replica a run simulates: its settings' model config, or the built-in profile."""
     fields = settings.get("model_config")
     return ModelConfig(**fields) if fields else BUILT_IN_MODEL
 
 
 def parse_policies(policies) -> list[str]:
+    """The policies asked for (a list, or names separated by commas; none: the
+    defaults), static-peak first; a DomainError names an unknown or unavailable one."""
     if isinstance(policies, str):
         policies = [p.strip() for p in policies.split(",") if p.strip()]
     policies = list(dict.fromkeys(policies or DEFAULT_POLICIES))
@@ -408,8 +424,63 @@ def whatif_create(
         if served_model is not None and model_fields is None
         else None
     )
+    trace = _trace_of(
+        trace_name=trace_name,
+        trace_csv=trace_csv,
+        trace_filename=trace_filename,
+        served_model=served_model,
+        usage_days=usage_days,
+        numbers=numbers,
+    )
+    requests = _requests_within_bounds(trace, numbers)
+    settings = {
+        **numbers,
+        "policies": chosen,
+        "reservations": parsed_reservations,
+        "keep_warm": bool(keep_warm),
+        **_fleet_and_caps(fleet, requests, parsed_reservations, numbers, model_fields),
+        **trace.extra,
+    }
+    with transaction.atomic():
+        run = WhatIfRun.objects.create(
+            requested_by=requested_by,
+            served_model=served_model,
+            trace_name=trace.name,
+            trace_filename=_safe_filename(trace.filename) if trace.csv else "",
+            trace_csv=trace.csv,
+            settings=settings,
+            progress_total=len(chosen),
+            progress_message="queued",
+        )
+        run_id = run.pk
+        transaction.on_commit(lambda: _queue_task(run_id))
+    return run
 
-    extra: dict = {}
+
+@dataclass(frozen=True)
+class _Trace:
+    """The trace a what-if replays: a bundled one by `name`, or a CSV (uploaded, or the model's
+    own usage); `error_field` is the form field its errors name, `extra` what the settings keep of
+    its source."""
+
+    name: str
+    csv: str
+    filename: str
+    error_field: str
+    extra: dict = field(default_factory=dict)
+
+
+def _trace_of(
+    *,
+    trace_name: str,
+    trace_csv: str | bytes,
+    trace_filename: str,
+    served_model: ServedModel | None,
+    usage_days,
+    numbers: dict,
+) -> _Trace:
+    """The trace asked for, checked: an upload within MAX_UPLOAD_BYTES and in UTF-8, the
+    usage of a picked model, or a bundled trace that exists."""
     if isinstance(trace_csv, bytes):
         if len(trace_csv) > MAX_UPLOAD_BYTES:
             raise _too_big(len(trace_csv))
@@ -423,47 +494,56 @@ def whatif_create(
     if trace_csv:
         if len(trace_csv.encode("utf-8")) > MAX_UPLOAD_BYTES:
             raise _too_big(len(trace_csv.encode("utf-8")))
-        trace_name = ""
-        trace_field = "trace_file"
-    elif trace_name == USAGE_TRACE:
-        if served_model is None:
-            raise DomainError(
-                "pick a model: the usage replayed is that model's own.", field="trace"
-            )
-        days = _number("usage_days", usage_days, integer=True)
-        thinning = numbers["rate_scale"]
-        trace_csv, events = from_fleet.usage_trace_csv(
-            served_model,
-            days=days,
-            duration_minutes=numbers["duration_minutes"],
-            # Enough for the scale to thin out, not so many that a row holds megabytes.
-            max_rows=min(4 * MAX_REQUESTS, math.ceil(MAX_REQUESTS / min(1.0, thinning))),
-            now=timezone.now(),
+        return _Trace(name="", csv=trace_csv, filename=trace_filename, error_field="trace_file")
+    if trace_name == USAGE_TRACE:
+        return _usage_trace(served_model, usage_days=usage_days, numbers=numbers)
+    trace_name = trace_name or ""
+    if trace_name not in BUNDLED_TRACES:
+        raise DomainError(
+            f"unknown bundled trace {trace_name!r} (bundled: {', '.join(BUNDLED_TRACES)}); "
+            "or upload a CSV.",
+            field="trace",
         )
-        trace_name, trace_field = "", "trace"
-        trace_filename = f"usage-{served_model.name}-{days}d.csv"
-        extra = {"trace_source": USAGE_TRACE, "usage_days": days, "usage_events": events}
-    else:
-        trace_name = trace_name or ""
-        trace_field = "trace"
-        if trace_name not in BUNDLED_TRACES:
-            raise DomainError(
-                f"unknown bundled trace {trace_name!r} (bundled: {', '.join(BUNDLED_TRACES)}); "
-                "or upload a CSV.",
-                field="trace",
-            )
+    return _Trace(name=trace_name, csv="", filename=trace_filename, error_field="trace")
+
+
+def _usage_trace(served_model: ServedModel | None, *, usage_days, numbers: dict) -> _Trace:
+    """The picked model's usage of the last `usage_days` days, as a CSV the row keeps."""
+    if served_model is None:
+        raise DomainError("pick a model: the usage replayed is that model's own.", field="trace")
+    days = _number("usage_days", usage_days, integer=True)
+    thinning = numbers["rate_scale"]
+    trace_csv, events = from_fleet.usage_trace_csv(
+        served_model,
+        days=days,
+        duration_minutes=numbers["duration_minutes"],
+        # Enough for the scale to thin out, not so many that a row holds megabytes.
+        max_rows=min(4 * MAX_REQUESTS, math.ceil(MAX_REQUESTS / min(1.0, thinning))),
+        now=timezone.now(),
+    )
+    return _Trace(
+        name="",
+        csv=trace_csv,
+        filename=f"usage-{served_model.name}-{days}d.csv",
+        error_field="trace",
+        extra={"trace_source": USAGE_TRACE, "usage_days": days, "usage_events": events},
+    )
+
+
+def _requests_within_bounds(trace: _Trace, numbers: dict) -> list[TraceRequest]:
+    """The trace's requests a run would simulate: at least one, at most MAX_REQUESTS."""
     try:
         requests = load_requests(
-            trace_name=trace_name,
-            trace_csv=trace_csv,
-            trace_filename=trace_filename,
+            trace_name=trace.name,
+            trace_csv=trace.csv,
+            trace_filename=trace.filename,
             duration_minutes=numbers["duration_minutes"],
             rate_scale=numbers["rate_scale"],
         )
     except TraceError as exc:
-        raise DomainError(str(exc), field=trace_field) from None
+        raise DomainError(str(exc), field=trace.error_field) from None
     if not requests:
-        raise DomainError("the trace has no requests.", field=trace_field)
+        raise DomainError("the trace has no requests.", field=trace.error_field)
     if len(requests) > MAX_REQUESTS:
         raise DomainError(
             f"the first {numbers['duration_minutes']} minutes at rate scale "
@@ -471,7 +551,19 @@ def whatif_create(
             f"most {MAX_REQUESTS:,}: shorten the duration or lower the scale.",
             field="duration_minutes",
         )
+    return requests
 
+
+def _fleet_and_caps(
+    fleet,
+    requests: list[TraceRequest],
+    reservations: dict[str, float],
+    numbers: dict,
+    model_fields: dict | None,
+) -> dict:
+    """The settings of the simulated replica and fleet: the fleet's (with its replica, in place
+    of `model_fields`) when one was read, and the fleet cap, the lower of the fleet's own and
+    what the sold reservations deploy at the overcommit."""
     replica_mu_per_minute = REPLICA_MU_PER_MINUTE
     fleet_settings = None
     caps = []
@@ -479,34 +571,15 @@ def whatif_create(
         model_fields, fleet_settings = from_fleet.fleet_settings(fleet, requests)
         replica_mu_per_minute = fleet_settings["replica_mu_per_minute"]
         caps.append(fleet_settings["max_replicas"])
-    overcommit_cap = fleet_cap(parsed_reservations, numbers["overcommit"], replica_mu_per_minute)
+    overcommit_cap = fleet_cap(reservations, numbers["overcommit"], replica_mu_per_minute)
     if overcommit_cap is not None:
         caps.append(overcommit_cap)
-    settings = {
-        **numbers,
-        "policies": chosen,
-        "reservations": parsed_reservations,
-        "keep_warm": bool(keep_warm),
+    return {
         "model_config": model_fields,
         "overcommit_max_replicas": overcommit_cap,
         "max_replicas": min(caps) if caps else None,
         "fleet": fleet_settings,
-        **extra,
     }
-    with transaction.atomic():
-        run = WhatIfRun.objects.create(
-            requested_by=requested_by,
-            served_model=served_model,
-            trace_name=trace_name,
-            trace_filename=_safe_filename(trace_filename) if trace_csv else "",
-            trace_csv=trace_csv,
-            settings=settings,
-            progress_total=len(chosen),
-            progress_message="queued",
-        )
-        run_id = run.pk
-        transaction.on_commit(lambda: _queue_task(run_id))
-    return run
 
 
 def _too_big(size: int) -> DomainError:
@@ -519,15 +592,17 @@ def _too_big(size: int) -> DomainError:
 
 
 def _queue_task(run_id: int) -> None:
-    from simulation.tasks import run_whatif
-
-    run_whatif.delay(run_id)
+    # By name (simulation.tasks registers it, and imports this module): routed to the
+    # benchmarks queue by CELERY_TASK_ROUTES.
+    current_app.send_task(RUN_TASK, args=[run_id])
 
 
 # --- Executing -------------------------------------------------------------------------------
 
 
 def whatif_claim(run_id: int) -> bool:
+    """Mark a queued run running; False when it was not queued (another delivery took
+    it)."""
     return bool(
         WhatIfRun.objects.filter(pk=run_id, status=WhatIfRun.Status.QUEUED).update(
             status=WhatIfRun.Status.RUNNING,
@@ -538,6 +613,7 @@ def whatif_claim(run_id: int) -> bool:
 
 
 def whatif_fail(run_id: int, error: str) -> bool:
+    """End a queued or running run as failed with `error`; False when it had ended."""
     return bool(
         WhatIfRun.objects.filter(
             pk=run_id, status__in=[WhatIfRun.Status.QUEUED, WhatIfRun.Status.RUNNING]
@@ -598,44 +674,64 @@ def whatif_execute(run_id: int) -> WhatIfRun | None:
         if not requests:
             raise ValueError("the trace has no requests")
         model = model_of(settings)
-        policies = settings["policies"]
-        WhatIfRun.objects.filter(pk=run_id).update(
-            progress_total=len(policies),
-            progress_message=f"simulating {len(requests):,} requests: {policies[0]}",
-        )
-
-        def on_policy(name: str, done: int, total: int) -> None:
-            following = policies[done] if done < len(policies) else None
-            WhatIfRun.objects.filter(pk=run_id).update(
-                progress_done=done,
-                progress_total=total,
-                progress_message=(
-                    f"{name} done; simulating {following}" if following else f"{name} done"
-                ),
-            )
-
-        report = compare(
-            requests,
-            model=model,
-            policies=policies,
-            slo_ttft_ms=settings["slo_ttft_ms"],
-            cold_start_seconds=settings["cold_start_seconds"],
-            target_utilisation=settings["target_utilisation"],
-            reservations=settings["reservations"],
-            keep_warm=settings["keep_warm"],
-            tick_seconds=settings["tick_seconds"],
-            max_replicas=settings["max_replicas"],
-            on_policy=on_policy,
-            stabilisation_seconds=float(django_settings.ALLOCATION_STABILISATION_SECONDS),
-            burst_seconds=float(django_settings.ADMISSION_BURST_SECONDS),
-            **_fleet_arguments(settings.get("fleet")),
-        )
+        report = _compared(run_id, requests, model, settings)
     except Exception as error:  # noqa: BLE001 - whatever broke, the row says why
         logger.info("what-if %s failed: %s", run_id, error, exc_info=True)
         message = str(error) if isinstance(error, TraceError | ValueError) else None
         whatif_fail(run_id, message or f"{type(error).__name__}: {error}")
         return WhatIfRun.objects.get(pk=run_id)
     summary = summarise(requests)
+    WhatIfRun.objects.filter(pk=run_id, status=WhatIfRun.Status.RUNNING).update(
+        status=WhatIfRun.Status.SUCCEEDED,
+        result=_finite(_result(report, summary, model, settings)),
+        progress_done=F("progress_total"),
+        progress_message=f"simulated {summary.requests:,} requests under {len(report['policies'])} "
+        "policies",
+        finished_at=timezone.now(),
+    )
+    return WhatIfRun.objects.get(pk=run_id)
+
+
+def _compared(
+    run_id: int, requests: list[TraceRequest], model: ModelConfig, settings: dict
+) -> Comparison:
+    """compare() over the run's settings, its progress written to the row after each policy."""
+    policies = settings["policies"]
+    WhatIfRun.objects.filter(pk=run_id).update(
+        progress_total=len(policies),
+        progress_message=f"simulating {len(requests):,} requests: {policies[0]}",
+    )
+
+    def on_policy(name: str, done: int, total: int) -> None:
+        following = policies[done] if done < len(policies) else None
+        WhatIfRun.objects.filter(pk=run_id).update(
+            progress_done=done,
+            progress_total=total,
+            progress_message=(
+                f"{name} done; simulating {following}" if following else f"{name} done"
+            ),
+        )
+
+    return compare(
+        requests,
+        model=model,
+        policies=policies,
+        slo_ttft_ms=settings["slo_ttft_ms"],
+        cold_start_seconds=settings["cold_start_seconds"],
+        target_utilisation=settings["target_utilisation"],
+        reservations=settings["reservations"],
+        keep_warm=settings["keep_warm"],
+        tick_seconds=settings["tick_seconds"],
+        max_replicas=settings["max_replicas"],
+        on_policy=on_policy,
+        stabilisation_seconds=float(django_settings.ALLOCATION_STABILISATION_SECONDS),
+        burst_seconds=float(django_settings.ADMISSION_BURST_SECONDS),
+        **_fleet_arguments(settings.get("fleet")),
+    )
+
+
+def _result(report: Comparison, summary: TraceSummary, model: ModelConfig, settings: dict) -> dict:
+    """What the run keeps: compare()'s report, the trace simulated and the fleet cap."""
     result = {
         **report,
         "trace": {
@@ -655,15 +751,7 @@ def whatif_execute(run_id: int) -> WhatIfRun | None:
         # The fleet, and the replicas its cap counts (its unit deployment's).
         result["model"] = ", ".join(row["name"] for row in deployments)
         result["unit"] = model.name
-    WhatIfRun.objects.filter(pk=run_id, status=WhatIfRun.Status.RUNNING).update(
-        status=WhatIfRun.Status.SUCCEEDED,
-        result=_finite(result),
-        progress_done=F("progress_total"),
-        progress_message=f"simulated {summary.requests:,} requests under {len(report['policies'])} "
-        "policies",
-        finished_at=timezone.now(),
-    )
-    return WhatIfRun.objects.get(pk=run_id)
+    return result
 
 
 # --- Reading ---------------------------------------------------------------------------------

@@ -202,8 +202,8 @@ SIMPLE_WEIGHTS = {
 
 
 def make_cost_model(served_model, gpu_type, *, gpus_per_replica=1, weights=None):
-    from capacity.pricing.cost_models import cost_model_record
     from capacity.pricing.features import mu_coefficients
+    from capacity.repricing.services import cost_model_record
 
     weights = weights or SIMPLE_WEIGHTS
     return cost_model_record(

@@ -21,6 +21,7 @@ from accounts.api.serializers import (
 from accounts.models import ApiKey, Customer, Tier
 from accounts.permissions import scoped_permission
 from accounts.principals import principal_of
+from core.api.mixins import AuditedPatchMixin
 from core.audit import actor_of
 
 CustomerPermission = scoped_permission(
@@ -179,7 +180,7 @@ class MeView(APIView):
         if principal.api_key is not None:
             key = principal.api_key
             customers = [{"customer": key.customer.slug, "role": "key"}] if key.customer_id else []
-            body = {
+            body: dict[str, object] = {
                 "kind": "api_key",
                 "username": None,
                 "api_key_prefix": key.prefix,
@@ -216,7 +217,7 @@ class TierViewSet(
     mixins.ListModelMixin,
     mixins.RetrieveModelMixin,
     mixins.CreateModelMixin,
-    mixins.UpdateModelMixin,
+    AuditedPatchMixin,
     mixins.DestroyModelMixin,
     viewsets.GenericViewSet,
 ):
@@ -227,11 +228,12 @@ class TierViewSet(
     deleted (409)."""
 
     serializer_class = TierSerializer
+    change_serializer_class = TierChangeSerializer
+    put_refused_message = "Change a tier with PATCH."
     permission_classes = [TierPermission]
     lookup_field = "name"
     lookup_value_regex = r"[-a-zA-Z0-9_]+"
     queryset = Tier.objects.order_by("shed_order")
-    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
 
     def perform_create(self, serializer):
         data = serializer.validated_data
@@ -243,22 +245,10 @@ class TierViewSet(
             actor=actor_of(principal_of(self.request)),
         )
 
-    @extend_schema(request=TierChangeSerializer, responses=TierSerializer)
-    def partial_update(self, request, *args, **kwargs):
-        tier = self.get_object()
-        serializer = TierChangeSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        changed = services.tier_update(
-            tier=tier,
-            changes=dict(serializer.validated_data),
-            actor=actor_of(principal_of(request)),
+    def perform_audited_update(self, instance, *, changes):
+        return services.tier_update(
+            tier=instance, changes=changes, actor=actor_of(principal_of(self.request))
         )
-        return Response(TierSerializer(changed).data)
-
-    def update(self, request, *args, **kwargs):
-        if not kwargs.get("partial"):
-            raise PermissionDenied("Change a tier with PATCH.")
-        return super().update(request, *args, **kwargs)
 
     def perform_destroy(self, instance):
         services.tier_delete(tier=instance, actor=actor_of(principal_of(self.request)))

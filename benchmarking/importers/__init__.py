@@ -1,4 +1,4 @@
-"""Benchmark results in the formats the tools write them, as benchmark samples (DESIGN §3).
+"""Benchmark results in the tools' own formats, as samples (docs/design.md#benchmarks).
 
 | format | file | module |
 | --- | --- | --- |

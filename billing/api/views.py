@@ -22,29 +22,21 @@ from accounts.principals import principal_of
 from accounts.selectors import customers_visible_to
 from billing import budgets
 from billing.exports import invoice_download
-from billing.generation import invoice_estimate, invoice_issue, period_bounds
+from billing.generation import invoice_estimate, invoice_issue
 from billing.latency import MAX_TTFT_OBJECTIVE_MS
+from billing.line_rows import LINE_COLUMNS
 from billing.margin import model_margins
 from billing.models import Budget, Invoice, InvoiceLine, RateCard
+from billing.periods import period_bounds
 from billing.rates import rate_card_create, rate_card_update
 from capacity.models import ServedModel
+from core.api.mixins import AuditedPatchMixin
 from core.api.serializers import InstantField, StrictModelSerializer, StrictSerializer
 from core.api.throttle_scopes import EXPORTS
 from core.audit import actor_of
 
-LINE_FIELDS = [
-    "kind",
-    "model",
-    "reservation",
-    "description",
-    "starts_at",
-    "ends_at",
-    "quantity",
-    "unit",
-    "unit_price",
-    "amount",
-    "evidence",
-]
+# The exports' columns (billing.line_rows), and the evidence the JSON carries nested.
+LINE_FIELDS = [*LINE_COLUMNS, "evidence"]
 
 
 class ReadPermission(BasePermission):
@@ -374,7 +366,7 @@ class BudgetViewSet(
     mixins.ListModelMixin,
     mixins.RetrieveModelMixin,
     mixins.CreateModelMixin,
-    mixins.UpdateModelMixin,
+    AuditedPatchMixin,
     mixins.DestroyModelMixin,
     viewsets.GenericViewSet,
 ):
@@ -386,9 +378,10 @@ class BudgetViewSet(
     best-effort usage its requests were billed) and the alerts sent."""
 
     serializer_class = BudgetSerializer
+    change_serializer_class = BudgetChangeSerializer
+    put_refused_message = "Change a budget with PATCH."
     permission_classes = [BudgetPermission]
     filterset_class = BudgetFilter
-    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
 
     def get_queryset(self):
         principal = principal_of(self.request)
@@ -409,22 +402,10 @@ class BudgetViewSet(
             actor=actor_of(principal_of(self.request)),
         )
 
-    @extend_schema(request=BudgetChangeSerializer, responses=BudgetSerializer)
-    def partial_update(self, request, *args, **kwargs):
-        budget = self.get_object()
-        serializer = BudgetChangeSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        changed = budgets.budget_update(
-            budget=budget,
-            changes=dict(serializer.validated_data),
-            actor=actor_of(principal_of(request)),
+    def perform_audited_update(self, instance, *, changes):
+        return budgets.budget_update(
+            budget=instance, changes=changes, actor=actor_of(principal_of(self.request))
         )
-        return Response(BudgetSerializer(changed).data)
-
-    def update(self, request, *args, **kwargs):
-        if not kwargs.get("partial"):
-            raise PermissionDenied("Change a budget with PATCH.")
-        return super().update(request, *args, **kwargs)
 
     def perform_destroy(self, instance):
         budgets.budget_delete(budget=instance, actor=actor_of(principal_of(self.request)))

@@ -1,6 +1,6 @@
 """What each actuator kind needs in `Deployment.actuator_config`, checked before it is stored.
 
-The config only chooses among what the operator allowed (DESIGN §6; core/outbound.py):
+The config only chooses among what the operator allowed (docs/design.md#trust; core/outbound.py):
 
 - secrets are named by the environment variable that holds them (`secret_env`, `token_env`),
   and only variables of ACTUATOR_SECRET_ENV_NAMES may be named; each is sent only to the

@@ -1,5 +1,5 @@
-"""The one admission bucket rule: GCRA over MU, with partial spillover (DESIGN §2). Pure: no
-Django, no Redis, no clock.
+"""The one admission bucket rule: GCRA over MU, with partial spillover
+(docs/design.md#admission). Pure: no Django, no Redis, no clock.
 
 A bucket with rate `r` MU/min spends `T = 60,000 / r` ms per MU and keeps one number, its
 theoretical arrival time (TAT, ms). A request of `c` MU is admitted by one bucket (`take`) when

@@ -1,5 +1,5 @@
 """Reservation floors: the guaranteed MU/min admission gives a customer on a model, from what
-is sold, never from the allocation tick (DESIGN §2, "Fail safe").
+is sold, never from the allocation tick (docs/design.md#fail-safe).
 
 Admission's guaranteed bucket runs at the floor (capacity.admission.redis_buckets, FLOOR_LUA).
 A floor is written to Redis whenever a sale changes (a reservation created, amended or

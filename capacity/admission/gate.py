@@ -1,4 +1,4 @@
-"""Admission control: may this request run, and in which class? (DESIGN §2)
+"""Admission control: may this request run, and in which class? (docs/design.md#admission)
 
 `admit(...)` estimates the request's MU, then asks Redis in one round trip (`buckets()`):
 the customer's and its key's request limits first (requests and tokens per minute, requests
@@ -37,14 +37,14 @@ from django.utils import timezone
 
 from capacity.admission.bucket import LocalBuckets
 from capacity.admission.floors import floors_of
-from capacity.admission.redis_buckets import (
+from capacity.admission.redis_buckets import Buckets
+from capacity.admission.redis_layout import (
     BEST_EFFORT,
     GUARANTEED,
     REFUSED,
     REFUSED_GUARANTEED,
     AdmissionRecord,
     AlreadyDecided,
-    Buckets,
 )
 from capacity.health.degradation import current as current_degradation
 from capacity.health.degradation import forget as forget_degradation
@@ -113,6 +113,8 @@ _buckets_lock = threading.Lock()
 
 
 def buckets() -> Buckets:
+    """The process's admission store client (capacity.admission.redis_buckets.Buckets), made once
+    from ADMISSION_REDIS_URL and the admission settings."""
     global _buckets
     if _buckets is None:
         with _buckets_lock:
@@ -202,6 +204,8 @@ def _model(name: str) -> _ModelInfo:
 
 
 def estimate_mu(info: _ModelInfo, *, input_tokens, cached_input_tokens, max_tokens) -> float:
+    """The MU a request is admitted at: its input tokens (cached ones at their price) and max_tokens
+    (capped by the model's output cap) under the model's pricing cost model."""
     if info.cost_model is None:
         raise DomainError(
             "This model has no cost model yet, so requests cannot be priced.",

@@ -27,9 +27,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from accounts.models import ApiKey, Customer
-from capacity.admission.redis_buckets import api_key_scope, customer_scope
+from capacity.admission.redis_layout import api_key_scope, customer_scope
+from capacity.hooks import gateway_state_changed
 from capacity.models import BudgetCap, RequestLimit
-from capacity.publication import publish_after_commit
 from core.audit import audit_change, audit_record, current_actor
 from core.errors import ConflictError, DomainError
 
@@ -105,11 +105,11 @@ def request_limit_set(
     limit.save()
     if before is None:
         audit_record(actor=actor, action="request_limit.create", obj=limit, after=_state(limit))
-        publish_after_commit("request limits changed")
+        gateway_state_changed("request limits changed")
     elif audit_change(
         actor=actor, action="request_limit.update", obj=limit, before=before, after=_state(limit)
     ):
-        publish_after_commit("request limits changed")
+        gateway_state_changed("request limits changed")
     return limit
 
 
@@ -127,6 +127,7 @@ def request_limit_update(
 
 @transaction.atomic
 def request_limit_delete(*, limit: RequestLimit, actor: str | None = None) -> None:
+    """Delete a request limit row, audited; gateways stop enforcing it after the commit."""
     before = _state(limit)
     pk, label = limit.pk, str(limit)
     limit.delete()
@@ -138,7 +139,7 @@ def request_limit_delete(*, limit: RequestLimit, actor: str | None = None) -> No
         object_repr=label,
         before=before,
     )
-    publish_after_commit("request limits changed")
+    gateway_state_changed("request limits changed")
 
 
 def request_limits_of_customer(customer: Customer) -> list[RequestLimit]:
@@ -223,7 +224,7 @@ def budget_cap_set(
         )
     else:
         return False
-    publish_after_commit("budget cap changed")
+    gateway_state_changed("budget cap changed")
     return True
 
 

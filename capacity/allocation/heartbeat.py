@@ -1,4 +1,4 @@
-"""The allocation tick's heartbeat, and what watches it (DESIGN §2, "Fail safe").
+"""The allocation tick's heartbeat, and what watches it (docs/design.md#fail-safe).
 
 Admission never depends on a fresh tick: reservation floors are written when a sale changes
 (capacity.admission.floors) and the best-effort allowances age in the admission script itself

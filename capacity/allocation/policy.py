@@ -1,4 +1,5 @@
-"""The allocation policy: a pure function from a snapshot of the fleet to decisions (DESIGN §2).
+"""The allocation policy: a pure function from a snapshot of the fleet to decisions
+(docs/design.md#the-tick).
 
 Plain data in, plain data out — no database, no clock, no network — so the live tick and the
 fleet simulator run the very same code. Rules, in order:
@@ -99,12 +100,15 @@ class CustomerDemand:
 
     @property
     def reserved_in_use_mu_per_minute(self) -> float:
+        """The part of the reservation the customer uses now (what it used lately when now
+        was not measured): it stays the customer's, never lent to best-effort."""
         now = self.current_mu_per_minute
         used = max(self.recent_mu_per_minute, self.peak_mu_per_minute) if now is None else now
         return min(self.reserved_mu_per_minute, used)
 
     @property
     def refused_mu_per_minute(self) -> float:
+        """What admission turned away in both classes, MU/min."""
         return self.refused_guaranteed_mu_per_minute + self.refused_best_effort_mu_per_minute
 
 
@@ -132,10 +136,14 @@ class DeploymentState:
 
     @property
     def effective_mu_per_minute_per_replica(self) -> float:
+        """What a replica is planned to serve: its rate at the target utilisation (0 without
+        a cost model)."""
         return (self.mu_per_minute_per_replica or 0.0) * self.target_utilisation
 
     @property
     def usd_per_mu(self) -> float:
+        """A replica's cost per MU at its full rate, the order `_fill` places replicas in
+        (infinite without a rate: placed last)."""
         mu = self.mu_per_minute_per_replica
         return self.cost_per_hour_usd / (mu * 60) if mu else math.inf
 
@@ -196,6 +204,7 @@ class Reason:
     data: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
+        """The reason as stored on the decision (`AllocationDecision.reasons`)."""
         return {"code": self.code, "message": self.message, "data": self.data}
 
 
@@ -251,6 +260,7 @@ class Decisions:
     models: tuple[ModelOutcome, ...]
 
     def for_deployment(self, deployment_id: int) -> DeploymentDecision:
+        """The decision for one deployment (StopIteration when it was not in the snapshot)."""
         return next(d for d in self.deployments if d.deployment_id == deployment_id)
 
 
@@ -327,6 +337,41 @@ def _binding_burst(model: ModelSnapshot) -> float:
     return burst if bursty else 0.0
 
 
+@dataclass(slots=True)
+class _Plan:
+    """What `decide`'s steps build, in the rules' order: the replicas placed so far per
+    deployment, the GPUs each pool has left, and the reasons each deployment is given. Each
+    step reads what the steps before it placed (guaranteed fills on top of the minimums,
+    best-effort on top of both), so the three travel together."""
+
+    replicas: dict[int, int]
+    pool_free: dict[int, int]
+    reasons: dict[int, list[Reason]]
+
+    def planned_mu(self, model: ModelSnapshot) -> float:
+        """MU/min the replicas placed so far give the model, at the target utilisation."""
+        return sum(
+            self.replicas[d.deployment_id] * d.effective_mu_per_minute_per_replica
+            for d in model.deployments
+        )
+
+
+@dataclass(slots=True)
+class _ModelPlan:
+    """One model's figures as the steps find them, read again by the decisions and the
+    outcome. `demands` and `warms`: each customer's `_demand` and `warm_reserved`, in the
+    model's order, computed once (the steps read them three times, for tens of thousands of
+    customers); `warm_mu` is their reservations' warm total."""
+
+    demands: list[float]
+    warms: list[float]
+    warm_mu: float
+    guaranteed_short_mu: float = 0.0
+    best_effort_demand_mu: float = 0.0
+    best_effort_short_mu: float = 0.0
+    cold_start_lead_mu: float = 0.0
+
+
 _LABELS = {
     "guaranteed": "guaranteed",
     "best_effort": "best-effort",
@@ -337,14 +382,13 @@ _LABELS = {
 def _fill(
     need_mu: float,
     deployments: Sequence[DeploymentState],
-    replicas: dict[int, int],
-    pool_free: dict[int, int],
-    reasons: dict[int, list[Reason]],
+    plan: _Plan,
     label: str,
     max_added: int | None = None,
 ) -> tuple[float, int]:
     """Add replicas cheapest $/MU first until `need_mu` is covered, at most `max_added` in all;
     return (what is missing, replicas added)."""
+    replicas, pool_free, reasons = plan.replicas, plan.pool_free, plan.reasons
     total_added = 0
     for deployment in sorted(deployments, key=lambda d: (d.usd_per_mu, d.deployment_id)):
         if need_mu <= EPSILON:
@@ -395,25 +439,57 @@ def _last_recommendation(deployment: DeploymentState) -> int | None:
 
 
 def decide(snapshot: Snapshot) -> Decisions:
-    pool_free = {pool.pool_id: pool.gpu_count for pool in snapshot.pools}
-    replicas: dict[int, int] = {}
-    reasons: dict[int, list[Reason]] = {}
+    """The fleet's decisions for a snapshot: the module's rules, in order. Every model's
+    minimums and warm reservations are placed before any best-effort, so a short pool gives
+    up best-effort first; then each deployment's count is settled (idle models, hysteresis)
+    and the held replicas are fitted back into their pools."""
+    plan = _Plan(
+        replicas={},
+        pool_free={pool.pool_id: pool.gpu_count for pool in snapshot.pools},
+        reasons={},
+    )
     window = snapshot.settings.stabilisation_window_seconds
+    _place_minimums(snapshot, plan)
+    models = _place_guaranteed(snapshot, plan)
+    # What an outside autoscaler may never go below: the minimums and the warm reservations.
+    floors = dict(plan.replicas)
+    _place_best_effort(snapshot, plan, models)
 
-    # 1. Minimums.
+    decisions: list[DeploymentDecision] = []
+    outcomes: list[ModelOutcome] = []
+    allowances: list[Allowance] = []
+    for model in snapshot.models:
+        model_plan = models[model.model_id]
+        keep_warm = any(c.keep_warm and c.reserved_mu_per_minute > 0 for c in model.customers)
+        demand_total = _demand_total(model, model_plan)
+        for d in model.deployments:
+            decisions.append(
+                _deployment_decision(model, d, plan, floors, demand_total, keep_warm, window)
+            )
+        outcomes.append(_outcome(model, model_plan, plan))
+        allowances.extend(_allowances(model, model_plan.demands))
+
+    # 7. Held replicas (stabilisation, unknown load) must still fit their pools.
+    decisions = _fit_pools(decisions, snapshot)
+    return Decisions(tuple(decisions), tuple(allowances), tuple(outcomes))
+
+
+def _place_minimums(snapshot: Snapshot, plan: _Plan) -> None:
+    """Rule 1: every deployment's `min_replicas`, as far as its pool's GPUs go, before any
+    demand is planned; a pool that cannot hold the minimum says so."""
     for model in snapshot.models:
         for d in model.deployments:
-            reasons[d.deployment_id] = []
-            fits = pool_free.get(d.pool_id, 0) // d.gpus_per_replica
+            plan.reasons[d.deployment_id] = []
+            fits = plan.pool_free.get(d.pool_id, 0) // d.gpus_per_replica
             keep = min(d.min_replicas, fits)
-            replicas[d.deployment_id] = keep
-            pool_free[d.pool_id] = pool_free.get(d.pool_id, 0) - keep * d.gpus_per_replica
+            plan.replicas[d.deployment_id] = keep
+            plan.pool_free[d.pool_id] = plan.pool_free.get(d.pool_id, 0) - keep * d.gpus_per_replica
             if keep:
-                reasons[d.deployment_id].append(
+                plan.reasons[d.deployment_id].append(
                     Reason("min_replicas", f"{keep} replica(s) are the minimum", {"min": keep})
                 )
             if keep < d.min_replicas:
-                reasons[d.deployment_id].append(
+                plan.reasons[d.deployment_id].append(
                     Reason(
                         "pool_short_of_min",
                         "its pool cannot hold even the minimum",
@@ -421,204 +497,210 @@ def decide(snapshot: Snapshot) -> Decisions:
                     )
                 )
 
-    def planned(model: ModelSnapshot) -> float:
-        return sum(
-            replicas[d.deployment_id] * d.effective_mu_per_minute_per_replica
-            for d in model.deployments
-        )
 
-    # 2. Guaranteed (the warm reservations), across all models, before any best-effort.
-    warm: dict[int, float] = {}
-    guaranteed_short: dict[int, float] = {}
-    # Each customer's demand and warm reservation, computed once (the steps below read them
-    # three times, for tens of thousands of customers), in the customers' order.
-    demands: dict[int, list[float]] = {}
-    warms: dict[int, list[float]] = {}
+def _place_guaranteed(snapshot: Snapshot, plan: _Plan) -> dict[int, _ModelPlan]:
+    """Rule 2: hot capacity for the warm reservations, across all models before any
+    best-effort (a reserved customer may ramp faster than a replica cold-starts). Returns
+    each model's customer figures, computed here once, with what its reservations miss."""
+    models: dict[int, _ModelPlan] = {}
     for model in snapshot.models:
         idle_window = idle_window_seconds(model)
-        demands[model.model_id] = [_demand(c) for c in model.customers]
-        warms[model.model_id] = [warm_reserved(c, idle_window) for c in model.customers]
-        warm[model.model_id] = sum(warms[model.model_id])
-        need = warm[model.model_id] - planned(model)
-        guaranteed_short[model.model_id], _ = _fill(
-            need, model.deployments, replicas, pool_free, reasons, "guaranteed"
+        warms = [warm_reserved(c, idle_window) for c in model.customers]
+        model_plan = _ModelPlan(
+            demands=[_demand(c) for c in model.customers], warms=warms, warm_mu=sum(warms)
         )
+        models[model.model_id] = model_plan
+        need = model_plan.warm_mu - plan.planned_mu(model)
+        model_plan.guaranteed_short_mu, _ = _fill(need, model.deployments, plan, "guaranteed")
+    return models
 
-    floors = dict(replicas)
 
-    # 3. Best-effort, within the model's ceiling; 3b. the cold-start lead.
-    best_effort_short: dict[int, float] = {}
-    best_effort_demand: dict[int, float] = {}
-    lead_demand: dict[int, float] = {}
+def _place_best_effort(snapshot: Snapshot, plan: _Plan, models: dict[int, _ModelPlan]) -> None:
+    """Rule 3 and 3b: best-effort demand on top of the warm reservations (never less than the
+    binding bursts), within the model's best-effort ceiling; then the capacity the demand's
+    trend will need within one cold start, within what the ceiling leaves."""
     for model in snapshot.models:
-        guaranteed = warm[model.model_id]
-        demand = _best_effort_demand(model, demands[model.model_id], warms[model.model_id])
+        model_plan = models[model.model_id]
+        guaranteed = model_plan.warm_mu
+        demand = _best_effort_demand(model, model_plan.demands, model_plan.warms)
         demand = max(demand, _binding_burst(model) - guaranteed)
         if model.best_effort_ceiling_mu_per_minute is not None:
             demand = min(demand, model.best_effort_ceiling_mu_per_minute)
-        best_effort_demand[model.model_id] = demand
-        need = guaranteed + demand - planned(model)
-        best_effort_short[model.model_id], added = _fill(
+        model_plan.best_effort_demand_mu = demand
+        need = guaranteed + demand - plan.planned_mu(model)
+        model_plan.best_effort_short_mu, added = _fill(
             need,
             model.deployments,
-            replicas,
-            pool_free,
-            reasons,
+            plan,
             "best_effort",
             max_added=model.best_effort_ceiling_replicas,
         )
         lead = _cold_start_lead(model, guaranteed + demand)
         if model.best_effort_ceiling_mu_per_minute is not None:
             lead = min(lead, max(0.0, model.best_effort_ceiling_mu_per_minute - demand))
-        lead_demand[model.model_id] = lead
+        model_plan.cold_start_lead_mu = lead
         if lead > EPSILON:
             room = model.best_effort_ceiling_replicas
             _fill(
-                guaranteed + demand + lead - planned(model),
+                guaranteed + demand + lead - plan.planned_mu(model),
                 model.deployments,
-                replicas,
-                pool_free,
-                reasons,
+                plan,
                 "cold_start_lead",
                 max_added=None if room is None else max(0, room - added),
             )
 
-    decisions: list[DeploymentDecision] = []
-    outcomes: list[ModelOutcome] = []
-    allowances: list[Allowance] = []
-    for model in snapshot.models:
-        keep_warm = any(c.keep_warm and c.reserved_mu_per_minute > 0 for c in model.customers)
-        demand_total = (
-            model.waiting_mu
-            + gateway_waiting_mu_per_minute(model)
-            + _binding_burst(model)
-            + sum(map(max, demands[model.model_id], warms[model.model_id]))
-            + _unmetered(model)
-        )
-        for d in model.deployments:
-            recommended = replicas[d.deployment_id]
-            why = reasons[d.deployment_id]
-            if d.mu_per_minute_per_replica is None:
-                why.append(
-                    Reason(
-                        "no_cost_model",
-                        "no cost model for this GPU type: sized by its minimum only",
-                        {},
-                    )
-                )
-            # 6. Idle models: one replica until the idle window has passed.
-            if demand_total <= EPSILON and recommended == 0 and d.current_replicas > 0:
-                idle_window = d.scale_to_zero_after_seconds
-                idle = model.idle_seconds
-                if keep_warm:
-                    recommended = max(1, recommended)
-                    why.append(Reason("keep_warm", "a reservation keeps the model warm", {}))
-                elif idle_window is not None and (idle is None or idle >= idle_window):
-                    why.append(
-                        Reason(
-                            "scale_to_zero",
-                            f"idle for over {idle_window:.0f} s",
-                            {"idle_seconds": idle},
-                        )
-                    )
-                elif _last_recommendation(d) == 0:
-                    why.append(
-                        Reason(
-                            "not_planned",
-                            "the last plan had no replica here for customers (those running "
-                            "were not theirs: a benchmark's, just released): none is kept warm",
-                            {},
-                        )
-                    )
-                elif idle_window is None:
-                    recommended = 1
-                    why.append(Reason("never_scale_to_zero", "scale to zero is off", {}))
-                else:
-                    recommended = 1
-                    why.append(
-                        Reason(
-                            "idle_wait",
-                            f"idle {idle:.0f} s of {idle_window:.0f} s before scaling to zero",
-                            {"idle_seconds": idle},
-                        )
-                    )
-            recommended = min(max(recommended, d.min_replicas), d.max_replicas)
 
-            # 5. Hysteresis and unknown load.
-            target = recommended
-            if recommended < d.current_replicas:
-                if not model.load_known:
-                    target = d.current_replicas
-                    why.append(
-                        Reason(
-                            "load_unknown",
-                            "load is unknown: holding the current count rather than scaling down",
-                            {},
-                        )
-                    )
-                else:
-                    in_window = [r for age, r in d.recent_recommendations if age <= window]
-                    # No tick inside the window (a fresh start, a long pause): no evidence that
-                    # demand stayed low for the whole window, so the current count stands.
-                    highest = max([recommended, *in_window]) if in_window else d.current_replicas
-                    target = min(d.current_replicas, highest)
-                    if target > recommended:
-                        why.append(
-                            Reason(
-                                "stabilising",
-                                f"scale-down held at {target}: the "
-                                f"highest recommendation of the last {window:.0f} s",
-                                {"highest": highest, "window_seconds": window},
-                            )
-                        )
-                    else:
-                        why.append(Reason("scale_down", f"down to {target}", {}))
-            elif recommended > d.current_replicas:
-                why.append(
-                    Reason("scale_up", f"up from {d.current_replicas} to {recommended} at once", {})
-                )
-            decisions.append(
-                DeploymentDecision(
-                    deployment_id=d.deployment_id,
-                    model_id=model.model_id,
-                    current_replicas=d.current_replicas,
-                    recommended_replicas=recommended,
-                    target_replicas=target,
-                    reasons=tuple(why),
-                    ready_replicas=d.ready_replicas,
-                    starting_replicas=d.starting_replicas,
-                    draining_replicas=d.draining_replicas,
-                    floor_replicas=floors[d.deployment_id],
-                    ceiling_replicas=_ceiling(d, floors[d.deployment_id], model),
-                )
-            )
+def _demand_total(model: ModelSnapshot, model_plan: _ModelPlan) -> float:
+    """Everything that would keep the model's replicas (rule 6 reads it: none at all is an
+    idle model): the queues, the gateways' waiting requests, binding bursts, each customer's
+    demand or warm reservation (the higher) and what metering missed."""
+    return (
+        model.waiting_mu
+        + gateway_waiting_mu_per_minute(model)
+        + _binding_burst(model)
+        + sum(map(max, model_plan.demands, model_plan.warms))
+        + _unmetered(model)
+    )
 
-        # 7. Held replicas (stabilisation, unknown load) must still fit their pools.
-        guaranteed = sum(c.reserved_mu_per_minute for c in model.customers)
-        outcomes.append(
-            ModelOutcome(
-                model_id=model.model_id,
-                guaranteed_mu_per_minute=guaranteed,
-                best_effort_demand_mu_per_minute=best_effort_demand[model.model_id],
-                planned_mu_per_minute=planned(model),
-                guaranteed_shortfall_mu_per_minute=guaranteed_short[model.model_id],
-                best_effort_shortfall_mu_per_minute=best_effort_short[model.model_id],
-                warm_guaranteed_mu_per_minute=warm[model.model_id],
-                refused_guaranteed_mu_per_minute=sum(
-                    c.refused_guaranteed_mu_per_minute for c in model.customers
-                ),
-                refused_best_effort_mu_per_minute=sum(
-                    c.refused_best_effort_mu_per_minute for c in model.customers
-                ),
-                gateway_waiting_mu=model.gateway_waiting_mu,
-                cold_start_lead_mu_per_minute=lead_demand[model.model_id],
-                ready_mu_per_minute=_ready_mu(model),
+
+def _deployment_decision(
+    model: ModelSnapshot,
+    d: DeploymentState,
+    plan: _Plan,
+    floors: dict[int, int],
+    demand_total: float,
+    keep_warm: bool,
+    window: float,
+) -> DeploymentDecision:
+    """One deployment's recommendation (what was placed, an idle model's warm replica, within
+    min and max) and its target (the recommendation held by hysteresis and unknown load)."""
+    recommended = plan.replicas[d.deployment_id]
+    why = plan.reasons[d.deployment_id]
+    if d.mu_per_minute_per_replica is None:
+        why.append(
+            Reason(
+                "no_cost_model",
+                "no cost model for this GPU type: sized by its minimum only",
+                {},
             )
         )
-        allowances.extend(_allowances(model, demands[model.model_id]))
+    if demand_total <= EPSILON and recommended == 0 and d.current_replicas > 0:
+        recommended = _idle_recommendation(model, d, keep_warm, why)
+    recommended = min(max(recommended, d.min_replicas), d.max_replicas)
+    target = _stabilised_target(model, d, recommended, window, why)
+    return DeploymentDecision(
+        deployment_id=d.deployment_id,
+        model_id=model.model_id,
+        current_replicas=d.current_replicas,
+        recommended_replicas=recommended,
+        target_replicas=target,
+        reasons=tuple(why),
+        ready_replicas=d.ready_replicas,
+        starting_replicas=d.starting_replicas,
+        draining_replicas=d.draining_replicas,
+        floor_replicas=floors[d.deployment_id],
+        ceiling_replicas=_ceiling(d, floors[d.deployment_id], model),
+    )
 
-    decisions = _fit_pools(decisions, snapshot)
-    return Decisions(tuple(decisions), tuple(allowances), tuple(outcomes))
+
+def _idle_recommendation(
+    model: ModelSnapshot, d: DeploymentState, keep_warm: bool, why: list[Reason]
+) -> int:
+    """Rule 6, for a deployment of a model without demand that still runs replicas and was
+    given none: one replica while a reservation keeps the model warm or until the idle window
+    has passed, none after it, and none where the last plan had none for customers."""
+    idle_window = d.scale_to_zero_after_seconds
+    idle = model.idle_seconds
+    if keep_warm:
+        why.append(Reason("keep_warm", "a reservation keeps the model warm", {}))
+        return 1
+    if idle_window is not None and (idle is None or idle >= idle_window):
+        why.append(
+            Reason("scale_to_zero", f"idle for over {idle_window:.0f} s", {"idle_seconds": idle})
+        )
+        return 0
+    if _last_recommendation(d) == 0:
+        why.append(
+            Reason(
+                "not_planned",
+                "the last plan had no replica here for customers (those running "
+                "were not theirs: a benchmark's, just released): none is kept warm",
+                {},
+            )
+        )
+        return 0
+    if idle_window is None:
+        why.append(Reason("never_scale_to_zero", "scale to zero is off", {}))
+        return 1
+    why.append(
+        Reason(
+            "idle_wait",
+            f"idle {idle:.0f} s of {idle_window:.0f} s before scaling to zero",
+            {"idle_seconds": idle},
+        )
+    )
+    return 1
+
+
+def _stabilised_target(
+    model: ModelSnapshot, d: DeploymentState, recommended: int, window: float, why: list[Reason]
+) -> int:
+    """Rule 5: up at once; down only to the highest recommendation inside the stabilisation
+    window, and not while no tick recommended inside it; unknown load holds the count."""
+    if recommended > d.current_replicas:
+        why.append(Reason("scale_up", f"up from {d.current_replicas} to {recommended} at once", {}))
+        return recommended
+    if recommended == d.current_replicas:
+        return recommended
+    if not model.load_known:
+        why.append(
+            Reason(
+                "load_unknown",
+                "load is unknown: holding the current count rather than scaling down",
+                {},
+            )
+        )
+        return d.current_replicas
+    in_window = [r for age, r in d.recent_recommendations if age <= window]
+    # No tick inside the window (a fresh start, a long pause): no evidence that demand stayed
+    # low for the whole window, so the current count stands.
+    highest = max([recommended, *in_window]) if in_window else d.current_replicas
+    target = min(d.current_replicas, highest)
+    if target > recommended:
+        why.append(
+            Reason(
+                "stabilising",
+                f"scale-down held at {target}: the "
+                f"highest recommendation of the last {window:.0f} s",
+                {"highest": highest, "window_seconds": window},
+            )
+        )
+    else:
+        why.append(Reason("scale_down", f"down to {target}", {}))
+    return target
+
+
+def _outcome(model: ModelSnapshot, model_plan: _ModelPlan, plan: _Plan) -> ModelOutcome:
+    """What the model was sold, asked for and given, and what it is short of (the planner's
+    pages and the sellability re-check read it)."""
+    return ModelOutcome(
+        model_id=model.model_id,
+        guaranteed_mu_per_minute=sum(c.reserved_mu_per_minute for c in model.customers),
+        best_effort_demand_mu_per_minute=model_plan.best_effort_demand_mu,
+        planned_mu_per_minute=plan.planned_mu(model),
+        guaranteed_shortfall_mu_per_minute=model_plan.guaranteed_short_mu,
+        best_effort_shortfall_mu_per_minute=model_plan.best_effort_short_mu,
+        warm_guaranteed_mu_per_minute=model_plan.warm_mu,
+        refused_guaranteed_mu_per_minute=sum(
+            c.refused_guaranteed_mu_per_minute for c in model.customers
+        ),
+        refused_best_effort_mu_per_minute=sum(
+            c.refused_best_effort_mu_per_minute for c in model.customers
+        ),
+        gateway_waiting_mu=model.gateway_waiting_mu,
+        cold_start_lead_mu_per_minute=model_plan.cold_start_lead_mu,
+        ready_mu_per_minute=_ready_mu(model),
+    )
 
 
 def _ceiling(deployment: DeploymentState, floor: int, model: ModelSnapshot) -> int:

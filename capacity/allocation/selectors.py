@@ -42,6 +42,7 @@ def decisions_newest_first(
 
 
 def recent_failed_decisions(*, limit: int) -> QuerySet[AllocationDecision]:
+    """The newest decisions whose actuator call failed, with their deployment."""
     return (
         AllocationDecision.objects.filter(actuator_ok=False)
         .select_related("deployment")
@@ -75,6 +76,7 @@ def circuits_open_and_failing(*, now: datetime) -> CircuitStates:
 
 
 def actuator_circuit_of(deployment: Deployment) -> ActuatorCircuit | None:
+    """The deployment's actuator circuit breaker, or None before its first failure."""
     return ActuatorCircuit.objects.filter(deployment=deployment).first()
 
 

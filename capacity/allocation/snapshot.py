@@ -2,7 +2,7 @@
 the fleet size: demand (usage rollups and raw events, refusals included), reservations and
 the customers allowed on each model, GPU inventory, replica health and readiness as
 observed, the workload mix, the requests gateways hold for a model at zero (Redis), and the
-engines' own load from Prometheus (DESIGN §2).
+engines' own load from Prometheus (docs/design.md#the-tick).
 
 Readiness is observed, never assumed from what was requested: a replica is ready once the
 health probes found it serving (`Replica` rows, what gateways route to) for the kinds whose
@@ -21,8 +21,9 @@ import marshal
 import operator
 import time
 from collections import defaultdict
-from dataclasses import fields, replace
+from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime, timedelta
+from typing import NamedTuple
 
 import numpy as np
 from django.conf import settings
@@ -30,6 +31,7 @@ from django.db.models import BigIntegerField, Count, Func, Max, Q, Sum
 from django.db.models.functions import Coalesce, Trunc
 
 from accounts.models import Customer
+from capacity.admission.gateways import gateway_waiting
 from capacity.allocation import policy as allocation
 from capacity.allocation.bursts import Bursts, bursts
 from capacity.allocation.trend import TREND_MINUTES, demand_trend_mu_per_minute_per_second
@@ -49,8 +51,8 @@ from capacity.models import (
 from capacity.pricing.cost_models import active_cost_models_by_shape
 from capacity.pricing.exchange import DEFAULT_MIX, MeanShape
 from capacity.pricing.exchange import replica_mu_per_minute as exchange_rate
-from capacity.publication.demand import gateway_waiting
 from capacity.selling.sellable import MIX_LOOKBACK
+from capacity.telemetry.prometheus import DeploymentLoad, read_fleet_load
 from core.db import driver_rows
 
 logger = logging.getLogger(__name__)
@@ -85,12 +87,14 @@ class EpochMicros(Func):
     output_field = BigIntegerField()
 
     def as_postgresql(self, compiler, connection, **extra):
+        """The epoch of the timestamp, scaled and cast in SQL."""
         # EXTRACT(EPOCH …) is an exact numeric since PostgreSQL 14.
         return self.as_sql(
             compiler, connection, template="(EXTRACT(EPOCH FROM %(expressions)s) * 1000000)::bigint"
         )
 
     def as_sqlite(self, compiler, connection, **extra):
+        """The timestamp's text read as whole seconds and its microseconds."""
         # Stored as 'YYYY-MM-DD HH:MM:SS[.ffffff]' in UTC; no fraction casts to 0.
         sql, params = compiler.compile(self.source_expressions[0])
         return (
@@ -101,13 +105,94 @@ class EpochMicros(Func):
 
 
 def _replica_mu(reference: CostModel | None, own: CostModel | None, mix: MeanShape) -> float | None:
+    """A replica's MU/min on its own cost model, in the model's reference MU at its request
+    mix; None without either cost model (the policy sizes it by its minimum only)."""
     if reference is None or own is None:
         return None
     return exchange_rate(reference=reference, own=own, mix=mix)
 
 
+class _Demand(NamedTuple):
+    """A (model, customer)'s rolled-up use, MU/min: the mean over RECENT_WINDOW and the
+    busiest minute of PEAK_WINDOW."""
+
+    recent_mu_per_minute: float
+    peak_mu_per_minute: float
+
+
+class _Refused(NamedTuple):
+    """What admission turned away from a (model, customer) lately, MU/min, by the class the
+    requests were refused in."""
+
+    guaranteed_mu_per_minute: float
+    best_effort_mu_per_minute: float
+
+
+class _CurrentUse(NamedTuple):
+    """A (model, customer) over the last CURRENT_USE_WINDOW, from raw events, MU/min."""
+
+    used_mu_per_minute: float
+    refused_guaranteed_mu_per_minute: float
+    refused_best_effort_mu_per_minute: float
+
+
+class _Readiness(NamedTuple):
+    """A deployment's running replicas as observed (the module docstring)."""
+
+    ready_replicas: int
+    starting_replicas: int
+    draining_replicas: int
+
+
+# Not a NamedTuple: the reservations of a (model, customer) are added up into it, row by row.
+@dataclass(slots=True)
+class _Reserved:
+    """A (model, customer)'s active reservations together: their MU/min, whether one keeps
+    the model warm, and when the latest of them started (epoch microseconds)."""
+
+    mu_per_minute: float
+    keep_warm: bool
+    latest_start_us: int | None
+
+
+@dataclass(slots=True)
+class _CustomerReadings:
+    """Everything read per (model, customer), for `_customer_demands`; the customers' tier
+    weights by customer."""
+
+    reserved: dict[tuple[int, int], _Reserved]
+    demand: dict[tuple[int, int], _Demand]
+    refused: dict[tuple[int, int], _Refused]
+    current: dict[tuple[int, int], _CurrentUse]
+    last_use_us: dict[tuple[int, int], int]
+    tier_weights: dict[int, float]
+
+
+@dataclass(slots=True)
+class _FleetReadings:
+    """Everything the snapshot reads besides the deployments and the pools, each in one query
+    (or one read of Redis or Prometheus) for the whole fleet, by model or deployment."""
+
+    active: dict[tuple[int, int, int], CostModel]  # (model, GPU type, GPUs per replica)
+    references: dict[int, CostModel]
+    mixes: dict[int, MeanShape]
+    mu_per_request: dict[int, float]
+    customers: _CustomerReadings
+    customers_of: dict[int, set[int]]
+    trends: dict[int, float]
+    waiting_at_gateways: dict[str, tuple[float, float]]  # model name → (MU, seconds)
+    bursts: dict[int, Bursts]
+    last_used: dict[int, datetime]
+    history: dict[int, list[tuple[float, int]]]
+    loads: dict[int, DeploymentLoad]
+    readiness: dict[int, _Readiness]
+    unhealthy: dict[int, int]
+
+
 def build_snapshot(*, now: datetime, window_seconds: float | None = None):
-    """The policy's input, in a fixed number of queries whatever the fleet size."""
+    """The policy's input, in a fixed number of queries whatever the fleet size; with the
+    deployments by id and the unhealthy replicas per deployment, which the tick adds back to
+    the decisions (`with_replacements`, `with_holds`)."""
     window_seconds = window_seconds or settings.ALLOCATION_STABILISATION_SECONDS
     deployments = list(
         Deployment.objects.select_related("served_model", "gpu_pool__gpu_type").order_by("pk")
@@ -115,25 +200,108 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
     # Replicas the probes found unhealthy are being restarted: they hold their GPUs but serve
     # nothing, so the policy plans without them (and `with_replacements` adds them back).
     unhealthy = unhealthy_replicas_by_deployment()
+    pools = _pools(deployments, unhealthy)
+    fleet = _read_fleet(deployments, unhealthy, now, window_seconds)
+    by_model: dict[int, list[Deployment]] = defaultdict(list)
+    for deployment in deployments:
+        by_model[deployment.served_model_id].append(deployment)
+    now_us = _micros(now)
+    models = [
+        _model_snapshot(model_id, model_deployments, fleet, now, now_us)
+        for model_id, model_deployments in by_model.items()
+    ]
+    snapshot = allocation.Snapshot(
+        models=tuple(models),
+        pools=tuple(pools),
+        settings=allocation.PolicySettings(stabilisation_window_seconds=window_seconds),
+    )
+    return snapshot, {d.pk: d for d in deployments}, unhealthy
+
+
+def _pools(deployments: list[Deployment], unhealthy: dict[int, int]) -> list[allocation.PoolState]:
+    """Each pool with the GPUs the policy may place on: its inventory less what unhealthy
+    replicas and benchmark-held ones keep (they hold their GPUs, and are no capacity)."""
     held_gpus: dict[int, int] = defaultdict(int)
     for d in deployments:
         # Benchmark-held replicas (`with_holds`) hold their GPUs too, started or not yet.
         held_gpus[d.gpu_pool_id] += (
             min(unhealthy.get(d.pk, 0), d.current_replicas) + d.benchmark_held_replicas
         ) * d.gpus_per_replica
-    pools = [
+    return [
         allocation.PoolState(pool.pk, pool.name, max(0, pool.gpu_count - held_gpus[pool.pk]))
         for pool in GpuPool.objects.all()
     ]
+
+
+def _read_fleet(
+    deployments: list[Deployment], unhealthy: dict[int, int], now: datetime, window_seconds: float
+) -> _FleetReadings:
+    """Every reading the models' snapshots are built from: cost models, request mixes,
+    reservations, demand and refusals, trends, bursts, waiting requests, past recommendations,
+    engine loads, readiness and the customers allowed on each model."""
+    whole_minute = now.replace(second=0, microsecond=0)
     active = active_cost_models_by_shape()
-    # The reference cost model: the model's reference GPU type, fewest GPUs per replica.
+    references = _reference_cost_models(deployments, active)
+    mixes, mu_per_request = _request_mixes(now)
+    reserved = _reservations(now)
+    demand, refused = _rolled_up_use(whole_minute)
+    current = _current_use(now)
+    _add_current_refusals(refused, current)
+    last_use_us = _last_use(now)
+    trends = _trends(whole_minute)
+    waiting_at_gateways = gateway_waiting(now_s=time.time())
+    model_bursts = _bursts(now)
+    last_used = _last_used_by_model(now)
+    history = _recent_recommendations(now, window_seconds)
+    loads = _loads(deployments)
+    readiness = _readiness(deployments, unhealthy, now)
+    customers_of = _customers_of(reserved, demand, refused)
+    # Each customer's tier weight: its share of the best-effort slack not split by demand.
+    # Every customer's, in one plain query: a filter by the ids seen would send one parameter
+    # per customer, whose building costs more than reading the few customers not seen.
+    tier_weights = dict(Customer.objects.values_list("pk", "tier__weight"))
+    return _FleetReadings(
+        active=active,
+        references=references,
+        mixes=mixes,
+        mu_per_request=mu_per_request,
+        customers=_CustomerReadings(
+            reserved=reserved,
+            demand=demand,
+            refused=refused,
+            current=current,
+            last_use_us=last_use_us,
+            tier_weights=tier_weights,
+        ),
+        customers_of=customers_of,
+        trends=trends,
+        waiting_at_gateways=waiting_at_gateways,
+        bursts=model_bursts,
+        last_used=last_used,
+        history=history,
+        loads=loads,
+        readiness=readiness,
+        unhealthy=unhealthy,
+    )
+
+
+def _reference_cost_models(
+    deployments: list[Deployment], active: dict[tuple[int, int, int], CostModel]
+) -> dict[int, CostModel]:
+    """Model → its reference cost model, the one MU are measured against: the model's
+    reference GPU type, fewest GPUs per replica."""
     served_models = {d.served_model_id: d.served_model for d in deployments}
     references: dict[int, CostModel] = {}
     for (model_id, gpu_type_id, _gpus), cost_model in sorted(active.items(), key=lambda i: i[0]):
         served = served_models.get(model_id)
         if served and gpu_type_id == served.reference_gpu_type_id and model_id not in references:
             references[model_id] = cost_model
+    return references
 
+
+def _request_mixes(now: datetime) -> tuple[dict[int, MeanShape], dict[int, float]]:
+    """Per model with requests within MIX_LOOKBACK: its mean request shape (what a replica's
+    MU/min is exchanged at) and its mean MU per request (what a queued request weighs)."""
     mixes: dict[int, MeanShape] = {}
     mu_per_request: dict[int, float] = {}
     for row in (
@@ -156,11 +324,13 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
                 cached_input_tokens=row["cached"],
                 output_tokens=row["out"],
             )
+    return mixes, mu_per_request
 
-    now_us = _micros(now)
-    reserved: dict[tuple[int, int], list] = {}
-    # (model, customer) → when its latest active reservation started, in epoch microseconds.
-    reserved_since: dict[tuple[int, int], int] = {}
+
+def _reservations(now: datetime) -> dict[tuple[int, int], _Reserved]:
+    """(model, customer) → its reservations active now, added up: a customer may hold several
+    on one model, and keeps the model warm if any of them does."""
+    reserved: dict[tuple[int, int], _Reserved] = {}
     for model_id, customer_id, mu, keep_warm, starts_us in driver_rows(
         Reservation.objects.active_at(now)
         .annotate(starts_us=EpochMicros("starts_at"))
@@ -169,20 +339,25 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
         key = (model_id, customer_id)
         entry = reserved.get(key)
         if entry is None:
-            reserved[key] = [0.0 + mu, keep_warm]
-            reserved_since[key] = starts_us
+            reserved[key] = _Reserved(0.0 + mu, keep_warm, starts_us)
         else:
-            entry[0] += mu
-            entry[1] = entry[1] or keep_warm
-            if starts_us > reserved_since[key]:
-                reserved_since[key] = starts_us
+            entry.mu_per_minute += mu
+            entry.keep_warm = entry.keep_warm or keep_warm
+            if starts_us > entry.latest_start_us:
+                entry.latest_start_us = starts_us
+    return reserved
 
-    whole_minute = now.replace(second=0, microsecond=0)
+
+def _rolled_up_use(
+    whole_minute: datetime,
+) -> tuple[dict[tuple[int, int], _Demand], dict[tuple[int, int], _Refused]]:
+    """(model, customer) → its demand and, where there were any, its refusals, from the
+    complete minutes' rollups (the recent mean and the busiest minute)."""
     recent_minutes = RECENT_WINDOW.total_seconds() / 60
-    demand: dict[tuple[int, int], tuple[float, float]] = {}
-    refused: dict[tuple[int, int], tuple[float, float]] = {}  # (guaranteed, best-effort)
+    demand: dict[tuple[int, int], _Demand] = {}
+    refused: dict[tuple[int, int], _Refused] = {}
     in_recent = Q(minute__gte=whole_minute - RECENT_WINDOW)
-    # Tuples, not a dict per (model, customer): tens of thousands of rows a tick.
+    # Tuples from the driver, not a dict per (model, customer): tens of thousands of rows a tick.
     for model_id, customer_id, recent, peak, refused_mu, refused_guaranteed in driver_rows(
         UsageMinute.objects.filter(minute__gte=whole_minute - PEAK_WINDOW, minute__lt=whole_minute)
         .values("served_model_id", "customer_id")
@@ -197,29 +372,41 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
         )
     ):
         key = (model_id, customer_id)
-        demand[key] = ((recent or 0.0) / recent_minutes, peak or 0.0)
+        demand[key] = _Demand((recent or 0.0) / recent_minutes, peak or 0.0)
         guaranteed_refused = (refused_guaranteed or 0.0) / recent_minutes
         all_refused = (refused_mu or 0.0) / recent_minutes
         if all_refused > 0:
-            refused[key] = (guaranteed_refused, max(0.0, all_refused - guaranteed_refused))
-    current = _current_use(now)
+            refused[key] = _Refused(guaranteed_refused, max(0.0, all_refused - guaranteed_refused))
+    return demand, refused
+
+
+def _add_current_refusals(
+    refused: dict[tuple[int, int], _Refused], current: dict[tuple[int, int], _CurrentUse]
+) -> None:
+    """Refusals of the last seconds count before their minute is rolled up: each class's
+    refused rate is the higher of the rollups' and the raw events'."""
     for key, (_used, guaranteed_now, best_effort_now) in current.items():
-        # Refusals of the last seconds count before their minute is rolled up.
-        rolled = refused.get(key, (0.0, 0.0))
-        refused[key] = (max(rolled[0], guaranteed_now), max(rolled[1], best_effort_now))
-    last_use = _last_use(now)
-    trends = _trends(whole_minute)
-    waiting_at_gateways = gateway_waiting(now_s=time.time())
+        rolled = refused.get(key, _NO_ROLLED_REFUSAL)
+        refused[key] = _Refused(max(rolled[0], guaranteed_now), max(rolled[1], best_effort_now))
 
-    model_bursts = _bursts(now)
 
-    last_used = dict(
+def _last_used_by_model(now: datetime) -> dict[int, datetime]:
+    """Model → the start of its last minute with a request, within IDLE_LOOKBACK (how long
+    it has been idle)."""
+    return dict(
         UsageMinute.objects.filter(minute__gte=now - IDLE_LOOKBACK, requests__gt=0)
         .values("served_model_id")
         .annotate(last=Max("minute"))
         .values_list("served_model_id", "last")
     )
 
+
+def _recent_recommendations(
+    now: datetime, window_seconds: float
+) -> dict[int, list[tuple[float, int]]]:
+    """Deployment → (seconds ago, recommended replicas) of the live ticks inside the
+    stabilisation window, which a scale-down waits out."""
+    now_us = _micros(now)
     history: dict[int, list[tuple[float, int]]] = defaultdict(list)
     for deployment_id, created_us, recommended in driver_rows(
         AllocationDecision.objects.filter(
@@ -229,133 +416,143 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
         .values_list("deployment_id", "created_us", "recommended_replicas")
     ):
         history[deployment_id].append(((now_us - created_us) / MICROS_PER_SECOND, recommended))
+    return history
 
-    loads = _loads(deployments)
-    load_known = {deployment_id: load.known for deployment_id, load in loads.items()}
-    readiness = _readiness(deployments, unhealthy, now)
 
-    by_model: dict[int, list[Deployment]] = defaultdict(list)
-    for deployment in deployments:
-        by_model[deployment.served_model_id].append(deployment)
+def _customers_of(
+    reserved: dict[tuple[int, int], _Reserved],
+    demand: dict[tuple[int, int], _Demand],
+    refused: dict[tuple[int, int], _Refused],
+) -> dict[int, set[int]]:
+    """Model → the customers the policy plans for on it: those with a reservation, use or
+    refusals, and every customer allowed on it, history or not (each gets a best-effort
+    share)."""
     customers_of: dict[int, set[int]] = defaultdict(set)
-    # Every customer allowed on a model gets a best-effort share, history or not.
     entitled = Entitlement.objects.values_list("served_model_id", "customer_id")
     for model_id, customer_id in [*reserved, *demand, *refused, *entitled]:
         customers_of[model_id].add(customer_id)
-    # Each customer's tier weight: its share of the best-effort slack not split by demand.
-    # Every customer's, in one plain query: a filter by the ids seen would send one parameter
-    # per customer, whose building costs more than reading the few customers not seen.
-    tier_weights = dict(Customer.objects.values_list("pk", "tier__weight"))
-    models = []
-    for model_id, model_deployments in by_model.items():
-        mix = mixes.get(model_id, DEFAULT_MIX)
-        reference = references.get(model_id)
-        # The model's deployments share a few cost models: each rate computed once.
-        replica_mu: dict[int | None, float | None] = {}
-        states = []
-        for d in model_deployments:
-            own = active.get((model_id, d.gpu_pool.gpu_type_id, d.gpus_per_replica))
-            own_pk = own.pk if own is not None else None
-            if own_pk not in replica_mu:
-                replica_mu[own_pk] = _replica_mu(reference, own, mix)
-            broken = min(unhealthy.get(d.pk, 0), d.current_replicas)
-            # Benchmark-held replicas are no capacity: the running ones leave current, all of
-            # them leave the room under max (`with_holds` adds them back to the target).
-            held = d.benchmark_held_replicas
-            running_held = min(held, d.current_replicas - broken)
-            room = max(0, d.max_replicas - broken - held)
-            ready, starting, draining = readiness[d.pk]
-            states.append(
-                allocation.DeploymentState(
-                    deployment_id=d.pk,
-                    name=d.name,
-                    pool_id=d.gpu_pool_id,
-                    gpus_per_replica=d.gpus_per_replica,
-                    mu_per_minute_per_replica=replica_mu[own_pk],
-                    current_replicas=d.current_replicas - broken - running_held,
-                    ready_replicas=ready,
-                    starting_replicas=starting,
-                    draining_replicas=draining,
-                    min_replicas=min(d.min_replicas, room),
-                    max_replicas=room,
-                    cold_start_seconds=d.cold_start_seconds,
-                    scale_to_zero_after_seconds=d.scale_to_zero_after_seconds,
-                    target_utilisation=d.target_utilisation,
-                    cost_per_hour_usd=float(d.gpu_pool.gpu_type.hourly_cost_usd)
-                    * d.gpus_per_replica,
-                    recent_recommendations=tuple(history.get(d.pk, ())),
-                )
-            )
-        customers = tuple(
-            _customer_demands(
-                model_id,
-                sorted(customers_of.get(model_id, ())),
-                now_us,
-                reserved,
-                demand,
-                current,
-                refused,
-                last_use,
-                reserved_since,
-                tier_weights,
-            )
+    return customers_of
+
+
+def _model_snapshot(
+    model_id: int,
+    model_deployments: list[Deployment],
+    fleet: _FleetReadings,
+    now: datetime,
+    now_us: int,
+) -> allocation.ModelSnapshot:
+    """One model as the policy reads it: its deployments, its customers' demands, and the
+    model-wide signals (idleness, queues, bursts, waiting requests, engine load, trend)."""
+    loads = fleet.loads
+    customers = tuple(
+        _customer_demands(
+            model_id, sorted(fleet.customers_of.get(model_id, ())), now_us, fleet.customers
         )
-        served_model = model_deployments[0].served_model
-        engine_loads = [
-            loads[d.pk].mu_per_minute
-            for d in model_deployments
-            if d.pk in loads and loads[d.pk].known and loads[d.pk].mu_per_minute is not None
-        ]
-        last = last_used.get(model_id)
-        burst = model_bursts.get(model_id, NO_BURSTS)
-        held_mu, held_seconds = waiting_at_gateways.get(served_model.name, (0.0, 0.0))
-        models.append(
-            allocation.ModelSnapshot(
-                model_id=model_id,
-                name=model_deployments[0].served_model.name,
-                customers=customers,
-                deployments=tuple(states),
-                idle_seconds=(now - last).total_seconds() if last else None,
-                load_known=all(load_known.get(d.pk, True) for d in model_deployments),
-                waiting_mu=_waiting_mu(model_deployments, loads, mu_per_request.get(model_id)),
-                burst_mu_per_minute=burst.burst_mu_per_minute,
-                burst_window_busiest_minute_mu=burst.busiest_minute_mu,
-                gateway_waiting_mu=held_mu,
-                engine_mu_per_minute=sum(engine_loads) if engine_loads else None,
-                demand_trend_mu_per_minute_per_second=trends.get(model_id, 0.0),
-                best_effort_ceiling_mu_per_minute=served_model.best_effort_ceiling_mu_per_minute,
-                best_effort_ceiling_replicas=served_model.best_effort_ceiling_replicas,
-                gateway_waiting_seconds=held_seconds,
-            )
-        )
-    snapshot = allocation.Snapshot(
-        models=tuple(models),
-        pools=tuple(pools),
-        settings=allocation.PolicySettings(stabilisation_window_seconds=window_seconds),
     )
-    return snapshot, {d.pk: d for d in deployments}, unhealthy
+    served_model = model_deployments[0].served_model
+    engine_loads = [
+        loads[d.pk].mu_per_minute
+        for d in model_deployments
+        if d.pk in loads and loads[d.pk].known and loads[d.pk].mu_per_minute is not None
+    ]
+    last = fleet.last_used.get(model_id)
+    burst = fleet.bursts.get(model_id, NO_BURSTS)
+    held_mu, held_seconds = fleet.waiting_at_gateways.get(served_model.name, (0.0, 0.0))
+    return allocation.ModelSnapshot(
+        model_id=model_id,
+        name=served_model.name,
+        customers=customers,
+        deployments=_deployment_states(model_id, model_deployments, fleet),
+        idle_seconds=(now - last).total_seconds() if last else None,
+        load_known=all(loads[d.pk].known if d.pk in loads else True for d in model_deployments),
+        waiting_mu=_waiting_mu(model_deployments, loads, fleet.mu_per_request.get(model_id)),
+        burst_mu_per_minute=burst.burst_mu_per_minute,
+        burst_window_busiest_minute_mu=burst.busiest_minute_mu,
+        gateway_waiting_mu=held_mu,
+        engine_mu_per_minute=sum(engine_loads) if engine_loads else None,
+        demand_trend_mu_per_minute_per_second=fleet.trends.get(model_id, 0.0),
+        best_effort_ceiling_mu_per_minute=served_model.best_effort_ceiling_mu_per_minute,
+        best_effort_ceiling_replicas=served_model.best_effort_ceiling_replicas,
+        gateway_waiting_seconds=held_seconds,
+    )
 
 
-_NO_RESERVATION = (0.0, False)
-_NO_DEMAND = (0.0, 0.0)
-_NO_CURRENT = (0.0, 0.0, 0.0)
-_NO_REFUSAL = (0, 0)
+def _deployment_states(
+    model_id: int, model_deployments: list[Deployment], fleet: _FleetReadings
+) -> tuple[allocation.DeploymentState, ...]:
+    """The model's deployments as the policy reads them, each sized at its own cost model's
+    rate in the model's reference MU and request mix."""
+    mix = fleet.mixes.get(model_id, DEFAULT_MIX)
+    reference = fleet.references.get(model_id)
+    # The model's deployments share a few cost models: each rate computed once.
+    replica_mu: dict[int | None, float | None] = {}
+    states = []
+    for d in model_deployments:
+        own = fleet.active.get((model_id, d.gpu_pool.gpu_type_id, d.gpus_per_replica))
+        own_pk = own.pk if own is not None else None
+        if own_pk not in replica_mu:
+            replica_mu[own_pk] = _replica_mu(reference, own, mix)
+        states.append(_deployment_state(d, replica_mu[own_pk], fleet))
+    return tuple(states)
+
+
+def _deployment_state(
+    d: Deployment, mu_per_minute_per_replica: float | None, fleet: _FleetReadings
+) -> allocation.DeploymentState:
+    """One deployment as the policy plans it: without its unhealthy replicas (being
+    restarted) and those a benchmark holds, which are no capacity."""
+    broken = min(fleet.unhealthy.get(d.pk, 0), d.current_replicas)
+    # Benchmark-held replicas are no capacity: the running ones leave current, all of
+    # them leave the room under max (`with_holds` adds them back to the target).
+    held = d.benchmark_held_replicas
+    running_held = min(held, d.current_replicas - broken)
+    room = max(0, d.max_replicas - broken - held)
+    ready, starting, draining = fleet.readiness[d.pk]
+    return allocation.DeploymentState(
+        deployment_id=d.pk,
+        name=d.name,
+        pool_id=d.gpu_pool_id,
+        gpus_per_replica=d.gpus_per_replica,
+        mu_per_minute_per_replica=mu_per_minute_per_replica,
+        current_replicas=d.current_replicas - broken - running_held,
+        ready_replicas=ready,
+        starting_replicas=starting,
+        draining_replicas=draining,
+        min_replicas=min(d.min_replicas, room),
+        max_replicas=room,
+        cold_start_seconds=d.cold_start_seconds,
+        scale_to_zero_after_seconds=d.scale_to_zero_after_seconds,
+        target_utilisation=d.target_utilisation,
+        cost_per_hour_usd=float(d.gpu_pool.gpu_type.hourly_cost_usd) * d.gpus_per_replica,
+        recent_recommendations=tuple(fleet.history.get(d.pk, ())),
+    )
+
+
+_NO_RESERVATION = _Reserved(0.0, False, None)
+_NO_DEMAND = _Demand(0.0, 0.0)
+_NO_CURRENT = _CurrentUse(0.0, 0.0, 0.0)
+# Integers, as ever: the digest marshals the customers' values, where 0 and 0.0 differ.
+_NO_REFUSAL = _Refused(0, 0)
+_NO_ROLLED_REFUSAL = _Refused(0.0, 0.0)
 
 
 def _customer_demands(
-    model_id, customer_ids, now_us, reserved, demand, current, refused, last_use, since, weights
+    model_id: int, customer_ids: list[int], now_us: int, readings: _CustomerReadings
 ) -> list[allocation.CustomerDemand]:
     """Each customer's demand on one model, each lookup done once (tens of thousands a tick,
     in one loop: a call per customer cost as much as the lookups)."""
     demands = []
     append = demands.append
     customer_demand = allocation.CustomerDemand
-    reserved_get, demand_get, current_get = reserved.get, demand.get, current.get
-    refused_get, last_use_get, since_get, weight_get = (
-        refused.get,
-        last_use.get,
-        since.get,
-        weights.get,
+    reserved_get, demand_get, current_get = (
+        readings.reserved.get,
+        readings.demand.get,
+        readings.current.get,
+    )
+    refused_get, last_use_get, weight_get = (
+        readings.refused.get,
+        readings.last_use_us.get,
+        readings.tier_weights.get,
     )
     for customer_id in customer_ids:
         key = (model_id, customer_id)
@@ -367,7 +564,7 @@ def _customer_demands(
         if used_now > 0:
             idle = 0.0
         else:
-            started = since_get(key)
+            started = reservation.latest_start_us
             last = last_use_get(key)
             if last is not None:
                 # A rollup's minute is its start: the use it counts lasted until its end.
@@ -378,11 +575,11 @@ def _customer_demands(
         append(
             customer_demand(
                 customer_id,
-                reservation[0],
+                reservation.mu_per_minute,
                 # The last seconds' use is a floor: rising demand counts before it is rolled up.
                 max(recent, used_now),
                 peak,
-                reservation[1],
+                reservation.keep_warm,
                 refused_guaranteed,
                 refused_best_effort,
                 idle,
@@ -458,9 +655,9 @@ def with_holds(decisions: allocation.Decisions, deployments: dict) -> allocation
     return replace(decisions, deployments=tuple(result))
 
 
-def _current_use(now: datetime) -> dict[tuple[int, int], tuple[float, float, float]]:
-    """(model, customer) → MU/min over the last CURRENT_USE_WINDOW, from raw events: (used,
-    refused in the guaranteed class, refused best-effort)."""
+def _current_use(now: datetime) -> dict[tuple[int, int], _CurrentUse]:
+    """(model, customer) → MU/min over the last CURRENT_USE_WINDOW, from raw events: used,
+    refused in the guaranteed class, refused best-effort."""
     minutes = CURRENT_USE_WINDOW.total_seconds() / 60
     refused = Q(outcome="refused")
     rows = (
@@ -476,7 +673,9 @@ def _current_use(now: datetime) -> dict[tuple[int, int], tuple[float, float, flo
         .values_list("served_model_id", "customer_id", "used", "guaranteed", "best_effort")
     )
     return {
-        (model_id, customer_id): ((u or 0.0) / minutes, (g or 0.0) / minutes, (b or 0.0) / minutes)
+        (model_id, customer_id): _CurrentUse(
+            (u or 0.0) / minutes, (g or 0.0) / minutes, (b or 0.0) / minutes
+        )
         for model_id, customer_id, u, g, b in rows
     }
 
@@ -527,8 +726,9 @@ def _per_replica_kind(deployment: Deployment) -> bool:
 
 def _readiness(
     deployments: list[Deployment], unhealthy: dict[int, int], now: datetime
-) -> dict[int, tuple[int, int, int]]:
-    """Deployment → (ready, starting, draining) replicas as observed (the module docstring)."""
+) -> dict[int, _Readiness]:
+    """Deployment → its ready, starting and draining replicas as observed (the module
+    docstring)."""
     serving = dict(
         # A replica a benchmark holds serves no customer.
         Replica.objects.filter(
@@ -578,7 +778,7 @@ def _readiness(
         else:
             ready = max(0, running - added_lately[d.pk]) if serving.get(d.pk) else 0
         draining = (d.observed_draining_replicas or 0) if observed else 0
-        readiness[d.pk] = (ready, max(0, running - ready), draining)
+        readiness[d.pk] = _Readiness(ready, max(0, running - ready), draining)
     return readiness
 
 
@@ -612,12 +812,10 @@ def _waiting_mu(deployments: list[Deployment], loads: dict, mu_per_request: floa
 
 def _loads(deployments: list[Deployment]) -> dict:
     """Each deployment's engine load (`capacity.telemetry.prometheus.DeploymentLoad`), when
-    Prometheus is
-    configured; without it metered usage is the only load signal and counts as known."""
+    Prometheus is configured; without it metered usage is the only load signal and counts as
+    known."""
     if not settings.PROMETHEUS_URL or not deployments:
         return {}
-    from capacity.telemetry.prometheus import DeploymentLoad, read_fleet_load
-
     try:
         return read_fleet_load(deployments)
     except Exception:  # an unreadable fleet is an unknown load, never a reason to scale down

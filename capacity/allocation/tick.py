@@ -1,5 +1,5 @@
 """The allocation tick: snapshot from the database → the policy → decisions stored → targets
-applied through actuators (DESIGN §2). Run every 15 s by Celery beat.
+applied through actuators (docs/design.md#the-tick). Run every 15 s by Celery beat.
 
 One tick runs at a time across all workers: a PostgreSQL advisory lock (a Redis lock on the
 SQLite demo database); a tick that finds it taken skips. Actuators are called outside any
@@ -29,6 +29,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from capacity.actuation import drain
+from capacity.actuation import registry as actuators
 from capacity.actuation.base import ActuatorResult, Observation, ScaleRequest, apply_with_retries
 from capacity.actuation.kubernetes import hpa_bounds, mode_of
 from capacity.actuation.observe import observe_fleet
@@ -251,6 +252,18 @@ def _close(old: float, new: float) -> bool:
     return abs(old - new) <= max(ALLOWANCE_TOLERANCE_MU, ALLOWANCE_RELATIVE_TOLERANCE * abs(new))
 
 
+# The columns of an allowance the tick writes, in the order of `_changed_allowances`' rows.
+_ALLOWANCE_COLUMNS = (
+    "customer_id",
+    "served_model_id",
+    "guaranteed_mu_per_minute",
+    "best_effort_mu_per_minute",
+    "tick_id",
+    "updated_at",
+)
+_ALLOWANCE_UPDATED = _ALLOWANCE_COLUMNS[2:]
+
+
 def _store_allowances(
     tick_id, now, allowances
 ) -> tuple[set[tuple[int, int]], set[tuple[int, int]]]:
@@ -265,6 +278,19 @@ def _store_allowances(
         "best_effort_mu_per_minute",
     )
     existing = {(c, m): (pk, g, b) for pk, c, m, g, b in rows}
+    changed = _changed_allowances(existing, allowances, tick_id, now)
+    if changed:
+        _upsert_allowances(changed)
+    # Customers the policy no longer sees (reservation ended, no recent use) lose their rows.
+    stale = [pk for pk, _, _ in existing.values()]
+    if stale:
+        AdmissionAllowance.objects.filter(pk__in=stale).delete()
+    return {(c, m) for c, m, *_ in changed}, set(existing)
+
+
+def _changed_allowances(existing: dict, allowances, tick_id, now) -> list[tuple]:
+    """The allowances that differ from the stored ones, as rows of _ALLOWANCE_COLUMNS; those
+    found are taken out of `existing`, which is left holding the ones no longer given."""
     changed = []
     for allowance in allowances:
         key = (allowance.customer_id, allowance.model_id)
@@ -286,95 +312,71 @@ def _store_allowances(
                 now,
             )
         )
-    if changed and connection.vendor == "postgresql":
+    return changed
+
+
+def _upsert_allowances(changed: list[tuple]) -> None:
+    """Insert or update the rows: one COPY on PostgreSQL, a bulk upsert elsewhere."""
+    if connection.vendor == "postgresql":
         copy_upsert(
             table=AdmissionAllowance._meta.db_table,
-            columns=(
-                "customer_id",
-                "served_model_id",
-                "guaranteed_mu_per_minute",
-                "best_effort_mu_per_minute",
-                "tick_id",
-                "updated_at",
-            ),
+            columns=_ALLOWANCE_COLUMNS,
             rows=changed,
             conflict=("customer_id", "served_model_id"),
-            update=(
-                "guaranteed_mu_per_minute",
-                "best_effort_mu_per_minute",
-                "tick_id",
-                "updated_at",
-            ),
+            update=_ALLOWANCE_UPDATED,
         )
-    elif changed:
-        AdmissionAllowance.objects.bulk_create(
-            [
-                AdmissionAllowance(
-                    customer_id=c,
-                    served_model_id=m,
-                    guaranteed_mu_per_minute=g,
-                    best_effort_mu_per_minute=b,
-                    tick_id=t,
-                    updated_at=u,
-                )
-                for c, m, g, b, t, u in changed
-            ],
-            batch_size=5000,
-            update_conflicts=True,
-            unique_fields=["customer", "served_model"],
-            update_fields=[
-                "guaranteed_mu_per_minute",
-                "best_effort_mu_per_minute",
-                "tick_id",
-                "updated_at",
-            ],
-        )
-    # Customers the policy no longer sees (reservation ended, no recent use) lose their rows.
-    stale = [pk for pk, _, _ in existing.values()]
-    if stale:
-        AdmissionAllowance.objects.filter(pk__in=stale).delete()
-    return {(c, m) for c, m, *_ in changed}, set(existing)
+        return
+    AdmissionAllowance.objects.bulk_create(
+        [AdmissionAllowance(**dict(zip(_ALLOWANCE_COLUMNS, row, strict=True))) for row in changed],
+        batch_size=5000,
+        update_conflicts=True,
+        unique_fields=["customer", "served_model"],
+        update_fields=list(_ALLOWANCE_UPDATED),
+    )
+
+
+@dataclass(frozen=True)
+class _Push:
+    """One target on its way to the data plane: the decision's row, what is sent, and how."""
+
+    row: AllocationDecision
+    request: ScaleRequest
+    kind: str
 
 
 def _apply(
     rows, decisions, deployments, result: TickResult, now, observations: dict[int, Observation]
 ) -> None:
-    from capacity.actuation.registry import actuator_for
+    """Push the targets that need it through their actuators, in parallel within the push
+    deadline, after draining the pods a scale-down removes; record each outcome on its row."""
+    work, leaving = _pushes(rows, decisions, deployments, result, now, observations)
+    if leaving:
+        # Before the scale-down: the gateways stop routing to the pods that will go.
+        drain.mark_draining([r for going in leaving.values() for r in going])
+        publish_gateway_state(reason="scale-down: draining the pods that go")
+    results = _push_all(work)
+    _record_outcomes(work, results, deployments, leaving, result, now)
 
+
+def _pushes(
+    rows, decisions, deployments, result: TickResult, now, observations: dict[int, Observation]
+) -> tuple[list[_Push], dict[int, list[Replica]]]:
+    """What this tick sends (and the pods each scale-down removes, by row); a push refused by
+    an open circuit or a config the operator's rules refuse is recorded as failed at once."""
     circuits = {c.deployment_id: c for c in ActuatorCircuit.objects.all()}
-    work = []
+    work: list[_Push] = []
     leaving: dict[int, list[Replica]] = {}
     observed_rows = []
     for row, decision in zip(rows, decisions.deployments, strict=True):
+        deployment = deployments[decision.deployment_id]
         observation = observations.get(decision.deployment_id)
-        if deployments[decision.deployment_id].actuator_kind == ActuatorKind.KUBERNETES:
+        if deployment.actuator_kind == ActuatorKind.KUBERNETES:
             # Stored below with the reasons _needs_push may add (drift, bounds).
             row.observed_spec_replicas = observation.spec_replicas if observation else None
             observed_rows.append(row)
-        if not _needs_push(row, decision, deployments[decision.deployment_id], observation):
+        if not _needs_push(row, decision, deployment, observation):
             continue
-        circuit = circuits.get(decision.deployment_id)
-        if circuit and circuit.opened_until and circuit.opened_until > now:
-            row.actuator_ok = False
-            row.actuator_error = (
-                f"circuit open until {circuit.opened_until.isoformat()} after "
-                f"{circuit.consecutive_failures} failures: {circuit.last_error[:200]}"
-            )
-            row.save(update_fields=["actuator_ok", "actuator_error"])
-            result.failed += 1
-            continue
-        deployment = deployments[decision.deployment_id]
-        if deployment.actuator_config_problem:
-            # Never sent: the stored config breaks the operator's rules (it may name a secret
-            # or a host the API may not choose) until a valid one is written.
-            row.actuator_ok = False
-            row.actuator_attempts = 0
-            row.actuator_error = (
-                f"refused: the stored actuator config breaks the operator's rules: "
-                f"{deployment.actuator_config_problem}"
-            )
-            row.save(update_fields=["actuator_ok", "actuator_attempts", "actuator_error"])
-            metrics.ACTUATOR_FAILURES.labels(deployment.actuator_kind).inc()
+        if _refused(row, deployment, circuits.get(decision.deployment_id), now):
             result.failed += 1
             continue
         going = _leaving(row, deployment, decision, observation)
@@ -394,23 +396,46 @@ def _apply(
             ceiling_replicas=decision.ceiling_replicas,
             leaving_pods=tuple(drain.pod_name(r) for r in going),
         )
-        work.append((row, request, deployment.actuator_kind))
+        work.append(_Push(row, request, deployment.actuator_kind))
     if observed_rows:
         copy_update(
             model=AllocationDecision,
             rows=observed_rows,
             fields=["observed_spec_replicas", "reasons"],
         )
-    if leaving:
-        # Before the scale-down: the gateways stop routing to the pods that will go.
-        drain.mark_draining([r for going in leaving.values() for r in going])
-        publish_gateway_state(reason="scale-down: draining the pods that go")
+    return work, leaving
 
+
+def _refused(row, deployment: Deployment, circuit: ActuatorCircuit | None, now) -> bool:
+    """Whether the push is not sent: its circuit is open, or its stored config breaks the
+    operator's rules (it may name a secret or a host the API may not choose) until a valid
+    one is written. The row says why."""
+    if circuit and circuit.opened_until and circuit.opened_until > now:
+        row.actuator_ok = False
+        row.actuator_error = (
+            f"circuit open until {circuit.opened_until.isoformat()} after "
+            f"{circuit.consecutive_failures} failures: {circuit.last_error[:200]}"
+        )
+        row.save(update_fields=["actuator_ok", "actuator_error"])
+        return True
+    if deployment.actuator_config_problem:
+        row.actuator_ok = False
+        row.actuator_attempts = 0
+        row.actuator_error = (
+            f"refused: the stored actuator config breaks the operator's rules: "
+            f"{deployment.actuator_config_problem}"
+        )
+        row.save(update_fields=["actuator_ok", "actuator_attempts", "actuator_error"])
+        metrics.ACTUATOR_FAILURES.labels(deployment.actuator_kind).inc()
+        return True
+    return False
+
+
+def _push_all(work: list[_Push]) -> list[ActuatorResult]:
+    """Each push's result, in order: with retries, each within the push deadline."""
     deadline = settings.ALLOCATION_PUSH_DEADLINE_SECONDS
 
-    def push(item, abandoned: threading.Event) -> ActuatorResult:
-        _, request, kind = item
-
+    def push(item: _Push, abandoned: threading.Event) -> ActuatorResult:
         def sleep_unless_abandoned(seconds: float) -> None:
             # A push abandoned at its deadline starts no further attempt.
             if abandoned.wait(seconds):
@@ -418,8 +443,10 @@ def _apply(
 
         try:
             return apply_with_retries(
-                BoundedActuator(actuator_for(kind), time.monotonic() + deadline, abandoned),
-                request,
+                BoundedActuator(
+                    actuators.actuator_for(item.kind), time.monotonic() + deadline, abandoned
+                ),
+                item.request,
                 deadline_seconds=deadline,
                 sleep=sleep_unless_abandoned,
             )
@@ -431,13 +458,20 @@ def _apply(
     # A dry run touches nothing and cannot hang: pushed in line, not one thread each (a
     # thread per push cost seconds a tick at thousands of deployments).
     threaded = iter(
-        push_all([item for item in work if item[2] != ActuatorKind.DRY_RUN], push, deadline)
+        push_all([item for item in work if item.kind != ActuatorKind.DRY_RUN], push, deadline)
     )
-    results = [
-        push(item, threading.Event()) if item[2] == ActuatorKind.DRY_RUN else next(threaded)
+    return [
+        push(item, threading.Event()) if item.kind == ActuatorKind.DRY_RUN else next(threaded)
         for item in work
     ]
-    outcomes = [(row, outcome) for (row, _, _), outcome in zip(work, results, strict=True)]
+
+
+def _record_outcomes(
+    work: list[_Push], results: list[ActuatorResult], deployments, leaving, result, now
+) -> None:
+    """Each push's outcome on its row and its circuit; a failed scale-down's pods serve
+    again."""
+    outcomes = [(item.row, outcome) for item, outcome in zip(work, results, strict=True)]
     applied_at = timezone.now()
     succeeded, bounded = [], []
     for row, outcome in outcomes:

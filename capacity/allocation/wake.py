@@ -14,11 +14,18 @@ import logging
 import time
 
 import redis
+from celery import current_app
 
 from capacity.admission.gate import buckets
+from capacity.allocation.tick import allocation_tick
 
 logger = logging.getLogger(__name__)
 
+# The woken tick's task (capacity.tasks.allocation_wake): on the loop worker's queue, and
+# dropped unstarted after a few seconds (the beat's next tick comes anyway).
+WAKE_TASK = "capacity.allocation_wake"
+WAKE_QUEUE = "allocation"
+WAKE_EXPIRES_SECONDS = 10
 DEBOUNCE_KEY = "controlplane:allocation-wake"
 DEBOUNCE_MS = 1000
 # A woken tick that finds the lock taken tries again this often, for at most this long.
@@ -32,8 +39,6 @@ def request_tick(*, reason: str, debounce: bool = True) -> bool:
     `debounce=False` always queues: for a change the tick must see (replicas newly ready,
     whose allowances gateways wait for), which a gateway's wake-up a moment earlier must not
     swallow; such changes come at most once per probe round."""
-    from capacity.tasks import allocation_wake
-
     first = True
     try:
         if debounce:
@@ -45,7 +50,13 @@ def request_tick(*, reason: str, debounce: bool = True) -> bool:
     if not first:
         return False
     try:
-        allocation_wake.apply_async(kwargs={"reason": reason[:200]})
+        # By name (capacity.tasks registers it): the task module sits above the rooms that ask.
+        current_app.send_task(
+            WAKE_TASK,
+            kwargs={"reason": reason[:200]},
+            queue=WAKE_QUEUE,
+            expires=WAKE_EXPIRES_SECONDS,
+        )
     except Exception:  # the broker down: the beat's next tick comes anyway
         logger.exception("allocation wake: could not queue a tick")
         return False
@@ -54,8 +65,6 @@ def request_tick(*, reason: str, debounce: bool = True) -> bool:
 
 def run_woken_tick(*, reason: str) -> dict:
     """The woken tick: run it, after the one that holds the lock if one does."""
-    from capacity.allocation.tick import allocation_tick
-
     deadline = time.monotonic() + RETRY_FOR_SECONDS
     while True:
         result = allocation_tick()

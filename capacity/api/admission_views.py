@@ -18,6 +18,7 @@ from accounts.principals import principal_of
 from capacity.admission import limits as request_limits
 from capacity.admission.gate import admit
 from capacity.models import RequestLimit
+from core.api.mixins import AuditedPatchMixin
 from core.api.serializers import (
     StrictModelSerializer,
     StrictSerializer,
@@ -274,7 +275,7 @@ class RequestLimitViewSet(
     mixins.ListModelMixin,
     mixins.RetrieveModelMixin,
     mixins.CreateModelMixin,
-    mixins.UpdateModelMixin,
+    AuditedPatchMixin,
     mixins.DestroyModelMixin,
     viewsets.GenericViewSet,
 ):
@@ -284,9 +285,10 @@ class RequestLimitViewSet(
     same Redis round trip as the MU buckets; published at once after every change."""
 
     serializer_class = RequestLimitSerializer
+    change_serializer_class = RequestLimitChangeSerializer
+    put_refused_message = "Change request limits with PATCH."
     permission_classes = [RequestLimitPermission]
     filterset_class = RequestLimitFilter
-    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
 
     def get_queryset(self):
         principal = principal_of(self.request)
@@ -308,22 +310,10 @@ class RequestLimitViewSet(
             actor=actor_of(principal_of(self.request)),
         )
 
-    @extend_schema(request=RequestLimitChangeSerializer, responses=RequestLimitSerializer)
-    def partial_update(self, request, *args, **kwargs):
-        limit = self.get_object()
-        serializer = RequestLimitChangeSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        changed = request_limits.request_limit_update(
-            limit=limit,
-            changes=dict(serializer.validated_data),
-            actor=actor_of(principal_of(request)),
+    def perform_audited_update(self, instance, *, changes):
+        return request_limits.request_limit_update(
+            limit=instance, changes=changes, actor=actor_of(principal_of(self.request))
         )
-        return Response(RequestLimitSerializer(changed).data)
-
-    def update(self, request, *args, **kwargs):
-        if not kwargs.get("partial"):
-            raise PermissionDenied("Change request limits with PATCH.")
-        return super().update(request, *args, **kwargs)
 
     def perform_destroy(self, instance):
         request_limits.request_limit_delete(

@@ -1,6 +1,7 @@
 from rest_framework import serializers
 
-from capacity.catalog.services import DEPLOYMENT_FIELDS
+from capacity.catalog.selectors import benchmark_suites
+from capacity.catalog.services import DEPLOYMENT_FIELDS, SERVED_MODEL_FIELDS
 from capacity.metering.events import MAX_TOKENS
 from capacity.models import ActuatorKind, Deployment, GpuPool, GpuType, ServedModel
 from core.api.serializers import (
@@ -72,19 +73,7 @@ class ServedModelSerializer(ForceFields, StrictModelSerializer):
 
     class Meta:
         model = ServedModel
-        fields = [
-            "id",
-            "name",
-            "engine_model_id",
-            "parameters_billions",
-            "reference_gpu_type",
-            "context_length_tokens",
-            "headroom",
-            "overcommit",
-            "best_effort_ceiling_mu_per_minute",
-            "best_effort_ceiling_replicas",
-            *FORCE_FIELDS,
-        ]
+        fields = ["id", *SERVED_MODEL_FIELDS, *FORCE_FIELDS]
         read_only_fields = ["id"]
         extra_kwargs = {
             # Bounds of best-effort growth (capacity.allocation.policy); null: unbounded.
@@ -121,9 +110,8 @@ class DeploymentSerializer(ForceFields, StrictModelSerializer):
     target_utilisation = serializers.FloatField(required=False, min_value=0.01, max_value=1.0)
     benchmark_suite = serializers.SlugRelatedField(
         slug_field="name",
-        # The suite's model belongs to benchmarking, which depends on capacity, not the
-        # other way: reach it through the foreign key.
-        queryset=Deployment._meta.get_field("benchmark_suite").related_model.objects.all(),
+        # benchmarking's reference to the deployment, read back as Deployment.benchmark_suite.
+        queryset=benchmark_suites(),
         required=False,
         allow_null=True,
         help_text="The suite the nightly benchmark runs (see benchmark_nightly).",

@@ -11,6 +11,7 @@ from capacity.metering.events import MAX_TOKENS, context_problems
 from capacity.models import CostModel, GpuType, ServedModel
 from capacity.pricing import cost_models
 from capacity.pricing.estimates import price_shapes
+from capacity.repricing import services as repricing
 from core.api.serializers import StrictSerializer
 from core.errors import ConflictError
 
@@ -45,6 +46,8 @@ class CostModelPublicSerializer(serializers.ModelSerializer):
 
     served_model = serializers.SlugRelatedField(slug_field="name", read_only=True)
     gpu_type = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    # benchmarking's reference to the version (benchmarking.CostModelSource), by the run's id.
+    source_run = serializers.IntegerField(source="source_run_id", read_only=True, allow_null=True)
 
     class Meta:
         model = CostModel
@@ -192,7 +195,7 @@ class CostModelViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewset
         """Put the version in force (retiring the active one); the caller is recorded as its
         approver, with the reason given."""
         body = self._body(request)
-        cost_model = cost_models.cost_model_activate(
+        cost_model = repricing.cost_model_activate(
             cost_model=self.get_object(),
             reason=body.get("reason", ""),
             force=body.get("force", False),
@@ -203,7 +206,7 @@ class CostModelViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewset
     @action(detail=True, methods=["post"])
     def reject(self, request, pk=None):
         """Turn a candidate down after review (409 for any other status)."""
-        cost_model = cost_models.cost_model_reject(
+        cost_model = repricing.cost_model_reject(
             cost_model=self.get_object(), reason=self._decision(request)
         )
         return Response(CostModelSerializer(cost_model).data)
@@ -212,7 +215,7 @@ class CostModelViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewset
     @action(detail=True, methods=["post"])
     def retire(self, request, pk=None):
         body = self._body(request)
-        cost_model = cost_models.cost_model_retire(
+        cost_model = repricing.cost_model_retire(
             cost_model=self.get_object(),
             force=body.get("force", False),
             reason=body.get("reason", ""),
@@ -231,7 +234,7 @@ class CostModelViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewset
         model's requests priced under the active version and under this one, in total, per
         customer and per shape bucket. 409 when it is the active version or none is active."""
         cost_model = self.get_object()
-        change = cost_models.cost_model_price_change(cost_model=cost_model)
+        change = repricing.cost_model_price_change(cost_model=cost_model)
         if change is None:
             raise ConflictError(
                 f"Version {cost_model.version} has nothing to be compared with: "

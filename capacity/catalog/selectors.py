@@ -1,34 +1,52 @@
 """Reads of the catalogue (GPU types, pools, models, deployments) for the planner's pages."""
 
 from decimal import Decimal
-from typing import TypedDict
+from typing import TypedDict, cast
 
-from django.db.models import F, QuerySet, Sum
+from django.db.models import F, Model, QuerySet, Sum
 
 from capacity.models import Deployment, GpuPool, GpuType, ServedModel
 
 
 def gpu_types() -> QuerySet[GpuType]:
+    """Every GPU type (the catalogue's list)."""
     return GpuType.objects.all()
 
 
 def gpu_pools() -> QuerySet[GpuPool]:
+    """Every GPU pool, with its GPU type (one query)."""
     return GpuPool.objects.select_related("gpu_type")
 
 
 def served_models() -> QuerySet[ServedModel]:
+    """Every served model, with its reference GPU type (one query)."""
     return ServedModel.objects.select_related("reference_gpu_type")
 
 
 def deployments() -> QuerySet[Deployment]:
-    return Deployment.objects.select_related("served_model", "gpu_pool", "gpu_pool__gpu_type")
+    """Every deployment, with its model, pool, the pool's GPU type and its benchmark suite (one
+    query)."""
+    return Deployment.objects.select_related(
+        "served_model", "gpu_pool", "gpu_pool__gpu_type", "benchmark_suite_link__suite"
+    )
+
+
+def benchmark_suites() -> QuerySet:
+    """Every benchmark suite, for the deployment's `benchmark_suite` field (API and admin).
+    The suite is benchmarking's, which depends on capacity and not the reverse: it is reached
+    through the reference benchmarking keeps to the deployment (benchmarking.references)."""
+    link = Deployment._meta.get_field("benchmark_suite_link").related_model
+    suite = cast("type[Model]", link._meta.get_field("suite").related_model)
+    return suite._default_manager.all()
 
 
 def served_models_by_name() -> QuerySet[ServedModel]:
+    """Served models by name, with their reference GPU type (the planner's lists)."""
     return ServedModel.objects.select_related("reference_gpu_type").order_by("name")
 
 
 def served_models_with_ids(ids) -> QuerySet[ServedModel]:
+    """The served models of these ids."""
     return ServedModel.objects.filter(pk__in=ids)
 
 
@@ -69,10 +87,12 @@ def gpu_pool_usage_by_name() -> list[GpuPoolUsage]:
 
 
 def any_deployments() -> bool:
+    """Whether the fleet has any deployment (the planner's empty states)."""
     return Deployment.objects.exists()
 
 
 def deployments_with_model_and_gpu() -> QuerySet[Deployment]:
+    """Every deployment, with its model and its pool's GPU type."""
     return Deployment.objects.select_related("served_model", "gpu_pool__gpu_type")
 
 
@@ -86,7 +106,7 @@ def deployments_of_group(
             gpu_pool__gpu_type=gpu_type,
             gpus_per_replica=gpus_per_replica,
         )
-        .select_related("benchmark_suite")
+        .select_related("benchmark_suite_link__suite")
         .order_by("name")
     )
 
@@ -94,6 +114,7 @@ def deployments_of_group(
 def any_deployments_of_group(
     *, served_model: ServedModel, gpu_type: GpuType, gpus_per_replica: int
 ) -> bool:
+    """Whether any deployment runs this model on this GPU type and size."""
     return deployments_of_group(
         served_model=served_model, gpu_type=gpu_type, gpus_per_replica=gpus_per_replica
     ).exists()

@@ -2,8 +2,9 @@
 
 Placing a deployment reads its pool's size and writes against it, so the pool row is locked
 (`select_for_update`) for the check: a pool cannot shrink under a deployment being created.
-A deployment's nightly-benchmark beat row is written with it, in the same transaction
-(capacity.schedules).
+A deployment's suite and nightly-benchmark beat row are benchmarking's (it sits above
+capacity): a deployment's write announces itself through capacity.hooks, and benchmarking
+writes them in the same transaction.
 
 A write that changes what the fleet can serve (a pool's GPUs, a deployment's size, pool,
 model or existence, a model's headroom, overcommit or reference GPU type) runs inside
@@ -17,9 +18,8 @@ from django.db import transaction
 
 from capacity.actuation.config import validate_actuator_config
 from capacity.catalog.engine_profile import validate_engine_profile
+from capacity.hooks import deployment_deleted, deployment_written, gateway_state_changed
 from capacity.models import Deployment, GpuPool, GpuType, ServedModel
-from capacity.publication import publish_after_commit
-from capacity.schedules import deployment_schedule_delete, deployment_schedule_sync
 from capacity.selling.at_risk import capacity_change
 from capacity.telemetry.prometheus import validate_selector
 from core import outbound
@@ -49,9 +49,24 @@ DEPLOYMENT_FIELDS = (
     "priority_scheduling",
     "engine_profile",
 )
+# What a served model's writer may set; the one list the API serializer and the admin form
+# are built from.
+SERVED_MODEL_FIELDS = (
+    "name",
+    "engine_model_id",
+    "parameters_billions",
+    "reference_gpu_type",
+    "context_length_tokens",
+    "headroom",
+    "overcommit",
+    "best_effort_ceiling_mu_per_minute",
+    "best_effort_ceiling_replicas",
+)
 
 
 def check_fits_pool(*, pool: GpuPool, max_replicas: int, gpus_per_replica: int) -> None:
+    """Refuse (DomainError on max_replicas) a deployment whose largest size needs more GPUs than its
+    pool has."""
     needed_gpus = max_replicas * gpus_per_replica
     if needed_gpus > pool.gpu_count:
         raise DomainError(
@@ -86,10 +101,9 @@ def _check_shape(values: dict) -> None:
     values["engine_profile"] = validate_engine_profile(values.get("engine_profile"))
 
 
-# What the nightly benchmark is made of: a write that changes one is checked; one that changes
-# one of these or the name re-syncs the beat row.
+# What the nightly benchmark is made of: a write that changes one is checked (and, with the
+# name, re-syncs the beat row: benchmarking.schedules).
 NIGHTLY_FIELDS = frozenset({"benchmark_suite", "benchmark_nightly", "benchmark_hour_utc"})
-SCHEDULE_FIELDS = NIGHTLY_FIELDS | {"name"}
 
 
 def check_nightly(values: dict) -> None:
@@ -128,6 +142,8 @@ def _check_current(values: dict) -> None:
 
 @transaction.atomic
 def deployment_create(**values) -> Deployment:
+    """Create a deployment from the values its writer may set (DEPLOYMENT_FIELDS), audited, with its
+    nightly beat row in the same transaction; gateways see it after the commit."""
     unknown = set(values) - set(DEPLOYMENT_FIELDS)
     if unknown:
         raise DomainError(f"Unknown deployment fields: {', '.join(sorted(unknown))}.")
@@ -145,10 +161,13 @@ def deployment_create(**values) -> Deployment:
         values["actuator_kind"], values.get("actuator_config")
     )
     _check_endpoint(values.get("endpoint_url"))
-    deployment = Deployment.objects.create(**values)
-    deployment_schedule_sync(deployment=deployment)
+    # The suite is benchmarking's reference to the deployment, written by its subscriber.
+    deployment = Deployment.objects.create(
+        **{name: value for name, value in values.items() if name != "benchmark_suite"}
+    )
+    deployment_written(deployment, values)
     _audit_created("deployment", deployment)
-    publish_after_commit("deployment created")
+    gateway_state_changed("deployment created")
     return deployment
 
 
@@ -182,7 +201,7 @@ def deployment_update(
     if unknown:
         raise DomainError(f"Unknown deployment fields: {', '.join(sorted(unknown))}.")
     deployment = Deployment.objects.select_for_update().get(pk=deployment.pk)
-    before = snapshot(deployment, all_fields(deployment))
+    before = catalog_audit_state(deployment)
     values = {name: getattr(deployment, name) for name in DEPLOYMENT_FIELDS} | changes
     _check_shape(values)
     if changes.get("current_replicas", deployment.current_replicas) != deployment.current_replicas:
@@ -211,17 +230,18 @@ def deployment_update(
     )
     with guard:
         for name, value in values.items():
-            setattr(deployment, name, value)
+            if name != "benchmark_suite":  # benchmarking's, written by its subscriber
+                setattr(deployment, name, value)
         deployment.save()
-    if SCHEDULE_FIELDS & set(changes):
-        deployment_schedule_sync(deployment=deployment)
+    deployment_written(deployment, changes)
     _audit_updated("deployment", deployment, before)
-    publish_after_commit("deployment changed")  # e.g. priority_scheduling, a new pool's GPU
+    gateway_state_changed("deployment changed")  # e.g. priority_scheduling, a new pool's GPU
     return deployment
 
 
 @transaction.atomic
 def gpu_pool_create(*, name: str, gpu_type: GpuType, gpu_count: int) -> GpuPool:
+    """Create a GPU pool, audited."""
     if GpuPool.objects.filter(name=name).exists():
         raise ConflictError(f"A GPU pool named '{name}' already exists.", field="name")
     pool = GpuPool.objects.create(name=name, gpu_type=gpu_type, gpu_count=gpu_count)
@@ -237,6 +257,8 @@ def _pk(value):
 def gpu_pool_update(
     *, pool: GpuPool, force: bool = False, force_reason: str = "", **changes
 ) -> GpuPool:
+    """Change a GPU pool, audited; shrinking it is checked against what is sold
+    (capacity.selling.at_risk)."""
     pool = GpuPool.objects.select_for_update().get(pk=pool.pk)
     before = snapshot(pool, all_fields(pool))
     type_changes = "gpu_type" in changes and changes["gpu_type"].pk != pool.gpu_type_id
@@ -283,13 +305,15 @@ def _create_named(model, label: str, values: dict):
 
 @transaction.atomic
 def gpu_type_create(**values) -> GpuType:
+    """Create a GPU type, audited."""
     return _create_named(GpuType, "GPU type", values)
 
 
 @transaction.atomic
 def served_model_create(**values) -> ServedModel:
+    """Create a served model, audited; gateways see it after the commit."""
     served_model = _create_named(ServedModel, "model", values)
-    publish_after_commit("model created")
+    gateway_state_changed("model created")
     return served_model
 
 
@@ -316,7 +340,7 @@ def catalog_update(*, instance, force: bool = False, force_reason: str = "", **c
             setattr(instance, name, value)
         instance.save()
     _audit_updated(_AUDIT_NAMES[type(instance)], instance, before)
-    publish_after_commit("catalog changed")  # model names, engine ids, GPU type names
+    gateway_state_changed("catalog changed")  # model names, engine ids, GPU type names
     return instance
 
 
@@ -324,7 +348,7 @@ def catalog_update(*, instance, force: bool = False, force_reason: str = "", **c
 def catalog_delete(*, instance, force: bool = False, force_reason: str = "") -> None:
     """Delete a catalogue row; one still in use is refused by its protected relations, and a
     deployment whose capacity is sold by the at-risk check."""
-    before = snapshot(instance, all_fields(instance))
+    before = catalog_audit_state(instance)
     label = str(instance)
     pk = instance.pk
     is_deployment = isinstance(instance, Deployment)
@@ -340,7 +364,7 @@ def catalog_delete(*, instance, force: bool = False, force_reason: str = "") -> 
     with guard:
         instance.delete()
     if isinstance(instance, Deployment):
-        deployment_schedule_delete(deployment_pk=pk)
+        deployment_deleted(pk)
     audit_record(
         action=f"{_AUDIT_NAMES[type(instance)]}.delete",
         object_type=instance._meta.label_lower,
@@ -348,7 +372,7 @@ def catalog_delete(*, instance, force: bool = False, force_reason: str = "") -> 
         object_repr=label,
         before=before,
     )
-    publish_after_commit("catalog changed")
+    gateway_state_changed("catalog changed")
 
 
 _AUDIT_NAMES = {
@@ -359,11 +383,19 @@ _AUDIT_NAMES = {
 }
 
 
+def catalog_audit_state(obj) -> dict:
+    """What the audit log keeps of a catalogue row: its fields, and a deployment's suite (by
+    id, as a foreign key is kept), which benchmarking holds."""
+    state = snapshot(obj, all_fields(obj))
+    if isinstance(obj, Deployment):
+        suite = obj.benchmark_suite
+        state["benchmark_suite"] = None if suite is None else suite.pk
+    return state
+
+
 def _audit_created(name: str, obj) -> None:
-    audit_record(action=f"{name}.create", obj=obj, after=snapshot(obj, all_fields(obj)))
+    audit_record(action=f"{name}.create", obj=obj, after=catalog_audit_state(obj))
 
 
 def _audit_updated(name: str, obj, before: dict) -> None:
-    audit_change(
-        action=f"{name}.update", obj=obj, before=before, after=snapshot(obj, all_fields(obj))
-    )
+    audit_change(action=f"{name}.update", obj=obj, before=before, after=catalog_audit_state(obj))

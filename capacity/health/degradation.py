@@ -31,13 +31,13 @@ from django.db.models import Count, Q
 from django.utils import timezone
 
 from accounts.models import Customer, Tier
+from capacity.hooks import gateway_state_changed
 from capacity.models import (
     DegradationChange,
     DegradationPolicy,
     DegradationState,
     Replica,
 )
-from capacity.publication import publish_after_commit
 from capacity.telemetry import metrics
 
 REFUSE_BEST_EFFORT = "refuse_best_effort"
@@ -94,6 +94,7 @@ def _change(state, policy, to_level: int, share: float, reason: str, now: dateti
 
 
 def tiers_in_shed_order() -> list[str]:
+    """Tier names in the order level 1 sheds them (their `shed_order`)."""
     return list(Tier.objects.order_by("shed_order").values_list("name", flat=True))
 
 
@@ -116,86 +117,133 @@ def step(
     """Advance one model's state with a new sample of its healthy share (saves the state).
 
     `tiers`: the tier names in shed order; level 1 sheds them one window at a time."""
-    change = None
     state.evaluated_at = now
     if share is not None:
         state.healthy_share = share
     if policy is None or not policy.enabled:
-        if state.level:
-            change = _change(state, policy, 0, share or 0.0, "the degradation policy is off", now)
-        state.tiers_shed = 0
-        state.below_since = state.above_since = None
-        state.save()
+        change = _policy_off(state, policy, share, now)
+    else:
+        actions = actions_of(policy)
+        change = _levels_removed(state, policy, actions, share, now, tiers)
+        # No probed replica at all (scaled to zero, or not probed yet): nothing is known to be
+        # broken, so it counts as recovered; a degradation is lifted after the hysteresis.
+        share = 1.0 if share is None else share
+        if share < policy.degrade_below:
+            change = _below(state, policy, actions, share, now, tiers, change)
+        elif share >= policy.recover_at:
+            change = _recovered(state, policy, share, now, change)
+        else:
+            # Between the thresholds: hold the level, and restart both windows.
+            state.below_since = state.above_since = None
+    state.save()
+    return change
+
+
+def _policy_off(
+    state: DegradationState, policy: DegradationPolicy | None, share: float | None, now: datetime
+) -> DegradationChange | None:
+    """No policy, or one turned off: whatever the level, back to none."""
+    change = None
+    if state.level:
+        change = _change(state, policy, 0, share or 0.0, "the degradation policy is off", now)
+    state.tiers_shed = 0
+    state.below_since = state.above_since = None
+    return change
+
+
+def _levels_removed(
+    state: DegradationState,
+    policy: DegradationPolicy,
+    actions: Sequence[str],
+    share: float | None,
+    now: datetime,
+    tiers: Sequence[str],
+) -> DegradationChange | None:
+    """The policy lost a level (its cap or fallback was removed): drop what no longer exists."""
+    if state.level <= len(actions):
+        return None
+    change = _change(
+        state,
+        policy,
+        len(actions),
+        share if share is not None else 1.0,
+        f"the policy now has {len(actions)} level(s)",
+        now,
+    )
+    state.tiers_shed = len(tiers)  # it was past level 1: every tier stays shed
+    return change
+
+
+def _below(
+    state: DegradationState,
+    policy: DegradationPolicy,
+    actions: Sequence[str],
+    share: float,
+    now: datetime,
+    tiers: Sequence[str],
+    change: DegradationChange | None,
+) -> DegradationChange | None:
+    """Healthy capacity under `degrade_below`: after a whole window, one step deeper (at level 1
+    one more tier shed per window, before level 2 begins), and the window starts again."""
+    state.above_since = None
+    if state.below_since is None:
+        state.below_since = now
         return change
-    actions = actions_of(policy)
-    if state.level > len(actions):
-        # The policy lost a level (its cap or fallback was removed): drop what no longer exists.
+    if change is not None or now - state.below_since < timedelta(seconds=policy.window_seconds):
+        return change
+    below = (
+        f"healthy capacity {share:.0%} has been below {policy.degrade_below:.0%} for "
+        f"{(now - state.below_since).total_seconds():.0f} s"
+    )
+    shed = shed_count(state, tiers)
+    if state.level == 1 and shed < len(tiers):
+        state.tiers_shed = shed + 1
         change = _change(
             state,
             policy,
-            len(actions),
-            share if share is not None else 1.0,
-            f"the policy now has {len(actions)} level(s)",
+            1,
+            share,
+            f"{below}: best-effort traffic of tier {tiers[shed]} is refused too",
             now,
         )
-        state.tiers_shed = len(tiers)  # it was past level 1: every tier stays shed
-    # No probed replica at all (scaled to zero, or not probed yet): nothing is known to be
-    # broken, so it counts as recovered; a degradation is lifted after the hysteresis.
-    share = 1.0 if share is None else share
-    window = timedelta(seconds=policy.window_seconds)
-    if share < policy.degrade_below:
-        state.above_since = None
-        if state.below_since is None:
-            state.below_since = now
-        elif change is None and now - state.below_since >= window:
-            below = (
-                f"healthy capacity {share:.0%} has been below {policy.degrade_below:.0%} for "
-                f"{(now - state.below_since).total_seconds():.0f} s"
-            )
-            shed = shed_count(state, tiers)
-            if state.level == 1 and shed < len(tiers):
-                # Level 1 deepens one tier per window before level 2 begins.
-                state.tiers_shed = shed + 1
-                change = _change(
-                    state,
-                    policy,
-                    1,
-                    share,
-                    f"{below}: best-effort traffic of tier {tiers[shed]} is refused too",
-                    now,
-                )
-                state.below_since = now
-            elif state.level < len(actions):
-                action = actions[state.level]
-                words = ACTION_WORDS[action]
-                if state.level == 0:
-                    state.tiers_shed = 1
-                    if tiers:
-                        words = f"best-effort traffic of tier {tiers[0]} is refused"
-                change = _change(state, policy, state.level + 1, share, f"{below}: {words}", now)
-                state.below_since = now  # the next level needs another full window
-    elif share >= policy.recover_at:
-        state.below_since = None
+        state.below_since = now
+    elif state.level < len(actions):
+        words = ACTION_WORDS[actions[state.level]]
         if state.level == 0:
-            state.above_since = None
-        elif state.above_since is None:
-            state.above_since = now
-        elif now - state.above_since >= timedelta(seconds=policy.hysteresis_seconds):
-            change = change or _change(
-                state,
-                policy,
-                0,
-                share,
-                f"healthy capacity {share:.0%} has been at or above {policy.recover_at:.0%} for "
-                f"{(now - state.above_since).total_seconds():.0f} s: every degradation lifted",
-                now,
-            )
-            state.tiers_shed = 0
-            state.above_since = None
-    else:
-        # Between the thresholds: hold the level, and restart both windows.
-        state.below_since = state.above_since = None
-    state.save()
+            state.tiers_shed = 1
+            if tiers:
+                words = f"best-effort traffic of tier {tiers[0]} is refused"
+        change = _change(state, policy, state.level + 1, share, f"{below}: {words}", now)
+        state.below_since = now  # the next level needs another full window
+    return change
+
+
+def _recovered(
+    state: DegradationState,
+    policy: DegradationPolicy,
+    share: float,
+    now: datetime,
+    change: DegradationChange | None,
+) -> DegradationChange | None:
+    """Healthy capacity at or above `recover_at`: every degradation lifted after the
+    hysteresis."""
+    state.below_since = None
+    if state.level == 0:
+        state.above_since = None
+    elif state.above_since is None:
+        state.above_since = now
+    elif now - state.above_since >= timedelta(seconds=policy.hysteresis_seconds):
+        change = change or _change(
+            state,
+            policy,
+            0,
+            share,
+            f"healthy capacity {share:.0%} has been at or above {policy.recover_at:.0%} for "
+            f"{(now - state.above_since).total_seconds():.0f} s: every degradation lifted",
+            now,
+        )
+        state.tiers_shed = 0
+        state.above_since = None
     return change
 
 
@@ -213,7 +261,7 @@ def evaluate_all(*, now: datetime | None = None, shares: dict[int, float] | None
         if step(state, policies.get(model_id), shares.get(model_id), now, tiers):
             changed += 1
     if changed:
-        publish_after_commit("degradation level changed")
+        gateway_state_changed("degradation level changed")
     return changed
 
 
@@ -312,5 +360,6 @@ def current_of(model_ids) -> dict[int, Degradation]:
 
 
 def forget() -> None:
+    """Forget what this process cached of degradation states and tiers: read again next time."""
     _cache.clear()
     _tier_cache.clear()

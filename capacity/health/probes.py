@@ -35,12 +35,13 @@ from datetime import datetime, timedelta
 import httpx
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Count
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from capacity.actuation import drain
 from capacity.actuation.replicas import Endpoint, Observed, ReplicaError, list_replicas, restart
-from capacity.allocation.wake import request_tick
+from capacity.hooks import gateway_state_changed, tick_wanted
 from capacity.models import (
     Deployment,
     DeploymentFingerprint,
@@ -50,7 +51,6 @@ from capacity.models import (
     ProbeResult,
     Replica,
 )
-from capacity.publication import publish_after_commit
 from capacity.telemetry import metrics
 from core import outbound
 from core.db import Lock, exclusive
@@ -277,9 +277,9 @@ def probe_round(*, now: datetime | None = None) -> RoundResult:
             # Gateways route only to ready replicas: tell them now, not at the next tick; and
             # tick now, so admission lends the capacity that became ready (or stops lending
             # what went away) without waiting for the beat.
-            publish_after_commit("ready replicas changed")
+            gateway_state_changed("ready replicas changed")
             transaction.on_commit(
-                lambda: request_tick(reason="ready replicas changed", debounce=False)
+                lambda: tick_wanted(reason="ready replicas changed", debounce=False)
             )
     return result
 
@@ -568,8 +568,6 @@ def _close_replaced(replica: Replica, now: datetime, result) -> None:
 
 def unhealthy_replicas_by_deployment() -> dict[int, int]:
     """How many replicas of each deployment are unhealthy now (the allocation snapshot)."""
-    from django.db.models import Count
-
     return dict(
         Replica.objects.filter(state=Replica.State.UNHEALTHY)
         .values("deployment_id")

@@ -27,14 +27,17 @@ def _incidents_newest_first() -> QuerySet[Incident]:
 
 
 def open_incidents_newest_first() -> QuerySet[Incident]:
+    """Incidents still open, newest first (with deployment and replica)."""
     return _incidents_newest_first().filter(ended_at__isnull=True)
 
 
 def ended_incidents_newest_first() -> QuerySet[Incident]:
+    """Incidents that ended, newest first (with deployment and replica)."""
     return _incidents_newest_first().filter(ended_at__isnull=False)
 
 
 def incidents_with_steps() -> QuerySet[Incident]:
+    """Incidents with their deployment's model, replica and steps (the API's list)."""
     return Incident.objects.select_related("deployment__served_model", "replica").prefetch_related(
         "steps"
     )
@@ -57,14 +60,17 @@ def served_models_with_degradation_by_name() -> QuerySet[ServedModel]:
 
 
 def served_models_with_degradation_state() -> QuerySet[ServedModel]:
+    """Served models with their degradation state (one query)."""
     return ServedModel.objects.select_related("degradation_state")
 
 
 def degradation_changes_newest_first() -> QuerySet[DegradationChange]:
+    """Every degradation level change, newest first (with its model)."""
     return DegradationChange.objects.select_related("served_model").order_by("-at", "-id")
 
 
 def degradation_policy_of(served_model: ServedModel) -> DegradationPolicy | None:
+    """The model's degradation policy, None when it has none."""
     return (
         DegradationPolicy.objects.filter(served_model=served_model)
         .select_related("fallback_model")

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from django.db import transaction
 
 from capacity.health import degradation
+from capacity.hooks import gateway_state_changed
 from capacity.models import (
     DegradationPolicy,
     DegradationState,
@@ -22,7 +23,6 @@ from capacity.models import (
     Incident,
     ServedModel,
 )
-from capacity.publication import publish_after_commit
 from core.audit import all_fields, audit_change, audit_record, snapshot
 from core.errors import DomainError
 
@@ -46,10 +46,12 @@ def _seconds(start, end) -> float | None:
 
 
 def seconds_to_restart_requested(incident: Incident) -> float | None:
+    """Seconds from the incident's detection to the restart asked for (None before)."""
     return _seconds(incident.detected_at, incident.restart_requested_at)
 
 
 def seconds_to_ready(incident: Incident) -> float | None:
+    """Seconds from the incident's detection to the replica ready again (None before)."""
     return _seconds(incident.detected_at, incident.ready_at)
 
 
@@ -159,7 +161,7 @@ def degradation_policy_save(
             after=snapshot(policy, POLICY_FIELDS),
         )
     degradation.forget()  # this process's admission cache; others expire in seconds
-    publish_after_commit("degradation policy saved")  # the level's actions may have changed
+    gateway_state_changed("degradation policy saved")  # the level's actions may have changed
     return policy, created
 
 

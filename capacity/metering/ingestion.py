@@ -1,4 +1,4 @@
-"""Usage metering: idempotent batch ingestion of usage events (DESIGN §2, "Used").
+"""Usage metering: idempotent batch ingestion of usage events (docs/design.md#used).
 
 Each event is priced in MU when it arrives, with the model's active reference cost model,
 whose id is stored with it so a later re-fit never reprices the past. Event ids are unique per
@@ -29,7 +29,7 @@ the sender says.
 """
 
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import numpy as np
 import psycopg
@@ -41,7 +41,7 @@ from pydantic import ValidationError
 
 from accounts.models import Customer
 from capacity.admission.gate import admission_records, output_caps_tokens, reconcile_usage
-from capacity.admission.redis_buckets import (
+from capacity.admission.redis_layout import (
     BEST_EFFORT,
     GUARANTEED,
     REFUSED,
@@ -149,12 +149,134 @@ def _mu_per_event(cost_model: CostModel, events: list[CheckedEvent]) -> np.ndarr
     )
 
 
+@dataclass(slots=True)
+class _Valid:
+    """An event that passed the checks, on its way to the table: its index in the batch, the
+    rows it names, and (once classified) the class its admission record gives it."""
+
+    index: int
+    event: CheckedEvent
+    owner: Customer
+    model: ServedModel
+    cost_model: CostModel
+    decided: "_Class | None" = None
+    record: AdmissionRecord | None = None
+
+
+@dataclass
+class _Named:
+    """The rows a batch names, one query each; active cost models as they are asked for."""
+
+    models: dict[str, ServedModel]
+    customers: dict[str, Customer]
+    deployments: dict[str, Deployment]
+    cost_models: dict[int, CostModel | None] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, parsed: list[tuple[int, CheckedEvent]]) -> "_Named":
+        events = [event for _, event in parsed]
+        return cls(
+            # The reference GPU comes along: the active cost model is looked up by it.
+            models={
+                model.name: model
+                for model in ServedModel.objects.select_related("reference_gpu_type").filter(
+                    name__in={event.model for event in events}
+                )
+            },
+            customers={
+                c.slug: c
+                for c in Customer.objects.filter(
+                    slug__in={event.customer for event in events if event.customer}
+                )
+            },
+            deployments={
+                d.name: d
+                for d in Deployment.objects.filter(
+                    name__in={event.deployment for event in events if event.deployment}
+                )
+            },
+        )
+
+    def cost_model_of(self, model: ServedModel) -> CostModel | None:
+        if model.pk not in self.cost_models:
+            self.cost_models[model.pk] = active_cost_model(served_model=model)
+        return self.cost_models[model.pk]
+
+
+@dataclass(frozen=True)
+class _Window:
+    """When an event may have finished, and how long it may have run (the settings)."""
+
+    oldest: datetime
+    newest: datetime
+    longest: timedelta
+
+    @classmethod
+    def at(cls, now: datetime) -> "_Window":
+        return cls(
+            oldest=now - timedelta(hours=settings.USAGE_LATENESS_WINDOW_HOURS),
+            newest=now + timedelta(seconds=settings.USAGE_MAX_FUTURE_SECONDS),
+            longest=timedelta(hours=settings.USAGE_MAX_DURATION_HOURS),
+        )
+
+
 def usage_ingest(*, events, customer: Customer | None, may_name_customer: bool) -> IngestResult:
     """Store a batch of usage events.
 
     `customer` is the caller's own customer (a customer key): its events may omit the
     customer and may not name another. A platform key (`may_name_customer`) names it.
     """
+    _check_batch(events, customer)
+    result = IngestResult()
+    now = timezone.now()
+
+    def reject(index: int, reasons: list[str]) -> None:
+        # The raw event's id (a checked event's id is the raw one: never stripped).
+        raw = events[index]
+        event_id = raw.get("event_id") if isinstance(raw, dict) else getattr(raw, "event_id", None)
+        result.rejected.append(
+            {"index": index, "event_id": event_id if isinstance(event_id, str) else None,
+             "reasons": reasons}
+        )  # fmt: skip
+
+    parsed = _parsed(events, reject)
+    named = _Named.of(parsed)
+    window = _Window.at(now)
+    seen_in_batch: set[tuple[int, str]] = set()
+    valid: list[_Valid] = []
+    for index, event in parsed:
+        owner, reasons = _owner_of(event, customer, may_name_customer, named)
+        model = named.models.get(event.model)
+        cost_model = named.cost_model_of(model) if model is not None else None
+        reasons += _model_problems(event, model, cost_model)
+        reasons += _deployment_problems(event, model, named)
+        reasons += _time_problems(event, window)
+        if reasons:
+            reject(index, reasons)
+            continue
+        assert owner is not None and model is not None and cost_model is not None
+        if (owner.pk, event.event_id) in seen_in_batch:
+            result.duplicates.append(event.event_id)
+            continue
+        seen_in_batch.add((owner.pk, event.event_id))
+        valid.append(_Valid(index, event, owner, model, cost_model))
+
+    valid = _classify(valid, reject=reject, platform=customer is None)
+    if valid:
+        inserted = _store(valid, deployments=named.deployments, now=now, customer=customer)
+        for item in valid:
+            stored_now = (item.owner.pk, item.event.event_id) in inserted
+            (result.accepted if stored_now else result.duplicates).append(item.event.event_id)
+        _settle(valid, inserted)
+    result.rejected.sort(key=lambda item: item["index"])
+    metrics.USAGE_EVENTS.labels("accepted").inc(len(result.accepted))
+    metrics.USAGE_EVENTS.labels("duplicate").inc(len(result.duplicates))
+    metrics.USAGE_EVENTS.labels("rejected").inc(len(result.rejected))
+    return result
+
+
+def _check_batch(events, customer: Customer | None) -> None:
+    """The batch as a whole: a list, not too long, from a caller that may report usage."""
     if not isinstance(events, list):
         raise DomainError("events must be a list of usage events.", field="events")
     if len(events) > MAX_BATCH_EVENTS:
@@ -173,165 +295,141 @@ def usage_ingest(*, events, customer: Customer | None, may_name_customer: bool) 
             code="usage_self_report_not_allowed",
             status=403,
         )
-    result = IngestResult()
-    now = timezone.now()
-    oldest = now - timedelta(hours=settings.USAGE_LATENESS_WINDOW_HOURS)
-    newest = now + timedelta(seconds=settings.USAGE_MAX_FUTURE_SECONDS)
-    longest = timedelta(hours=settings.USAGE_MAX_DURATION_HOURS)
 
-    def reject(index: int, raw, reasons: list[str]) -> None:
-        # The raw event's id (a checked event's id is the raw one: never stripped).
-        event_id = raw.get("event_id") if isinstance(raw, dict) else getattr(raw, "event_id", None)
-        result.rejected.append(
-            {"index": index, "event_id": event_id if isinstance(event_id, str) else None,
-             "reasons": reasons}
-        )  # fmt: skip
 
-    parsed: list[tuple[int, CheckedEvent]]
+def _parsed(events, reject) -> list[tuple[int, CheckedEvent]]:
+    """Each event that has the schema, with its index; the others rejected with why."""
     if isinstance(events, DecodedEvents):
-        parsed = list(enumerate(events))  # checked as they were decoded
-    else:
-        parsed = []
-        for index, raw in enumerate(events):
-            if not isinstance(raw, dict):
-                reject(index, raw, ["an event must be a JSON object"])
-                continue
-            try:
-                parsed.append((index, UsageEventIn.model_validate(raw)))
-            except ValidationError as error:
-                reject(index, raw, reasons_from(error))
-
-    # The reference GPU comes along: the active cost model is looked up by it.
-    models = {
-        model.name: model
-        for model in ServedModel.objects.select_related("reference_gpu_type").filter(
-            name__in={event.model for _, event in parsed}
-        )
-    }
-    customer_slugs = {event.customer for _, event in parsed if event.customer}
-    customers = {c.slug: c for c in Customer.objects.filter(slug__in=customer_slugs)}
-    deployments = {
-        d.name: d
-        for d in Deployment.objects.filter(
-            name__in={event.deployment for _, event in parsed if event.deployment}
-        )
-    }
-    cost_models: dict[int, CostModel | None] = {}
-
-    seen_in_batch: set[tuple[int, str]] = set()
-    valid: list[tuple[CheckedEvent, Customer, ServedModel, CostModel]] = []
-    for index, event in parsed:
-        reasons = []
-        owner = customer
-        if event.customer and customer is not None and event.customer != customer.slug:
-            reasons.append("customer: a customer's key reports only that customer's usage")
-        elif event.customer and not may_name_customer and customer is None:
-            reasons.append("customer: this key may not report usage")
-        elif event.customer:
-            owner = customers.get(event.customer)
-            if owner is None:
-                reasons.append(f"customer: no customer with slug '{event.customer}'")
-        elif owner is None:
-            reasons.append("customer: required with a platform key")
-        model = models.get(event.model)
-        cost_model = None
-        if model is None:
-            reasons.append(f"model: unknown model '{event.model}'")
-        else:
-            if model.pk not in cost_models:
-                cost_models[model.pk] = active_cost_model(served_model=model)
-            cost_model = cost_models[model.pk]
-            if cost_model is None:
-                reasons.append(
-                    f"model: '{event.model}' has no active cost model yet, so its usage cannot "
-                    "be priced; retry the event once one is active"
-                )
-            problems = context_problems(
-                model.context_length_tokens,
-                event.input_tokens,
-                event.output_tokens,
-                prompts=event.prompts or 1,
-                sequences=event.sequences or 1,
-            )
-            reasons.extend(f"{name}: {why[0]}" for name, why in problems.items())
-        if event.deployment:
-            deployment = deployments.get(event.deployment)
-            if deployment is None:
-                reasons.append(f"deployment: unknown deployment '{event.deployment}'")
-            elif model is not None and deployment.served_model_id != model.pk:
-                reasons.append(f"deployment: '{event.deployment}' does not serve '{event.model}'")
-        if event.finished_at > newest:
-            reasons.append(
-                f"finished_at: more than {settings.USAGE_MAX_FUTURE_SECONDS} s in the future"
-            )
-        elif event.finished_at < oldest:
-            reasons.append(
-                f"finished_at: older than the lateness window "
-                f"({settings.USAGE_LATENESS_WINDOW_HOURS} h)"
-            )
-        # With finished_at inside the lateness window, this keeps started_at near it too.
-        if event.finished_at - event.started_at > longest:
-            reasons.append(
-                f"started_at: more than {settings.USAGE_MAX_DURATION_HOURS} h before "
-                "finished_at; no request runs that long"
-            )
-        if reasons:
-            reject(index, events[index], reasons)
+        return [(index, event) for index, event in enumerate(events)]  # checked when decoded
+    parsed: list[tuple[int, CheckedEvent]] = []
+    for index, raw in enumerate(events):
+        if not isinstance(raw, dict):
+            reject(index, ["an event must be a JSON object"])
             continue
-        if (owner.pk, event.event_id) in seen_in_batch:
-            result.duplicates.append(event.event_id)
-            continue
-        seen_in_batch.add((owner.pk, event.event_id))
-        valid.append((index, event, owner, model, cost_model))
-
-    valid = _classify(
-        valid,
-        reject=lambda index, reasons: reject(index, events[index], reasons),
-        platform=customer is None,
-    )
-    if valid:
         try:
-            inserted = _insert(
-                valid,
-                deployments=deployments,
-                ingested_at=now,
-                self_reported=customer is not None,
-                demand_estimates=_demand_estimates(valid),
-            )
-        except (IntegrityError, psycopg.IntegrityError) as error:
-            if not _is_reference_violation(error):
-                raise
-            # A customer, model, deployment or cost model the batch names was deleted between
-            # the checks above and the insert (the database refuses events that reference a
-            # missing row: migration capacity 0035). Nothing of the batch was stored; sent
-            # again, its events that name the deleted row are rejected one by one.
-            raise ConflictError(
-                "A customer, model, deployment or cost model this batch references was deleted "
-                "while the batch was stored; nothing of it was stored. Send it again.",
-                code="reference_deleted",
-            ) from error
-        for _, event, owner, *_ in valid:
-            stored_now = (owner.pk, event.event_id) in inserted
-            (result.accepted if stored_now else result.duplicates).append(event.event_id)
-        # Only events stored now settle their admission: a duplicate never settles twice.
-        # Only those with a record in Redis have anything there to settle: a request admitted
-        # under its id has a record, and its slot in flight (if any) is named by that id; a
-        # spooled record (Redis was down) took no bucket and no slot.
-        prefixes = {
-            (owner.pk, event.event_id): record.api_key_prefix
-            for _, event, owner, _, _, _, record in valid
-            if record is not None and not record.spooled
-        }
-        reconcile_usage(
-            [(customer_id, model_id, event_id, mu, prefixes[(customer_id, event_id)])
-             for (customer_id, event_id), (model_id, mu) in inserted.items()
-             if (customer_id, event_id) in prefixes]
-        )  # fmt: skip
-    result.rejected.sort(key=lambda item: item["index"])
-    metrics.USAGE_EVENTS.labels("accepted").inc(len(result.accepted))
-    metrics.USAGE_EVENTS.labels("duplicate").inc(len(result.duplicates))
-    metrics.USAGE_EVENTS.labels("rejected").inc(len(result.rejected))
-    return result
+            parsed.append((index, UsageEventIn.model_validate(raw)))
+        except ValidationError as error:
+            reject(index, reasons_from(error))
+    return parsed
+
+
+def _owner_of(
+    event: CheckedEvent, customer: Customer | None, may_name_customer: bool, named: _Named
+) -> tuple[Customer | None, list[str]]:
+    """Whose usage the event is: the caller's own customer, or the one a platform key names."""
+    if event.customer and customer is not None and event.customer != customer.slug:
+        return None, ["customer: a customer's key reports only that customer's usage"]
+    if event.customer and not may_name_customer and customer is None:
+        return None, ["customer: this key may not report usage"]
+    if event.customer:
+        owner = named.customers.get(event.customer)
+        if owner is None:
+            return None, [f"customer: no customer with slug '{event.customer}'"]
+        return owner, []
+    if customer is None:
+        return None, ["customer: required with a platform key"]
+    return customer, []
+
+
+def _model_problems(
+    event: CheckedEvent, model: ServedModel | None, cost_model: CostModel | None
+) -> list[str]:
+    """A known model, priced by an active cost model, within whose context the work fits."""
+    if model is None:
+        return [f"model: unknown model '{event.model}'"]
+    reasons = []
+    if cost_model is None:
+        reasons.append(
+            f"model: '{event.model}' has no active cost model yet, so its usage cannot "
+            "be priced; retry the event once one is active"
+        )
+    problems = context_problems(
+        model.context_length_tokens,
+        event.input_tokens,
+        event.output_tokens,
+        prompts=event.prompts or 1,
+        sequences=event.sequences or 1,
+    )
+    reasons.extend(f"{name}: {why[0]}" for name, why in problems.items())
+    return reasons
+
+
+def _deployment_problems(
+    event: CheckedEvent, model: ServedModel | None, named: _Named
+) -> list[str]:
+    """A deployment the event names exists and serves its model."""
+    if not event.deployment:
+        return []
+    deployment = named.deployments.get(event.deployment)
+    if deployment is None:
+        return [f"deployment: unknown deployment '{event.deployment}'"]
+    if model is not None and deployment.served_model_id != model.pk:
+        return [f"deployment: '{event.deployment}' does not serve '{event.model}'"]
+    return []
+
+
+def _time_problems(event: CheckedEvent, window: _Window) -> list[str]:
+    """Finished inside the lateness window, and started no longer before than a request runs."""
+    reasons = []
+    if event.finished_at > window.newest:
+        reasons.append(
+            f"finished_at: more than {settings.USAGE_MAX_FUTURE_SECONDS} s in the future"
+        )
+    elif event.finished_at < window.oldest:
+        reasons.append(
+            f"finished_at: older than the lateness window "
+            f"({settings.USAGE_LATENESS_WINDOW_HOURS} h)"
+        )
+    # With finished_at inside the lateness window, this keeps started_at near it too.
+    if event.finished_at - event.started_at > window.longest:
+        reasons.append(
+            f"started_at: more than {settings.USAGE_MAX_DURATION_HOURS} h before "
+            "finished_at; no request runs that long"
+        )
+    return reasons
+
+
+def _store(
+    valid: list[_Valid], *, deployments, now: datetime, customer: Customer | None
+) -> dict[tuple[int, str], tuple[int, float]]:
+    """Insert the classified events; those stored now, as `_insert` returns them."""
+    try:
+        return _insert(
+            valid,
+            deployments=deployments,
+            ingested_at=now,
+            self_reported=customer is not None,
+            demand_estimates=_demand_estimates(valid),
+        )
+    except (IntegrityError, psycopg.IntegrityError) as error:
+        if not _is_reference_violation(error):
+            raise
+        # A customer, model, deployment or cost model the batch names was deleted between
+        # the checks and the insert (the database refuses events that reference a missing
+        # row: migration capacity 0035). Nothing of the batch was stored; sent again, its
+        # events that name the deleted row are rejected one by one.
+        raise ConflictError(
+            "A customer, model, deployment or cost model this batch references was deleted "
+            "while the batch was stored; nothing of it was stored. Send it again.",
+            code="reference_deleted",
+        ) from error
+
+
+def _settle(valid: list[_Valid], inserted: dict[tuple[int, str], tuple[int, float]]) -> None:
+    """Only events stored now settle their admission: a duplicate never settles twice. Only
+    those with a record in Redis have anything there to settle: a request admitted under its
+    id has a record, and its slot in flight (if any) is named by that id; a spooled record
+    (Redis was down) took no bucket and no slot."""
+    prefixes = {
+        (item.owner.pk, item.event.event_id): item.record.api_key_prefix
+        for item in valid
+        if item.record is not None and not item.record.spooled
+    }
+    reconcile_usage(
+        [(customer_id, model_id, event_id, mu, prefixes[(customer_id, event_id)])
+         for (customer_id, event_id), (model_id, mu) in inserted.items()
+         if (customer_id, event_id) in prefixes]
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -402,7 +500,7 @@ _FALLBACK_RECORD_CLASSES = {
 }
 
 
-def _fallback_records(valid, records: list, *, platform: bool) -> list:
+def _fallback_records(valid: list[_Valid], records: list, *, platform: bool) -> list:
     """Where no admission record exists, what the gateway's own fallback decided while Redis
     could not be reached (`fallback_class`), as a spooled record: from a platform key only (a
     customer's own report never picks its class), and a guaranteed class only for a customer
@@ -410,12 +508,12 @@ def _fallback_records(valid, records: list, *, platform: bool) -> list:
     contradicts what was sold: billed as best-effort, flagged)."""
     claims = [
         position
-        for position, ((_, event, *_), record) in enumerate(zip(valid, records, strict=True))
-        if record is None and platform and event.fallback_class is not None
+        for position, (item, record) in enumerate(zip(valid, records, strict=True))
+        if record is None and platform and item.event.fallback_class is not None
     ]
     if not claims:
         return records
-    pairs = {(valid[p][2].pk, valid[p][3].pk) for p in claims}
+    pairs = {(valid[p].owner.pk, valid[p].model.pk) for p in claims}
     terms: dict[tuple[int, int], list] = {}
     wanted = Q()
     for customer_id, model_id in pairs:
@@ -428,7 +526,8 @@ def _fallback_records(valid, records: list, *, platform: bool) -> list:
         terms.setdefault((customer_id, model_id), []).append((starts_at, ends_at))
     records = list(records)
     for position in claims:
-        _, event, owner, model, _ = valid[position]
+        event, owner, model = valid[position].event, valid[position].owner, valid[position].model
+        assert event.fallback_class is not None  # a claim holds one
         claimed = _FALLBACK_RECORD_CLASSES[event.fallback_class]
         reserved = any(
             starts <= event.started_at and (ends is None or ends > event.started_at)
@@ -446,25 +545,26 @@ def _fallback_records(valid, records: list, *, platform: bool) -> list:
     return records
 
 
-def _classify(valid, *, reject, platform: bool) -> list:
+def _classify(valid: list[_Valid], *, reject, platform: bool) -> list[_Valid]:
     """Each valid event with the class its admission record gives it (or, without one, its
     gateway's Redis-down fallback: `_fallback_records`); events that contradict their record
     in a way that cannot be billed are rejected."""
     records = admission_records(
-        [(owner.pk, model.pk, event.event_id) for _, event, owner, model, _ in valid]
+        [(item.owner.pk, item.model.pk, item.event.event_id) for item in valid]
     )
     records = _fallback_records(valid, records, platform=platform)
     classified = []
-    for (index, event, owner, model, cost_model), record in zip(valid, records, strict=True):
-        decided = _class_of(event, record)
+    for item, record in zip(valid, records, strict=True):
+        decided = _class_of(item.event, record)
         if isinstance(decided, str):
-            reject(index, [decided])
+            reject(item.index, [decided])
             continue
-        classified.append((index, event, owner, model, cost_model, decided, record))
+        item.decided, item.record = decided, record
+        classified.append(item)
     return classified
 
 
-def _demand_estimates(valid) -> dict[int, float]:
+def _demand_estimates(valid: list[_Valid]) -> dict[int, float]:
     """What a refused request without an admission record counts as demand, by its position in
     `valid`: what the sender says (`estimated_mu`), at most the control plane's own estimate of
     it, its input tokens plus the output cap admission estimates with
@@ -472,15 +572,21 @@ def _demand_estimates(valid) -> dict[int, float]:
     must not drive the fleet. Without a sender's figure, no demand (as before)."""
     positions = [
         position
-        for position, (_, event, _, _, _, _, record) in enumerate(valid)
-        if event.outcome == "refused" and record is None and event.estimated_mu is not None
+        for position, item in enumerate(valid)
+        if item.event.outcome == "refused"
+        and item.record is None
+        and item.event.estimated_mu is not None
     ]
     if not positions:
         return {}
-    caps = output_caps_tokens({valid[p][3].pk for p in positions})
+    caps = output_caps_tokens({valid[p].model.pk for p in positions})
     estimates = {}
     for position in positions:
-        _, event, _, model, cost_model, _, _ = valid[position]
+        event, model, cost_model = (
+            valid[position].event,
+            valid[position].model,
+            valid[position].cost_model,
+        )
         prompts = event.prompts or 1
         sequences = event.sequences or 1
         cap = caps.get(model.pk) or 0
@@ -495,7 +601,7 @@ def _demand_estimates(valid) -> dict[int, float]:
                 sequences=np.array([sequences], dtype=float),
             )[0]
         )
-        estimates[position] = min(own, float(event.estimated_mu))
+        estimates[position] = min(own, float(event.estimated_mu or 0.0))
     return estimates
 
 
@@ -505,15 +611,21 @@ def _engine_refused(event: CheckedEvent, self_reported: bool) -> bool:
     return event.engine_status is not None and event.outcome == "error" and not self_reported
 
 
-def _rows(valid, *, deployments, ingested_at, self_reported: bool, demand_estimates=None):
+def _rows(
+    valid: list[_Valid], *, deployments, ingested_at, self_reported: bool, demand_estimates=None
+):
+    """Each classified event as a row of COLUMNS, priced per cost model in one pass."""
     by_cost_model: dict[int, list[int]] = {}
-    for position, (_, _, _, _, cost_model, _, _) in enumerate(valid):
-        by_cost_model.setdefault(cost_model.pk, []).append(position)
+    for position, item in enumerate(valid):
+        by_cost_model.setdefault(item.cost_model.pk, []).append(position)
     mu = np.zeros(len(valid))
     for positions in by_cost_model.values():
-        cost_model = valid[positions[0]][4]
-        mu[positions] = _mu_per_event(cost_model, [valid[p][1] for p in positions])
-    for position, (_, event, owner, model, cost_model, decided, record) in enumerate(valid):
+        cost_model = valid[positions[0]].cost_model
+        mu[positions] = _mu_per_event(cost_model, [valid[p].event for p in positions])
+    for position, item in enumerate(valid):
+        event, owner, model, cost_model = item.event, item.owner, item.model, item.cost_model
+        decided, record = item.decided, item.record
+        assert decided is not None  # classified
         deployment = deployments.get(event.deployment) if event.deployment else None
         # A refused request never ran, nor one the engine refused before any work: it used
         # nothing.
@@ -619,12 +731,12 @@ def _insert(
             demand_estimates=demand_estimates,
         )
     )
-    stored = _insert_rows(rows)
+    stored = usage_rows_insert(rows)
     return {(row[1], row[0]): (row[2], row[_MU]) for row in rows if (row[1], row[0]) in stored}
 
 
 @transaction.atomic
-def _insert_rows(rows) -> set[tuple[int, str]]:
+def usage_rows_insert(rows) -> set[tuple[int, str]]:
     """Insert the rows, skipping (customer, event id)s already stored; return the (customer
     id, event id)s stored now."""
     table = UsageEvent._meta.db_table

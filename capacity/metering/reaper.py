@@ -1,5 +1,5 @@
 """The reaper: every request leaves exactly one usage event, even one whose gateway worker died
-holding its event in memory (DESIGN §2, "Fail safe").
+holding its event in memory (docs/design.md#fail-safe).
 
 Every admission decision made under a request id joins Redis's index of open requests
 (`adm:open`, capacity.admission.redis_buckets) until its usage event settles it. A gateway
@@ -32,7 +32,8 @@ from django.conf import settings
 from django.utils import timezone
 
 from capacity.admission.gate import buckets, reconcile_usage
-from capacity.admission.redis_buckets import (
+from capacity.admission.gateways import SPOOL, WORKERS
+from capacity.admission.redis_layout import (
     BEST_EFFORT,
     GUARANTEED,
     OPEN_REQUESTS_KEY,
@@ -43,10 +44,9 @@ from capacity.admission.redis_buckets import (
     parse_open_member,
 )
 from capacity.metering.events import minute_of
-from capacity.metering.ingestion import COLUMNS, _insert_rows
+from capacity.metering.ingestion import COLUMNS, usage_rows_insert
 from capacity.models import AdmissionClass, Outcome, ServedModel, UsageEvent, Verification
 from capacity.pricing.cost_models import pricing_cost_model
-from capacity.publication.demand import SPOOL, WORKERS
 from core.errors import DomainError
 
 logger = logging.getLogger(__name__)
@@ -196,7 +196,7 @@ def _reap(due) -> int:
         rows.append(tuple(values[name] for name in COLUMNS))
         if not refused:
             settle.append((customer_id, model_id, request_id, 0.0, record.api_key_prefix))
-    stored = _insert_rows(rows) if rows else set()
+    stored = usage_rows_insert(rows) if rows else set()
     # Settled at 0: the estimate goes back to the buckets, the slot in flight is freed.
     reconcile_usage([item for item in settle if (item[0], item[2]) in stored])
     return len(stored)

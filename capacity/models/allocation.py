@@ -46,7 +46,7 @@ class AllocationDecision(models.Model):
 
 
 class AdmissionAllowance(models.Model):
-    """The latest tick's admission limits for one customer and model (DESIGN §2)."""
+    """The latest tick's admission limits for one customer and model (docs/design.md#the-tick)."""
 
     customer = models.ForeignKey(Customer, on_delete=models.CASCADE, related_name="allowances")
     served_model = models.ForeignKey(ServedModel, on_delete=models.CASCADE, related_name="+")

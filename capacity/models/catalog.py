@@ -47,7 +47,7 @@ class GpuPool(models.Model):
 
 
 class ServedModel(models.Model):
-    """A model the fleet serves and sells in its own MU (DESIGN §1)."""
+    """A model the fleet serves and sells in its own MU (docs/design.md#the-currency)."""
 
     # serves: model by name: API /models/{name}, admission._model, planner pages
     name = models.SlugField(max_length=100, unique=True)
@@ -153,15 +153,7 @@ class Deployment(models.Model):
             '\'job="vllm", namespace="prod"\'. Empty: model_name="<engine model id>".'
         ),
     )
-    benchmark_suite = models.ForeignKey(
-        "benchmarking.BenchmarkSuite",
-        on_delete=models.SET_NULL,
-        null=True,
-        blank=True,
-        related_name="deployments",
-        help_text="The suite the nightly benchmark runs against this deployment.",
-    )
-    # The deployment's beat row (capacity.schedules) follows these two in the transaction that
+    # The deployment's beat row (benchmarking.schedules) follows these two in the transaction that
     # writes them: ticking the flag is what schedules the run.
     benchmark_nightly = models.BooleanField(
         default=False,
@@ -238,6 +230,15 @@ class Deployment(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def benchmark_suite(self) -> models.Model | None:
+        """The suite the nightly benchmark runs, or None. A reference benchmarking owns
+        (benchmarking.DeploymentSuite: benchmark data points at the catalogue, never the
+        reverse), read back through its reverse relation; a write sets it through
+        capacity.hooks.deployment_written."""
+        link = getattr(self, "benchmark_suite_link", None)
+        return None if link is None else link.suite
 
     @property
     def max_gpus(self) -> int:

@@ -1,12 +1,13 @@
 from django.db import models
 from django.db.models import Q
 
+from capacity.currency import REPLICA_MU_PER_MINUTE
 from capacity.models.catalog import GpuType, ServedModel
-from capacity.pricing.features import REPLICA_MU_PER_MINUTE
 
 
 class CostModel(models.Model):
-    """A fitted cost model for one (served model, GPU type, GPUs per replica) — DESIGN §1.
+    """A fitted cost model for one (served model, GPU type, GPUs per replica)
+    (docs/design.md#the-currency).
 
     `weights_replica_seconds` maps each feature to the replica-seconds one unit of it costs on
     a saturated replica. MU coefficients follow from `replica_mu_per_minute` (R = 100 by
@@ -52,13 +53,6 @@ class CostModel(models.Model):
     candidates = models.JSONField(default=list, help_text="Every feature set tried, with its CV.")
     residuals = models.JSONField(default=list)
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.CANDIDATE)
-    source_run = models.ForeignKey(
-        "benchmarking.BenchmarkRun",
-        on_delete=models.SET_NULL,
-        null=True,
-        blank=True,
-        related_name="cost_models",
-    )
     created_at = models.DateTimeField(auto_now_add=True)
     activated_at = models.DateTimeField(null=True, blank=True)
     retired_at = models.DateTimeField(null=True, blank=True)
@@ -113,3 +107,16 @@ class CostModel(models.Model):
             f"{self.served_model.name} on {self.gpu_type.name}×{self.gpus_per_replica} "
             f"v{self.version} ({self.status})"
         )
+
+    @property
+    def source_run(self) -> models.Model | None:
+        """The benchmark run this version was fitted from, or None. A reference benchmarking
+        owns (benchmarking.CostModelSource), read back through its reverse relation."""
+        link = getattr(self, "source_link", None)
+        return None if link is None else link.run
+
+    @property
+    def source_run_id(self) -> int | None:
+        """The id of `source_run`, without loading the run."""
+        link = getattr(self, "source_link", None)
+        return None if link is None else link.run_id

@@ -31,7 +31,7 @@ class Reservation(models.Model):
     """Sold capacity: a customer is guaranteed `mu_per_minute` of a model for a term.
 
     `status` is kept current by a periodic task; `cancelled` is final. Selling checks the term
-    against every overlapping reservation that is not cancelled (DESIGN §2).
+    against every overlapping reservation that is not cancelled (docs/design.md#sold).
     """
 
     class Status(models.TextChoices):

@@ -131,7 +131,7 @@ class UsageEvent(models.Model):
         constraints = [
             # Idempotency: a retried or concurrent duplicate of a customer's event is skipped
             # (ingestion's ON CONFLICT targets exactly these columns).
-            # serves: usage._insert_rows' ON CONFLICT (customer, event_id): duplicates skipped
+            # serves: usage_rows_insert's ON CONFLICT (customer, event_id): duplicates skipped
             models.UniqueConstraint(
                 fields=["customer", "event_id"], name="usage_event_id_unique_per_customer"
             ),

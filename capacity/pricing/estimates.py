@@ -33,11 +33,14 @@ def shape_from(row: Mapping) -> Shape:
 
 
 def shape_mu(cost_model: CostModel, row: Mapping) -> float:
+    """The MU of one request shape (a row of input/output/cached tokens) under this version."""
     replica_seconds = predict_replica_seconds(cost_model.weights_replica_seconds, shape_from(row))
     return mu_of(replica_seconds, cost_model.replica_mu_per_minute)
 
 
 def price_shapes(cost_model: CostModel, rows: Iterable[Mapping]) -> list[dict]:
+    """Each shape of `rows` with its replica-seconds and MU under this version (the cost estimate
+    API)."""
     priced = []
     for row in rows:
         replica_seconds = predict_replica_seconds(

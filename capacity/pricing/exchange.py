@@ -1,4 +1,5 @@
-"""The exchange rate between GPU types, and the workload mix it is taken at (DESIGN §1).
+"""The exchange rate between GPU types, and the workload mix it is taken at
+(docs/design.md#one-currency-per-model-many-gpus).
 
 A replica of a model's reference GPU type mints R MU per minute by definition; a replica of any
 other deployment of the model mints R · t_ref(mix) / t_own(mix), t being the replica-seconds

@@ -1,5 +1,5 @@
-"""The MU currency, in one place (DESIGN §1): a request's features, its replica-seconds under a
-cost model, and its model units.
+"""The MU currency's rules, in one place (docs/design.md#the-currency): a request's features,
+its replica-seconds under a cost model, and its model units.
 
 A cost model predicts the replica time a request consumes on a saturated replica,
 
@@ -23,8 +23,10 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-# R: MU per minute one replica of a model's reference GPU type mints, by definition (DESIGN §1).
-REPLICA_MU_PER_MINUTE = 100.0
+# R, the unit's definition (its one home is capacity.currency), re-exported: the rules below
+# default to it.
+from capacity.currency import REPLICA_MU_PER_MINUTE as REPLICA_MU_PER_MINUTE
+
 SECONDS_PER_MINUTE = 60.0
 
 # A number, or an array of them (batches are priced as arrays).

@@ -1,10 +1,11 @@
-"""What a new cost-model version would do to prices, before it prices anyone (DESIGN §1).
+"""What a new cost-model version would do to prices, before it prices anyone
+(docs/design.md#versions).
 
 A fit that activated itself repriced all future usage without anyone looking, so prices could
 drift night to night. A fit now activates itself only when, priced on the model's real request
 shapes of the last REVIEW_WINDOW_DAYS days, it changes their total MU by at most
 COST_MODEL_MAX_AUTO_CHANGE_PERCENT, and each customer's too (`auto_activation_review`, which
-`capacity.pricing.cost_models.cost_model_record` asks); otherwise it waits as a candidate, and
+`capacity.repricing.services.cost_model_record` asks); otherwise it waits as a candidate, and
 the planner's cost-model page shows the change per customer and per request shape before a
 planner activates or rejects it.
 

@@ -79,17 +79,13 @@ def cost_model_versions(
         CostModel.objects.filter(
             served_model=served_model, gpu_type=gpu_type, gpus_per_replica=gpus_per_replica
         )
-        .select_related("source_run")
+        .select_related("source_link")
         .order_by("version")
     )
 
 
-def cost_models_fitted_from(run) -> QuerySet[CostModel]:
-    """The versions fitted from a benchmark run, oldest first."""
-    return run.cost_models.order_by("version")
-
-
 def cost_models_with_model_and_gpu() -> QuerySet[CostModel]:
+    """Every cost model version, with its model and GPU type (one query)."""
     return CostModel.objects.select_related("served_model", "gpu_type")
 
 

@@ -10,41 +10,11 @@ it moves); in the same transaction, the request limits admission's Lua script re
 a minute. They are built from the database
 by `documents.py` (the request limits by capacity.admission.limits) and written by
 `publish.py`, at the end of every allocation tick and after the commit of every write that
-changes them (`publish_after_commit`). A Redis error never fails the caller: it is
+changes them (which announce it with capacity.hooks.gateway_state_changed: the publisher
+subscribes at start-up, CapacityConfig.ready). A Redis error never fails the caller: it is
 logged and counted (`controlplane_gateway_publications{result="failed"}`), and the next tick
 publishes again.
 
-This module only holds the trigger, so that the rooms whose writes change the documents
-(catalog, pricing, health, selling, admission) can call it without importing what the
-documents are built from (which imports them).
+This package's `__init__` imports nothing: gateways import its pure module (signing.py), and
+importing a submodule runs this file, which must not bring Django into a gateway.
 """
-
-from __future__ import annotations
-
-from collections.abc import Collection
-
-
-def publish_after_commit(
-    reason: str, *, floors_of: Collection[tuple[int, int]] | None = None
-) -> None:
-    """Publish every document once the current transaction commits (at once outside one).
-    Each call publishes: a publication reads everything, so one more costs a few queries,
-    and skipping one could lose the change that asked for it. `floors_of`: the (customer id,
-    model id)s whose reservation floors changed (a sale), written with it."""
-    # Imported here: the package's pure module (signing.py) is what gateways import, and
-    # importing it runs this file, which must not bring Django into a gateway.
-    from django.db import transaction
-
-    pairs = None if floors_of is None else list(floors_of)
-    transaction.on_commit(lambda: _publish(reason, floors_of=pairs))
-
-
-def _publish(reason: str, *, floors_of: Collection[tuple[int, int]] | None = None) -> None:
-    from capacity.publication.publish import publish_gateway_state
-
-    publish_gateway_state(reason=reason, floors_of=floors_of)
-
-
-def publish_keys_changed() -> None:
-    """accounts' after-commit hook (accounts.hooks): a key was created or revoked."""
-    _publish("keys changed")

@@ -52,8 +52,9 @@ def key_documents(*, now: datetime) -> dict[str, dict]:
 
 
 def _published_cost_model(served_model: ServedModel, by_model: dict) -> dict | None:
-    # The model's currency is its reference GPU's cost model (DESIGN §1): active, else the
-    # newest candidate, as admission and ingestion price with (pricing_cost_model).
+    # The model's currency is its reference GPU's cost model (docs/design.md#the-currency):
+    # active, else the newest candidate, as admission and ingestion price with
+    # (pricing_cost_model).
     cost_model = by_model.get(served_model.pk)
     if cost_model is None:
         return None

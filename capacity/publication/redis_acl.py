@@ -20,8 +20,8 @@ apart by pattern.
 
 from __future__ import annotations
 
-from capacity.admission.redis_buckets import OPEN_REQUESTS_KEY, PREFIX
-from capacity.publication.demand import SPOOL, WAITING, WORKERS
+from capacity.admission.gateways import SPOOL, WAITING, WORKERS
+from capacity.admission.redis_layout import OPEN_REQUESTS_KEY, PREFIX
 
 CONTROL_PLANE_USER = "controlplane"
 GATEWAY_USER = "gateway"
@@ -70,6 +70,7 @@ def gateway_rules() -> str:
 
 
 def control_plane_rules() -> str:
+    """The control plane user's rules, without its password: every key, every command."""
     return "resetkeys resetchannels ~* &* +@all"
 
 

@@ -138,6 +138,7 @@ def replayed_over(
 
 
 def sign(key_id: str, private: Ed25519PrivateKey, content_digest: bytes) -> str:
+    """The signature (`<id>:<base64>`) of a publication's digest under the private key."""
     return f"{key_id}:{base64.b64encode(private.sign(content_digest)).decode()}"
 
 

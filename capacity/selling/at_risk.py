@@ -1,4 +1,4 @@
-"""At-risk capacity: reservations sold that the fleet can no longer serve (DESIGN §2).
+"""At-risk capacity: reservations sold that the fleet can no longer serve (docs/design.md#sold).
 
 What is sold stays feasible only while the fleet stays as it was when it was sold. Every
 catalogue or pricing change that can shrink what the fleet serves (a pool's gpu_count, a

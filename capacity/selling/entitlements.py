@@ -11,8 +11,8 @@ from __future__ import annotations
 from django.db import transaction
 
 from accounts.models import Customer
+from capacity.hooks import gateway_state_changed
 from capacity.models import Entitlement, ServedModel
-from capacity.publication import publish_after_commit
 from core.audit import audit_change, current_actor
 
 
@@ -39,7 +39,7 @@ def _record(customer: Customer, before: list[str], actor: str | None) -> None:
         after={"models": after},
         actor=actor,
     ):
-        publish_after_commit("entitlements changed")
+        gateway_state_changed("entitlements changed")
 
 
 @transaction.atomic

@@ -1,4 +1,4 @@
-"""Joint sellability: can the fleet serve everything sold, at every moment? (DESIGN §2)
+"""Joint sellability: can the fleet serve everything sold, at every moment? (docs/design.md#sold)
 
 Pure: plain data in, numbers out (numpy and SciPy's HiGHS, no Django), so selling, the
 catalogue's and pricing's re-checks, the allocation tick and the bench all ask the same

@@ -1,4 +1,4 @@
-"""Selling capacity: reservations that never oversell (DESIGN §2).
+"""Selling capacity: reservations that never oversell (docs/design.md#sold).
 
 Every write that can grow what is sold first locks the rows of the served model and of every
 model that shares a GPU pool with it (in id order: `lock_models_sharing_pools`), so
@@ -15,8 +15,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from accounts.models import Customer
+from capacity.hooks import gateway_state_changed
 from capacity.models import Reservation, ReservationChange, ServedModel
-from capacity.publication import publish_after_commit
 from capacity.selling.entitlements import entitlement_grant
 from capacity.selling.sellable import (
     available_for,
@@ -148,6 +148,9 @@ def reservation_create(
     notes: str = "",
     actor: str = "",
 ) -> Reservation:
+    """Sell a reservation: checked under the group's lock against what the fleet can serve at every
+    moment of its term (never oversold), audited, its floor written to admission after the
+    commit."""
     starts_at = starts_at or timezone.now()
     _validate_start(starts_at)
     _validate_term(starts_at, ends_at, mu_per_minute)
@@ -263,6 +266,7 @@ def reservation_amend(
 
 @transaction.atomic
 def reservation_cancel(*, reservation: Reservation, actor: str = "") -> Reservation:
+    """Cancel a reservation, audited; its floor leaves admission after the commit."""
     reservation = Reservation.objects.select_for_update().get(pk=reservation.pk)
     if reservation.status == Reservation.Status.CANCELLED:
         raise ConflictError("The reservation is already cancelled.", field="status")
@@ -285,7 +289,9 @@ def _floor_changed(reservation: Reservation, reason: str) -> None:
     """Admission's guaranteed rate is the reservation floor, written after the sale commits
     (capacity.admission.floors), not by the next allocation tick: a sale admits at once, and a
     stalled tick never takes it away."""
-    publish_after_commit(reason, floors_of=[(reservation.customer_id, reservation.served_model_id)])
+    gateway_state_changed(
+        reason, floors_of=[(reservation.customer_id, reservation.served_model_id)]
+    )
 
 
 def _audit(reservation: Reservation, action: str, changes: dict, actor: str) -> None:
@@ -317,5 +323,5 @@ def reservations_refresh_status(*, now: datetime | None = None) -> dict[str, int
         activated = starting.update(status=Reservation.Status.ACTIVE)
         expired = ending.update(status=Reservation.Status.EXPIRED)
         if pairs:
-            publish_after_commit("reservations started or ended", floors_of=sorted(pairs))
+            gateway_state_changed("reservations started or ended", floors_of=sorted(pairs))
     return {"activated": activated, "expired": expired}

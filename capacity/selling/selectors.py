@@ -31,6 +31,7 @@ def reservations_of_customer(customer) -> QuerySet[Reservation]:
 
 
 def reservation_ids_of_customer(customer) -> QuerySet:
+    """The ids of the customer's reservations (a lazy query)."""
     return customer.reservations.values_list("pk", flat=True)
 
 
@@ -48,6 +49,7 @@ def reservation_of_customer(customer, pk: int) -> Reservation | None:
 
 
 def risk_of(served_model) -> CapacityRisk | None:
+    """The model's capacity-risk row, None when it was never at risk."""
     return CapacityRisk.objects.filter(served_model=served_model).first()
 
 

@@ -1,4 +1,5 @@
-"""How much of a model the fleet can deploy and sell, in the model's MU per minute (DESIGN §1).
+"""How much of a model the fleet can deploy and sell, in the model's MU per minute
+(docs/design.md#the-currency).
 
 A replica of the model's reference GPU type mints R = 100 MU/min by definition. A replica of
 another deployment mints R · t_ref(w) / t_dep(w), with t the replica-seconds its cost model

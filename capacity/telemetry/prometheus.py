@@ -1,4 +1,4 @@
-"""Deployment load read from Prometheus: vLLM's counters and gauges (DESIGN §2, "Used").
+"""Deployment load read from Prometheus: vLLM's counters and gauges (docs/design.md#used).
 
 Per deployment, over a rate window (default 60 s):
 
@@ -19,8 +19,9 @@ refuses the query, or has no series for the selector, the load is `known=False` 
 and `mu_per_minute` is None: an allocator that read 0 would scale a busy deployment to zero. A
 deployment whose series exist but carry no traffic is known, with 0 MU/min.
 
-**MU/min through the cost model.** MU is the model's currency (DESIGN §1), so requests are
-priced with the model's pricing cost model on its reference GPU type, whatever GPU serves them.
+**MU/min through the cost model.** MU is the model's currency (docs/design.md#the-currency),
+so requests are priced with the model's pricing cost model on its reference GPU type,
+whatever GPU serves them.
 Prometheus gives rates, not individual requests, so the window's traffic is priced as
 `requests/s` requests of the window's mean shape (mean prompt tokens = prompt tokens/s ÷
 requests/s, mean output tokens likewise):

@@ -85,6 +85,24 @@ def _describe(obj) -> str:
 
 
 def api_exception_handler(exc, context):
+    """DRF's EXCEPTION_HANDLER: every error in the one body shape (the module docstring).
+
+    Ours and the database's are answered here (`_answered_directly`); Django's own become
+    DRF's (`_as_drf_exception`), which DRF answers and `_error_body_of` rewords."""
+    response = _answered_directly(exc)
+    if response is not None:
+        return response
+    exc = _as_drf_exception(exc)
+    response = exception_handler(exc, context)
+    if response is None:
+        return None
+    response.data = _error_body_of(exc, response.status_code)
+    return response
+
+
+def _answered_directly(exc) -> Response | None:
+    """The errors DRF does not know: a service's DomainError, a body too large, and what the
+    database refused (a row still in use, a value it cannot hold, a constraint)."""
     if isinstance(exc, DomainError):
         return Response(
             error_body(
@@ -108,14 +126,8 @@ def api_exception_handler(exc, context):
             ),
             status=413,
         )
-    if isinstance(exc, DjangoValidationError):
-        detail = exc.message_dict if hasattr(exc, "error_dict") else exc.messages
-        exc = exceptions.ValidationError(detail)
-    elif isinstance(exc, Http404):
-        exc = exceptions.NotFound()
-    elif isinstance(exc, DjangoPermissionDenied):
-        exc = exceptions.PermissionDenied()
-    elif isinstance(exc, ProtectedError):
+    # Before IntegrityError: a ProtectedError is one.
+    if isinstance(exc, ProtectedError):
         blockers = sorted({_describe(obj) for obj in exc.protected_objects})[:10]
         return Response(
             error_body(
@@ -126,7 +138,7 @@ def api_exception_handler(exc, context):
             ),
             status=409,
         )
-    elif isinstance(exc, DataError):
+    if isinstance(exc, DataError):
         # A value the database cannot hold (too long, out of range, NUL) got past validation:
         # still the caller's input, not a server fault. Every input is bounded at the edge
         # (core.bounds), so this is the net under a bound someone forgot.
@@ -139,7 +151,7 @@ def api_exception_handler(exc, context):
             ),
             status=400,
         )
-    elif isinstance(exc, IntegrityError):
+    if isinstance(exc, IntegrityError):
         # A constraint caught what validation missed (e.g. a race on a unique name):
         # the state conflicts with the request; nothing was written.
         return Response(
@@ -151,47 +163,55 @@ def api_exception_handler(exc, context):
             ),
             status=409,
         )
+    return None
 
-    response = exception_handler(exc, context)
-    if response is None:
-        return None
 
+def _as_drf_exception(exc):
+    """Django's validation error, 404 and permission denied as DRF's, which it answers."""
+    if isinstance(exc, DjangoValidationError):
+        detail = exc.message_dict if hasattr(exc, "error_dict") else exc.messages
+        return exceptions.ValidationError(detail)
+    if isinstance(exc, Http404):
+        return exceptions.NotFound()
+    if isinstance(exc, DjangoPermissionDenied):
+        return exceptions.PermissionDenied()
+    return exc
+
+
+def _error_body_of(exc, status_code: int) -> dict:
+    """The body of an error DRF answered: its fields flattened, its code and message."""
     if isinstance(exc, exceptions.ValidationError):
         fields = _flatten(exc.detail)
-        response.data = error_body(
-            status_code=response.status_code,
+        return error_body(
+            status_code=status_code,
             code="invalid",
             message=_summary(fields) or "Invalid input.",
             fields=fields,
         )
-    elif isinstance(exc, exceptions.ParseError):
+    if isinstance(exc, exceptions.ParseError):
         # `too_deep` (core.api.parsers) says what to change; any other is malformed.
         code = getattr(exc.detail, "code", None)
-        response.data = error_body(
-            status_code=response.status_code,
+        return error_body(
+            status_code=status_code,
             code=code if code and code != "parse_error" else "malformed_body",
             message=str(exc.detail),
         )
+    detail = exc.detail if isinstance(exc, exceptions.APIException) else str(exc)
+    code = getattr(exc, "default_code", "error")
+    if isinstance(detail, dict | list):
+        fields = _flatten(detail)
+        body = error_body(
+            status_code=status_code, code=code, message=_summary(fields), fields=fields
+        )
     else:
-        detail = exc.detail if isinstance(exc, exceptions.APIException) else str(exc)
-        code = getattr(exc, "default_code", "error")
-        if isinstance(detail, dict | list):
-            fields = _flatten(detail)
-            response.data = error_body(
-                status_code=response.status_code,
-                code=code,
-                message=_summary(fields),
-                fields=fields,
-            )
-        else:
-            response.data = error_body(
-                status_code=response.status_code,
-                code=getattr(detail, "code", None) or code,
-                message=str(detail),
-            )
-        if isinstance(exc, exceptions.Throttled) and exc.wait is not None:
-            response.data["error"]["details"] = {"retry_after_seconds": int(exc.wait)}
-    return response
+        body = error_body(
+            status_code=status_code,
+            code=getattr(detail, "code", None) or code,
+            message=str(detail),
+        )
+    if isinstance(exc, exceptions.Throttled) and exc.wait is not None:
+        body["error"]["details"] = {"retry_after_seconds": int(exc.wait)}
+    return body
 
 
 def json_404(request, exception=None):

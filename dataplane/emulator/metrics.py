@@ -242,94 +242,113 @@ class EmulatorCollector:
         return []
 
     def collect(self) -> Iterable[Metric]:
-        labels = ["model_name"]
-        gauges = list(self._gauges())
-        running = GaugeMetricFamily(
-            "vllm:num_requests_running", "Number of requests in model execution batches.",
-            labels=labels,
-        )  # fmt: skip
-        waiting = GaugeMetricFamily(
-            "vllm:num_requests_waiting", "Number of requests waiting to be processed.",
-            labels=labels,
-        )  # fmt: skip
-        kv_usage = GaugeMetricFamily(
-            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
-            labels=labels,
-        )  # fmt: skip
-        replicas = GaugeMetricFamily(
-            "emulator_replicas", "Emulated engine replicas by state.",
-            labels=["model_name", "state"],
-        )  # fmt: skip
-        lag = GaugeMetricFamily(
-            "emulator_step_lag_seconds",
-            "How late the most recent engine step started against its deadline; a growing "
-            "value means the emulator, not the modelled engine, is the bottleneck.",
-            labels=labels,
-        )
-        for g in gauges:
-            running.add_metric([g.model_name], g.running)
-            waiting.add_metric([g.model_name], g.waiting)
-            kv_usage.add_metric([g.model_name], g.kv_cache_usage_fraction)
-            for state in REPLICA_STATES:
-                replicas.add_metric([g.model_name, state], g.replicas_by_state.get(state, 0))
-            lag.add_metric([g.model_name], g.step_lag_seconds)
-        yield from (running, waiting, kv_usage, replicas, lag)
+        yield from _gauge_families(self._gauges())
         if self._fault_mode is not None:
-            mode = self._fault_mode()
-            fault = GaugeMetricFamily(
-                "emulator_fault_active",
-                "1 for the injected fault now active in this emulator process, else 0.",
-                labels=["mode"],
-            )
-            for name in FAULT_GAUGE_MODES:
-                fault.add_metric([name], 1.0 if mode == name else 0.0)
-            yield fault
-
+            yield _fault_family(self._fault_mode())
         models = list(self._models())
-        prompt = CounterMetricFamily(
-            "vllm:prompt_tokens", "Number of prefill tokens processed.", labels=labels
-        )
-        generation = CounterMetricFamily(
-            "vllm:generation_tokens", "Number of generation tokens processed.", labels=labels
-        )
-        success = CounterMetricFamily(
-            "vllm:request_success", "Count of successfully processed requests.",
-            labels=["model_name", "finished_reason"],
-        )  # fmt: skip
-        preemptions = CounterMetricFamily(
-            "vllm:num_preemptions", "Cumulative number of preemption from the engine.",
-            labels=labels,
-        )  # fmt: skip
-        # Counters in tokens, as vLLM's v1 PrometheusStatLogger declares them.
-        prefix_queries = CounterMetricFamily(
-            "vllm:prefix_cache_queries",
-            "Prefix cache queries, in terms of number of queried tokens.",
-            labels=labels,
-        )
-        prefix_hits = CounterMetricFamily(
-            "vllm:prefix_cache_hits",
-            "Prefix cache hits, in terms of number of cached tokens.",
-            labels=labels,
-        )
-        for m in models:
-            prefix_queries.add_metric([m.model_name], m.prefix_cache_queries)
-            prefix_hits.add_metric([m.model_name], m.prefix_cache_hits)
-            prompt.add_metric([m.model_name], m.prompt_tokens)
-            generation.add_metric([m.model_name], m.generation_tokens)
-            for reason, n in m.request_success.items():
-                success.add_metric([m.model_name, reason], n)
-            # KV is reserved on admission, so only priority preemption ever happens.
-            preemptions.add_metric([m.model_name], m.preemptions)
-        yield from (prompt, generation, success, preemptions, prefix_queries, prefix_hits)
+        yield from _counter_families(models)
+        yield from _histogram_families(models)
 
-        for name, documentation, attribute in _HISTOGRAMS:
-            family = HistogramMetricFamily(name, documentation, labels=labels)
-            for m in models:
-                histogram: WeightedHistogram = getattr(m, attribute)
-                family.add_metric(
-                    [m.model_name], histogram.cumulative_buckets(), sum_value=histogram.sum
-                )
-            yield family
+
+_LABELS = ["model_name"]
+
+
+def _gauge_families(gauges: Iterable[ModelGauges]) -> tuple[Metric, ...]:
+    """The fleet's state now, per model: requests running and waiting, KV-cache use, replicas
+    by state, and how late the engine steps run."""
+    running = GaugeMetricFamily(
+        "vllm:num_requests_running", "Number of requests in model execution batches.",
+        labels=_LABELS,
+    )  # fmt: skip
+    waiting = GaugeMetricFamily(
+        "vllm:num_requests_waiting", "Number of requests waiting to be processed.",
+        labels=_LABELS,
+    )  # fmt: skip
+    kv_usage = GaugeMetricFamily(
+        "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
+        labels=_LABELS,
+    )  # fmt: skip
+    replicas = GaugeMetricFamily(
+        "emulator_replicas", "Emulated engine replicas by state.",
+        labels=["model_name", "state"],
+    )  # fmt: skip
+    lag = GaugeMetricFamily(
+        "emulator_step_lag_seconds",
+        "How late the most recent engine step started against its deadline; a growing "
+        "value means the emulator, not the modelled engine, is the bottleneck.",
+        labels=_LABELS,
+    )
+    for g in gauges:
+        running.add_metric([g.model_name], g.running)
+        waiting.add_metric([g.model_name], g.waiting)
+        kv_usage.add_metric([g.model_name], g.kv_cache_usage_fraction)
+        for state in REPLICA_STATES:
+            replicas.add_metric([g.model_name, state], g.replicas_by_state.get(state, 0))
+        lag.add_metric([g.model_name], g.step_lag_seconds)
+    return running, waiting, kv_usage, replicas, lag
+
+
+def _fault_family(mode: str) -> Metric:
+    """Which injected fault is active in this process (1), the others 0."""
+    fault = GaugeMetricFamily(
+        "emulator_fault_active",
+        "1 for the injected fault now active in this emulator process, else 0.",
+        labels=["mode"],
+    )
+    for name in FAULT_GAUGE_MODES:
+        fault.add_metric([name], 1.0 if mode == name else 0.0)
+    return fault
+
+
+def _counter_families(models: Sequence[ModelMetrics]) -> tuple[Metric, ...]:
+    """Tokens, finished requests, preemptions and prefix-cache lookups, per model."""
+    prompt = CounterMetricFamily(
+        "vllm:prompt_tokens", "Number of prefill tokens processed.", labels=_LABELS
+    )
+    generation = CounterMetricFamily(
+        "vllm:generation_tokens", "Number of generation tokens processed.", labels=_LABELS
+    )
+    success = CounterMetricFamily(
+        "vllm:request_success", "Count of successfully processed requests.",
+        labels=["model_name", "finished_reason"],
+    )  # fmt: skip
+    preemptions = CounterMetricFamily(
+        "vllm:num_preemptions", "Cumulative number of preemption from the engine.",
+        labels=_LABELS,
+    )  # fmt: skip
+    # Counters in tokens, as vLLM's v1 PrometheusStatLogger declares them.
+    prefix_queries = CounterMetricFamily(
+        "vllm:prefix_cache_queries",
+        "Prefix cache queries, in terms of number of queried tokens.",
+        labels=_LABELS,
+    )
+    prefix_hits = CounterMetricFamily(
+        "vllm:prefix_cache_hits",
+        "Prefix cache hits, in terms of number of cached tokens.",
+        labels=_LABELS,
+    )
+    for m in models:
+        prefix_queries.add_metric([m.model_name], m.prefix_cache_queries)
+        prefix_hits.add_metric([m.model_name], m.prefix_cache_hits)
+        prompt.add_metric([m.model_name], m.prompt_tokens)
+        generation.add_metric([m.model_name], m.generation_tokens)
+        for reason, n in m.request_success.items():
+            success.add_metric([m.model_name, reason], n)
+        # KV is reserved on admission, so only priority preemption ever happens.
+        preemptions.add_metric([m.model_name], m.preemptions)
+    return prompt, generation, success, preemptions, prefix_queries, prefix_hits
+
+
+def _histogram_families(models: Sequence[ModelMetrics]) -> Iterable[Metric]:
+    """vLLM's histograms, per model, from the accumulators (_HISTOGRAMS)."""
+    for name, documentation, attribute in _HISTOGRAMS:
+        family = HistogramMetricFamily(name, documentation, labels=_LABELS)
+        for m in models:
+            histogram: WeightedHistogram = getattr(m, attribute)
+            family.add_metric(
+                [m.model_name], histogram.cumulative_buckets(), sum_value=histogram.sum
+            )
+        yield family
 
 
 def build_registry(collector: EmulatorCollector) -> CollectorRegistry:

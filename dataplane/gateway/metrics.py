@@ -90,6 +90,30 @@ WAITING = Gauge(
 )
 
 
+# Label children kept: `labels()` hashes its arguments and takes a lock on every call.
+_REQUESTS_BY_LABELS: dict[tuple[str, str], Counter] = {}
+_INFLIGHT_BY_REPLICA: dict[str, Gauge] = {}
+
+
+def count_request(outcome: str, admission_class: str) -> None:
+    """gateway_requests_total{outcome, admission_class} += 1."""
+    child = _REQUESTS_BY_LABELS.get((outcome, admission_class))
+    if child is None:
+        child = REQUESTS.labels(outcome, admission_class)
+        _REQUESTS_BY_LABELS[outcome, admission_class] = child
+    child.inc()
+
+
+def inflight_mu(endpoint: str) -> Gauge:
+    """gateway_inflight_mu{replica}."""
+    child = _INFLIGHT_BY_REPLICA.get(endpoint)
+    if child is None:
+        if len(_INFLIGHT_BY_REPLICA) > 4096:  # replicas come and go
+            _INFLIGHT_BY_REPLICA.clear()
+        child = _INFLIGHT_BY_REPLICA[endpoint] = INFLIGHT_MU.labels(endpoint)
+    return child
+
+
 def exposition() -> tuple[bytes, str]:
     directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if directory:

@@ -21,6 +21,9 @@ import tempfile
 import time
 from types import FrameType
 
+import uvloop
+
+from .errors import error_json
 from .settings import Settings, SettingsError
 
 log = logging.getLogger("dataplane.gateway")
@@ -35,8 +38,6 @@ CUT_SECONDS = 1.0
 
 def serve(settings: Settings) -> None:
     """One worker: one event loop serving until SIGTERM (or SIGINT, when it is not ignored)."""
-    import uvloop
-
     logging.basicConfig(
         level=settings.log_level.upper(),
         format="%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s",
@@ -58,7 +59,8 @@ def serve(settings: Settings) -> None:
 
 
 async def _run(settings: Settings) -> None:
-    from .errors import error_json
+    # Imported in the workers only: the parent that starts and watches them never serves, and
+    # is spared the worker's stack (aiohttp, redis, the admission scripts: some 0.3 s).
     from .http import serve as listen
     from .server import Gateway
 

@@ -3,7 +3,7 @@ pooled per replica, each delivering its answer to a `Sink` by callbacks.
 
 Why not aiohttp's client: see dataplane/gateway/http.py. A streamed answer is not read by a
 task here: the connection's `data_received` hands each de-chunked piece of the body straight
-to its sink (`StreamRelay` in server.py), which writes it to the client's socket. The engines
+to its sink (`EngineAnswer` in relay.py), which writes it to the client's socket. The engines
 are the operator's own (vLLM, or anything OpenAI-compatible behind the contract's endpoint):
 one request at a time per connection, never pipelined; a connection goes back to its pool
 only after a complete answer the engine did not mark `Connection: close`.

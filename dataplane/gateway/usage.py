@@ -22,6 +22,7 @@ import hmac
 import json
 import logging
 import math
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -31,10 +32,10 @@ import aiohttp
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from capacity.admission.redis_buckets import BEST_EFFORT, GUARANTEED
+from capacity.admission.redis_layout import BEST_EFFORT, GUARANTEED
 
 from .contract import SPOOL
-from .metrics import SPOOL_ENTRIES_DROPPED, USAGE_POSTED
+from .metrics import SPOOL_ENTRIES_DROPPED, USAGE_POSTED, count_request
 
 log = logging.getLogger("dataplane.gateway")
 
@@ -86,6 +87,14 @@ class UsageSink:
         seal_key = hmac.new(service_key.encode(), b"gw:v1:spool seal", hashlib.sha256).digest()
         self._seal_key = seal_key
         self._sealer = hmac.new(seal_key, b"sealer", hashlib.sha256).hexdigest()[:16]
+
+    def record(self, usage: Usage) -> None:
+        """Take the request's one usage event (at most once), and count the request."""
+        if usage.recorded:
+            return
+        usage.recorded = True
+        self.add(usage.event(time.time()))
+        count_request(usage.outcome, usage.admission_class or "none")
 
     def add(self, event: dict[str, Any]) -> None:
         self._buffer.append(event)

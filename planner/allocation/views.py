@@ -1,5 +1,6 @@
 """Allocation: what the loop decided and why, replica history, actuator failures, circuits."""
 
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
 from django.utils import timezone
 
@@ -12,23 +13,25 @@ from capacity.allocation.selectors import (
     replica_counts_per_step,
 )
 from capacity.catalog.selectors import any_deployments, deployments_with_model_and_gpu
+from capacity.models import Deployment
 from core.audit import entries_about
 from planner.access import planner_required
 from planner.audit.views import audit_link
-from planner.charts import chart_range, chart_window, line_chart, time_label
+from planner.charts import ChartConfig, chart_range, chart_window, line_chart, time_label
 from planner.paging import page_of, query_without
 
 RECENT_FAILURES = 20
 
 
-def _changed_only(request) -> bool:
+def _changed_only(request: HttpRequest) -> bool:
     """Decisions that changed something (or failed to), or every tick's with ?all=1: a tick
     every 15 s that keeps the fleet as it is says nothing new."""
     return not request.GET.get("all")
 
 
 @planner_required
-def index(request):
+def index(request: HttpRequest) -> HttpResponse:
+    """The latest decision per deployment, recent failures, circuits, and every decision."""
     now = timezone.now()
     circuits = circuits_open_and_failing(now=now)
     context = {
@@ -45,7 +48,11 @@ def index(request):
     return render(request, "planner/allocation/index.html", context)
 
 
-def replica_history_chart(deployment, request):
+def replica_history_chart(
+    deployment: Deployment, request: HttpRequest
+) -> tuple[str, ChartConfig | None]:
+    """(range name, Chart.js config or None) of the deployment's target, recommended and
+    running replicas over `?range=`."""
     range_name, span, step = chart_range(request)
     start, end = chart_window(timezone.now(), span, step)
     buckets = replica_counts_per_step(deployment=deployment, start=start, end=end, step=step)
@@ -54,8 +61,8 @@ def replica_history_chart(deployment, request):
     count = int(span / step)
     labels = [time_label(start + i * step, span) for i in range(count)]
 
-    def series(key):
-        values = []
+    def series(key: str) -> list[float | None]:
+        values: list[float | None] = []
         for i in range(count):
             slot = buckets.get(i)
             if slot is None:
@@ -83,7 +90,8 @@ def replica_history_chart(deployment, request):
 
 
 @planner_required
-def deployment(request, name):
+def deployment(request: HttpRequest, name: str) -> HttpResponse:
+    """One deployment: its replica history, its decisions, its actuator's circuit."""
     deployment = get_object_or_404(deployments_with_model_and_gpu(), name=name)
     range_name, chart = replica_history_chart(deployment, request)
     decisions = decisions_newest_first(deployment=deployment, changed_only=_changed_only(request))

@@ -3,6 +3,8 @@ history boxes of the other pages."""
 
 from urllib.parse import urlencode
 
+from django.db.models import Model
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
 
@@ -17,7 +19,8 @@ from planner.paging import page_of, query_without
 
 
 @planner_required
-def audit_list(request):
+def audit_list(request: HttpRequest) -> HttpResponse:
+    """The audit entries, newest first, filtered by text, action, object type and object."""
     filters = {name: request.GET.get(name, "").strip() for name in ("q", "action", "object_type")}
     object_id = request.GET.get("object_id", "").strip()
     entries = audit_entries_newest_first(
@@ -38,7 +41,7 @@ def audit_list(request):
     return render(request, "planner/audit/list.html", context)
 
 
-def audit_link(obj) -> str:
+def audit_link(obj: Model) -> str:
     """The audit page filtered to one object's history."""
     query = urlencode({"object_type": obj._meta.label_lower, "object_id": obj.pk})
     return f"{reverse('planner:audit:list')}?{query}"

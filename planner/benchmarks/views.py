@@ -4,16 +4,19 @@ version that is not in force (its change per customer and per shape against the 
 activate / reject / retire and "Run now".
 
 Every write goes through the services the API uses (benchmarking.services.run_queue,
-capacity.pricing.cost_models.cost_model_activate / cost_model_reject / cost_model_retire); a
+capacity.repricing.services.cost_model_activate / cost_model_reject / cost_model_retire); a
 refusal (DomainError) is shown as a message on the page, never as a server error.
 """
 
 import math
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
+from typing import Any
 
 from django.conf import settings
 from django.contrib import messages
-from django.http import Http404
+from django.db.models import QuerySet
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
@@ -21,6 +24,7 @@ from django.views.decorators.http import require_POST
 from benchmarking.models import BenchmarkRun, BenchmarkSample
 from benchmarking.selectors import (
     any_suites,
+    cost_models_fitted_from,
     latest_runs_of_group,
     runs_without_log,
     samples_in_shape_order,
@@ -29,30 +33,29 @@ from benchmarking.selectors import (
 from benchmarking.selectors import runs as benchmark_runs
 from benchmarking.services import run_queue
 from capacity.catalog.selectors import any_deployments_of_group, deployments_of_group
-from capacity.models import CostModel, GpuType, ServedModel
-from capacity.pricing.cost_models import (
-    cost_model_activate,
-    cost_model_price_change,
-    cost_model_reject,
-    cost_model_retire,
-)
+from capacity.models import CostModel, Deployment, GpuType, ServedModel
 from capacity.pricing.features import Shape, predict_replica_seconds
 from capacity.pricing.review import BENCHMARK_SHAPES, TRAFFIC, PriceChange, signed_percent
 from capacity.pricing.selectors import (
     active_cost_models_of_groups,
     cost_model_groups,
     cost_model_versions,
-    cost_models_fitted_from,
     cost_models_with_model_and_gpu,
     group_has_active_version,
     reference_gpu_has_active_version,
     unfitted_deployment_groups,
 )
+from capacity.repricing.services import (
+    cost_model_activate,
+    cost_model_price_change,
+    cost_model_reject,
+    cost_model_retire,
+)
 from core.audit import entries_about
 from core.errors import DomainError
 from planner.access import planner_required
 from planner.benchmarks.forms import DecisionForm, RunNowForm
-from planner.charts import PALETTE, line_chart, scatter_chart
+from planner.charts import PALETTE, ChartConfig, line_chart, scatter_chart
 from planner.paging import page_of, query_without
 
 UNFINISHED = (BenchmarkRun.Status.QUEUED, BenchmarkRun.Status.RUNNING)
@@ -60,18 +63,22 @@ LOG_TAIL_LINES = 80
 POLL_TRIGGER = "every 2s"
 
 
-def sig(value, digits: int = 4) -> str:
+def sig(value: float | None, digits: int = 4) -> str:
     """A coefficient for people: four significant digits, whatever its magnitude."""
     if value is None:
         return "—"
     return f"{value:.{digits}g}"
 
 
-def percent(value) -> str:
+def percent(value: float | None) -> str:
+    """A share as a percentage with one decimal, or a dash for none."""
     return "—" if value is None else f"{value * 100:.1f} %"
 
 
-def cost_model_url(served_model, gpu_type_id: int, gpus_per_replica: int, version=None) -> str:
+def cost_model_url(
+    served_model: ServedModel, gpu_type_id: int, gpus_per_replica: int, version: int | None = None
+) -> str:
+    """The page of a cost model (model, GPU type, GPUs per replica), at a version if given."""
     url = reverse(
         "planner:benchmarks:cost_model",
         args=[served_model.name, gpu_type_id, gpus_per_replica],
@@ -82,11 +89,14 @@ def cost_model_url(served_model, gpu_type_id: int, gpus_per_replica: int, versio
 # --- Runs ------------------------------------------------------------------------------------
 
 
-def _runs_context(request):
+def _runs_context(request: HttpRequest) -> dict[str, Any]:
     page = page_of(request, runs_without_log())
     runs = list(page.object_list)
     for run in runs:
-        run.cost_model_url = cost_model_url(run.served_model, run.gpu_type_id, run.gpus_per_replica)
+        # For the template only: the link to the cost model the run measures for.
+        run.cost_model_url = cost_model_url(  # type: ignore[attr-defined]
+            run.served_model, run.gpu_type_id, run.gpus_per_replica
+        )
     return {
         "page": page,
         "runs": runs,
@@ -97,18 +107,19 @@ def _runs_context(request):
     }
 
 
-def _query_string(request) -> str:
+def _query_string(request: HttpRequest) -> str:
     query = request.GET.urlencode()
     return f"?{query}" if query else ""
 
 
 @planner_required
-def runs(request):
+def runs(request: HttpRequest) -> HttpResponse:
+    """Every benchmark run, newest first (the table refreshes itself while one is live)."""
     return render(request, "planner/benchmarks/runs.html", _runs_context(request))
 
 
 @planner_required
-def runs_table(request):
+def runs_table(request: HttpRequest) -> HttpResponse:
     """The runs table alone: what the list page polls while a shown run is unfinished."""
     return render(request, "planner/benchmarks/_runs_table.html", _runs_context(request))
 
@@ -117,7 +128,7 @@ def _run_or_404(pk: int) -> BenchmarkRun:
     return get_object_or_404(benchmark_runs(), pk=pk)
 
 
-def _run_live_context(run: BenchmarkRun) -> dict:
+def _run_live_context(run: BenchmarkRun) -> dict[str, Any]:
     samples = list(samples_in_shape_order(run))
     log_lines = run.log.splitlines()
     return {
@@ -147,12 +158,13 @@ def _run_live_context(run: BenchmarkRun) -> dict:
 
 
 @planner_required
-def run_detail(request, pk: int):
+def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    """One run: its status, samples, log, and the cost models fitted from it."""
     return render(request, "planner/benchmarks/run_detail.html", _run_live_context(_run_or_404(pk)))
 
 
 @planner_required
-def run_live(request, pk: int):
+def run_live(request: HttpRequest, pk: int) -> HttpResponse:
     """Status, progress, samples and log of one run: what its page polls until it ends."""
     return render(request, "planner/benchmarks/_run_live.html", _run_live_context(_run_or_404(pk)))
 
@@ -161,7 +173,8 @@ def run_live(request, pk: int):
 
 
 @planner_required
-def cost_models(request):
+def cost_models(request: HttpRequest) -> HttpResponse:
+    """Every cost model with its active version, and the deployments no version covers."""
     page = page_of(request, cost_model_groups())
     active = active_cost_models_of_groups(
         [(g["served_model_id"], g["gpu_type_id"], g["gpus_per_replica"]) for g in page.object_list]
@@ -205,7 +218,7 @@ def cost_models(request):
 UNFITTED_SHOWN = 100
 
 
-def _unfitted_groups() -> list[dict]:
+def _unfitted_groups() -> list[dict[str, Any]]:
     """(model, GPU type, GPUs per replica) of deployments that no cost model version covers:
     where "Run now" gets a model its first version."""
     groups = unfitted_deployment_groups(limit=UNFITTED_SHOWN)
@@ -238,7 +251,7 @@ FEATURE_ERROR_LABELS = {
 }
 
 
-def feature_errors(cost_model: CostModel) -> list[dict]:
+def feature_errors(cost_model: CostModel) -> list[dict[str, Any]]:
     """The fit's held-out error over the samples with each reported feature (fitting's
     `cv_error_by_feature`), for the features the benchmark varied."""
     return [
@@ -264,7 +277,7 @@ def sample_shape(sample: BenchmarkSample) -> Shape:
     )
 
 
-def fit_points(cost_model: CostModel, samples) -> list[dict]:
+def fit_points(cost_model: CostModel, samples: Iterable[BenchmarkSample]) -> list[dict[str, Any]]:
     """Predicted against measured requests/s per replica, for the samples the fit used."""
     points = []
     for sample in samples:
@@ -298,7 +311,9 @@ def nice_bound(value: float, *, up: bool) -> float:
     return max(step for step in steps if step <= value)
 
 
-def fit_chart(points: list[dict]) -> dict:
+def fit_chart(points: list[dict[str, Any]]) -> ChartConfig:
+    """Predicted against measured throughput of the fit's points, on log axes, with the line
+    where they are equal."""
     measured = [point["measured"] for point in points]
     predicted = [point["predicted"] for point in points]
     low = nice_bound(min(measured + predicted) / 1.2, up=False)
@@ -339,11 +354,12 @@ def fit_chart(points: list[dict]) -> dict:
     return config
 
 
-def history_chart(versions) -> dict | None:
+def history_chart(versions: Sequence[CostModel]) -> ChartConfig | None:
+    """α, β and γ of each version, on a log axis; None without versions."""
     if not versions:
         return None
 
-    def positive(value):
+    def positive(value: float | None) -> float | None:
         return value if value and value > 0 else None
 
     config = line_chart(
@@ -379,19 +395,21 @@ def history_chart(versions) -> dict | None:
     return config
 
 
-def _group(model: str, gpu_type: int):
+def _group(model: str, gpu_type: int) -> tuple[ServedModel, GpuType]:
     served_model = get_object_or_404(ServedModel, name=model)
     gpu = get_object_or_404(GpuType, pk=gpu_type)
     return served_model, gpu
 
 
-def _group_deployments(served_model, gpu, gpus: int):
+def _group_deployments(served_model: ServedModel, gpu: GpuType, gpus: int) -> QuerySet[Deployment]:
     """Deployments whose runs fit this cost model: this model on this GPU type and size."""
     return deployments_of_group(served_model=served_model, gpu_type=gpu, gpus_per_replica=gpus)
 
 
 @planner_required
-def cost_model(request, model: str, gpu_type: int, gpus: int):
+def cost_model(request: HttpRequest, model: str, gpu_type: int, gpus: int) -> HttpResponse:
+    """One cost model: its versions (`?version=` selects one), the fit and history charts,
+    the price review of a version not in force, and "Run now"."""
     served_model, gpu = _group(model, gpu_type)
     versions = cost_model_versions(served_model=served_model, gpu_type=gpu, gpus_per_replica=gpus)
     selected = None
@@ -461,7 +479,9 @@ def cost_model(request, model: str, gpu_type: int, gpus: int):
 REVIEW_CUSTOMERS_SHOWN = 100
 
 
-def review_context(cost_model: CostModel, change: PriceChange | None, gpu) -> dict:
+def review_context(
+    cost_model: CostModel, change: PriceChange | None, gpu: GpuType
+) -> dict[str, Any]:
     """The price review of a version not in force, in words: per customer "this version would
     change acme's usage charge by +7.2 % on last week's traffic", and per shape bucket; for a
     candidate, what it was measured from when it was fitted and who was over the limit."""
@@ -497,7 +517,7 @@ def review_context(cost_model: CostModel, change: PriceChange | None, gpu) -> di
     }
 
 
-def fitted_review(cost_model: CostModel) -> dict | None:
+def fitted_review(cost_model: CostModel) -> dict[str, Any] | None:
     """The review stored when the version was fitted (capacity.pricing.review
     AutoActivationReview.summary), for the page: the baseline it was measured from, the
     change from it and from the version then active, and the customers over the limit. None
@@ -524,7 +544,8 @@ def fitted_review(cost_model: CostModel) -> dict | None:
 
 @planner_required
 @require_POST
-def run_now(request, model: str, gpu_type: int, gpus: int):
+def run_now(request: HttpRequest, model: str, gpu_type: int, gpus: int) -> HttpResponse:
+    """Queue a benchmark run of a deployment of this cost model's group."""
     served_model, gpu = _group(model, gpu_type)
     back = cost_model_url(served_model, gpu.pk, gpus)
     form = RunNowForm(request.POST, deployments=_group_deployments(served_model, gpu, gpus))
@@ -551,7 +572,12 @@ def run_now(request, model: str, gpu_type: int, gpus: int):
     return redirect("planner:benchmarks:run_detail", pk=run.pk)
 
 
-def _version_action(request, pk: int, action, done: str):
+def _version_action(
+    request: HttpRequest,
+    pk: int,
+    action: Callable[..., CostModel],
+    done: Callable[[CostModel], str],
+) -> HttpResponse:
     cost_model = get_object_or_404(cost_models_with_model_and_gpu(), pk=pk)
     back = cost_model_url(
         cost_model.served_model,
@@ -572,14 +598,14 @@ def _version_action(request, pk: int, action, done: str):
     return redirect(back)
 
 
-def _reason(request) -> str:
+def _reason(request: HttpRequest) -> str:
     form = DecisionForm(request.POST)
     return form.cleaned_data["reason"] if form.is_valid() else ""
 
 
 @planner_required
 @require_POST
-def version_activate(request, pk: int):
+def version_activate(request: HttpRequest, pk: int) -> HttpResponse:
     """The planner approves the version: they are recorded as its approver, with the reason."""
     return _version_action(
         request,
@@ -594,7 +620,8 @@ def version_activate(request, pk: int):
 
 @planner_required
 @require_POST
-def version_reject(request, pk: int):
+def version_reject(request: HttpRequest, pk: int) -> HttpResponse:
+    """The planner turns the version down: it stays on record and never activates itself."""
     return _version_action(
         request,
         pk,
@@ -605,8 +632,10 @@ def version_reject(request, pk: int):
 
 @planner_required
 @require_POST
-def version_retire(request, pk: int):
-    def done(cost_model):
+def version_retire(request: HttpRequest, pk: int) -> HttpResponse:
+    """The version leaves service; the message says what that leaves unpriced."""
+
+    def done(cost_model: CostModel) -> str:
         if group_has_active_version(
             served_model_id=cost_model.served_model_id,
             gpu_type_id=cost_model.gpu_type_id,

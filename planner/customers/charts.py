@@ -5,16 +5,21 @@ customer page, and of the customer's own portal (portal/), which shows it for it
 tabs, the range tabs and the chart (None when nothing was reserved or used in the range).
 """
 
+from typing import Any
+
+from django.http import HttpRequest
 from django.utils import timezone
 
+from accounts.models import Customer
 from capacity.catalog.selectors import served_models_with_ids
 from capacity.metering.selectors import used_model_ids_of_customer
 from capacity.metering.utilisation import customer_utilisation
+from capacity.models import ServedModel
 from capacity.selling.selectors import reserved_model_ids_of_customer
-from planner.charts import chart_range, chart_window, line_chart, time_label
+from planner.charts import ChartConfig, chart_range, chart_window, line_chart, time_label
 
 
-def models_of_customer(customer) -> list:
+def models_of_customer(customer: Customer) -> list[ServedModel]:
     """The customer's models: those it reserves or used, reservations first."""
     reserved = reserved_model_ids_of_customer(customer)
     used = used_model_ids_of_customer(customer)
@@ -24,7 +29,9 @@ def models_of_customer(customer) -> list:
     )
 
 
-def utilisation_chart(request, customer, served_model):
+def utilisation_chart(
+    request: HttpRequest, customer: Customer, served_model: ServedModel
+) -> tuple[str, ChartConfig | None]:
     """(range name, Chart.js config or None) of the customer's use of one model."""
     range_name, span, step = chart_range(request)
     start, end = chart_window(timezone.now(), span, step)
@@ -55,7 +62,7 @@ def utilisation_chart(request, customer, served_model):
     return range_name, chart
 
 
-def utilisation_context(request, customer) -> dict:
+def utilisation_context(request: HttpRequest, customer: Customer) -> dict[str, Any]:
     """The chart of the model named by `?model=` (else the first), over `?range=`."""
     models_used = models_of_customer(customer)
     wanted = request.GET.get("model")

@@ -1,13 +1,18 @@
 """Forms of the customer pages; they validate shape only, the services decide the rest."""
 
+from collections.abc import Iterable
+from typing import Any, cast
+
 from django import forms
 
 from accounts import scopes as S
-from accounts.models import DEFAULT_TIER, Tier
+from accounts.models import DEFAULT_TIER, ApiKey, Tier
 from capacity.models import ServedModel
 
 
 class CustomerForm(forms.Form):
+    """A new customer: its name, slug and tier, and whether it may report its own usage."""
+
     name = forms.CharField(max_length=200)
     slug = forms.SlugField(max_length=64, help_text="Lower-case letters, digits and hyphens.")
     tier = forms.ModelChoiceField(
@@ -24,13 +29,18 @@ class CustomerForm(forms.Form):
 
 
 class DateTimeInput(forms.DateTimeInput):
+    """The browser's date-and-time picker, in the format it sends back."""
+
     input_type = "datetime-local"
 
-    def __init__(self, **kwargs):
+    def __init__(self, **kwargs: Any) -> None:
         super().__init__(format="%Y-%m-%dT%H:%M", **kwargs)
 
 
 class ReservationForm(forms.Form):
+    """A new reservation: MU per minute of one model, from a start (else now) to an end (else
+    open-ended)."""
+
     served_model = forms.ModelChoiceField(
         queryset=ServedModel.objects.order_by("name"), label="Model", empty_label=None
     )
@@ -46,6 +56,8 @@ class ReservationForm(forms.Form):
 
 
 class AmendForm(forms.Form):
+    """A reservation's new rate and end."""
+
     mu_per_minute = forms.FloatField(label="MU per minute", min_value=0.000001)
     ends_at = forms.DateTimeField(
         label="Ends (UTC)", required=False, widget=DateTimeInput, help_text="Empty: open-ended."
@@ -53,6 +65,8 @@ class AmendForm(forms.Form):
 
 
 class ApiKeyForm(forms.Form):
+    """A new API key of a customer: its name, scopes and expiry."""
+
     name = forms.CharField(max_length=200)
     scopes = forms.MultipleChoiceField(
         choices=[(scope, scope) for scope in S.CUSTOMER_SCOPES],
@@ -82,9 +96,9 @@ class RequestLimitForm(forms.Form):
         label="Requests in flight", required=False, min_value=1
     )
 
-    def __init__(self, *args, keys=(), **kwargs):
+    def __init__(self, *args: Any, keys: Iterable[ApiKey] = (), **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["api_key"].choices = [("", "All its keys")] + [
+        cast(forms.ChoiceField, self.fields["api_key"]).choices = [("", "All its keys")] + [
             (key.prefix, f"{key.prefix} ({key.name})") for key in keys
         ]
 

@@ -2,15 +2,16 @@
 reservations, API keys, request limits, invoices). Writes go through the same services as the
 API."""
 
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
 from django.contrib import messages
-from django.http import Http404
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from accounts.models import Customer
+from accounts.models import ApiKey, Customer
 from accounts.selectors import (
     any_customers,
     api_key_ids_of_customer,
@@ -60,23 +61,24 @@ from planner.paging import page_of, query_without
 USAGE_WINDOW = timedelta(hours=24)
 
 
-def with_totals(customers: list[Customer], now) -> list[Customer]:
+def with_totals(customers: list[Customer], now: datetime) -> list[Customer]:
     """Reserved now, and used and refused over the last day, for these customers: two grouped
     queries whatever their number (a page of the list)."""
     ids = [customer.pk for customer in customers]
     reserved = reserved_mu_per_minute_by_customer(ids, now=now)
     used = usage_totals_by_customer(ids, since=now - USAGE_WINDOW)
     minutes = USAGE_WINDOW.total_seconds() / 60
+    # For the list's template only: the figures beside each customer.
     for customer in customers:
         usage = used.get(customer.pk, NO_USAGE)
-        customer.reserved_mu_per_minute = reserved.get(customer.pk) or 0.0
-        customer.used_mu_per_minute = usage.mu / minutes
-        customer.refused_requests = usage.refused_requests
-        customer.guaranteed_refused_requests = usage.guaranteed_refused_requests
+        customer.reserved_mu_per_minute = reserved.get(customer.pk) or 0.0  # type: ignore[attr-defined]
+        customer.used_mu_per_minute = usage.mu / minutes  # type: ignore[attr-defined]
+        customer.refused_requests = usage.refused_requests  # type: ignore[attr-defined]
+        customer.guaranteed_refused_requests = usage.guaranteed_refused_requests  # type: ignore[attr-defined]
     return customers
 
 
-def _list_page(request, form, status=200):
+def _list_page(request: HttpRequest, form: CustomerForm, status: int = 200) -> HttpResponse:
     query = request.GET.get("q", "").strip()
     customers = customers_by_slug(text=query)
     # Page over the bare rows, then total only the page's: totals computed in the same query
@@ -94,7 +96,8 @@ def _list_page(request, form, status=200):
 
 
 @planner_required
-def customer_list(request):
+def customer_list(request: HttpRequest) -> HttpResponse:
+    """The customers with what each reserves and used (searched by `?q=`); POST creates one."""
     if request.method == "POST":
         form = CustomerForm(request.POST)
         if form.is_valid():
@@ -109,7 +112,9 @@ def customer_list(request):
     return _list_page(request, CustomerForm())
 
 
-def detail_context(request, customer, **extra):
+def detail_context(request: HttpRequest, customer: Customer, **extra: Any) -> dict[str, Any]:
+    """Everything the customer's page draws; `extra` replaces parts of it (a form sent back
+    with its errors, a key's plaintext shown once, a refusal)."""
     reservations = reservations_of_customer(customer)
     keys = api_keys_of_customer_newest_first(customer)
     request_limits = request_limits_of_customer(customer)
@@ -144,22 +149,24 @@ def detail_context(request, customer, **extra):
 
 
 @planner_required
-def detail(request, slug):
+def detail(request: HttpRequest, slug: str) -> HttpResponse:
+    """One customer's page: its use of its reservations, its keys, people, limits, invoices."""
     customer = get_object_or_404(Customer, slug=slug)
     return render(request, "planner/customers/detail.html", detail_context(request, customer))
 
 
-def _usable_keys(customer):
+def _usable_keys(customer: Customer) -> list[ApiKey]:
     return [key for key in api_keys_of_customer_newest_first(customer) if key.revoked_at is None]
 
 
-def _actor(request) -> str:
+def _actor(request: HttpRequest) -> str:
     return f"planner:{request.user.get_username()}"
 
 
 @planner_required
 @require_POST
-def reservation_new(request, slug):
+def reservation_new(request: HttpRequest, slug: str) -> HttpResponse:
+    """Reserve capacity for the customer; a refusal is shown whole on its page."""
     customer = get_object_or_404(Customer, slug=slug)
     form = ReservationForm(request.POST)
     problem = None
@@ -190,7 +197,7 @@ def reservation_new(request, slug):
     )
 
 
-def _reservation_of(customer, pk) -> Reservation:
+def _reservation_of(customer: Customer, pk: int) -> Reservation:
     reservation = reservation_of_customer(customer, pk)
     if reservation is None:
         raise Http404("No such reservation for this customer.")
@@ -199,13 +206,16 @@ def _reservation_of(customer, pk) -> Reservation:
 
 @planner_required
 @require_POST
-def reservation_amend_view(request, slug, pk):
+def reservation_amend_view(request: HttpRequest, slug: str, pk: int) -> HttpResponse:
+    """Change a reservation's rate or end; the outcome is a message on the customer's page."""
     customer = get_object_or_404(Customer, slug=slug)
     reservation = _reservation_of(customer, pk)
     form = AmendForm(request.POST)
     if not form.is_valid():
         for field, errors in form.errors.items():
-            messages.error(request, f"Reservation {pk}: {field}: {' '.join(errors)}")
+            messages.error(
+                request, f"Reservation {pk}: {field}: {' '.join(str(error) for error in errors)}"
+            )
         return redirect("planner:customers:detail", slug=customer.slug)
     try:
         reservation_amend(
@@ -223,7 +233,8 @@ def reservation_amend_view(request, slug, pk):
 
 @planner_required
 @require_POST
-def reservation_cancel_view(request, slug, pk):
+def reservation_cancel_view(request: HttpRequest, slug: str, pk: int) -> HttpResponse:
+    """Cancel a reservation; the outcome is a message on the customer's page."""
     customer = get_object_or_404(Customer, slug=slug)
     reservation = _reservation_of(customer, pk)
     try:
@@ -237,7 +248,8 @@ def reservation_cancel_view(request, slug, pk):
 
 @planner_required
 @require_POST
-def api_key_new(request, slug):
+def api_key_new(request: HttpRequest, slug: str) -> HttpResponse:
+    """Create a key of the customer's; its plaintext is shown in this response only."""
     customer = get_object_or_404(Customer, slug=slug)
     form = ApiKeyForm(request.POST)
     if form.is_valid():
@@ -261,7 +273,8 @@ def api_key_new(request, slug):
 
 @planner_required
 @require_POST
-def api_key_revoke_view(request, slug, pk):
+def api_key_revoke_view(request: HttpRequest, slug: str, pk: int) -> HttpResponse:
+    """Revoke one of the customer's keys: it no longer authenticates."""
     customer = get_object_or_404(Customer, slug=slug)
     api_key = api_key_of_customer(customer, pk)
     if api_key is None:
@@ -273,7 +286,8 @@ def api_key_revoke_view(request, slug, pk):
 
 @planner_required
 @require_POST
-def membership_remove_view(request, slug, pk):
+def membership_remove_view(request: HttpRequest, slug: str, pk: int) -> HttpResponse:
+    """Remove a person from the customer, and the keys they made if the form says so."""
     customer = get_object_or_404(Customer, slug=slug)
     membership = membership_of_customer(customer, pk)
     if membership is None:
@@ -291,7 +305,8 @@ def membership_remove_view(request, slug, pk):
 
 @planner_required
 @require_POST
-def request_limit_set_view(request, slug):
+def request_limit_set_view(request: HttpRequest, slug: str) -> HttpResponse:
+    """Set the RPM, TPM and concurrency limits of the customer or of one of its keys."""
     customer = get_object_or_404(Customer, slug=slug)
     keys = _usable_keys(customer)
     form = RequestLimitForm(request.POST, keys=keys)
@@ -319,7 +334,8 @@ def request_limit_set_view(request, slug):
 
 @planner_required
 @require_POST
-def request_limit_delete_view(request, slug, pk):
+def request_limit_delete_view(request: HttpRequest, slug: str, pk: int) -> HttpResponse:
+    """Remove one of the customer's request limits."""
     customer = get_object_or_404(Customer, slug=slug)
     limit = RequestLimit.objects.filter(customer=customer, pk=pk).first()
     if limit is None:

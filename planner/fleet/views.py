@@ -1,7 +1,10 @@
 """Fleet: per model, capacity deployable / hot / sold / used now and over time; GPU pools."""
 
+from datetime import datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 
@@ -9,12 +12,14 @@ from capacity.catalog.selectors import gpu_pool_usage_by_name, served_models_by_
 from capacity.metering.calibration import REQUEST_WEIGHT_CAP_TOKENS, calibrations
 from capacity.metering.history import capacity_history
 from capacity.metering.utilisation import sold_now, used_now
+from capacity.models import ServedModel
 from capacity.selling.selectors import risk_summary
 from capacity.selling.sellable import joint_capacity, model_capacity
 from planner.access import planner_required
 from planner.charts import chart_range, chart_window, line_chart, time_label
 
-SERIES_STYLE = [
+# Per series of the capacity history: its key, label, colour and Chart.js style.
+SERIES_STYLE: list[tuple[str, str, str, dict[str, Any]]] = [
     ("deployable", "Deployable", "#9ca3af", {"borderDash": [6, 4]}),
     ("hot", "Hot", "#16a34a", {}),
     ("sellable", "Sellable", "#9333ea", {"borderDash": [2, 3]}),
@@ -25,7 +30,13 @@ SERIES_STYLE = [
 ]
 
 
-def _model_rows(served_models, start, end, step, span):
+def _model_rows(
+    served_models: list[ServedModel],
+    start: datetime,
+    end: datetime,
+    step: timedelta,
+    span: timedelta,
+) -> list[dict[str, Any]]:
     history = capacity_history([m.pk for m in served_models], start=start, end=end, step=step)
     buckets = int((end - start) / step)
     moments = [start + i * step for i in range(buckets)]
@@ -75,7 +86,8 @@ def _model_rows(served_models, start, end, step, span):
 
 
 @planner_required
-def fleet(request):
+def fleet(request: HttpRequest) -> HttpResponse:
+    """Per model, capacity now and over `?range=`; the GPU pools and what they cost."""
     range_name, span, step = chart_range(request)
     start, end = chart_window(timezone.now(), span, step)
     served_models = list(served_models_by_name())

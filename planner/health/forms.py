@@ -1,6 +1,8 @@
 """The degradation policy form: the thresholds' rules are checked here, on their fields,
 before the database's check constraint could refuse them."""
 
+from typing import Any, cast
+
 from django import forms
 
 from capacity.health.services import MAX_SECONDS, policy_problems
@@ -8,6 +10,8 @@ from capacity.models import ServedModel
 
 
 class PolicyForm(forms.Form):
+    """A model's degradation policy: its thresholds, timings, and levels 2 and 3."""
+
     enabled = forms.BooleanField(required=False, initial=True)
     degrade_below = forms.FloatField(
         label="Degrade below (healthy share)",
@@ -36,15 +40,16 @@ class PolicyForm(forms.Form):
         empty_label="— none —",
     )
 
-    def __init__(self, *args, served_model: ServedModel, **kwargs):
+    def __init__(self, *args: Any, served_model: ServedModel, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.served_model = served_model
-        self.fields["fallback_model"].queryset = ServedModel.objects.exclude(
-            pk=served_model.pk
-        ).order_by("name")
+        fallback_model = cast("forms.ModelChoiceField[ServedModel]", self.fields["fallback_model"])
+        fallback_model.queryset = ServedModel.objects.exclude(pk=served_model.pk).order_by("name")
 
-    def clean(self):
-        cleaned = super().clean()
+    def clean(self) -> dict[str, Any]:
+        """The thresholds' rules (capacity.health.services.policy_problems), each on its field."""
+        super().clean()
+        cleaned = self.cleaned_data
         values = {
             name: cleaned.get(name)
             for name in ("degrade_below", "recover_at", "window_seconds", "hysteresis_seconds")

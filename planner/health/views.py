@@ -2,8 +2,11 @@
 degradation of each model (state, policy, changes). Writes go through
 capacity.health.services, like the API's."""
 
+from collections.abc import Iterable
+
 from django.conf import settings
 from django.contrib import messages
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -29,7 +32,7 @@ from capacity.health.services import (
     seconds_to_restart_requested,
     step_timings,
 )
-from capacity.models import Deployment
+from capacity.models import Deployment, Incident
 from core.audit import entries_about
 from core.errors import DomainError
 from planner.access import planner_required
@@ -42,15 +45,17 @@ INCIDENTS_PER_PAGE = 20
 CHANGES_PER_PAGE = 20
 
 
-def _with_timings(incidents):
+def _with_timings(incidents: Iterable[Incident]) -> Iterable[Incident]:
+    # For the template only: each incident's seconds to restart and to ready.
     for incident in incidents:
-        incident.to_restart = seconds_to_restart_requested(incident)
-        incident.to_ready = seconds_to_ready(incident)
+        incident.to_restart = seconds_to_restart_requested(incident)  # type: ignore[attr-defined]
+        incident.to_ready = seconds_to_ready(incident)  # type: ignore[attr-defined]
     return incidents
 
 
 @planner_required
-def index(request):
+def index(request: HttpRequest) -> HttpResponse:
+    """Replicas and their probes, open and ended incidents, and each model's degradation."""
     deployments_page = page_of(
         request,
         deployments_with_replicas_by_name(),
@@ -107,7 +112,8 @@ def index(request):
 
 
 @planner_required
-def incident(request, pk):
+def incident(request: HttpRequest, pk: int) -> HttpResponse:
+    """One incident with its timed steps."""
     incident = get_object_or_404(incidents_with_steps(), pk=pk)
     context = {
         "incident": incident,
@@ -121,7 +127,8 @@ def incident(request, pk):
 
 @planner_required
 @require_POST
-def reset_fingerprint(request, name):
+def reset_fingerprint(request: HttpRequest, name: str) -> HttpResponse:
+    """Forget the deployment's known-good probe answer: the next good one is recorded."""
     deployment = get_object_or_404(Deployment, name=name)
     forgotten = fingerprint_reset(deployment)
     if forgotten is None:
@@ -139,7 +146,8 @@ def reset_fingerprint(request, name):
 
 
 @planner_required
-def policy(request, name):
+def policy(request: HttpRequest, name: str) -> HttpResponse:
+    """A model's degradation policy, its state and history; POST saves the policy."""
     served_model = get_object_or_404(served_models_with_degradation_state(), name=name)
     current = degradation_policy_of(served_model)
     status = 200
@@ -149,7 +157,9 @@ def policy(request, name):
             try:
                 _, created = degradation_policy_save(served_model=served_model, **form.cleaned_data)
             except DomainError as error:
-                for field, reasons in (error.fields or {None: [error.message]}).items():
+                # A refusal of the policy as a whole (no field) goes on the form's top.
+                problems = error.fields.items() if error.fields else [(None, [error.message])]
+                for field, reasons in problems:
                     for reason in reasons:
                         form.add_error(field if field in form.fields else None, reason)
             else:

@@ -1,11 +1,13 @@
 """Invoices: every customer's drafts and issued invoices, a detail with its lines, issuing."""
 
 from django.contrib import messages
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from billing.generation import invoice_issue, period_bounds
+from billing.generation import invoice_issue
 from billing.models import Invoice
+from billing.periods import period_bounds
 from billing.selectors import (
     any_invoices,
     invoices_with_customer,
@@ -20,7 +22,8 @@ from planner.paging import page_of, query_without
 
 
 @planner_required
-def invoice_list(request):
+def invoice_list(request: HttpRequest) -> HttpResponse:
+    """Every customer's invoices, filtered by status, period (a month) and customer."""
     status = request.GET.get("status", "")
     period = request.GET.get("period", "").strip()
     period_first, period_error = None, ""
@@ -54,7 +57,8 @@ def invoice_list(request):
 
 
 @planner_required
-def invoice_detail(request, pk):
+def invoice_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    """One invoice with its lines and history."""
     invoice = get_object_or_404(invoices_with_customer(), pk=pk)
     lines = lines_of_invoice(invoice)
     context = {
@@ -68,7 +72,8 @@ def invoice_detail(request, pk):
 
 @planner_required
 @require_POST
-def invoice_issue_view(request, pk):
+def invoice_issue_view(request: HttpRequest, pk: int) -> HttpResponse:
+    """Issue a draft: from then on it can no longer change."""
     invoice = get_object_or_404(Invoice, pk=pk)
     try:
         invoice_issue(invoice=invoice)

@@ -2,6 +2,7 @@
 simulated (seed_demo's `demo.history` audit entry), so no one takes it for a real fleet's."""
 
 from datetime import datetime
+from typing import Any
 
 from django import template
 
@@ -11,7 +12,9 @@ register = template.Library()
 
 
 @register.inclusion_tag("planner/_demo_history.html")
-def demo_history_note() -> dict:
+def demo_history_note() -> dict[str, Any]:
+    """The simulated history's span, scenario and sizes, from its marker; None as the marker
+    on a fleet without demo data (no note)."""
     marker = demo_history_marker()
     if marker is None or not marker.after:
         return {"marker": None}

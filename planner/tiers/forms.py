@@ -6,6 +6,8 @@ from accounts.services import MAX_SHED_ORDER, MAX_TIER_WEIGHT
 
 
 class TierChangeForm(forms.Form):
+    """A tier's label, weight and shed order (its name is fixed once created)."""
+
     label = forms.CharField(max_length=100, required=False)
     weight = forms.FloatField(
         min_value=0.0,
@@ -21,6 +23,8 @@ class TierChangeForm(forms.Form):
 
 
 class TierForm(TierChangeForm):
+    """A new tier: its name as well."""
+
     name = forms.SlugField(
         max_length=20, help_text="What customers refer to the tier by: fixed once created."
     )

@@ -3,6 +3,7 @@ part of the best-effort split and its place in the order degradation sheds best-
 writes go through accounts.services, audited, as the API's do."""
 
 from django.contrib import messages
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
@@ -15,8 +16,16 @@ from planner.access import planner_required
 from planner.tiers.forms import TierChangeForm, TierForm
 
 
-def _page(request, *, form=None, editing=None, edit_form=None, status=200):
+def _page(
+    request: HttpRequest,
+    *,
+    form: TierForm | None = None,
+    editing: str | None = None,
+    edit_form: TierChangeForm | None = None,
+    status: int = 200,
+) -> HttpResponse:
     tiers = tiers_with_customer_counts()
+    # For the template only: each row's default mark and its change form.
     for tier in tiers:
         tier.is_default = tier.name == DEFAULT_TIER
         tier.change_form = (
@@ -37,7 +46,8 @@ def _page(request, *, form=None, editing=None, edit_form=None, status=200):
 
 
 @planner_required
-def tier_list(request):
+def tier_list(request: HttpRequest) -> HttpResponse:
+    """The tiers, each with its change form; POST creates one."""
     if request.method != "POST":
         return _page(request)
     form = TierForm(request.POST)
@@ -54,7 +64,8 @@ def tier_list(request):
 
 @planner_required
 @require_POST
-def tier_change(request, name):
+def tier_change(request: HttpRequest, name: str) -> HttpResponse:
+    """Save a tier's label, weight and shed order."""
     tier = get_object_or_404(Tier, name=name)
     form = TierChangeForm(request.POST, prefix=tier.name)
     if form.is_valid():
@@ -70,7 +81,8 @@ def tier_change(request, name):
 
 @planner_required
 @require_POST
-def tier_delete_view(request, name):
+def tier_delete_view(request: HttpRequest, name: str) -> HttpResponse:
+    """Delete a tier; the service refuses one that is in use or the default."""
     tier = get_object_or_404(Tier, name=name)
     try:
         tier_delete(tier=tier, actor=actor_of(user=request.user))

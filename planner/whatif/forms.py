@@ -1,7 +1,10 @@
 """The what-if form: types and ranges here, everything else in simulation.whatif (whose
 DomainError names the field, which the view puts back on the form)."""
 
+from typing import Any
+
 from django import forms
+from django.core.files.uploadedfile import UploadedFile
 
 from capacity.models import Deployment, ServedModel
 from simulation import whatif
@@ -19,7 +22,8 @@ POLICY_HELP = {
 }
 
 
-def _limits(field: str) -> dict:
+def _limits(field: str) -> dict[str, Any]:
+    """The number input's bounds of a field: simulation.whatif's limits, which it checks."""
     default, low, high, exclusive = whatif.LIMITS[field]
     attrs = {"max": high, "step": "any"}
     if not exclusive:
@@ -27,8 +31,11 @@ def _limits(field: str) -> dict:
     return attrs
 
 
-class DeploymentChoiceField(forms.ModelChoiceField):
-    def label_from_instance(self, obj) -> str:
+# Django's form fields are not subscriptable at run time: the base stays bare.
+class DeploymentChoiceField(forms.ModelChoiceField):  # type: ignore[type-arg]
+    """A deployment, labelled with its model and its GPUs per replica."""
+
+    def label_from_instance(self, obj: Deployment) -> str:
         return (
             f"{obj.name} ({obj.served_model.name} on {obj.gpu_pool.gpu_type.name}"
             f"×{obj.gpus_per_replica})"
@@ -36,6 +43,8 @@ class DeploymentChoiceField(forms.ModelChoiceField):
 
 
 class WhatIfForm(forms.Form):
+    """A what-if's trace, fleet and settings, and the policies it compares."""
+
     served_model = forms.ModelChoiceField(
         queryset=ServedModel.objects.order_by("name"),
         required=False,
@@ -125,7 +134,8 @@ class WhatIfForm(forms.Form):
         label="Policies",
     )
 
-    def clean_trace_file(self):
+    def clean_trace_file(self) -> "UploadedFile[bytes] | None":
+        """The uploaded trace, refused above simulation.whatif.MAX_UPLOAD_BYTES."""
         upload = self.cleaned_data.get("trace_file")
         if upload is not None and upload.size > whatif.MAX_UPLOAD_BYTES:
             raise forms.ValidationError(

@@ -1,7 +1,11 @@
 """What-if: simulate a model's fleet over a trace with changed reservations, overcommit or
 policy settings (a Celery job, simulation.whatif), then compare the policies."""
 
+from typing import Any
+
 from django.contrib import messages
+from django.core.paginator import Page
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 
@@ -44,15 +48,15 @@ FORMATS = {
 }
 
 
-def _cell(value, kind: str) -> str:
+def _cell(value: float | None, kind: str) -> str:
     return "—" if value is None else FORMATS[kind].format(value)
 
 
-def _usd(value) -> str:
+def _usd(value: float | None) -> str:
     return "—" if value is None else f"${value:,.2f}"
 
 
-def _initial_for(request) -> dict:
+def _initial_for(request: HttpRequest) -> dict[str, Any]:
     """?model=<id> starts from that model's fleet: its reservations in term (per customer),
     overcommit and keep-warm, and the target utilisation of its deployment on the reference
     GPU type. The deployment field stays blank (every deployment of the model) unless the
@@ -80,7 +84,7 @@ def _initial_for(request) -> dict:
     return initial
 
 
-def _runs_page(request):
+def _runs_page(request: HttpRequest) -> Page[WhatIfRun]:
     runs = (
         WhatIfRun.objects.select_related("served_model", "requested_by")
         .defer("trace_csv")
@@ -88,12 +92,13 @@ def _runs_page(request):
     )
     page = page_of(request, runs)
     for run in page:
-        run.best = whatif.best_policy(run)
+        run.best = whatif.best_policy(run)  # type: ignore[attr-defined]  # for the template only
     return page
 
 
 @planner_required
-def index(request):
+def index(request: HttpRequest) -> HttpResponse:
+    """The what-if form (from a model's fleet with `?model=`) and the runs; POST queues one."""
     if request.method == "POST":
         form = WhatIfForm(request.POST, request.FILES)
         if form.is_valid():
@@ -142,7 +147,7 @@ def index(request):
     return render(request, "planner/whatif/index.html", context, status=status)
 
 
-def _deployment_rows(run: WhatIfRun, order: list[str]) -> list[dict]:
+def _deployment_rows(run: WhatIfRun, order: list[str]) -> list[dict[str, Any]]:
     """Per policy, each deployment's replica-hours, GPU-hours and cost, then the model's
     totals (runs from before whole-model what-ifs have none)."""
     shares = (run.result or {}).get("deployments") or {}
@@ -188,7 +193,7 @@ def _deployment_rows(run: WhatIfRun, order: list[str]) -> list[dict]:
     return rows
 
 
-def _run_context(run: WhatIfRun) -> dict:
+def _run_context(run: WhatIfRun) -> dict[str, Any]:
     rows = []
     order: list[str] = []
     best = whatif.best_policy(run)
@@ -226,7 +231,7 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 1e-9:.3g} ns"
 
 
-def _step_times(model_config: dict) -> str:
+def _step_times(model_config: dict[str, Any]) -> str:
     """The simulated replica's step, as the profile times it (simulation.engine.profile)."""
     if not model_config:
         return ""
@@ -253,7 +258,9 @@ def _trace_label(run: WhatIfRun) -> str:
 
 
 @planner_required
-def detail(request, pk: int):
+def detail(request: HttpRequest, pk: int) -> HttpResponse:
+    """One what-if: its settings, and per policy its cost and service (while it runs, its
+    progress)."""
     run = get_object_or_404(
         WhatIfRun.objects.select_related("served_model", "requested_by").defer("trace_csv"), pk=pk
     )
@@ -279,7 +286,7 @@ def detail(request, pk: int):
 
 
 @planner_required
-def progress(request, pk: int):
+def progress(request: HttpRequest, pk: int) -> HttpResponse:
     """The htmx fragment the detail page polls every 2 s until the run has finished."""
     run = get_object_or_404(WhatIfRun.objects.defer("trace_csv"), pk=pk)
     return render(request, "planner/whatif/_run.html", _run_context(run))

@@ -3,6 +3,7 @@
 customer: a customer's page names no other customer."""
 
 from datetime import datetime
+from typing import Any
 
 from django import template
 
@@ -12,7 +13,9 @@ register = template.Library()
 
 
 @register.inclusion_tag("portal/_demo_note.html")
-def portal_demo_note() -> dict:
+def portal_demo_note() -> dict[str, Any]:
+    """The simulated history's span, from its marker; None as the marker on a fleet without
+    demo data (no note)."""
     marker = demo_history_marker()
     if marker is None or not marker.after:
         return {"marker": None}

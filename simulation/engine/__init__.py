@@ -1,4 +1,4 @@
-"""Discrete-event simulation of one model's fleet (DESIGN.md §2, "the simulator").
+"""Discrete-event simulation of one model's fleet (docs/design.md#the-simulator).
 
 Pure Python + numpy, no Django. `simulate` replays a list of `TraceRequest`s against a fleet of
 replicas that follow the engine emulator's ground truth (`ModelConfig`), under an `Autoscaler`

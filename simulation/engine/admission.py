@@ -1,6 +1,6 @@
 """Admission for the simulator: the live admission's two buckets per customer, under its rule.
 
-The same shape as the live admission (DESIGN.md §2, capacity.admission.redis_buckets): a
+The same shape as the live admission (docs/design.md#admission, capacity.admission.redis_buckets): a
 request takes what is left of its customer's guaranteed bucket (rate: the reservation) and only
 the rest from the customer's best-effort bucket (rate: the allowance the latest tick gave it),
 else it is refused (partial spillover, `capacity.admission.bucket.split`). A request that

@@ -48,6 +48,8 @@ def replicas_for(mu_per_minute: float, context: PolicyContext) -> int:
 
 
 def static_peak_replicas(context: PolicyContext) -> int:
+    """Replicas for the trace's peak minute or the reservations, whichever is more (one at
+    least with keep-warm)."""
     peak_mu_per_minute = context.peak_rate_req_per_s * 60.0 * context.mean_request_mu
     reserved = sum(context.reservations_mu_per_minute.values())
     replicas = replicas_for(max(peak_mu_per_minute, reserved), context)

@@ -84,7 +84,7 @@ from __future__ import annotations
 import importlib
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import NotRequired, Protocol, Required, TypedDict, cast
 
 import numpy as np
@@ -244,12 +244,14 @@ def policy_registry() -> tuple[dict[str, Callable[[PolicyContext], Autoscaler]],
 
 
 def known_policies() -> tuple[str, ...]:
+    """Every policy name compare() accepts."""
     return (*_BUILT_IN, MODELUNIT, *SEARCHED)
 
 
 def request_mu_of_model(model: ModelConfig) -> Callable[[TraceRequest], float]:
     # Traces repeat their sizes (rate windows draw them from a real trace), so each size is
     # priced once.
+    """A request's MU at the model's ground truth, at a full batch."""
     priced: dict[tuple[int, int], float] = {}
 
     def cost_mu(request: TraceRequest) -> float:
@@ -398,192 +400,379 @@ def compare(
     A model's several deployments (`fleet`): see the module docstring; their replicas, GPUs,
     cold starts and idle windows replace `model`, `gpus_per_replica`, `replica_mu_per_minute`
     and `scale_to_zero_after_seconds` (those of its unit deployment)."""
+    # Long only by its signature and this docstring (the what-if's, the simulate command's and
+    # the bench's arguments); the body is the named steps below.
     if max_replicas is not None and max_replicas < 1:
         raise ValueError(f"max_replicas must be at least 1, got {max_replicas}")
     if not 0 < target_utilisation <= 1:
         raise ValueError(f"target_utilisation must be in (0, 1], got {target_utilisation}")
     if slo_ttft_ms <= 0:
         raise ValueError(f"slo_ttft_ms must be > 0, got {slo_ttft_ms}")
+    registry = _registry_for(policies)
+    unit = _unit_of(
+        fleet,
+        model=model,
+        gpus_per_replica=gpus_per_replica,
+        replica_mu_per_minute=replica_mu_per_minute,
+        scale_to_zero_after_seconds=scale_to_zero_after_seconds,
+        cold_start_seconds=cold_start_seconds,
+        max_replicas=max_replicas,
+    )
+    order = [REFERENCE] + [p for p in dict.fromkeys(policies) if p != REFERENCE]
+    if not reference and REFERENCE not in policies:
+        order.remove(REFERENCE)
+    reservations = dict(reservations or {})
+    runs = _runs_over(
+        requests,
+        unit=unit,
+        reservations=reservations,
+        target_utilisation=target_utilisation,
+        keep_warm=keep_warm,
+        tick_seconds=tick_seconds,
+        ttft_slo_seconds=slo_ttft_ms / 1000.0,
+        warm_up=warm_up,
+        request_mu=request_mu,
+        admission=admission,
+        burst_seconds=burst_seconds,
+    )
+    scoring = _Scoring(
+        guaranteed=np.asarray([r.client in reservations for r in requests], dtype=bool),
+        replayed_clients=[r.client for r in runs.replayed],
+        reservations=reservations,
+        admission=admission,
+        first_scored=runs.first_scored,
+    )
+    results: dict[str, dict[str, float]] = {}
+    shares: dict[str, dict[str, DeploymentShare]] = {}
+    for name in order:
+        outcome = runs.outcome(name, registry, stabilisation_seconds=stabilisation_seconds)
+        results[name] = scoring.row(outcome, static_replicas=runs.static_replicas.get(name))
+        if unit.fleet_of_costs is not None:
+            shares[name] = _shares(unit.fleet_of_costs, outcome.scored)
+            results[name]["cost_usd"] = sum(share["cost_usd"] for share in shares[name].values())
+        if on_policy is not None:
+            on_policy(name, len(results), len(order))
+    return _comparison(order, results, shares, costed=unit.fleet_of_costs is not None)
+
+
+def _registry_for(policies: list[str]) -> dict[str, Callable[[PolicyContext], Autoscaler]]:
+    """The factories of the policies asked for; PolicyError for one unknown or unavailable."""
     registry, missing = policy_registry() if MODELUNIT in policies else (dict(_BUILT_IN), {})
     unknown = [p for p in policies if p not in registry and p not in missing and p not in SEARCHED]
     if unknown:
         raise PolicyError(f"unknown policy {unknown[0]!r} (known: {', '.join(known_policies())})")
     if MODELUNIT in policies and MODELUNIT in missing:
         raise PolicyError(missing[MODELUNIT])
-    fleet_of_costs = fleet  # what the costs are counted by (a fleet of one included)
-    if fleet is not None:
-        if cold_start_seconds is not None:
-            fleet = fleet.with_cold_start(cold_start_seconds)
-            fleet_of_costs = fleet
-        unit = fleet.unit
-        model = unit.model
-        gpus_per_replica = unit.gpus_per_replica
-        replica_mu_per_minute = unit.replica_mu_per_minute
-        scale_to_zero_after_seconds = unit.scale_to_zero_after_seconds
-        cold_start_seconds = unit.cold_start_seconds
-        # Never more than the fleet holds (its deployments' max replicas, its pools' GPUs);
-        # at least one replica, as a deployment alone always had.
-        held = max(1, fleet.capacity_replicas)
-        max_replicas = held if max_replicas is None else min(max_replicas, held)
-        if len(fleet) == 1:
-            # One kind of replica: simulated as ever, the fleet only counts its costs.
-            fleet = None
-    cold_start = model.cold_start_seconds if cold_start_seconds is None else cold_start_seconds
-    order = [REFERENCE] + [p for p in dict.fromkeys(policies) if p != REFERENCE]
-    if not reference and REFERENCE not in policies:
-        order.remove(REFERENCE)
-    reservations = dict(reservations or {})
-    guaranteed = np.asarray([r.client in reservations for r in requests], dtype=bool)
-    replayed_clients: list[str] = []
-    # Warm-up: the trace is played backwards, then forwards, and only the forward pass is
-    # scored, so that every policy meets the trace with the history a running control plane
-    # would have, not from a cold start no live system pays. Backwards, the warm-up ends in
-    # the very demand the trace starts with (replaying it forwards twice would jump from the
-    # trace's end to its start). The scored pass starts on a whole minute.
-    replayed, scored_from_s = list(requests), 0.0
-    if warm_up and requests:
-        last_s = max(r.arrival_s for r in requests)
-        scored_from_s = math.ceil((last_s + tick_seconds) / 60.0) * 60.0
-        replayed = sorted(
-            (replace(r, arrival_s=last_s - r.arrival_s) for r in requests),
-            key=lambda r: r.arrival_s,
-        ) + [replace(r, arrival_s=r.arrival_s + scored_from_s) for r in requests]
-    replayed_clients = [r.client for r in replayed]
+    return registry
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """The replica every policy is simulated in: the model's (compare's arguments), or a fleet's
+    unit deployment's. `fleet` is the fleet simulated (None: one kind of replica) and
+    `fleet_of_costs` the one costs are counted by (a fleet of one included)."""
+
+    model: ModelConfig
+    gpus_per_replica: int
+    replica_mu_per_minute: float
+    scale_to_zero_after_seconds: float | None
+    cold_start_seconds: float
+    max_replicas: int | None
+    fleet: DeploymentFleet | None = None
+    fleet_of_costs: DeploymentFleet | None = None
+
+
+def _unit_of(
+    fleet: DeploymentFleet | None,
+    *,
+    model: ModelConfig,
+    gpus_per_replica: int,
+    replica_mu_per_minute: float,
+    scale_to_zero_after_seconds: float | None,
+    cold_start_seconds: float | None,
+    max_replicas: int | None,
+) -> _Unit:
+    """Without a fleet, the model's replica as given (its own cold start unless one is given).
+    A model's several deployments: its unit deployment's replica, a given cold start in place
+    of every deployment's, and the cap within what the fleet holds."""
+    if fleet is None:
+        return _Unit(
+            model=model,
+            gpus_per_replica=gpus_per_replica,
+            replica_mu_per_minute=replica_mu_per_minute,
+            scale_to_zero_after_seconds=scale_to_zero_after_seconds,
+            cold_start_seconds=(
+                model.cold_start_seconds if cold_start_seconds is None else cold_start_seconds
+            ),
+            max_replicas=max_replicas,
+        )
+    if cold_start_seconds is not None:
+        fleet = fleet.with_cold_start(cold_start_seconds)
+    unit = fleet.unit
+    # Never more than the fleet holds (its deployments' max replicas, its pools' GPUs);
+    # at least one replica, as a deployment alone always had.
+    held = max(1, fleet.capacity_replicas)
+    return _Unit(
+        model=unit.model,
+        gpus_per_replica=unit.gpus_per_replica,
+        replica_mu_per_minute=unit.replica_mu_per_minute,
+        scale_to_zero_after_seconds=unit.scale_to_zero_after_seconds,
+        cold_start_seconds=unit.cold_start_seconds,
+        max_replicas=held if max_replicas is None else min(max_replicas, held),
+        # One kind of replica: simulated as ever, the fleet only counts its costs.
+        fleet=None if len(fleet) == 1 else fleet,
+        fleet_of_costs=fleet,
+    )
+
+
+def _replayed(
+    requests: Sequence[TraceRequest], *, tick_seconds: float, warm_up: bool
+) -> tuple[list[TraceRequest], float]:
+    """(the requests replayed, when the scored pass starts).
+
+    Warm-up: the trace is played backwards, then forwards, and only the forward pass is
+    scored, so that every policy meets the trace with the history a running control plane
+    would have, not from a cold start no live system pays. Backwards, the warm-up ends in
+    the very demand the trace starts with (replaying it forwards twice would jump from the
+    trace's end to its start). The scored pass starts on a whole minute."""
+    if not (warm_up and requests):
+        return list(requests), 0.0
+    last_s = max(r.arrival_s for r in requests)
+    scored_from_s = math.ceil((last_s + tick_seconds) / 60.0) * 60.0
+    replayed = sorted(
+        (replace(r, arrival_s=last_s - r.arrival_s) for r in requests),
+        key=lambda r: r.arrival_s,
+    ) + [replace(r, arrival_s=r.arrival_s + scored_from_s) for r in requests]
+    return replayed, scored_from_s
+
+
+def _runs_over(
+    requests: Sequence[TraceRequest],
+    *,
+    unit: _Unit,
+    reservations: dict[str, float],
+    target_utilisation: float,
+    keep_warm: bool,
+    tick_seconds: float,
+    ttft_slo_seconds: float,
+    warm_up: bool,
+    request_mu: Callable[[TraceRequest], float] | None,
+    admission: bool,
+    burst_seconds: float,
+) -> _Runs:
+    """The runs of every policy over `requests`: what each simulation shares (the replica, the
+    ticks, the SLO, the price of a request) and the one context every policy is built from."""
+    replayed, scored_from_s = _replayed(requests, tick_seconds=tick_seconds, warm_up=warm_up)
     settings_kwargs: _SettingsKwargs = {
-        "model": model,
-        "gpus_per_replica": gpus_per_replica,
-        "cold_start_seconds": cold_start,
+        "model": unit.model,
+        "gpus_per_replica": unit.gpus_per_replica,
+        "cold_start_seconds": unit.cold_start_seconds,
         "tick_seconds": tick_seconds,
-        "ttft_slo_seconds": slo_ttft_ms / 1000.0,
-        "request_mu": request_mu or request_mu_of_model(model),
-        "fleet": fleet,
+        "ttft_slo_seconds": ttft_slo_seconds,
+        "request_mu": request_mu or request_mu_of_model(unit.model),
+        "fleet": unit.fleet,
     }
     # One context for every policy (building it prices the whole trace twice); the oracle's
     # adds the requests it will meet.
-    shared_context = build_context(
+    context = build_context(
         requests,
-        model=model,
-        cold_start_seconds=cold_start,
+        model=unit.model,
+        cold_start_seconds=unit.cold_start_seconds,
         target_utilisation=target_utilisation,
         tick_seconds=tick_seconds,
         reservations=reservations,
         keep_warm=keep_warm,
-        ttft_slo_seconds=slo_ttft_ms / 1000.0,
-        max_replicas=max_replicas,
+        ttft_slo_seconds=ttft_slo_seconds,
+        max_replicas=unit.max_replicas,
         request_mu=settings_kwargs["request_mu"],
-        replica_mu_per_minute=replica_mu_per_minute,
-        scale_to_zero_after_seconds=scale_to_zero_after_seconds,
-        fleet=fleet,
+        replica_mu_per_minute=unit.replica_mu_per_minute,
+        scale_to_zero_after_seconds=unit.scale_to_zero_after_seconds,
+        fleet=unit.fleet,
     )
-    first_scored = len(replayed) - len(requests)
+    return _Runs(
+        requests=requests,
+        replayed=replayed,
+        scored_from_s=scored_from_s,
+        settings_kwargs=settings_kwargs,
+        context=context,
+        capped=unit.max_replicas is not None,
+        admission=admission,
+        burst_seconds=burst_seconds,
+    )
 
-    def run(autoscaler: Autoscaler, policy: Autoscaler, *, max_misses: int | None = None) -> Scored:
-        """One policy's simulation as every policy is run: capped, behind admission, with the
-        opening fleet it asks for; and its scored part. With `max_misses`, it stops once more
+
+class _Runs:
+    """Each policy's simulation over the replayed trace, run as every policy is: capped, behind
+    admission, with the opening fleet it asks for; scored after the warm-up.
+
+    Runs feed later ones: static-peak's fleet and run are where static-slo's search starts, and
+    the old oracle's schedule, simulated (when oracle runs before oracle-slo), is one of
+    oracle-slo's candidates, which it simulates itself only if it could cost less."""
+
+    def __init__(
+        self,
+        *,
+        requests: Sequence[TraceRequest],
+        replayed: list[TraceRequest],
+        scored_from_s: float,
+        settings_kwargs: _SettingsKwargs,
+        context: PolicyContext,
+        capped: bool,
+        admission: bool,
+        burst_seconds: float,
+    ) -> None:
+        self.requests = requests
+        self.replayed = replayed
+        self.scored_from_s = scored_from_s
+        self.first_scored = len(replayed) - len(requests)
+        self.settings_kwargs = settings_kwargs
+        self.context = context
+        self.capped = capped
+        self.admission = admission
+        self.burst_seconds = burst_seconds
+        self.static_replicas: dict[str, int] = {}
+        self.static_run: Scored | None = None
+        self.oracle_run: tuple[OracleAutoscaler, Scored] | None = None
+
+    def run(
+        self, autoscaler: Autoscaler, policy: Autoscaler, *, max_misses: int | None = None
+    ) -> Scored:
+        """One policy's simulation and its scored part. With `max_misses`, it stops once more
         of the scored requests miss the SLO."""
-        if max_replicas is not None:
-            autoscaler = _Capped(autoscaler, shared_context.max_replicas)
+        if self.capped:
+            autoscaler = _Capped(autoscaler, self.context.max_replicas)
         initial = getattr(autoscaler, "initial_replicas", None)
         initial_replicas = int(initial()) if initial else 0
         gate = None
-        if admission:
+        if self.admission:
             autoscaler, gate = behind_admission(
                 autoscaler,
-                shared_context,
+                self.context,
                 allowances_of=policy if isinstance(policy, ModelUnitAutoscaler) else None,
                 initial_replicas=initial_replicas,
-                burst_seconds=burst_seconds,
+                burst_seconds=self.burst_seconds,
             )
         settings = SimulationSettings(
-            **settings_kwargs,
+            **self.settings_kwargs,
             initial_replicas=initial_replicas,
             admission=gate,
             max_misses=max_misses,
-            misses_from=first_scored,
+            misses_from=self.first_scored,
         )
-        full = simulate(replayed, settings, autoscaler)
-        scored = full.since(scored_from_s, first_scored) if scored_from_s else full
+        full = simulate(self.replayed, settings, autoscaler)
+        scored = full.since(self.scored_from_s, self.first_scored) if self.scored_from_s else full
         return Scored(full, scored)
 
-    def run_static(replicas: int, *, search: bool = True) -> Scored:
+    def run_static(self, replicas: int, *, search: bool = True) -> Scored:
         """A static fleet; in the search, stopped once it has surely missed the objective."""
         fleet = StaticFleet(replicas)
-        allowed = int((1 - SLO_TARGET) * len(requests) + 1e-9) if search else None
-        return run(fleet, fleet, max_misses=allowed)
+        allowed = int((1 - SLO_TARGET) * len(self.requests) + 1e-9) if search else None
+        return self.run(fleet, fleet, max_misses=allowed)
 
-    results: dict[str, dict[str, float]] = {}
-    shares: dict[str, dict[str, DeploymentShare]] = {}
-    static_replicas: dict[str, int] = {}
-    static_run: Scored | None = None
-    # The old oracle's schedule, simulated (when oracle runs before oracle-slo): one of
-    # oracle-slo's candidates, which it simulates itself only if it could cost less.
-    oracle_run: tuple[OracleAutoscaler, Scored] | None = None
-    for name in order:
-        context = shared_context
+    def outcome(
+        self,
+        name: str,
+        registry: dict[str, Callable[[PolicyContext], Autoscaler]],
+        *,
+        stabilisation_seconds: float | None,
+    ) -> Scored:
+        """The policy `name`'s run: searched (static-slo, oracle-slo) or built and run."""
         if name == STATIC_SLO:
-            peak = static_replicas.get(REFERENCE) or static_peak_replicas(shared_context)
-            if max_replicas is not None:
-                peak = min(peak, shared_context.max_replicas)
-            static_replicas[name], outcome = cheapest_static(
-                run_static,
-                first_guess=peak,
-                max_replicas=shared_context.max_replicas,
-                known={} if static_run is None else {peak: static_run},
-            )
-            if outcome.full.stopped:  # no static fleet keeps the objective: the largest, whole
-                outcome = run_static(static_replicas[name], search=False)
-        elif name == ORACLE_SLO:
-            search = WindowSearch(
-                requests=replayed,
-                settings=SimulationSettings(**settings_kwargs),
-                context=replace(context, future_requests=tuple(replayed)),
-                burst_seconds=burst_seconds,
-            )
-            oracle_candidate: tuple[ScheduleAutoscaler, Scored | None] = (
-                oracle_run
-                if oracle_run is not None
-                else (OracleAutoscaler(replace(context, future_requests=tuple(replayed))), None)
-            )
-            _, outcome = oracle_slo(
-                search,
-                lambda schedule: run(schedule, schedule),
-                scored_from_s=scored_from_s,
-                candidates=[oracle_candidate],
-            )
+            return self._static_slo()
+        if name == ORACLE_SLO:
+            return self._oracle_slo()
+        context = self.context
+        if name == "oracle":
+            context = replace(context, future_requests=tuple(self.replayed))
+        if name == MODELUNIT and stabilisation_seconds is not None:
+            # The modelunit factory is ModelUnitAutoscaler, loaded by name (_load_modelunit).
+            factory = cast(_ModelUnitFactory, registry[name])
+            policy = factory(context, stabilisation_seconds=stabilisation_seconds)
         else:
-            if name == "oracle":
-                context = replace(context, future_requests=tuple(replayed))
-            if name == MODELUNIT and stabilisation_seconds is not None:
-                # The modelunit factory is ModelUnitAutoscaler, loaded by name (_load_modelunit).
-                factory = cast(_ModelUnitFactory, registry[name])
-                policy = factory(context, stabilisation_seconds=stabilisation_seconds)
-            else:
-                policy = registry[name](context)
-            outcome = run(policy, policy)
-            if isinstance(policy, OracleAutoscaler):
-                oracle_run = policy, outcome
-            if name == REFERENCE:
-                static_run = outcome
-                static_replicas[name] = cast(StaticPeakAutoscaler, policy).replicas
+            policy = registry[name](context)
+        outcome = self.run(policy, policy)
+        if isinstance(policy, OracleAutoscaler):
+            self.oracle_run = policy, outcome
+        if name == REFERENCE:
+            self.static_run = outcome
+            self.static_replicas[name] = cast(StaticPeakAutoscaler, policy).replicas
+        return outcome
+
+    def _static_slo(self) -> Scored:
+        """The cheapest static fleet that keeps the objective, searched from static-peak's."""
+        peak = self.static_replicas.get(REFERENCE) or static_peak_replicas(self.context)
+        if self.capped:
+            peak = min(peak, self.context.max_replicas)
+        replicas, outcome = cheapest_static(
+            self.run_static,
+            first_guess=peak,
+            max_replicas=self.context.max_replicas,
+            known={} if self.static_run is None else {peak: self.static_run},
+        )
+        self.static_replicas[STATIC_SLO] = replicas
+        if outcome.full.stopped:  # no static fleet keeps the objective: the largest, whole
+            outcome = self.run_static(replicas, search=False)
+        return outcome
+
+    def _oracle_slo(self) -> Scored:
+        """The hindsight trajectory that keeps the objective (the old oracle's a candidate)."""
+        future = replace(self.context, future_requests=tuple(self.replayed))
+        search = WindowSearch(
+            requests=self.replayed,
+            settings=SimulationSettings(**self.settings_kwargs),
+            context=future,
+            burst_seconds=self.burst_seconds,
+        )
+        oracle_candidate: tuple[ScheduleAutoscaler, Scored | None] = (
+            self.oracle_run if self.oracle_run is not None else (OracleAutoscaler(future), None)
+        )
+        _, outcome = oracle_slo(
+            search,
+            lambda schedule: self.run(schedule, schedule),
+            scored_from_s=self.scored_from_s,
+            candidates=[oracle_candidate],
+        )
+        return outcome
+
+
+@dataclass(frozen=True)
+class _Scoring:
+    """What a policy's row is scored against: who reserved, and how requests were admitted."""
+
+    guaranteed: np.ndarray  # per request: its customer holds a reservation
+    replayed_clients: list[str]
+    reservations: dict[str, float]
+    admission: bool
+    first_scored: int
+
+    def row(self, outcome: Scored, *, static_replicas: int | None) -> dict[str, float]:
+        """A policy's figures (before the savings, which need every policy's)."""
         full, result = outcome.full, outcome.scored
-        within = _within_reservation(full, replayed_clients, reservations, admission)
-        results[name] = {
+        within = _within_reservation(full, self.replayed_clients, self.reservations, self.admission)
+        refused = self.guaranteed & (result.outcome != SERVED)
+        return {
             "gpu_hours": result.gpu_hours,
             "slo_attainment": result.slo_attainment,
             "ttft_p50_ms": result.ttft_ms(50),
             "ttft_p95_ms": result.ttft_ms(95),
             "ttft_p99_ms": result.ttft_ms(99),
             "tpot_p95_ms": result.tpot_ms(95),
-            "guaranteed_refused": int(np.count_nonzero(guaranteed & (result.outcome != SERVED))),
+            "guaranteed_refused": int(np.count_nonzero(refused)),
             "scale_events": result.scale_events,
-            "static_replicas": static_replicas.get(name, math.nan),
-            **_refusals(result, guaranteed, within[first_scored:], admission),
+            "static_replicas": math.nan if static_replicas is None else static_replicas,
+            **_refusals(result, self.guaranteed, within[self.first_scored :], self.admission),
         }
-        if fleet_of_costs is not None:
-            shares[name] = _shares(fleet_of_costs, result)
-            results[name]["cost_usd"] = sum(share["cost_usd"] for share in shares[name].values())
-        if on_policy is not None:
-            on_policy(name, len(results), len(order))
+
+
+def _comparison(
+    order: list[str],
+    results: dict[str, dict[str, float]],
+    shares: dict[str, dict[str, DeploymentShare]],
+    *,
+    costed: bool,
+) -> Comparison:
+    """Every policy's row with its savings against static-peak and static-slo, and its share
+    of oracle-slo's saving; with `costed`, each policy's cost and each deployment's share."""
     reference_hours = results[REFERENCE]["gpu_hours"] if REFERENCE in results else math.nan
     static_slo_hours = results[STATIC_SLO]["gpu_hours"] if STATIC_SLO in results else math.nan
     oracle_slo_hours = results[ORACLE_SLO]["gpu_hours"] if ORACLE_SLO in results else math.nan
@@ -598,9 +787,9 @@ def compare(
             (static_slo_hours - hours) / headroom if headroom > 0 else math.nan
         )
         out[name] = {key: row[key] for key in METRICS}
-        if fleet_of_costs is not None:
+        if costed:
             out[name]["cost_usd"] = row["cost_usd"]
-    if fleet_of_costs is None:
+    if not costed:
         return {"policies": out}
     return {"policies": out, "deployments": {name: shares[name] for name in order}}
 

@@ -291,34 +291,61 @@ class _Replica:
 def simulate(
     requests: Sequence[TraceRequest], settings: SimulationSettings, autoscaler: Autoscaler
 ) -> SimulationResult:
+    """Serve `requests` with the fleet `autoscaler` sizes, tick by tick (the module docstring)."""
     return _Fleet(requests, settings, autoscaler).run()
+
+
+# One group of replicas per deployment: (profile, cold start, GPUs per replica).
+_Group = tuple[ModelConfig, float, int]
+
+
+def _replica_groups(settings: SimulationSettings) -> list[_Group]:
+    """The fleet's groups of replicas (one without a fleet: the settings' model), checked."""
+    model = settings.model
+    fleet = settings.fleet
+    groups: list[_Group]
+    if fleet is None:
+        cold_start_s = (
+            model.cold_start_seconds
+            if settings.cold_start_seconds is None
+            else settings.cold_start_seconds
+        )
+        groups = [(model, cold_start_s, settings.gpus_per_replica)]
+    else:
+        groups = [(d.model, d.cold_start_seconds, d.gpus_per_replica) for d in fleet.deployments]
+    for group_model, _, _ in groups:
+        if group_model.decode_step_base_seconds + group_model.decode_seconds_per_sequence <= 0:
+            raise ValueError("a decode step must take time (base + per-sequence > 0)")
+    if settings.tick_seconds <= 0:
+        raise ValueError("tick_seconds must be > 0")
+    if settings.admission is not None and settings.request_mu is None:
+        raise ValueError("admission charges MU: give request_mu too")
+    return groups
+
+
+def _routing_costs_s(
+    models: Sequence[ModelConfig], inputs: list[int], outputs: list[int]
+) -> list[list[float]]:
+    """Per deployment, each request's routing weight: the ground-truth cost at a full batch
+    (ground_truth_replica_seconds) on that deployment's replicas."""
+    ins, outs = np.asarray(inputs, float), np.asarray(outputs, float)
+    return [
+        (
+            m.prefill_seconds_per_token * ins
+            + outs * (m.decode_step_base_seconds / m.max_num_seqs)
+            + outs * m.decode_seconds_per_sequence
+            + m.decode_seconds_per_context_token * (ins * outs + outs * outs / 2)
+        ).tolist()
+        for m in models
+    ]
 
 
 class _Fleet:
     def __init__(
         self, requests: Sequence[TraceRequest], settings: SimulationSettings, autoscaler: Autoscaler
     ):
-        model = settings.model
+        groups = _replica_groups(settings)
         fleet = settings.fleet
-        # One group of replicas per deployment: (profile, cold start, GPUs per replica).
-        if fleet is None:
-            cold_start_s = (
-                model.cold_start_seconds
-                if settings.cold_start_seconds is None
-                else settings.cold_start_seconds
-            )
-            groups = [(model, cold_start_s, settings.gpus_per_replica)]
-        else:
-            groups = [
-                (d.model, d.cold_start_seconds, d.gpus_per_replica) for d in fleet.deployments
-            ]
-        for group_model, _, _ in groups:
-            if group_model.decode_step_base_seconds + group_model.decode_seconds_per_sequence <= 0:
-                raise ValueError("a decode step must take time (base + per-sequence > 0)")
-        if settings.tick_seconds <= 0:
-            raise ValueError("tick_seconds must be > 0")
-        if settings.admission is not None and settings.request_mu is None:
-            raise ValueError("admission charges MU: give request_mu too")
         self.requests = requests
         self.settings = settings
         self.fleet = fleet
@@ -336,18 +363,7 @@ class _Fleet:
         # An engine emits at least one token, whatever max_tokens says.
         self.outputs = [max(1, r.output_tokens) for r in requests]
         self.order = sorted(range(n), key=self.arrival.__getitem__)
-        ins, outs = np.asarray(self.inputs, float), np.asarray(self.outputs, float)
-        # Routing weight: the ground-truth cost at a full batch (ground_truth_replica_seconds),
-        # on each deployment's replicas.
-        self.cost_s = [
-            (
-                m.prefill_seconds_per_token * ins
-                + outs * (m.decode_step_base_seconds / m.max_num_seqs)
-                + outs * m.decode_seconds_per_sequence
-                + m.decode_seconds_per_context_token * (ins * outs + outs * outs / 2)
-            ).tolist()
-            for m in self.models
-        ]
+        self.cost_s = _routing_costs_s(self.models, self.inputs, self.outputs)
         nan = math.nan
         # Each request's MU, priced once: admission charges it on arrival, usage on finish.
         request_mu = settings.request_mu

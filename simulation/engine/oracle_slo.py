@@ -95,6 +95,7 @@ class Scored:
 
 
 def attainment(result: SimulationResult) -> float:
+    """The share of the run's requests that met the TTFT SLO (refused and timed-out ones miss)."""
     return result.slo_attainment
 
 

@@ -4,7 +4,7 @@ long its steps take.
 `ModelConfig` describes one served model and the ground truth its replicas follow;
 `step_seconds` times one engine step, `ground_truth_replica_seconds` is the same cost summed
 over one request's steps at a steady batch size, which is what a fitted cost model
-(DESIGN.md §1) should recover. The fleet simulator and the what-if model replicas with it, and
+(docs/design.md#the-currency) should recover. The fleet simulator and the what-if use it, and
 the engine emulator (`dataplane.emulator`) steps its engines with it, so both follow the same
 ground truth. Pure functions and a strict loader, no I/O and no Django.
 
@@ -197,6 +197,7 @@ def _float_field(path: str, value: Any, minimum: float) -> float:
 
 
 def parse_model(index: int, raw: Any) -> ModelConfig:
+    """`models[index]` of a config as a ModelConfig; a ConfigError names the field at fault."""
     path = f"models[{index}]"
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: must be an object, got {type(raw).__name__}")
@@ -321,7 +322,7 @@ def ground_truth_replica_seconds(
     the formula uses output²/2 to match the cost model's features, a difference of
     per_context_token × output / 2, well under 1 % for realistic constants.
 
-    In cost-model weights (DESIGN.md §1, features per token and per thousand tokens):
+    In cost-model weights (docs/design.md#the-currency, features per token and per thousand tokens):
     w_input = prefill, w_output = base/B + per_sequence,
     w_input×output/1000 = 1000 × per_context_token, w_output²/1000 = 500 × per_context_token,
     w_request = 0.

@@ -142,4 +142,4 @@ def test_the_same_run_under_a_limit_it_stays_within_is_fitted(settings):
     assert run.reliable is True
     assert run.client_overhead_share > 0.10
     assert run.fit_error == ""
-    assert CostModel.objects.filter(source_run=run).count() == 1
+    assert CostModel.objects.filter(source_link__run=run).count() == 1

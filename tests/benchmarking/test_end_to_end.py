@@ -91,7 +91,9 @@ def test_a_benchmark_through_a_real_worker_fits_a_model_that_predicts_unseen_sha
         assert run.progress_done == run.progress_total == len(FIT_GRID)
         assert run.samples.filter(sustainable=True).count() == len(FIT_GRID)
 
-        cost_model = CostModel.objects.get(source_run=run)
+        cost_model = CostModel.objects.filter(source_link__run=run).first()
+        run.refresh_from_db()
+        assert cost_model is not None, f"no cost model: {run.fit_error}\n{run.log}"
         assert cost_model.status == CostModel.Status.ACTIVE, cost_model.cv_mape
         assert cost_model.cv_mape < 0.10
 

@@ -86,7 +86,7 @@ def test_a_run_with_shared_prefixes_and_images_fits_their_weights(tmp_path, sett
     assert (128 + 8 * 64, 32, 8) in samples
 
     assert not run.fit_error, run.fit_error
-    cost_model = CostModel.objects.get(source_run=run)
+    cost_model = CostModel.objects.get(source_link__run=run)
     weights = cost_model.weights_replica_seconds
     print("fitted weights:", weights, "per feature:", cost_model.cv_error_by_feature)
     assert {"cached_input_tokens", "images"} <= set(cost_model.features)

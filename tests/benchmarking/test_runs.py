@@ -8,6 +8,7 @@ from django.utils import timezone
 
 from benchmarking import services
 from benchmarking.models import BenchmarkRun, BenchmarkSample, BenchmarkSuite
+from benchmarking.references import deployment_suite_set
 from capacity.models import CostModel
 from tests.support.servers import serving
 
@@ -194,9 +195,9 @@ def test_setup_periodic_tasks_is_idempotent_and_follows_deployments(suite, deplo
     from django.core.management import call_command
     from django_celery_beat.models import PeriodicTask
 
-    deployment.benchmark_suite = suite
     deployment.benchmark_nightly = True
     deployment.save()
+    deployment_suite_set(deployment=deployment, suite=suite)
     call_command("setup_periodic_tasks")
     call_command("setup_periodic_tasks")
     nightly = PeriodicTask.objects.get(name=f"nightly benchmark: {deployment.name}")

@@ -1,5 +1,6 @@
-"""Issues 15 and 34: no command, secret or reachable host through the API (DESIGN §6), and
-each actuator secret only to the destination the operator bound it to.
+"""Issues 15 and 34: no command, secret or reachable host through the API
+(docs/design.md#trust), and each actuator secret only to the destination the operator bound
+it to.
 
 Each reproduced attack is replayed here and must end in the attacker's favour no more: the
 API refuses it with a 400 that names the rule, and a config forced into the database anyway

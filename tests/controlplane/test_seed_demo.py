@@ -4,7 +4,7 @@ twice."""
 
 import csv
 import io
-from datetime import timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 
 import pytest
@@ -25,6 +25,7 @@ from capacity.pricing.cost_models import active_cost_model
 from capacity.selling.sellable import model_capacity
 from controlplane.management.commands.seed_demo import DEMO_PORTAL_PASSWORD
 from core.models import AuditEntry
+from simulation.demo_history import SPAN, _demand, demo_history_marker
 from tests.billing.test_pdf import pdf_text
 
 pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
@@ -71,12 +72,23 @@ def test_every_deployment_is_priced_a_week_is_simulated_and_last_month_invoiced(
     week_ago = now - timedelta(days=7)
     assert "History:" in seeded and "replayed through the fleet simulator" in seeded
     usage = UsageMinute.objects.filter(served_model__name="llama-3.1-8b")
+    # Up to now: the thinned replay's quiet hours may hold no request of one customer for
+    # most of an hour (at night, UTC), so each customer's last minute is the one its last
+    # request of the week's trace was served in, however long before the seed that was.
+    marker = demo_history_marker().after
+    start = datetime.fromisoformat(marker["from"])
+    assert start < week_ago + timedelta(minutes=5)
+    assert datetime.fromisoformat(marker["to"]) > now - timedelta(minutes=5)
+    demand = _demand(start)
     for slug in ("acme", "globex"):
         mine = usage.filter(customer__slug=slug)
         first, last = mine.earliest("minute").minute, mine.latest("minute").minute
-        # Up to now: the thinned replay's quiet night minutes may hold no request of one
-        # customer, so its last minute can be some minutes before the seed's.
-        assert first < week_ago + timedelta(hours=1) and last > now - timedelta(minutes=30)
+        arrivals_s = [r.arrival_s for r in demand if r.client == slug]
+        # A request of the seed's last minutes may finish after it, outside the history.
+        settled_s = [a for a in arrivals_s if a < SPAN.total_seconds() - 120]
+        assert first < week_ago + timedelta(hours=1)
+        assert start + timedelta(seconds=max(settled_s)) - timedelta(minutes=1) <= last
+        assert last <= start + timedelta(seconds=max(arrivals_s)) + timedelta(minutes=5)
         # Most minutes of the week: some night minutes of the thinned replay hold no request.
         assert mine.count() > 7 * 24 * 60 / 2
     # acme runs within its reservation (guaranteed); globex is best-effort.

@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from benchmarking import services
 from benchmarking.models import BenchmarkRun, BenchmarkSample
+from benchmarking.references import deployment_suite_set
 from capacity.models import CostModel
 from tests.conftest import make_cost_model
 from tests.support.factories import DeploymentFactory, GpuTypeFactory, ServedModelFactory
@@ -391,8 +392,8 @@ def test_run_now_queues_a_run_of_the_deployment_and_opens_it(
     planner_client, served_model, gpu_type, deployment, suite, django_capture_on_commit_callbacks
 ):
     deployment.endpoint_url = "http://127.0.0.1:8101"
-    deployment.benchmark_suite = suite
     deployment.save()
+    deployment_suite_set(deployment=deployment, suite=suite)
     page = text(planner_client.get(cost_model_path(served_model, gpu_type)))
     assert "llama-8b-h100 (quick; http://127.0.0.1:8101)" in page
 

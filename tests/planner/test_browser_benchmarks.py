@@ -7,6 +7,7 @@ from playwright.sync_api import expect
 
 from benchmarking import services
 from benchmarking.models import BenchmarkRun
+from benchmarking.references import deployment_suite_set
 from tests.planner.test_benchmarks_pages import GRID, measured_run
 from tests.support.browser import log_in, screenshot
 from tests.support.factories import (
@@ -39,12 +40,10 @@ def test_a_planner_watches_a_run_and_reads_the_fit_of_its_cost_model(site, page,
     suite = services.suite_create(
         name="quick", grid=[[128, 16], [512, 64]], slo_ttft_p95_ms=2000, slo_tpot_p95_ms=200
     )
-    DeploymentFactory(
-        name="llama-8b-h100-canary",
-        served_model=served_model,
-        gpu_pool=deployment.gpu_pool,
-        benchmark_suite=suite,
+    canary = DeploymentFactory(
+        name="llama-8b-h100-canary", served_model=served_model, gpu_pool=deployment.gpu_pool
     )
+    deployment_suite_set(deployment=canary, suite=suite)
     older = measured_run(
         served_model, gpu_type, noise=[0.06, -0.05, 0.04, -0.06, 0.05, -0.04, 0.02, 0.05]
     )

@@ -6,7 +6,7 @@ import pytest
 from django.test import Client
 
 from capacity.models import CostModel, UsageEvent
-from capacity.pricing.cost_models import cost_model_reject, cost_model_retire
+from capacity.repricing.services import cost_model_reject, cost_model_retire
 from core.models import AuditEntry
 from tests.conftest import make_cost_model
 from tests.support.usage import gateway_client, last_week_of_traffic, post_usage, scaled

@@ -4,8 +4,8 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError
 
 from benchmarking import importers
-from benchmarking.management.commands._output import print_json
-from benchmarking.services import benchmark_import
+from benchmarking.management.commands._output import cost_model_dict, print_json
+from benchmarking.services import benchmark_import, cost_model_fit
 from core.errors import DomainError
 
 
@@ -95,9 +95,6 @@ class Command(BaseCommand):
             "created": created,
         }
         if options["fit"]:
-            from benchmarking.management.commands._output import cost_model_dict
-            from benchmarking.services import cost_model_fit
-
             try:
                 payload["cost_model"] = cost_model_dict(cost_model_fit(run=run))
             except DomainError as error:

@@ -21,6 +21,7 @@ from accounts import scopes as S
 from accounts.models import ApiKey, Customer, Membership
 from accounts.services import api_key_create, customer_user_set
 from benchmarking.models import BenchmarkSuite
+from benchmarking.references import deployment_suite_set
 from benchmarking.services import benchmark_import, cost_model_fit, suite_create
 from billing.generation import invoice_generate, invoice_issue
 from billing.models import Invoice, RateCard
@@ -138,6 +139,37 @@ class Command(BaseCommand):
         self, *args, emulator_url="", supervisor_url="", replica_base_port=DEMO_REPLICA_BASE_PORT,
         **options,
     ):  # fmt: skip
+        gpu_types, pools, models = self._catalog()
+        # Prices from the start of last month, so that this month's estimate is priced.
+        first = (timezone.now().replace(day=1) - timedelta(days=1)).replace(
+            day=1, hour=0, minute=0, second=0, microsecond=0
+        )
+        self._rate_cards(models, first)
+        self._deployments(pools, models)
+        self._data_plane(
+            supervisor_url=supervisor_url,
+            replica_base_port=replica_base_port,
+            emulator_url=emulator_url,
+        )
+        # While fewer than 3 in 4 of its probed replicas answer, the demo model sheds
+        # best-effort traffic, then caps max_tokens (planners edit this on the Health page).
+        DegradationPolicy.objects.get_or_create(
+            served_model=models["llama-3.1-8b"], defaults={"max_tokens_cap": 512}
+        )
+        self._cost_models(gpu_types, models)
+        self.stdout.write(
+            f"Catalog: {len(GPU_TYPES)} GPU types, {len(POOLS)} pools, {len(MODELS)} models, "
+            f"{len(DEPLOYMENTS)} deployments."
+        )
+        self._customers_and_keys(models)
+        self._reservation(models, first)
+        self._history(first)
+        self._portal_users()
+
+    def _catalog(
+        self,
+    ) -> tuple[dict[str, GpuType], dict[str, GpuPool], dict[str, ServedModel]]:
+        """GPU types, pools and models, updated in place, each by name."""
         gpu_types = {}
         for name, memory_gb, cost in GPU_TYPES:
             gpu_types[name], _ = GpuType.objects.update_or_create(
@@ -159,10 +191,10 @@ class Command(BaseCommand):
                     "context_length_tokens": context,
                 },
             )
-        # Prices from the start of last month, so that this month's estimate is priced.
-        first = (timezone.now().replace(day=1) - timedelta(days=1)).replace(
-            day=1, hour=0, minute=0, second=0, microsecond=0
-        )
+        return gpu_types, pools, models
+
+    def _rate_cards(self, models: dict[str, ServedModel], first) -> None:
+        """A rate card per model from `first`, unless the model has one."""
         for model in models.values():
             if not RateCard.objects.filter(served_model=model).exists():
                 rate_card_create(
@@ -173,6 +205,9 @@ class Command(BaseCommand):
                     # A fifth more for capacity held hot while idle.
                     keep_warm_price_per_mu_minute_hour=Decimal("0.004"),
                 )
+
+    def _deployments(self, pools: dict[str, GpuPool], models: dict[str, ServedModel]) -> None:
+        """The demo's deployments, dry-run until `_data_plane` points some at real engines."""
         for name, model, pool, gpus, low, high, cold, idle in DEPLOYMENTS:
             Deployment.objects.update_or_create(
                 name=name,
@@ -190,6 +225,12 @@ class Command(BaseCommand):
                     "actuator_config_problem": "",
                 },
             )
+
+    def _data_plane(
+        self, *, supervisor_url: str, replica_base_port: int, emulator_url: str
+    ) -> None:
+        """The llama deployments scaled for real when the demo runs a data plane: the H100 one
+        through the process supervisor, the L40S one in the emulator by webhook."""
         if supervisor_url:
             # The allocation loop asks the supervisor for this deployment's replica count; it
             # runs one emulator process per replica on consecutive ports (scripts/run.sh).
@@ -216,15 +257,15 @@ class Command(BaseCommand):
                 "secret_env": DEMO_WEBHOOK_SECRET_ENV,
             }
             self._actuate("llama-8b-l40s", ActuatorKind.WEBHOOK, config, endpoint_url=emulator_url)
-        # While fewer than 3 in 4 of its probed replicas answer, the demo model sheds
-        # best-effort traffic, then caps max_tokens (planners edit this on the Health page).
-        DegradationPolicy.objects.get_or_create(
-            served_model=models["llama-3.1-8b"], defaults={"max_tokens_cap": 512}
-        )
+
+    def _cost_models(self, gpu_types: dict[str, GpuType], models: dict[str, ServedModel]) -> None:
+        """The demo's benchmark suite, the llama H100 deployment's; and a cost model fitted from
+        each of DEMO_TABLES for which none exists yet."""
         suite = BenchmarkSuite.objects.filter(name=DEMO_SUITE["name"]).first()
         if suite is None:
             suite = suite_create(**DEMO_SUITE)
-        Deployment.objects.filter(name="llama-8b-h100").update(benchmark_suite=suite)
+        for deployment in Deployment.objects.filter(name="llama-8b-h100"):
+            deployment_suite_set(deployment=deployment, suite=suite)
         for model_name, gpu_name, gpus, table in DEMO_TABLES:
             if CostModel.objects.filter(
                 served_model=models[model_name],
@@ -244,11 +285,10 @@ class Command(BaseCommand):
                 f"Cost model: {model_name} on {gpu_name}×{gpus} v{cost_model.version} "
                 f"({cost_model.status}, CV MAPE {cost_model.cv_mape:.1%}) from {table.name}."
             )
-        self.stdout.write(
-            f"Catalog: {len(GPU_TYPES)} GPU types, {len(POOLS)} pools, {len(MODELS)} models, "
-            f"{len(DEPLOYMENTS)} deployments."
-        )
 
+    def _customers_and_keys(self, models: dict[str, ServedModel]) -> None:
+        """The demo customers, entitled to every demo model, and fresh keys for them and the
+        gateway (the previous run's demo keys revoked)."""
         ApiKey.objects.filter(name=DEMO_KEY_NAME, revoked_at__isnull=True).update(
             revoked_at=timezone.now()
         )
@@ -274,6 +314,8 @@ class Command(BaseCommand):
         )
         self.stdout.write(f"Service  gateway  key: {gateway.plaintext}")
 
+    def _reservation(self, models: dict[str, ServedModel], first) -> None:
+        """acme's reservation of the llama, kept warm, unless acme has one."""
         acme = Customer.objects.filter(slug="acme").first()
         if acme and not Reservation.objects.filter(customer=acme).exists():
             # From the start of last month, as the rate cards: the week of history and last
@@ -291,8 +333,6 @@ class Command(BaseCommand):
                 f"Reservation: acme {reservation.mu_per_minute:g} MU/min of llama-3.1-8b, "
                 f"kept warm, from {first:%Y-%m-%d}."
             )
-        self._history(first)
-        self._portal_users()
 
     def _portal_users(self) -> None:
         password = os.environ.get(DEMO_PORTAL_PASSWORD_ENV) or DEMO_PORTAL_PASSWORD

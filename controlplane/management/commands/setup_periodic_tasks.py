@@ -1,8 +1,8 @@
 from django.core.management.base import BaseCommand
 
-from benchmarking.schedules import sync_benchmark_schedules
+from benchmarking.schedules import benchmarking_schedules_sync
 from billing.schedules import billing_schedules_sync
-from capacity.schedules import sync_capacity_schedules
+from capacity.schedules import capacity_schedules_sync
 
 
 class Command(BaseCommand):
@@ -11,9 +11,10 @@ class Command(BaseCommand):
         "them, each at its benchmark_hour_utc; the stale-run reaper). Idempotent."
     )
 
-    def handle(self, *args, **options):
-        counts = sync_benchmark_schedules()
-        capacity_tasks = sync_capacity_schedules()
+    def handle(self, *args: object, **options: object) -> None:
+        # Each app writes its own rows: the same call, the same kind of answer.
+        counts = benchmarking_schedules_sync()
+        capacity_tasks = capacity_schedules_sync()["periodic"]
         billing_schedules_sync()
         self.stdout.write(
             f"Nightly benchmarks: {counts['nightly']} deployment(s) "

@@ -57,6 +57,7 @@ def _read_json(path: str, what: str):
 
 
 def load_model(path: str | None) -> ModelConfig:
+    """The replica of `--model-config` (a file of ModelConfig's fields), or the built-in one."""
     if path is None:
         return BUILT_IN_MODEL
     raw = _read_json(path, "model config")

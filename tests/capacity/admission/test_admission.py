@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from accounts import scopes as S
 from capacity.admission import gate as admission
-from capacity.admission.redis_buckets import (
+from capacity.admission.redis_layout import (
     FLOORS_INDEX,
     FLOORS_WRITTEN_KEY,
     LIMITS_TICK_KEY,

@@ -13,14 +13,8 @@ import redis
 import redis.asyncio
 from django.conf import settings
 
-from capacity.admission.redis_buckets import (
-    _ADMIT,
-    ADMISSION_CONNECTION_NAME,
-    GUARANTEED,
-    REFUSED,
-    AsyncBuckets,
-    limits_key,
-)
+from capacity.admission.redis_async import ADMISSION_CONNECTION_NAME, AsyncBuckets
+from capacity.admission.redis_layout import ADMIT_LUA, GUARANTEED, REFUSED, limits_key
 from tests.support.admission import set_rates
 
 from .conftest import MODEL_ID, sync_buckets
@@ -77,7 +71,7 @@ def test_a_script_redis_does_not_hold_is_loaded_and_the_decision_taken(customer)
     async def ask():
         buckets = _async_buckets()
         # The same script under a SHA Redis has never seen (no SCRIPT FLUSH on a shared server).
-        buckets._script = buckets.client.register_script(_ADMIT + f"\n-- {uuid.uuid4()}\n")
+        buckets._script = buckets.client.register_script(ADMIT_LUA + f"\n-- {uuid.uuid4()}\n")
         try:
             return await asyncio.gather(
                 *(
@@ -168,14 +162,15 @@ def test_a_caller_cancelled_while_redis_decides_gets_the_decision_through_orphan
 
 
 def test_commands_are_packed_to_the_bytes_redis_py_packs():
-    from capacity.admission.redis_buckets import _admit_keys_and_args, _pack
+    from capacity.admission.redis_async import _pack
+    from capacity.admission.redis_layout import admit_keys_and_args
 
     buckets = _async_buckets()
     connection = buckets.client.connection_pool.connection_class(
         **buckets.client.connection_pool.connection_kwargs
     )
     for cost in (0.0123, 1e-9, 12345.678, 3.0):
-        keys, args = _admit_keys_and_args(buckets, 7, 9, cost, "gw-" + "a" * 32)
+        keys, args = admit_keys_and_args(buckets, 7, 9, cost, "gw-" + "a" * 32)
         command = ("EVALSHA", buckets._script.sha, len(keys), *keys, *args)
         assert _pack(command) == b"".join(connection.pack_command(*command))
 

@@ -17,7 +17,7 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from capacity.admission import bucket
-from capacity.admission.redis_buckets import GCRA_LUA
+from capacity.admission.redis_layout import GCRA_LUA
 from simulation.engine import TokenBucketAdmission
 from simulation.engine.traces import TraceRequest
 

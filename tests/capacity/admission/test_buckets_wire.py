@@ -14,7 +14,8 @@ import pytest
 import redis
 from django.conf import settings
 
-from capacity.admission.redis_buckets import _ADMIT, GUARANTEED, Buckets
+from capacity.admission.redis_buckets import Buckets
+from capacity.admission.redis_layout import ADMIT_LUA, GUARANTEED
 from tests.support.admission import set_rates
 
 from .conftest import MODEL_ID, sync_buckets
@@ -50,7 +51,7 @@ def test_a_script_redis_does_not_hold_is_loaded_and_the_decision_taken(customer)
     buckets = sync_buckets()
     set_rates(buckets, {(customer, MODEL_ID): (600.0, 0.0)}, ttl_s=600)
     # The same script under a SHA Redis has never seen (no SCRIPT FLUSH on a shared server).
-    buckets._admit = buckets.client.register_script(_ADMIT + f"\n-- {uuid.uuid4()}\n")
+    buckets._admit = buckets.client.register_script(ADMIT_LUA + f"\n-- {uuid.uuid4()}\n")
     assert not buckets.client.script_exists(buckets._admit.sha)[0]
     assert _decide(buckets, customer, "reloaded").admission_class == GUARANTEED
     assert buckets.client.script_exists(buckets._admit.sha)[0]

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from capacity.admission import gate as admission
 from capacity.admission.bucket import Floor, best_effort_now
 from capacity.admission.floors import floor_from_terms, floors_of
-from capacity.admission.redis_buckets import (
+from capacity.admission.redis_layout import (
     FLOOR_LUA,
     LIMITS_TICK_KEY,
     floor_key,

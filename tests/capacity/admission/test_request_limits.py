@@ -16,11 +16,11 @@ from rest_framework.test import APIClient
 
 from accounts import scopes as S
 from capacity.admission import gate as admission
-from capacity.admission.redis_buckets import (
-    Buckets,
-    _record_key,
+from capacity.admission.redis_buckets import Buckets
+from capacity.admission.redis_layout import (
     api_key_scope,
     customer_scope,
+    record_key,
     request_limits_key,
 )
 from capacity.models import RequestLimit, UsageEvent
@@ -69,7 +69,7 @@ def test_an_rpm_limit_of_60_admits_60_in_a_burst_and_refuses_the_61st_naming_the
     assert 55 <= int(refused["Retry-After"]) <= 60
     # Refused by the customer's own limit: recorded as such (no SLA credit, no demand).
     record = redis.Redis.from_url(django_settings.ADMISSION_REDIS_URL).get(
-        _record_key(acme.pk, served_model.pk, "r60")
+        record_key(acme.pk, served_model.pk, "r60")
     )
     assert record.decode().startswith("refused_limit:")
 
@@ -162,9 +162,9 @@ def test_a_refusal_by_a_request_limit_takes_nothing_from_the_mu_buckets(
     assert acme_client.post("/api/v1/admission", BODY, format="json").json()["limit"] == "tpm"
     with django_capture_on_commit_callbacks(execute=True):
         RequestLimit.objects.get().delete()
-        from capacity.publication import publish_after_commit
+        from capacity.hooks import gateway_state_changed
 
-        publish_after_commit("test")
+        gateway_state_changed("test")
     assert acme_client.post("/api/v1/admission", BODY, format="json").json()["class"] == (
         "guaranteed"
     )

@@ -13,7 +13,8 @@ from django.db import close_old_connections, connection
 from django.utils import timezone
 
 from capacity.admission.gate import buckets
-from capacity.admission.redis_buckets import LIMITS_FRESH_KEY, floor_key, limits_key
+from capacity.admission.gateways import WAITING
+from capacity.admission.redis_layout import LIMITS_FRESH_KEY, floor_key, limits_key
 from capacity.allocation.snapshot import build_snapshot, digest
 from capacity.allocation.tick import allocation_tick
 from capacity.models import (
@@ -25,7 +26,6 @@ from capacity.models import (
     UsageEvent,
     UsageMinute,
 )
-from capacity.publication.demand import WAITING
 
 pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
 

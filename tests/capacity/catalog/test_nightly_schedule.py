@@ -10,6 +10,7 @@ from django.db import transaction
 from django.urls import reverse
 from django_celery_beat.models import PeriodicTask, PeriodicTasks
 
+from benchmarking.references import deployment_suite_set
 from benchmarking.services import suite_create
 from capacity.catalog.services import deployment_update
 from core.errors import DomainError
@@ -203,9 +204,8 @@ def test_setup_periodic_tasks_writes_every_deployments_row_as_it_says(deployment
     from capacity.models import Deployment
 
     # A row written before rows followed the flag, for a deployment that has since stopped.
-    Deployment.objects.filter(pk=deployment.pk).update(
-        benchmark_suite=suite, benchmark_nightly=True, benchmark_hour_utc=6
-    )
+    Deployment.objects.filter(pk=deployment.pk).update(benchmark_nightly=True, benchmark_hour_utc=6)
+    deployment_suite_set(deployment=deployment, suite=suite)
     call_command("setup_periodic_tasks")
     call_command("setup_periodic_tasks")
     row = the_row(deployment)

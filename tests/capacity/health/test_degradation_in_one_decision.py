@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from accounts import scopes as S
 from capacity.admission import gate as admission
-from capacity.admission.redis_buckets import _record_key, parse_record
+from capacity.admission.redis_layout import parse_record, record_key
 from capacity.allocation.policy import Allowance
 from capacity.health import degradation
 from capacity.models import DegradationState, UsageEvent
@@ -44,7 +44,7 @@ def ask(customer, served_model, request_id, **shape):
 
 def record_of(customer, served_model, request_id):
     client = redis.Redis.from_url(settings.ADMISSION_REDIS_URL)
-    return parse_record(client.get(_record_key(customer.pk, served_model.pk, request_id)))
+    return parse_record(client.get(record_key(customer.pk, served_model.pk, request_id)))
 
 
 def shed_everyone(served_model):

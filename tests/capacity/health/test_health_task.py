@@ -6,14 +6,14 @@ import pytest
 from django_celery_beat.models import PeriodicTask
 
 from capacity.models import ActuatorKind, DeploymentFingerprint, Replica
-from capacity.schedules import sync_capacity_schedules
+from capacity.schedules import capacity_schedules_sync
 from capacity.tasks import health_probes
 from tests.dataplane.supervisor.support import TINY_MODEL
 from tests.support.processes import celery_worker_process, emulator_process
 
 
 def test_beat_schedules_the_probes_on_the_health_queue(db, settings):
-    sync_capacity_schedules()
+    capacity_schedules_sync()
     task = PeriodicTask.objects.get(task="capacity.health_probes")
     assert task.queue == "health"
     assert task.interval.every == settings.HEALTH_PROBE_INTERVAL_SECONDS

@@ -6,14 +6,14 @@ from django_celery_beat.models import PeriodicTask
 
 from capacity.allocation.tick import allocation_tick
 from capacity.models import CapacitySample
-from capacity.schedules import sync_capacity_schedules
+from capacity.schedules import capacity_schedules_sync
 from capacity.tasks import capacity_sample
 
 pytestmark = [pytest.mark.django_db, pytest.mark.both_databases]
 
 
 def test_beat_samples_often_enough_that_no_minute_is_missed(settings):
-    sync_capacity_schedules()
+    capacity_schedules_sync()
     task = PeriodicTask.objects.get(task="capacity.capacity_sample")
     assert task.enabled
     # Beat's interval drifts against the clock's minutes: under a minute, every minute is hit.

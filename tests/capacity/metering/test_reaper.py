@@ -10,11 +10,11 @@ import redis
 from django.conf import settings
 
 from capacity.admission import gate as admission
-from capacity.admission.redis_buckets import OPEN_REQUESTS_KEY, _bucket_key
+from capacity.admission.gateways import SPOOL, WORKERS
+from capacity.admission.redis_layout import OPEN_REQUESTS_KEY, bucket_key
 from capacity.metering.ingestion import usage_ingest
 from capacity.metering.reaper import usage_reap
 from capacity.models import UsageEvent
-from capacity.publication.demand import SPOOL, WORKERS
 from tests.support.admission import set_rates
 
 pytestmark = [
@@ -61,7 +61,7 @@ def test_a_dead_workers_requests_are_closed_once_each_as_what_they_were(
     rds.hset(WORKERS, "gdead", str(int(time.time() * 1000)))  # last seen now, then never
     assert decide(store, acme, served_model, "r-admitted", "gdead").admission_class == "guaranteed"
     assert decide(store, globex, served_model, "r-refused", "gdead").admission_class == "refused"
-    g_key = _bucket_key(acme.pk, served_model.pk, "guaranteed")
+    g_key = bucket_key(acme.pk, served_model.pk, "guaranteed")
     taken_tat = float(rds.get(g_key))
 
     assert usage_reap(now_ms=later(30))["reaped"] == 0  # within the grace: its event may come

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from accounts.models import Customer
 from accounts.services import customer_create
-from capacity.metering.ingestion import COLUMNS, _insert_rows, usage_ingest
+from capacity.metering.ingestion import COLUMNS, usage_ingest, usage_rows_insert
 from capacity.models import Deployment, UsageEvent
 from core.errors import ConflictError
 from tests.support.factories import ServedModelFactory
@@ -75,7 +75,7 @@ def test_an_event_that_references_a_missing_row_is_refused(column, acme, sellabl
     before = UsageEvent.objects.count()
     good, bad = _stored_row(), _stored_row(**{column: 999_999})
     with pytest.raises((IntegrityError, psycopg.IntegrityError)) as refused:
-        _insert_rows([good, bad])
+        usage_rows_insert([good, bad])
     assert "999999" in str(refused.value) or "FOREIGN KEY" in str(refused.value)
     assert UsageEvent.objects.count() == before
     # A reference changed to a missing row is refused as well.

@@ -15,7 +15,7 @@ from billing.generation import invoice_generate
 from billing.models import Invoice
 from billing.rates import rate_card_create
 from capacity.admission import gate as admission
-from capacity.admission.redis_buckets import _record_key
+from capacity.admission.redis_layout import record_key
 from capacity.metering.rollups import usage_rollup
 from capacity.models import FallbackAdmission, Reservation, UsageEvent, UsageMinute
 from tests.capacity.admission.test_admission import (
@@ -169,11 +169,11 @@ def test_records_outlive_their_settlement_for_the_whole_lateness_window(
     limits(acme, served_model, 600.0, 0.0)
     assert ask(acme, served_model, request_id="kept", **SMALL).admitted
     assert post(gateway, event("kept")).status_code == 200
-    key = _record_key(acme.pk, served_model.pk, "kept")
+    key = record_key(acme.pk, served_model.pk, "kept")
     # Settled (":s") and still there, kept at least as long as events may arrive late.
     assert clean_admission.get(key).decode().endswith(":s")
     assert clean_admission.ttl(key) > django_settings.USAGE_LATENESS_WINDOW_HOURS * 3600
-    refused_key = _record_key(acme.pk, served_model.pk, "no")
+    refused_key = record_key(acme.pk, served_model.pk, "no")
     limits(acme, served_model, 0.0, 0.0)
     assert not ask(acme, served_model, request_id="no", **SMALL).admitted
     assert clean_admission.get(refused_key).decode().startswith("refused:")

@@ -10,8 +10,8 @@ import pytest
 
 from benchmarking.services import benchmark_import, cost_model_fit
 from capacity.pricing import review
-from capacity.pricing.cost_models import cost_model_record
 from capacity.pricing.features import mu_coefficients
+from capacity.repricing.services import cost_model_record
 from core.models import AuditEntry
 from tests.conftest import SIMPLE_WEIGHTS, make_cost_model
 from tests.support.usage import replica_seconds, scaled

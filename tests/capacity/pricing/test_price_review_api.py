@@ -6,7 +6,7 @@ priced by the new version through the real ingestion path."""
 import pytest
 
 from capacity.models import UsageEvent
-from capacity.pricing.cost_models import cost_model_activate, cost_model_reject
+from capacity.repricing.services import cost_model_activate, cost_model_reject
 from core.models import AuditEntry
 from tests.capacity.pricing.conftest import COST_MODELS
 from tests.conftest import SIMPLE_WEIGHTS, make_cost_model

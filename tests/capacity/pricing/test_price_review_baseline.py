@@ -16,7 +16,7 @@ import time_machine
 from django.utils import timezone
 
 from benchmarking.services import benchmark_import, cost_model_fit
-from capacity.pricing.cost_models import cost_model_activate
+from capacity.repricing.services import cost_model_activate
 from core.models import AuditEntry
 from tests.capacity.pricing.conftest import COST_MODELS, weights_moving
 from tests.conftest import make_cost_model

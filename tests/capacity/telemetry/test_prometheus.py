@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from capacity.models import Deployment, ServedModel
-from capacity.pricing.cost_models import cost_model_record
 from capacity.pricing.features import Shape, mu_coefficients, mu_for
+from capacity.repricing.services import cost_model_record
 from capacity.telemetry.prometheus import (
     InvalidSelectorError,
     mu_per_minute_of,

@@ -329,6 +329,9 @@ def test_reservations_hold_and_every_request_is_billed_once_through_every_fault(
             stop_redis()
             run.mark(f"Redis stopped for {REDIS_DOWN_SECONDS} s", "redis down")
             time.sleep(REDIS_DOWN_SECONDS)
+            # Requests sent while Redis starts again may find it answering (their events are
+            # then recorded, not the fallback's): a phase of their own.
+            run.mark("Redis starting", "redis starting")
             start_redis()
             run.mark("Redis back", "steady")
             time.sleep(10)
@@ -363,11 +366,23 @@ def test_reservations_hold_and_every_request_is_billed_once_through_every_fault(
             sent = [a for a in run.answers if a.request_id]
             # Every request that reached the gateway left one event: the killed worker's once
             # the reaper closed them (its heartbeat gone for REAP_GRACE_SECONDS).
-            wait_for(
-                lambda: UsageEvent.objects.filter(event_id__in=[a.request_id for a in sent])
-                .count() == len(sent),
-                timeout_seconds=120,
-            )  # fmt: skip
+            try:
+                wait_for(
+                    lambda: UsageEvent.objects.filter(event_id__in=[a.request_id for a in sent])
+                    .count() == len(sent),
+                    timeout_seconds=120,
+                )  # fmt: skip
+            except AssertionError:
+                billed = set(
+                    UsageEvent.objects.filter(
+                        event_id__in=[a.request_id for a in sent]
+                    ).values_list("event_id", flat=True)
+                )
+                missing = [a for a in sent if a.request_id not in billed]
+                raise AssertionError(
+                    f"{len(missing)} of {len(sent)} requests left no usage event: "
+                    f"{missing[:20]}; timeline {run.timeline}"
+                ) from None
             run.mark("every request's event stored")
             time.sleep(2 * REAP_GRACE_SECONDS)  # what the reaper would still add, it has
             usage_rollup()
@@ -394,7 +409,8 @@ def test_reservations_hold_and_every_request_is_billed_once_through_every_fault(
     asked = Counter(a.phase for a in acme_answers)
     for phase in ("steady", "tick blocked", "tick blocked, web down", "worker killed"):
         assert refused[phase] == 0, (phase, refused, asked)
-    assert refused["redis down"] <= 0.01 * asked["redis down"], (refused, asked)
+    for phase in ("redis down", "redis starting"):
+        assert refused[phase] <= 0.01 * asked[phase], (phase, refused, asked)
     during_outage = [events[a.request_id] for a in acme_answers
                      if a.phase == "redis down" and a.status == 200]  # fmt: skip
     assert {e.verification for e in during_outage} == {"fallback"}, during_outage[:3]

@@ -15,7 +15,8 @@ import httpx
 import pytest
 import redis
 
-from capacity.admission.redis_buckets import Buckets, api_key_scope, customer_scope, in_flight_key
+from capacity.admission.redis_buckets import Buckets
+from capacity.admission.redis_layout import api_key_scope, customer_scope, in_flight_key
 from tests.support.processes import free_port
 
 from . import contract as C

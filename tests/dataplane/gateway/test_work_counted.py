@@ -9,7 +9,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from capacity.admission.redis_buckets import parse_record
+from capacity.admission.redis_layout import parse_record
 from capacity.pricing.features import mu_of, replica_seconds_of_batch
 
 from . import contract as C

@@ -1,5 +1,5 @@
-"""Issue 15 (DESIGN §6), the supervisor's side: no command through its API, only the engines
-of the operator's allow-list, and no start without one (the control plane's side:
+"""Issue 15 (docs/design.md#trust), the supervisor's side: no command through its API, only
+the engines of the operator's allow-list, and no start without one (the control plane's side:
 tests/capacity/test_trust_boundaries.py)."""
 
 import threading

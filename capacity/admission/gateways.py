@@ -1,6 +1,8 @@
-"""What gateways write back for the control plane: the requests they hold for a model that has
-no ready replica (`gw:v1:waiting`, docs/gateway-contract.md). The allocation snapshot reads it
-as demand, so a model at zero wakes on the requests waiting for it.
+"""What gateways write back to the admission Redis for the control plane (docs/gateway-contract.md,
+"What a gateway writes"): the requests they hold for a model that has no ready replica
+(`gw:v1:waiting`; the allocation snapshot reads it as demand, so a model at zero wakes on the
+requests waiting for it), their workers' heartbeats (`gw:v1:workers`, which the reaper reads)
+and the usage they could not deliver yet (`gw:v1:spool`). Beside admission, whose Redis it is.
 """
 
 from __future__ import annotations
