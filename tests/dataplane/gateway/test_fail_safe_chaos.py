@@ -11,7 +11,8 @@ It shows: no request of acme's refused within its reservation because of the blo
 the stopped web server, at most 1 % during the Redis outage; usage events equal to the requests
 sent, one for one, by id, the killed worker's included (closed by the reaper); every invoice's
 metered best-effort MU equal to the sum of its receipts' (the events as the API returns them);
-and the stale tick's alert raised once and cleared once. The timeline is printed.
+and the stale tick's alert raised and cleared (once more if Redis's outage outlasts its
+threshold and its watcher runs before the tick). The timeline is printed.
 """
 
 from __future__ import annotations
@@ -427,11 +428,13 @@ def test_reservations_hold_and_every_request_is_billed_once_through_every_fault(
         receipts = sum(e.best_effort_mu for e in events.values() if e.customer_id == customer.pk)
         assert billed_best_effort == pytest.approx(receipts, rel=1e-6, abs=1e-3), customer
 
-    alerts = [json.loads(r.raw_body) for r in receiver.received]
-    assert [(a["kind"], a["state"]) for a in alerts] == [
-        ("allocation_tick_stale", "entered"),
-        ("allocation_tick_stale", "left"),
-    ]
+    alerts = [(a["kind"], a["state"]) for a in (json.loads(r.raw_body) for r in receiver.received)]
+    # The blocked tick's alert, raised once and cleared once. Redis's outage stops the broker
+    # that queues both the tick and its watcher: when the watcher runs first after it, the
+    # stale tick is alerted again, and cleared by the next tick. Never raised twice in a row,
+    # never left raised.
+    assert alerts[:2] == [("allocation_tick_stale", "entered"), ("allocation_tick_stale", "left")]
+    assert alerts[2:] in ([], alerts[:2]), alerts
     globex_statuses = Counter(a.status for a in run.answers if a.customer == "globex")
     with capsys.disabled():
         print("\nchaos timeline (s since traffic started):")
