@@ -17,6 +17,9 @@ from tests.support.factories import (
     ServedModelFactory,
     UserFactory,
 )
+
+# A fixture: the tests of data migrations take the database back to the newest migrations.
+from tests.support.migrations import back_to_the_leaf  # noqa: F401
 from tests.support.once import run_lock
 
 

@@ -6,8 +6,8 @@ the migration gave it to."""
 
 import pytest
 from django.core.management import call_command
-from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
+
+from tests.support.migrations import migrate_to, migrate_to_the_leaf
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.both_databases]
 
@@ -16,29 +16,10 @@ ADMISSION = ("accounts", "0005_service_gateway_keys_get_admission")
 ACTOR = "system:migration accounts.0005_service_gateway_keys_get_admission"
 
 
-def _migrate(targets):
-    executor = MigrationExecutor(connection)
-    executor.loader.build_graph()
-    executor.migrate(targets)
-    return executor.loader.project_state(targets).apps
-
-
-def _to_the_leaf():
-    executor = MigrationExecutor(connection)
-    executor.loader.build_graph()
-    executor.migrate(executor.loader.graph.leaf_nodes())
-
-
-@pytest.fixture
-def back_to_the_leaf():
-    yield
-    _to_the_leaf()
-
-
 def test_gateway_service_keys_gain_admission_and_the_others_are_listed_as_refused(
     back_to_the_leaf, capsys
 ):
-    old = _migrate([BEFORE])
+    old = migrate_to([BEFORE])
     ApiKey = old.get_model("accounts", "ApiKey")
     Customer = old.get_model("accounts", "Customer")
     acme = Customer.objects.create(name="Acme", slug="acme", may_report_own_usage=True)
@@ -71,7 +52,7 @@ def test_gateway_service_keys_gain_admission_and_the_others_are_listed_as_refuse
     }
     scopes_before = {prefix: list(api_key.scopes) for prefix, api_key in before.items()}
 
-    new = _migrate([ADMISSION])
+    new = migrate_to([ADMISSION])
 
     scopes = dict(new.get_model("accounts", "ApiKey").objects.values_list("prefix", "scopes"))
     gained = {"mugateway0001", "mugateway0002", "mudemogatew01"}
@@ -91,7 +72,7 @@ def test_gateway_service_keys_gain_admission_and_the_others_are_listed_as_refuse
     assert (demo.before, demo.after) == ({"scopes": ["read"]}, {"scopes": ["read", "admission"]})
 
     # Today's command on the migrated rows: the keys that lose gateway access, by name.
-    _to_the_leaf()
+    migrate_to_the_leaf()
     call_command("list_gateway_keys")
     listing = capsys.readouterr().out
     accepted, refused = listing.split("Service keys a gateway refuses")
@@ -104,7 +85,7 @@ def test_gateway_service_keys_gain_admission_and_the_others_are_listed_as_refuse
         assert prefix not in listing
 
     # Reversed: admission goes from the keys the migration gave it to, and only from those.
-    reverted = _migrate([BEFORE])
+    reverted = migrate_to([BEFORE])
     scopes = dict(reverted.get_model("accounts", "ApiKey").objects.values_list("prefix", "scopes"))
     assert scopes == scopes_before
     removals = reverted.get_model("controlplane", "AuditEntry").objects.filter(

@@ -3,8 +3,8 @@ planner-defined tiers, every customer keeps the tier it had (a value outside the
 too), and the new `free` tier is the first that degradation sheds."""
 
 import pytest
-from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
+
+from tests.support.migrations import migrate_to, migrate_to_the_leaf
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.both_databases]
 
@@ -12,27 +12,8 @@ BEFORE = ("accounts", "0003_customer_keys_lose_usage_write")
 TIERS = ("accounts", "0004_tiers")
 
 
-def _migrate(targets):
-    executor = MigrationExecutor(connection)
-    executor.loader.build_graph()
-    executor.migrate(targets)
-    return executor.loader.project_state(targets).apps
-
-
-def _to_the_leaf():
-    executor = MigrationExecutor(connection)
-    executor.loader.build_graph()
-    executor.migrate(executor.loader.graph.leaf_nodes())
-
-
-@pytest.fixture
-def back_to_the_leaf():
-    yield
-    _to_the_leaf()
-
-
 def test_customers_keep_their_tier_and_free_is_added_and_shed_first(back_to_the_leaf):
-    old = _migrate([BEFORE])
+    old = migrate_to([BEFORE])
     Customer = old.get_model("accounts", "Customer")
     stored = {
         "plain": "standard",
@@ -44,7 +25,7 @@ def test_customers_keep_their_tier_and_free_is_added_and_shed_first(back_to_the_
     for slug, tier in stored.items():
         Customer.objects.create(name=slug.title(), slug=slug, tier=tier)
 
-    new = _migrate([TIERS])
+    new = migrate_to([TIERS])
 
     Tier = new.get_model("accounts", "Tier")
     assert list(Tier.objects.order_by("shed_order").values_list("name", "weight")) == [
@@ -61,7 +42,7 @@ def test_customers_keep_their_tier_and_free_is_added_and_shed_first(back_to_the_
 
     # With today's code on the migrated rows: degradation's level 1 sheds free first, and the
     # customers' tiers are what they were.
-    _to_the_leaf()
+    migrate_to_the_leaf()
     from accounts.models import Customer as LiveCustomer
     from capacity.health.degradation import tiers_in_shed_order
 

@@ -5,9 +5,9 @@ are unapplied. Rows without a link stay without one, both ways."""
 
 import pytest
 from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
 
 from tests.support.factories import GpuPoolFactory, ServedModelFactory
+from tests.support.migrations import migrate_to
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.both_databases]
 
@@ -16,20 +16,6 @@ AFTER = [
     ("capacity", "0038_benchmark_references_moved_to_benchmarking"),
     ("benchmarking", "0006_benchmark_references_owned_by_benchmarking"),
 ]
-
-
-def _migrate(targets):
-    executor = MigrationExecutor(connection)
-    executor.loader.build_graph()
-    executor.migrate(targets)
-    return executor.loader.project_state(targets).apps
-
-
-@pytest.fixture
-def back_to_the_leaf():
-    yield
-    executor = MigrationExecutor(connection)
-    executor.migrate(executor.loader.graph.leaf_nodes())
 
 
 def _stored(apps):
@@ -87,9 +73,9 @@ def _stored(apps):
 
 
 def test_every_link_moves_to_benchmarking_and_back(back_to_the_leaf):
-    deployments, cost_models = _stored(_migrate(BEFORE))
+    deployments, cost_models = _stored(migrate_to(BEFORE))
 
-    moved = _migrate(AFTER)
+    moved = migrate_to(AFTER)
 
     DeploymentSuite = moved.get_model("benchmarking", "DeploymentSuite")
     CostModelSource = moved.get_model("benchmarking", "CostModelSource")
@@ -110,7 +96,7 @@ def test_every_link_moves_to_benchmarking_and_back(back_to_the_leaf):
     }
     assert "benchmark_suite_id" not in columns
 
-    back = _migrate(BEFORE)
+    back = migrate_to(BEFORE)
 
     Deployment = back.get_model("capacity", "Deployment")
     CostModel = back.get_model("capacity", "CostModel")

@@ -6,31 +6,16 @@ import json
 from datetime import UTC, datetime
 
 import pytest
-from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
 from django_celery_beat.models import CrontabSchedule, PeriodicTask
 
 from tests.support.factories import GpuPoolFactory, ServedModelFactory
+from tests.support.migrations import migrate_to
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.both_databases]
 
 
-def _migrate(targets):
-    executor = MigrationExecutor(connection)
-    executor.loader.build_graph()
-    executor.migrate(targets)
-    return executor.loader.project_state(targets).apps
-
-
-@pytest.fixture
-def back_to_the_leaf():
-    yield
-    executor = MigrationExecutor(connection)
-    executor.migrate(executor.loader.graph.leaf_nodes())
-
-
 def test_activated_versions_take_their_approver_from_the_audit_log(back_to_the_leaf):
-    old = _migrate([("capacity", "0022_kserve_configs_use_their_own_kind")])
+    old = migrate_to([("capacity", "0022_kserve_configs_use_their_own_kind")])
     CostModel = old.get_model("capacity", "CostModel")
     AuditEntry = old.get_model("controlplane", "AuditEntry")
     pool = GpuPoolFactory()
@@ -55,7 +40,7 @@ def test_activated_versions_take_their_approver_from_the_audit_log(back_to_the_l
     unaudited = version(2, "active", when)
     never = version(3, "candidate", None)
 
-    new = _migrate([("capacity", "0025_cost_model_review")])
+    new = migrate_to([("capacity", "0025_cost_model_review")])
 
     rows = new.get_model("capacity", "CostModel").objects
     assert (rows.get(pk=audited.pk).approved_by, rows.get(pk=audited.pk).approval_reason) == (
@@ -68,7 +53,7 @@ def test_activated_versions_take_their_approver_from_the_audit_log(back_to_the_l
 
 
 def test_deployments_take_the_hour_their_nightly_row_ran_at(back_to_the_leaf):
-    old = _migrate([("capacity", "0025_cost_model_review")])
+    old = migrate_to([("capacity", "0025_cost_model_review")])
     Deployment = old.get_model("capacity", "Deployment")
     pool = GpuPoolFactory()
     served_model = ServedModelFactory(reference_gpu_type=pool.gpu_type)
@@ -87,7 +72,7 @@ def test_deployments_take_the_hour_their_nightly_row_ran_at(back_to_the_leaf):
             crontab=crontab, args=json.dumps([row_of.pk]),
         )  # fmt: skip
 
-    new = _migrate([("capacity", "0026_deployment_benchmark_hour_utc")])
+    new = migrate_to([("capacity", "0026_deployment_benchmark_hour_utc")])
 
     rows = new.get_model("capacity", "Deployment").objects
     assert rows.get(pk=edited.pk).benchmark_hour_utc == 5
