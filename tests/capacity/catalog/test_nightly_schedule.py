@@ -213,3 +213,26 @@ def test_setup_periodic_tasks_writes_every_deployments_row_as_it_says(deployment
     Deployment.objects.filter(pk=deployment.pk).update(benchmark_nightly=False)
     call_command("setup_periodic_tasks")
     assert the_row(deployment).enabled is False
+
+
+def test_a_suite_that_does_not_exist_is_refused_and_a_change_of_suite_is_audited(
+    planner_client, deployment, suite
+):
+    from core.models import AuditEntry
+
+    refused = patch(planner_client, deployment, benchmark_suite="no-such-suite")
+    assert refused.status_code == 400
+    assert "benchmark_suite" in refused.content.decode()
+    deployment.refresh_from_db()
+    assert deployment.benchmark_suite is None
+
+    assert patch(planner_client, deployment, benchmark_suite="nightly").status_code == 200
+    assert patch(planner_client, deployment, benchmark_suite=None).status_code == 200
+    changes = [
+        (entry.before["benchmark_suite"], entry.after["benchmark_suite"])
+        for entry in AuditEntry.objects.filter(
+            action="deployment.update", object_id=str(deployment.pk)
+        ).order_by("at", "pk")
+    ]
+    assert changes == [(None, suite.pk), (suite.pk, None)]
+    assert planner_client.get(f"{DEPLOYMENTS}{deployment.name}/").json()["benchmark_suite"] is None
