@@ -28,9 +28,9 @@ def replica_seconds(weights: dict, input_tokens: int, output_tokens: int) -> flo
     )
 
 
-def gateway_client(make_key, key_client):
-    """A platform key that reports usage for any customer."""
-    _, plaintext = make_key(service_name="gateway", scopes=["read", "usage:write"])
+def gateway_client(make_key, key_client, *, scopes=("read", "usage:write")):
+    """A platform key that reports usage for any customer (with `scopes`)."""
+    _, plaintext = make_key(service_name="gateway", scopes=list(scopes))
     return key_client(plaintext)
 
 

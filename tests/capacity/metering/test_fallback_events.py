@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from accounts import scopes as S
 from capacity.models import Reservation, UsageEvent
+from tests.support.usage import gateway_client
 
 pytestmark = [
     pytest.mark.django_db,
@@ -36,8 +37,7 @@ def event(event_id, customer="acme", **overrides) -> dict:
 
 @pytest.fixture
 def gateway(make_key, key_client):
-    _, plaintext = make_key(service_name="gateway", scopes=[S.USAGE_WRITE])
-    return key_client(plaintext)
+    return gateway_client(make_key, key_client, scopes=[S.USAGE_WRITE])
 
 
 @pytest.fixture

@@ -25,6 +25,7 @@ from tests.capacity.admission.test_admission import (
     private_redis,
 )
 from tests.support.admission import reserve
+from tests.support.usage import gateway_client
 
 pytestmark = [
     pytest.mark.django_db,
@@ -51,8 +52,7 @@ def event(event_id, customer="acme", **overrides) -> dict:
 
 @pytest.fixture
 def gateway(make_key, key_client):
-    _, plaintext = make_key(service_name="gateway", scopes=[S.USAGE_WRITE, S.ADMISSION])
-    return key_client(plaintext)
+    return gateway_client(make_key, key_client, scopes=[S.USAGE_WRITE, S.ADMISSION])
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ from django.utils import timezone
 from accounts import scopes as S
 from capacity.models import UsageEvent
 from capacity.pricing.features import mu_of, replica_seconds_of, replica_seconds_of_batch
+from tests.support.usage import gateway_client
 
 pytestmark = [
     pytest.mark.django_db,
@@ -36,8 +37,7 @@ def event(event_id, **overrides) -> dict:
 
 @pytest.fixture
 def gateway(make_key, key_client):
-    _, plaintext = make_key(service_name="gateway", scopes=[S.USAGE_WRITE, S.ADMISSION])
-    return key_client(plaintext)
+    return gateway_client(make_key, key_client, scopes=[S.USAGE_WRITE, S.ADMISSION])
 
 
 def test_twelve_thousand_prompt_tokens_of_four_prompts_are_recorded_and_priced_as_four_requests(
