@@ -110,10 +110,7 @@ def _far_above_the_load(customer, model) -> None:
 def _admission_command(customer, model) -> list[str]:
     """EVALSHA of the admission script as `admit` sends it for the benchmark's decision."""
     buckets = admission.buckets()
-    keys, args = admit_keys_and_args(
-        buckets, customer_id=customer.pk, model_id=model.pk, cost_mu=1.0, request_id=None,
-        tokens=600,
-    )  # fmt: skip
+    keys, args = admit_keys_and_args(buckets, customer.pk, model.pk, 1.0, None, 600, None)
     buckets.client.script_load(buckets._admit.script)
     return ["EVALSHA", buckets._admit.sha, str(len(keys)), *keys, *(str(a) for a in args)]
 

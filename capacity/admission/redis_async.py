@@ -10,7 +10,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Unpack
+from typing import Any
 
 import redis
 import redis.asyncio
@@ -23,7 +23,6 @@ from redis.exceptions import NoScriptError
 from capacity.admission.redis_layout import (
     ADMIT_LUA,
     RELEASE_LUA,
-    AdmitAsk,
     BucketDecision,
     DecisionParameters,
     admit_keys_and_args,
@@ -123,13 +122,22 @@ class AsyncBuckets(DecisionParameters):
         self._timer: asyncio.TimerHandle | None = None
 
     def submit(
-        self, *, orphaned: Orphaned = None, **ask: Unpack[AdmitAsk]
+        self,
+        *,
+        customer_id: int,
+        model_id: int,
+        cost_mu: float,
+        request_id: str | None,
+        tokens: int = 0,
+        api_key_prefix: str | None = None,
+        orphaned: Orphaned = None,
+        shed: bool = False,
+        owner: str = "",
     ) -> asyncio.Future[BucketDecision]:
-        """Queue a request's decision (AdmitAsk) for the next round trip; `orphaned` is called
-        with the decision if the caller stopped waiting for it."""
-        keys, args = admit_keys_and_args(self, **ask)
+        keys, args = admit_keys_and_args(
+            self, customer_id, model_id, cost_mu, request_id, tokens, api_key_prefix, shed, owner
+        )
         command = ("EVALSHA", self._script.sha, len(keys), *keys, *args)
-        cost_mu = ask["cost_mu"]
         return self._enqueue(command, orphaned, lambda reply: decision_of(reply, cost_mu))
 
     def release(
@@ -140,9 +148,28 @@ class AsyncBuckets(DecisionParameters):
         command = ("EVALSHA", self._release_script.sha, 0, request_id, *keys)
         return self._enqueue(command, None, lambda reply: reply)
 
-    async def admit(self, **ask: Unpack[AdmitAsk]) -> BucketDecision:
-        """The request's decision (AdmitAsk), in the next round trip."""
-        return await self.submit(**ask)
+    async def admit(
+        self,
+        *,
+        customer_id: int,
+        model_id: int,
+        cost_mu: float,
+        request_id: str | None,
+        tokens: int = 0,
+        api_key_prefix: str | None = None,
+        shed: bool = False,
+        owner: str = "",
+    ) -> BucketDecision:
+        return await self.submit(
+            customer_id=customer_id,
+            model_id=model_id,
+            cost_mu=cost_mu,
+            request_id=request_id,
+            tokens=tokens,
+            api_key_prefix=api_key_prefix,
+            shed=shed,
+            owner=owner,
+        )
 
     async def close(self) -> None:
         """Once what was asked is answered (or has failed), the connection closed."""

@@ -9,7 +9,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Collection, Iterable, Mapping
-from typing import Any, Unpack
+from typing import Any
 
 import redis
 
@@ -33,7 +33,6 @@ from capacity.admission.redis_layout import (
     REQUEST_LIMITS_INDEX,
     TICK_HEARTBEAT_LUA,
     AdmissionRecord,
-    AdmitAsk,
     BucketDecision,
     DecisionParameters,
     admit_keys_and_args,
@@ -126,11 +125,26 @@ class Buckets(DecisionParameters):
                 self.client.script_load(script.script)  # Redis restarted or flushed its scripts
         raise AssertionError("unreachable")
 
-    def admit(self, **ask: Unpack[AdmitAsk]) -> BucketDecision:
-        """Decide a request of `cost_mu` MU (AdmitAsk) under the customer's MU buckets and
-        request limits, and the key's when `api_key_prefix` names one: one round trip."""
-        keys, args = admit_keys_and_args(self, **ask)
-        return decision_of(self._evalsha(self._admit, keys, args), ask["cost_mu"])
+    def admit(
+        self,
+        *,
+        customer_id: int,
+        model_id: int,
+        cost_mu: float,
+        request_id: str | None,
+        tokens: int = 0,
+        api_key_prefix: str | None = None,
+        shed: bool = False,
+        owner: str = "",
+    ) -> BucketDecision:
+        """Decide a request of `cost_mu` MU and `tokens` tokens (what TPM counts) under the
+        customer's MU buckets and request limits, and the key's when `api_key_prefix` names
+        one: one round trip. `shed`: the model's degradation refuses this customer's
+        best-effort traffic; `owner`: the gateway worker answering the request."""
+        keys, args = admit_keys_and_args(
+            self, customer_id, model_id, cost_mu, request_id, tokens, api_key_prefix, shed, owner
+        )
+        return decision_of(self._evalsha(self._admit, keys, args), cost_mu)
 
     def reconcile(
         self,

@@ -32,7 +32,7 @@ import os
 import time
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, NotRequired, TypedDict, Unpack
+from typing import Any
 
 import redis
 from redis.exceptions import NoScriptError
@@ -715,31 +715,17 @@ class DecisionParameters:
         self.unowned_reap_delay_ms = int(unowned_reap_delay_seconds * 1000)
 
 
-class AdmitAsk(TypedDict):
-    """What a request asks of the admission script: the keyword arguments of both clients'
-    `admit` (redis_buckets.Buckets, redis_async.AsyncBuckets). `tokens`: what TPM counts;
-    `api_key_prefix`: the key whose limits and budget count it too; `shed`: the model's
-    degradation refuses this customer's best-effort traffic; `owner`: the gateway worker
-    answering the request."""
-
-    customer_id: int
-    model_id: int
-    cost_mu: float
-    request_id: str | None
-    tokens: NotRequired[int]
-    api_key_prefix: NotRequired[str | None]
-    shed: NotRequired[bool]
-    owner: NotRequired[str]
-
-
 def admit_keys_and_args(
-    buckets: DecisionParameters, **ask: Unpack[AdmitAsk]
+    buckets: DecisionParameters,
+    customer_id: int,
+    model_id: int,
+    cost_mu: float,
+    request_id: str | None,
+    tokens: int = 0,
+    api_key_prefix: str | None = None,
+    shed: bool = False,
+    owner: str = "",
 ) -> tuple[list[str], list[Any]]:
-    """The admission script's keys and arguments for one request."""
-    customer_id, model_id = ask["customer_id"], ask["model_id"]
-    request_id = ask["request_id"]
-    api_key_prefix = ask.get("api_key_prefix")
-    owner = ask.get("owner", "")
     keys = [
         limits_key(customer_id, model_id),
         bucket_key(customer_id, model_id, GUARANTEED),
@@ -756,17 +742,17 @@ def admit_keys_and_args(
     # random one (a request id may be asked about twice).
     nonce = os.urandom(8).hex()
     args = [
-        repr(float(ask["cost_mu"])),
+        repr(float(cost_mu)),
         buckets.burst_seconds,
         buckets.idle_ttl_ms,
         buckets.record_ttl_s,
-        max(0, int(ask.get("tokens", 0))),
+        max(0, int(tokens)),
         buckets.rate_window_ms,
         buckets.in_flight_ttl_ms,
         request_id or "~" + nonce,
         nonce,
         api_key_prefix or "",
-        "1" if ask.get("shed", False) else "0",
+        "1" if shed else "0",
         buckets.best_effort_fresh_ms,
         buckets.best_effort_stale_ms,
         owner,

@@ -170,9 +170,7 @@ def test_commands_are_packed_to_the_bytes_redis_py_packs():
         **buckets.client.connection_pool.connection_kwargs
     )
     for cost in (0.0123, 1e-9, 12345.678, 3.0):
-        keys, args = admit_keys_and_args(
-            buckets, customer_id=7, model_id=9, cost_mu=cost, request_id="gw-" + "a" * 32
-        )
+        keys, args = admit_keys_and_args(buckets, 7, 9, cost, "gw-" + "a" * 32)
         command = ("EVALSHA", buckets._script.sha, len(keys), *keys, *args)
         assert _pack(command) == b"".join(connection.pack_command(*command))
 
