@@ -24,7 +24,13 @@ def gunicorn_server(
     port = free_port()
     log_path = tmp_path / f"gunicorn-{port}.log"
     env = (
-        os.environ | {"DATABASE_URL": test_database_url(), "SECURE_SSL_REDIRECT": "0"} | (env or {})
+        os.environ
+        | {
+            "DATABASE_URL": test_database_url(),
+            "SECURE_SSL_REDIRECT": "0",
+            "DJANGO_SETTINGS_MODULE": "tests.support.server_settings",
+        }
+        | (env or {})
     )
     with open(log_path, "w") as log:
         process = subprocess.Popen(
