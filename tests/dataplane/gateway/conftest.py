@@ -182,6 +182,14 @@ def wait_for(predicate, timeout_seconds: float = 10.0, poll_seconds: float = 0.0
         time.sleep(poll_seconds)
 
 
+def wait_for_workers(client: redis.Redis, workers: int) -> None:
+    """Until `workers` gateway workers have read the contract: each beats in gw:v1:workers once
+    it has, just before it listens. The gateway's /readyz is answered by whichever worker is up
+    first; on a loaded machine the others may still be starting (a test that kills or faults
+    one must wait for all)."""
+    wait_for(lambda: client.hlen(C.WORKERS) >= workers, timeout_seconds=60)
+
+
 def bearer(key: C.Key | str) -> dict[str, str]:
     text = key if isinstance(key, str) else key.plaintext
     return {"Authorization": f"Bearer {text}"}

@@ -23,6 +23,7 @@ RESERVATIONS = "gw:v1:reservations"
 META = "gw:v1:meta"
 WAITING = "gw:v1:waiting"
 SPOOL = "gw:v1:spool"
+WORKERS = "gw:v1:workers"
 
 # The emulator's test model, priced so that one short request is well under 1 MU.
 WEIGHTS = {"input_tokens": 1e-4, "output_tokens": 2e-3, "request": 1e-3}

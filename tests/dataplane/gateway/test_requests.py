@@ -20,7 +20,7 @@ from capacity.admission.redis_layout import api_key_scope, customer_scope, in_fl
 from tests.support.processes import free_port
 
 from . import contract as C
-from .conftest import bearer, set_limits, tiny_model, usage_events, wait_for
+from .conftest import bearer, set_limits, tiny_model, usage_events, wait_for, wait_for_workers
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hello there"}]}
 
@@ -667,6 +667,8 @@ def test_a_gateway_worker_that_dies_is_started_again_while_the_other_serves(
     world.publication.models["tiny"] = C.model(7, [C.replica(url)])
     world.publish()
     gateway = start_gateway(GATEWAY_WORKERS="2")
+    # Both listening: killed while the other was still starting, the port had no listener.
+    wait_for_workers(world.rds, 2)
     workers = wait_for(lambda: len(found := _children(gateway.process.pid)) == 2 and found)
     dead = max(workers)
     os.kill(dead, signal.SIGKILL)
