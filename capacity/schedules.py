@@ -28,6 +28,8 @@ SCHEDULES = {
     # One sample per model per minute (a second call in a minute writes nothing): every 30 s,
     # so that no minute is missed.
     "capacity: the minute's sample": ("capacity.capacity_sample", 30, 25),
+    # Rule 3c's forecast, fitted off the tick (seconds a model; the tick only reads the curve).
+    "allocation: fit the demand forecasts": ("capacity.demand_forecast_fit", 3600, 3000),
     # Requests whose gateway worker died holding their usage event (capacity.metering.reaper).
     "usage: reap requests without an event": ("capacity.usage_reap", 60, 55),
     # Its own queue and worker: probes never wait behind a benchmark or a tick.

@@ -10,6 +10,7 @@ queue, for make run, compose and Kubernetes alike). The health probes have their
 from celery import shared_task
 
 from capacity.admission.gate import fallback_records_prune
+from capacity.allocation import prediction
 from capacity.allocation.heartbeat import tick_watch
 from capacity.allocation.tick import allocation_tick as tick
 from capacity.allocation.wake import (
@@ -57,6 +58,13 @@ def capacity_sample() -> dict:
     (capacity.metering.history): out of the allocation tick, which it held for seconds."""
 
     return {"samples": record_capacity()}
+
+
+@shared_task(name="capacity.demand_forecast_fit", expires=3000)
+def demand_forecast_fit() -> dict:
+    """Every model's demand forecast fitted again from its rollups (capacity.allocation
+    .prediction): hourly, off the tick, which only evaluates the stored curve."""
+    return prediction.demand_forecast_fit()
 
 
 @shared_task(name="capacity.usage_reap", queue="allocation", expires=55)

@@ -514,6 +514,13 @@ BILLING_SLA_CREDIT_SHARE = float(env_str("BILLING_SLA_CREDIT_SHARE", "0.5"))
 
 # The TTFT the fleet is sized to keep under sub-minute bursts (capacity.allocation.bursts).
 ALLOCATION_TTFT_SLO_MS = env_int("ALLOCATION_TTFT_SLO_MS", 2000, minimum=1)
+# The share of requests that objective is for (capacity.allocation.slo corrects the capacity a
+# replica is counted at by how much of the error budget the last half hour burnt).
+ALLOCATION_SLO_TARGET = env_float("ALLOCATION_SLO_TARGET", 0.99, minimum=0.5)
+if ALLOCATION_SLO_TARGET >= 1:
+    raise ImproperlyConfigured(
+        f"ALLOCATION_SLO_TARGET must be below 1 (a share of requests), got {ALLOCATION_SLO_TARGET}"
+    )
 
 # --- Trust boundaries: what the control plane may reach, and with which secrets ------------------
 # Operator settings, never API fields (docs/design.md#trust); core/outbound.py applies them.

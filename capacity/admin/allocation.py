@@ -1,9 +1,16 @@
 """The allocation loop's admin pages: its decisions, what it allows each customer, its
-pulse (all written by the tick, read only) and the actuator circuits (reset by deleting)."""
+pulse, each model's prediction (all written by the tick or the forecast's fit, read only) and
+the actuator circuits (reset by deleting)."""
 
 from django.contrib import admin
 
-from capacity.models import ActuatorCircuit, AdmissionAllowance, AllocationDecision, TickHeartbeat
+from capacity.models import (
+    ActuatorCircuit,
+    AdmissionAllowance,
+    AllocationDecision,
+    ModelPrediction,
+    TickHeartbeat,
+)
 from core.audit import ReadOnlyAdminMixin
 
 
@@ -58,3 +65,26 @@ class TickHeartbeatAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 
     list_display = ["ticked_at", "tick_id", "tick_seconds", "stale_since"]
     readonly_fields = ["ticked_at", "tick_id", "tick_seconds", "stale_since"]
+
+
+@admin.register(ModelPrediction)
+class ModelPredictionAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Each model's forecast (written by its fit) and what the last tick did with it (rule 3c
+    of capacity.allocation.policy): read-only. Prediction is switched per model with the served
+    model's `prediction_enabled`."""
+
+    list_display = [
+        "served_model",
+        "predictive",
+        "set_by",
+        "slo_correction",
+        "slo_code",
+        "delivered_slo_attainment",
+        "burst_headroom_mu_per_minute",
+        "forecast_now_mu_per_minute",
+        "fitted_at",
+        "decided_at",
+    ]
+    list_filter = ["predictive", "set_by", "slo_code"]
+    search_fields = ["served_model__name", "fit_note"]
+    list_select_related = ["served_model"]

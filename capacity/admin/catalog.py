@@ -190,8 +190,9 @@ class ServedModelAdmin(PublishedAdminMixin, AuditedAdminMixin, admin.ModelAdmin)
         "parameters_billions",
         "reference_gpu_type",
         "context_length_tokens",
+        "prediction_enabled",
     ]
-    list_filter = ["reference_gpu_type"]
+    list_filter = ["reference_gpu_type", "prediction_enabled"]
     search_fields = ["name", "engine_model_id"]
     list_select_related = ["reference_gpu_type"]
 

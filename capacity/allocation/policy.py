@@ -27,6 +27,14 @@ fleet simulator run the very same code. Rules, in order:
    capacity at its full rate (the target utilisation's headroom takes smaller growth), the
    capacity for the projection is added now (reason `cold_start_lead`): a replica asked for
    once demand got there would come a cold start too late.
+3c. Prediction, per model where planners leave it on and the model has a burst window of
+   traffic (before that, rules 3 and 3b, and the reasons say so): the capacity is the level
+   (the recent mean) or the burst headroom read from the traffic (the least rate that keeps the
+   burst window's requests within the TTFT SLO but for a share of its error budget), the
+   higher, plus the forecast's rise within the next cold start (capacity.allocation.forecast),
+   at full rate over the capacity per replica corrected by the delivered SLO
+   (capacity.allocation.slo); never below the warm reservations. A forecast that stays down
+   for the hour releases replicas without the stabilisation window.
 4. Capacity per replica counts at the deployment's target utilisation.
 5. Scale up at once; scale down only to the highest recommendation inside the stabilisation
    window (default 120 s), and not at all while no tick has recommended inside it. Unknown
@@ -54,6 +62,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from capacity.allocation.slo import SLO_GAIN, SloCorrection, corrected
+
 EPSILON = 1e-9
 BEST_EFFORT_DEMAND_SHARE = 0.8
 # The demand the policy is fed (by the live tick and the fleet simulator alike): the mean of
@@ -67,11 +77,17 @@ BURSTY_RATIO = 1.5
 # panic window (a tenth of its 60 s stable window), the window its autoscaler reads a burst
 # over, scale from zero included.
 PANIC_WINDOW_SECONDS = 6.0
+# Prediction (rule 3c) needs the burst window's worth of a model's traffic before it replaces
+# the reactive rules: its headroom is read from that window.
+PREDICTION_MIN_HISTORY_SECONDS = BURST_WINDOW_SECONDS
 
 
 @dataclass(frozen=True)
 class PolicySettings:
     stabilisation_window_seconds: float = 120.0
+    # Rule 3c's SLO correction: the factor's move per unit of error-budget burn
+    # (capacity.allocation.slo.SLO_GAIN; the bench's leave-one-scenario-out run fits it).
+    slo_gain: float = SLO_GAIN
 
 
 # Not frozen: the tick builds tens of thousands a tick, and a frozen dataclass sets each field
@@ -181,6 +197,26 @@ class ModelSnapshot:
     # How long the oldest of the requests held at the gateways has waited, seconds (0: not
     # known): they arrived over that time. Last, so positional snapshots keep their meaning.
     gateway_waiting_seconds: float = 0.0
+    # Prediction (rule 3c), off unless the snapshot turns it on: the planners' switch per model
+    # (ServedModel.prediction_enabled; False: turned off, said in the reasons), None where the
+    # snapshot's builder does not predict at all. `history_seconds`: how long the model's demand
+    # has been recorded.
+    prediction_enabled: bool | None = None
+    history_seconds: float = 0.0
+    # The delivered SLO (capacity.allocation.slo): the objective, the share of the SLO window's
+    # requests within it (None: not measured) and how many there were; and the correction in
+    # force since the last tick.
+    slo_target: float = 0.99
+    delivered_slo_attainment: float | None = None
+    delivered_requests: int = 0
+    slo_correction_in_force: float = 1.0
+    # The fitted forecast (capacity.allocation.forecast.figures), evaluated by the snapshot's
+    # builder: demand when the measured level stands for (half its window ago), the highest
+    # within the next cold start, and the highest within the next hour (None: no forecast, too
+    # little history or prediction off).
+    forecast_now_mu_per_minute: float | None = None
+    forecast_ahead_mu_per_minute: float | None = None
+    forecast_next_hour_peak_mu_per_minute: float | None = None
 
 
 @dataclass(frozen=True)
@@ -251,6 +287,15 @@ class ModelOutcome:
     gateway_waiting_mu: float = 0.0
     cold_start_lead_mu_per_minute: float = 0.0
     ready_mu_per_minute: float = 0.0
+    # Prediction (rule 3c): whether it sized the model, the SLO correction it applied, the burst
+    # headroom and the forecast's lift it planned for (MU/min), and which part set the target
+    # ("reservation", "forecast", "burst_headroom", "demand"; "" when reactive).
+    predictive: bool = False
+    slo_correction: float = 1.0
+    slo_code: str = ""
+    burst_headroom_mu_per_minute: float = 0.0
+    forecast_lift_mu_per_minute: float = 0.0
+    set_by: str = ""
 
 
 @dataclass(frozen=True)
@@ -370,12 +415,20 @@ class _ModelPlan:
     best_effort_demand_mu: float = 0.0
     best_effort_short_mu: float = 0.0
     cold_start_lead_mu: float = 0.0
+    # Rule 3c's figures (see ModelOutcome), and whether the forecast sees a long valley.
+    predictive: bool = False
+    correction: SloCorrection | None = None
+    headroom_mu: float = 0.0
+    lift_mu: float = 0.0
+    set_by: str = ""
+    valley: bool = False
 
 
 _LABELS = {
     "guaranteed": "guaranteed",
     "best_effort": "best-effort",
     "cold_start_lead": "the demand's trend within one cold start",
+    "predicted": "predicted",
 }
 
 
@@ -462,9 +515,15 @@ def decide(snapshot: Snapshot) -> Decisions:
         model_plan = models[model.model_id]
         keep_warm = any(c.keep_warm and c.reserved_mu_per_minute > 0 for c in model.customers)
         demand_total = _demand_total(model, model_plan)
+        if model.prediction_enabled is not None:
+            reason = _prediction_reason(model, model_plan)
+            for d in model.deployments:
+                plan.reasons[d.deployment_id].append(reason)
         for d in model.deployments:
             decisions.append(
-                _deployment_decision(model, d, plan, floors, demand_total, keep_warm, window)
+                _deployment_decision(
+                    model, d, plan, floors, demand_total, keep_warm, window, model_plan.valley
+                )
             )
         outcomes.append(_outcome(model, model_plan, plan))
         allowances.extend(_allowances(model, model_plan.demands))
@@ -518,12 +577,21 @@ def _place_guaranteed(snapshot: Snapshot, plan: _Plan) -> dict[int, _ModelPlan]:
 def _place_best_effort(snapshot: Snapshot, plan: _Plan, models: dict[int, _ModelPlan]) -> None:
     """Rule 3 and 3b: best-effort demand on top of the warm reservations (never less than the
     binding bursts), within the model's best-effort ceiling; then the capacity the demand's
-    trend will need within one cold start, within what the ceiling leaves."""
+    trend will need within one cold start, within what the ceiling leaves. Rule 3c, where it
+    applies, corrects the demand first."""
     for model in snapshot.models:
         model_plan = models[model.model_id]
         guaranteed = model_plan.warm_mu
         demand = _best_effort_demand(model, model_plan.demands, model_plan.warms)
         demand = max(demand, _binding_burst(model) - guaranteed)
+        label = "best_effort"
+        if _predictive(model):
+            demand = (
+                _predicted_demand(model, model_plan, guaranteed + demand, snapshot.settings)
+                - guaranteed
+            )
+            label = "predicted"
+        demand = max(0.0, demand)
         if model.best_effort_ceiling_mu_per_minute is not None:
             demand = min(demand, model.best_effort_ceiling_mu_per_minute)
         model_plan.best_effort_demand_mu = demand
@@ -532,10 +600,11 @@ def _place_best_effort(snapshot: Snapshot, plan: _Plan, models: dict[int, _Model
             need,
             model.deployments,
             plan,
-            "best_effort",
+            label,
             max_added=model.best_effort_ceiling_replicas,
         )
-        lead = _cold_start_lead(model, guaranteed + demand)
+        # With a forecast, its rise is the lead; the trend's is for models without one.
+        lead = 0.0 if model_plan.lift_mu > EPSILON else _cold_start_lead(model, guaranteed + demand)
         if model.best_effort_ceiling_mu_per_minute is not None:
             lead = min(lead, max(0.0, model.best_effort_ceiling_mu_per_minute - demand))
         model_plan.cold_start_lead_mu = lead
@@ -548,6 +617,111 @@ def _place_best_effort(snapshot: Snapshot, plan: _Plan, models: dict[int, _Model
                 "cold_start_lead",
                 max_added=None if room is None else max(0, room - added),
             )
+
+
+def _predictive(model: ModelSnapshot) -> bool:
+    """Rule 3c applies: prediction is on for the model and its traffic has been recorded for
+    the burst window (less: the reactive rules, and the reasons say so)."""
+    return bool(model.prediction_enabled) and (
+        model.history_seconds >= PREDICTION_MIN_HISTORY_SECONDS
+    )
+
+
+def _forecast_lift(model: ModelSnapshot) -> float:
+    """What the forecast adds within the next cold start, MU/min: its highest value there over
+    its value when the measured level stands for (the forecast's own level error cancels; the
+    measured level carries it)."""
+    now, ahead = model.forecast_now_mu_per_minute, model.forecast_ahead_mu_per_minute
+    if now is None or ahead is None:
+        return 0.0
+    return max(0.0, ahead - now)
+
+
+def _predicted_demand(
+    model: ModelSnapshot, model_plan: _ModelPlan, reactive: float, settings: PolicySettings
+) -> float:
+    """Rule 3c: the model's demand (MU/min, planned at the target utilisation), from
+    `reactive` (rule 3's: the warm reservations, the use and refusals above them, the binding
+    bursts read from the traffic), plus the forecast's rise within the next cold start, over the
+    capacity per replica corrected by the delivered SLO. Records what it found in
+    `model_plan`."""
+    correction = corrected(
+        model.slo_correction_in_force,
+        model.delivered_slo_attainment,
+        model.delivered_requests,
+        model.slo_target,
+        gain=settings.slo_gain,
+    )
+    utilisation = max((d.target_utilisation for d in model.deployments), default=1.0)
+    lift = _forecast_lift(model)
+    need = (reactive + lift) / correction.factor
+    burst = _binding_burst(model)
+    guaranteed = model_plan.warm_mu
+    model_plan.predictive = True
+    model_plan.correction = correction
+    model_plan.headroom_mu = burst / utilisation if utilisation else 0.0
+    model_plan.lift_mu = lift
+    if guaranteed >= need - EPSILON:
+        model_plan.set_by = "reservation"
+    elif lift >= 0.1 * need:
+        model_plan.set_by = "forecast"
+    elif burst > 0 and burst >= reactive - EPSILON:
+        model_plan.set_by = "burst_headroom"
+    else:
+        model_plan.set_by = "demand"
+    peak_hour = model.forecast_next_hour_peak_mu_per_minute
+    now = model.forecast_now_mu_per_minute
+    model_plan.valley = peak_hour is not None and now is not None and peak_hour <= now + EPSILON
+    return need
+
+
+# Rule 3c's `set_by` codes (ModelOutcome.set_by), as the reasons and the planner word them.
+SET_BY_LABELS = {
+    "reservation": "the warm reservations",
+    "forecast": "the forecast's rise within one cold start",
+    "burst_headroom": "the burst headroom",
+    "demand": "the demand's level",
+}
+
+
+def _prediction_reason(model: ModelSnapshot, model_plan: _ModelPlan) -> Reason:
+    """What rule 3c did for the model, or why it did not apply."""
+    if not model.prediction_enabled:
+        return Reason(
+            "prediction_off", "prediction is off for this model: the reactive rules size it", {}
+        )
+    if not model_plan.predictive:
+        minutes = model.history_seconds / 60
+        needed = PREDICTION_MIN_HISTORY_SECONDS / 60
+        return Reason(
+            "prediction_warming_up",
+            f"{minutes:.0f} of the {needed:.0f} minutes of traffic prediction needs: the "
+            "reactive rules size it until then",
+            {"history_seconds": model.history_seconds},
+        )
+    correction = model_plan.correction
+    assert correction is not None
+    forecast = (
+        "no forecast yet (under two days of history)"
+        if model.forecast_now_mu_per_minute is None
+        else f"forecast {model.forecast_now_mu_per_minute:.0f} MU/min now, "
+        f"+{model_plan.lift_mu:.0f} within one cold start"
+    )
+    return Reason(
+        "predicted",
+        f"target set by {SET_BY_LABELS[model_plan.set_by]}; burst headroom "
+        f"+{model_plan.headroom_mu:.0f} MU/min over the level; {forecast}; "
+        f"{correction.message}",
+        {
+            "set_by": model_plan.set_by,
+            "burst_headroom_mu_per_minute": model_plan.headroom_mu,
+            "forecast_lift_mu_per_minute": model_plan.lift_mu,
+            "forecast_now_mu_per_minute": model.forecast_now_mu_per_minute,
+            "slo_correction": correction.factor,
+            "slo_code": correction.code,
+            "delivered_slo_attainment": model.delivered_slo_attainment,
+        },
+    )
 
 
 def _demand_total(model: ModelSnapshot, model_plan: _ModelPlan) -> float:
@@ -571,6 +745,7 @@ def _deployment_decision(
     demand_total: float,
     keep_warm: bool,
     window: float,
+    valley: bool = False,
 ) -> DeploymentDecision:
     """One deployment's recommendation (what was placed, an idle model's warm replica, within
     min and max) and its target (the recommendation held by hysteresis and unknown load)."""
@@ -587,7 +762,7 @@ def _deployment_decision(
     if demand_total <= EPSILON and recommended == 0 and d.current_replicas > 0:
         recommended = _idle_recommendation(model, d, keep_warm, why)
     recommended = min(max(recommended, d.min_replicas), d.max_replicas)
-    target = _stabilised_target(model, d, recommended, window, why)
+    target = _stabilised_target(model, d, recommended, window, why, valley)
     return DeploymentDecision(
         deployment_id=d.deployment_id,
         model_id=model.model_id,
@@ -643,10 +818,18 @@ def _idle_recommendation(
 
 
 def _stabilised_target(
-    model: ModelSnapshot, d: DeploymentState, recommended: int, window: float, why: list[Reason]
+    model: ModelSnapshot,
+    d: DeploymentState,
+    recommended: int,
+    window: float,
+    why: list[Reason],
+    valley: bool = False,
 ) -> int:
     """Rule 5: up at once; down only to the highest recommendation inside the stabilisation
-    window, and not while no tick recommended inside it; unknown load holds the count."""
+    window, and not while no tick recommended inside it; unknown load holds the count. Under
+    rule 3c, a forecast that stays at or below demand now for the next hour (a long valley)
+    releases at once: the window guards against demand coming back, which the forecast rules
+    out. (A forecast rise within the cold start is in the recommendation already.)"""
     if recommended > d.current_replicas:
         why.append(Reason("scale_up", f"up from {d.current_replicas} to {recommended} at once", {}))
         return recommended
@@ -661,6 +844,15 @@ def _stabilised_target(
             )
         )
         return d.current_replicas
+    if valley:
+        why.append(
+            Reason(
+                "forecast_valley",
+                f"down to {recommended} at once: the forecast does not rise within the hour",
+                {},
+            )
+        )
+        return recommended
     in_window = [r for age, r in d.recent_recommendations if age <= window]
     # No tick inside the window (a fresh start, a long pause): no evidence that demand stayed
     # low for the whole window, so the current count stands.
@@ -700,6 +892,16 @@ def _outcome(model: ModelSnapshot, model_plan: _ModelPlan, plan: _Plan) -> Model
         gateway_waiting_mu=model.gateway_waiting_mu,
         cold_start_lead_mu_per_minute=model_plan.cold_start_lead_mu,
         ready_mu_per_minute=_ready_mu(model),
+        predictive=model_plan.predictive,
+        slo_correction=(
+            model_plan.correction.factor
+            if model_plan.correction is not None
+            else model.slo_correction_in_force
+        ),
+        slo_code=model_plan.correction.code if model_plan.correction is not None else "",
+        burst_headroom_mu_per_minute=model_plan.headroom_mu,
+        forecast_lift_mu_per_minute=model_plan.lift_mu,
+        set_by=model_plan.set_by,
     )
 
 

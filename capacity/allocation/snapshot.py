@@ -34,6 +34,7 @@ from accounts.models import Customer
 from capacity.admission.gateways import gateway_waiting
 from capacity.allocation import policy as allocation
 from capacity.allocation.bursts import Bursts, bursts
+from capacity.allocation.prediction import PredictionReading, prediction_readings
 from capacity.allocation.trend import TREND_MINUTES, demand_trend_mu_per_minute_per_second
 from capacity.health.probes import unhealthy_replicas_by_deployment
 from capacity.models import (
@@ -206,8 +207,19 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
     for deployment in deployments:
         by_model[deployment.served_model_id].append(deployment)
     now_us = _micros(now)
+    predictions = prediction_readings(
+        now,
+        {
+            model_id: min((d.cold_start_seconds for d in model_deployments), default=0.0)
+            for model_id, model_deployments in by_model.items()
+        },
+        settings.ALLOCATION_TICK_SECONDS,
+    )
     models = [
-        _model_snapshot(model_id, model_deployments, fleet, now, now_us)
+        _with_prediction(
+            _model_snapshot(model_id, model_deployments, fleet, now, now_us),
+            predictions.get(model_id),
+        )
         for model_id, model_deployments in by_model.items()
     ]
     snapshot = allocation.Snapshot(
@@ -474,6 +486,26 @@ def _model_snapshot(
         best_effort_ceiling_mu_per_minute=served_model.best_effort_ceiling_mu_per_minute,
         best_effort_ceiling_replicas=served_model.best_effort_ceiling_replicas,
         gateway_waiting_seconds=held_seconds,
+    )
+
+
+def _with_prediction(
+    model: allocation.ModelSnapshot, reading: PredictionReading | None
+) -> allocation.ModelSnapshot:
+    """Rule 3c's inputs (capacity.allocation.prediction) on the model's snapshot."""
+    if reading is None:
+        return model
+    return replace(
+        model,
+        prediction_enabled=reading.enabled,
+        history_seconds=reading.history_seconds,
+        slo_target=settings.ALLOCATION_SLO_TARGET,
+        delivered_slo_attainment=reading.delivered_attainment,
+        delivered_requests=reading.delivered_requests,
+        slo_correction_in_force=reading.correction_in_force,
+        forecast_now_mu_per_minute=reading.forecast.at_level_mu_per_minute,
+        forecast_ahead_mu_per_minute=reading.forecast.ahead_mu_per_minute,
+        forecast_next_hour_peak_mu_per_minute=reading.forecast.next_hour_peak_mu_per_minute,
     )
 
 

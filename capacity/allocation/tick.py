@@ -39,6 +39,7 @@ from capacity.admission.gate import publish_limits
 from capacity.allocation import policy as allocation
 from capacity.allocation.circuits import record_applied, record_failure
 from capacity.allocation.heartbeat import heartbeat_record
+from capacity.allocation.prediction import prediction_store
 from capacity.allocation.snapshot import build_snapshot, digest, with_holds, with_replacements
 from capacity.models import (
     ActuatorCircuit,
@@ -133,6 +134,8 @@ def _allocation_tick(*, dry_run: bool, now: datetime | None) -> TickResult:
             result.seconds = time.perf_counter() - started
             return result
         rows, changed, forgotten = _store(tick_id, now, decisions, deployments, digests)
+        # The SLO correction the next tick starts from, and the planner's view of rule 3c.
+        prediction_store(now, snapshot, decisions)
         # Admission limits follow the tick within the tick (a reservation that starts or ends
         # changes admission within one tick): the allowances it rewrote, all of them once a
         # minute.

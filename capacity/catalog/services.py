@@ -61,6 +61,8 @@ SERVED_MODEL_FIELDS = (
     "overcommit",
     "best_effort_ceiling_mu_per_minute",
     "best_effort_ceiling_replicas",
+    # Rule 3c of capacity.allocation.policy (the forecast and the SLO correction), per model.
+    "prediction_enabled",
 )
 
 

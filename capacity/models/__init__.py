@@ -21,6 +21,7 @@ from capacity.models.health import (
     Replica,
 )
 from capacity.models.history import CapacitySample
+from capacity.models.prediction import ModelPrediction
 from capacity.models.request_limits import BudgetCap, RequestLimit
 from capacity.models.reservations import Reservation, ReservationChange
 from capacity.models.risk import CapacityRisk
@@ -52,6 +53,7 @@ __all__ = [
     "FallbackAdmission",
     "Incident",
     "IncidentStep",
+    "ModelPrediction",
     "ProbeOutcome",
     "ProbeResult",
     "Replica",

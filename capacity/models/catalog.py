@@ -79,6 +79,13 @@ class ServedModel(models.Model):
         blank=True,
         help_text="Most replicas best-effort demand may add over all deployments; empty: no bound.",
     )
+    # Rule 3c of capacity.allocation.policy: the forecast, the SLO correction and the forecast's
+    # scale-down release. Off, the model is sized by the reactive rules alone.
+    prediction_enabled = models.BooleanField(
+        default=True,
+        help_text="Size this model from its demand forecast and delivered SLO (on), or by the "
+        "reactive rules alone (off).",
+    )
 
     class Meta:
         ordering = ["name"]

@@ -1,4 +1,5 @@
-"""Allocation: what the loop decided and why, replica history, actuator failures, circuits."""
+"""Allocation: what the loop decided and why, each model's prediction (its forecast beside its
+demand), replica history, actuator failures, circuits."""
 
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
@@ -16,6 +17,7 @@ from capacity.catalog.selectors import any_deployments, deployments_with_model_a
 from capacity.models import Deployment
 from core.audit import entries_about
 from planner.access import planner_required
+from planner.allocation.prediction import prediction_panels, prediction_summary
 from planner.audit.views import audit_link
 from planner.charts import ChartConfig, chart_range, chart_window, line_chart, time_label
 from planner.paging import page_of, query_without
@@ -31,11 +33,13 @@ def _changed_only(request: HttpRequest) -> bool:
 
 @planner_required
 def index(request: HttpRequest) -> HttpResponse:
-    """The latest decision per deployment, recent failures, circuits, and every decision."""
+    """The latest decision per deployment, each model's prediction, recent failures, circuits,
+    and every decision."""
     now = timezone.now()
     circuits = circuits_open_and_failing(now=now)
     context = {
         "latest": latest_decision_per_deployment(),
+        "predictions": prediction_panels(now=now),
         "failures": recent_failed_decisions(limit=RECENT_FAILURES),
         "open_circuits": circuits.open,
         "failing_circuits": circuits.failing,
@@ -91,7 +95,8 @@ def replica_history_chart(
 
 @planner_required
 def deployment(request: HttpRequest, name: str) -> HttpResponse:
-    """One deployment: its replica history, its decisions, its actuator's circuit."""
+    """One deployment: its replica history, its decisions, its actuator's circuit, and whether
+    its model is sized by prediction (the model's panel is on the allocation page)."""
     deployment = get_object_or_404(deployments_with_model_and_gpu(), name=name)
     range_name, chart = replica_history_chart(deployment, request)
     decisions = decisions_newest_first(deployment=deployment, changed_only=_changed_only(request))
@@ -103,6 +108,7 @@ def deployment(request: HttpRequest, name: str) -> HttpResponse:
         "query": query_without(request),
         "show_all": bool(request.GET.get("all")),
         "circuit": actuator_circuit_of(deployment),
+        "prediction": prediction_summary(deployment.served_model),
         "now": timezone.now(),
         "history": entries_about(deployment, limit=20),
         "history_link": audit_link(deployment),

@@ -15,7 +15,11 @@ POLICY_HELP = {
     "kpa": "Knative's concurrency autoscaler",
     "hpa-rps": "Kubernetes HPA on requests/s",
     "oracle": "knows the future: a lower bound, not a real option",
-    "modelunit": "this control plane's allocation policy",
+    "modelunit": "this control plane's allocation policy (with prediction, as a model has it by "
+    "default)",
+    "modelunit-reactive": "the same policy with prediction off (a model switched off)",
+    "modelunit-clairvoyant": "the policy told the next cold start's demand exactly: a limit, not "
+    "a real option",
     "static-slo": "the cheapest static fleet that keeps the SLO, found by search (a few runs)",
     "oracle-slo": "knows the future: the fewest replicas at the SLO, a reference, not a real "
     "option (costs about three policies' runs)",

@@ -51,6 +51,9 @@ class Observation:
     # A fleet of several deployments (SimulationSettings.fleet): the replicas of each, in the
     # fleet's order (the counts above are their sums); empty for a fleet of one kind.
     deployments: tuple[DeploymentReplicas, ...] = ()
+    # The TTFT of each request completed in the window, seconds, as usage events' `ttft_ms`
+    # show it (the delivered SLO the live policy corrects itself by).
+    completed_ttft_s: list[float] = field(default_factory=list)
 
 
 class Autoscaler(Protocol):

@@ -9,7 +9,8 @@ the reference for `savings_vs_static`) and returns
                          scale_events, refused_guaranteed_share, refused_best_effort_share,
                          refused_within_reservation_share, within_reservation_refused,
                          guaranteed_slo_attainment, admitted_slo_attainment, static_replicas,
-                         savings_vs_static_slo, oracle_slo_savings_share}}}
+                         savings_vs_static_slo, oracle_slo_savings_share, forecast_mape,
+                         forecast_fitted}}}
 
 A request's cost in MU is `mu_of` its ground-truth replica-seconds at a full batch (× R / 60),
 so one saturated replica mints R = 100 MU/min. `slo_attainment` is over every request (refused
@@ -52,12 +53,24 @@ simulation; it does not change the results.
 Policies: static-peak, kpa, hpa-rps, oracle (`baselines`, `oracle`) and modelunit, the live
 allocation policy (`simulation.engine.modelunit.ModelUnitAutoscaler`), imported by name
 when asked for; if it cannot be imported it is left out with the reason
-(`unavailable_policies`). And two found by search in the simulator (`oracle_slo`), each run
-as every policy is (behind admission, capped, scored after the warm-up): static-slo, the
-cheapest static fleet that keeps the TTFT objective (`oracle_slo.SLO_TARGET` of the scored
-requests within `slo_ttft_ms`), searched from static-peak's size (whose run it reuses); and
-oracle-slo, the hindsight trajectory that keeps it (the old oracle's schedule is one of its
-candidates: its run is reused when oracle ran first, else made). `static_replicas` is a static
+(`unavailable_policies`). Beside it, modelunit-reactive, the same policy with prediction off
+(rule 3c: the live policy before issue 36), and modelunit-clairvoyant, the live policy given
+the exact demand of the next cold start (`ClairvoyantModelUnitAutoscaler`; it reads the
+future, as the oracle does): the limit of what a forecast's lift can save.
+
+The forecaster's accuracy (the live policies'; NaN and False for the others):
+`forecast_mape` is the mean absolute percentage error of the policy's demand one cold start
+ahead (the measured level plus the forecast's lift; the level alone, persistence, with
+prediction off) against the demand of the minute it fell in, over the scored part's minutes
+with demand (NaN without one); `forecast_fitted` whether a Holt-Winters forecast was ever
+fitted (it needs two days of history).
+
+Two more are found by search in the simulator (`oracle_slo`), each run as every policy is
+(behind admission, capped, scored after the warm-up): static-slo, the cheapest static fleet
+that keeps the TTFT objective (`oracle_slo.SLO_TARGET` of the scored requests within
+`slo_ttft_ms`), searched from static-peak's size (whose run it reuses); and oracle-slo, the
+hindsight trajectory that keeps it (the old oracle's schedule is one of its candidates: its
+run is reused when oracle ran first, else made). `static_replicas` is a static
 policy's fleet (NaN for the others); `savings_vs_static_slo` is 1 - GPU-hours / static-slo's
 and `oracle_slo_savings_share` a policy's saving over static-slo divided by oracle-slo's (NaN
 unless both ran; oracle-slo's is 1).
@@ -81,6 +94,7 @@ adds its costs.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -90,6 +104,7 @@ from typing import NotRequired, Protocol, Required, TypedDict, cast
 import numpy as np
 
 from capacity.admission.bucket import DEFAULT_BURST_SECONDS
+from capacity.allocation.slo import SLO_GAIN
 from capacity.pricing.features import REPLICA_MU_PER_MINUTE, mu_of, replica_seconds_of
 
 from .admission import refusal_figures, within_reservation
@@ -111,7 +126,12 @@ from .fleet import (
     SimulationSettings,
     simulate,
 )
-from .modelunit import ModelUnitAutoscaler, behind_admission
+from .modelunit import (
+    DEFAULT_STABILISATION_SECONDS,
+    ClairvoyantModelUnitAutoscaler,
+    ModelUnitAutoscaler,
+    behind_admission,
+)
 from .oracle import OracleAutoscaler, ScheduleAutoscaler, required_replicas
 from .oracle_slo import (
     SLO_TARGET,
@@ -129,6 +149,13 @@ REFERENCE = "static-peak"
 # A deployment's idle window before scale to zero, unless the caller gives its own.
 DEFAULT_SCALE_TO_ZERO_AFTER_SECONDS = 600.0
 MODELUNIT = "modelunit"
+# The live policy with prediction off (rule 3c): what a model gets with its planners' switch
+# off or too little history, and the live policy before issue 36.
+MODELUNIT_REACTIVE = "modelunit-reactive"
+# The live policy given the exact demand of the next cold start (it reads the future, as the
+# oracle does): the limit of what its forecast's lift could save.
+MODELUNIT_CLAIRVOYANT = "modelunit-clairvoyant"
+LIVE_POLICIES = (MODELUNIT, MODELUNIT_REACTIVE, MODELUNIT_CLAIRVOYANT)
 # Found by search in the simulator (oracle_slo): the cheapest static fleet that keeps the SLO,
 # and the hindsight reference at the SLO.
 STATIC_SLO = "static-slo"
@@ -154,6 +181,8 @@ METRICS = (
     "static_replicas",
     "savings_vs_static_slo",
     "oracle_slo_savings_share",
+    "forecast_mape",
+    "forecast_fitted",
 )
 
 _BUILT_IN: dict[str, Callable[[PolicyContext], Autoscaler]] = {
@@ -165,10 +194,11 @@ _BUILT_IN: dict[str, Callable[[PolicyContext], Autoscaler]] = {
 
 
 class _ModelUnitFactory(Protocol):
-    """The modelunit policy's constructor, which also takes the stabilisation window."""
+    """The modelunit policy's constructor, which also takes the stabilisation window and the
+    SLO correction's gain."""
 
     def __call__(
-        self, context: PolicyContext, /, *, stabilisation_seconds: float
+        self, context: PolicyContext, /, *, stabilisation_seconds: float, slo_gain: float
     ) -> Autoscaler: ...
 
 
@@ -238,6 +268,11 @@ def policy_registry() -> tuple[dict[str, Callable[[PolicyContext], Autoscaler]],
     factory, reason = _load_modelunit()
     if factory is not None:
         registry[MODELUNIT] = factory
+        # The modelunit factory is ModelUnitAutoscaler, which takes `prediction`.
+        registry[MODELUNIT_REACTIVE] = functools.partial(
+            cast(Callable[..., Autoscaler], factory), prediction=False
+        )
+        registry[MODELUNIT_CLAIRVOYANT] = ClairvoyantModelUnitAutoscaler
     else:
         missing[MODELUNIT] = reason or f"{MODELUNIT} policy unavailable"
     return registry, missing
@@ -245,7 +280,7 @@ def policy_registry() -> tuple[dict[str, Callable[[PolicyContext], Autoscaler]],
 
 def known_policies() -> tuple[str, ...]:
     """Every policy name compare() accepts."""
-    return (*_BUILT_IN, MODELUNIT, *SEARCHED)
+    return (*_BUILT_IN, *LIVE_POLICIES, *SEARCHED)
 
 
 def request_mu_of_model(model: ModelConfig) -> Callable[[TraceRequest], float]:
@@ -372,6 +407,7 @@ def compare(
     max_replicas: int | None = None,
     on_policy: Callable[[str, int, int], None] | None = None,
     stabilisation_seconds: float | None = None,
+    slo_gain: float | None = None,
     admission: bool = True,
     burst_seconds: float = DEFAULT_BURST_SECONDS,
     request_mu: Callable[[TraceRequest], float] | None = None,
@@ -387,7 +423,9 @@ def compare(
 
     `stabilisation_seconds`: the modelunit policy's scale-down stabilisation window, the live
     tick's setting (ALLOCATION_STABILISATION_SECONDS), which the caller reads; None: the
-    setting's default. `admission`: run every policy behind the live admission (default);
+    setting's default. `slo_gain`: the live policies' SLO correction gain (PolicySettings
+    .slo_gain; None: capacity.allocation.slo.SLO_GAIN), which the bench's leave-one-scenario-out
+    run fits. `admission`: run every policy behind the live admission (default);
     False lets every request in, as a fleet without a gateway. `burst_seconds`: the buckets'
     burst, the live setting ADMISSION_BURST_SECONDS, which the caller reads.
 
@@ -445,8 +483,11 @@ def compare(
     results: dict[str, dict[str, float]] = {}
     shares: dict[str, dict[str, DeploymentShare]] = {}
     for name in order:
-        outcome = runs.outcome(name, registry, stabilisation_seconds=stabilisation_seconds)
+        outcome = runs.outcome(
+            name, registry, stabilisation_seconds=stabilisation_seconds, slo_gain=slo_gain
+        )
         results[name] = scoring.row(outcome, static_replicas=runs.static_replicas.get(name))
+        results[name].update(runs.forecasts.get(name, _NO_FORECAST))
         if unit.fleet_of_costs is not None:
             shares[name] = _shares(unit.fleet_of_costs, outcome.scored)
             results[name]["cost_usd"] = sum(share["cost_usd"] for share in shares[name].values())
@@ -455,13 +496,18 @@ def compare(
     return _comparison(order, results, shares, costed=unit.fleet_of_costs is not None)
 
 
+# A policy without a forecast (every one but the live policy's).
+_NO_FORECAST: dict[str, float] = {"forecast_mape": math.nan, "forecast_fitted": False}
+
+
 def _registry_for(policies: list[str]) -> dict[str, Callable[[PolicyContext], Autoscaler]]:
     """The factories of the policies asked for; PolicyError for one unknown or unavailable."""
-    registry, missing = policy_registry() if MODELUNIT in policies else (dict(_BUILT_IN), {})
+    live = any(p in LIVE_POLICIES for p in policies)
+    registry, missing = policy_registry() if live else (dict(_BUILT_IN), {})
     unknown = [p for p in policies if p not in registry and p not in missing and p not in SEARCHED]
     if unknown:
         raise PolicyError(f"unknown policy {unknown[0]!r} (known: {', '.join(known_policies())})")
-    if MODELUNIT in policies and MODELUNIT in missing:
+    if live and MODELUNIT in missing:
         raise PolicyError(missing[MODELUNIT])
     return registry
 
@@ -633,6 +679,8 @@ class _Runs:
         self.static_replicas: dict[str, int] = {}
         self.static_run: Scored | None = None
         self.oracle_run: tuple[OracleAutoscaler, Scored] | None = None
+        # The live policies' forecast accuracy: forecast_mape, forecast_fitted.
+        self.forecasts: dict[str, dict[str, float]] = {}
 
     def run(
         self, autoscaler: Autoscaler, policy: Autoscaler, *, max_misses: int | None = None
@@ -675,6 +723,7 @@ class _Runs:
         registry: dict[str, Callable[[PolicyContext], Autoscaler]],
         *,
         stabilisation_seconds: float | None,
+        slo_gain: float | None = None,
     ) -> Scored:
         """The policy `name`'s run: searched (static-slo, oracle-slo) or built and run."""
         if name == STATIC_SLO:
@@ -682,21 +731,50 @@ class _Runs:
         if name == ORACLE_SLO:
             return self._oracle_slo()
         context = self.context
-        if name == "oracle":
+        if name in ("oracle", MODELUNIT_CLAIRVOYANT):
             context = replace(context, future_requests=tuple(self.replayed))
-        if name == MODELUNIT and stabilisation_seconds is not None:
+        if name in LIVE_POLICIES and (stabilisation_seconds is not None or slo_gain is not None):
             # The modelunit factory is ModelUnitAutoscaler, loaded by name (_load_modelunit).
             factory = cast(_ModelUnitFactory, registry[name])
-            policy = factory(context, stabilisation_seconds=stabilisation_seconds)
+            policy = factory(
+                context,
+                stabilisation_seconds=(
+                    DEFAULT_STABILISATION_SECONDS
+                    if stabilisation_seconds is None
+                    else stabilisation_seconds
+                ),
+                slo_gain=SLO_GAIN if slo_gain is None else slo_gain,
+            )
         else:
             policy = registry[name](context)
         outcome = self.run(policy, policy)
+        if isinstance(policy, ModelUnitAutoscaler):
+            self.forecasts[name] = self._forecast_accuracy(policy)
         if isinstance(policy, OracleAutoscaler):
             self.oracle_run = policy, outcome
         if name == REFERENCE:
             self.static_run = outcome
             self.static_replicas[name] = cast(StaticPeakAutoscaler, policy).replicas
         return outcome
+
+    def _forecast_accuracy(self, policy: ModelUnitAutoscaler) -> dict[str, float]:
+        """The live policy's next-cold-start demand (the level plus the forecast's lift; the
+        level alone with prediction off) against the minute it fell in, over the scored part:
+        the mean absolute percentage error of the minutes with demand (NaN without one), and
+        whether a forecast was ever fitted."""
+        demand = policy.demand
+        first_minute = self.scored_from_s / 60.0
+        errors = [
+            abs(predicted - actual) / actual
+            for (predicted, actual), minute in zip(
+                demand.prediction_errors, demand.prediction_error_minutes, strict=True
+            )
+            if minute >= first_minute and actual > 0
+        ]
+        return {
+            "forecast_mape": float(np.mean(errors)) if errors else math.nan,
+            "forecast_fitted": demand.forecast is not None,
+        }
 
     def _static_slo(self) -> Scored:
         """The cheapest static fleet that keeps the objective, searched from static-peak's."""

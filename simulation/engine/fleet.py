@@ -391,6 +391,7 @@ class _Fleet:
         self.window = [0, 0, 0, 0]  # arrived, completed, refused, timed out
         self.mu_by_client: dict[str, float] = {}
         self.completed_mu: list[tuple[str, float, float]] = []
+        self.completed_ttft_s: list[float] = []
         self.refused_mu: list[tuple[str, float, float, bool]] = []
         self.last_target: int | tuple[int, ...] | None = None
         self.misses = 0
@@ -614,6 +615,7 @@ class _Fleet:
             mu = self.mu[index]
             self.mu_by_client[request.client] = self.mu_by_client.get(request.client, 0.0) + mu
             self.completed_mu.append((request.client, self.arrival[index], mu))
+            self.completed_ttft_s.append(self.first[index] - self.arrival[index])
 
     def _schedule(self, replica: _Replica, steps: int) -> None:
         replica.version += 1
@@ -700,6 +702,7 @@ class _Fleet:
             timed_out_requests=timed_out,
             mu_used_by_client=self.mu_by_client,
             completed_mu=self.completed_mu,
+            completed_ttft_s=self.completed_ttft_s,
             refused_mu=self.refused_mu,
             pending_requests=len(self.pending),
             current_replicas=starting + len(self.ready),
@@ -713,6 +716,7 @@ class _Fleet:
         self.window = [0, 0, 0, 0]
         self.mu_by_client = {}
         self.completed_mu = []
+        self.completed_ttft_s = []
         self.refused_mu = []
         target = max(0, int(self.autoscaler.decide(observation)))
         if self.fleet is None:

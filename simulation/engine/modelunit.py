@@ -45,9 +45,12 @@ allowance code, never a copy of it.
 
 from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from capacity.admission.bucket import DEFAULT_BURST_SECONDS
 from capacity.allocation.bursts import Bursts, bursts
+from capacity.allocation.forecast import MIN_HISTORY_MINUTES, Forecast, ForecastFigures, figures
+from capacity.allocation.forecast import fit as fit_forecast
 from capacity.allocation.policy import (
     BURST_WINDOW_SECONDS,
     PEAK_WINDOW_SECONDS,
@@ -62,6 +65,7 @@ from capacity.allocation.policy import (
     Snapshot,
     decide,
 )
+from capacity.allocation.slo import SLO_GAIN, SLO_WINDOW_SECONDS
 from capacity.allocation.trend import TREND_MINUTES, demand_trend_mu_per_minute_per_second
 from simulation.engine.admission import TokenBucketAdmission
 from simulation.engine.autoscaling import Autoscaler, DeploymentReplicas, Observation
@@ -69,6 +73,8 @@ from simulation.engine.deployments import DeploymentFleet
 from simulation.engine.policy_context import PolicyContext
 
 # The live tick's windows.
+FORECAST_REFIT_SECONDS = 3600  # as the live schedule refits (capacity.demand_forecast_fit)
+SLO_TARGET = 0.99
 RECENT_MINUTES = RECENT_WINDOW_SECONDS // 60
 PEAK_MINUTES = PEAK_WINDOW_SECONDS // 60
 # The live tick's scale-down stabilisation is a setting (ALLOCATION_STABILISATION_SECONDS in
@@ -100,8 +106,29 @@ def observed_replicas(
 class LiveDemand:
     """What the live tick reads of a model, recorded from the simulator's observations."""
 
-    def __init__(self, context: PolicyContext, *, track_bursts: bool = True) -> None:
+    def __init__(
+        self,
+        context: PolicyContext,
+        *,
+        track_bursts: bool = True,
+        prediction: bool = False,
+        scored: bool = False,
+    ) -> None:
         self.context = context
+        # Rule 3c's inputs (the live snapshot's): the demand per minute for the forecast, the
+        # delivered SLO per tick, the fitted forecast and the predictions made, for its MAPE.
+        self.prediction = prediction
+        # `scored`: the demand per minute is recorded and the policy's predictions scored even
+        # with prediction off (the reactive policy's prediction is the level: persistence).
+        self.scored = prediction or scored
+        self._demand_by_minute: dict[int, float] = defaultdict(float)
+        self._slo_ticks: deque[tuple[float, int, int]] = deque()  # (time, met, requests)
+        self.forecast: Forecast | None = None
+        self._fitted_at: float | None = None
+        # (minute predicted, MU/min predicted) of the next-horizon predictions, and their errors
+        self._predictions: deque[tuple[int, float]] = deque()
+        self.prediction_errors: list[tuple[float, float]] = []  # (predicted, actual)
+        self.prediction_error_minutes: list[int] = []  # the minute of each error
         # Bursts are for sizing; allowances do not read them (LiveAllowances skips them).
         self.track_bursts = track_bursts
         # minute index -> {client: MU completed in that minute}
@@ -161,10 +188,67 @@ class LiveDemand:
                 del self._starts[stale]
         if observation.mu_used_by_client or observation.refused_mu:
             self._last_use_s = now
+        if self.scored:
+            self._record_prediction_inputs(observation, minute)
         oldest = int(now // 60) - PEAK_MINUTES
         for series in (self._minutes, self._refused):
             for stale in [m for m in series if m < oldest]:
                 del series[stale]
+
+    def _record_prediction_inputs(self, observation: Observation, minute: int) -> None:
+        now = observation.timestamp_s
+        self._demand_by_minute[minute] += sum(observation.mu_used_by_client.values()) + sum(
+            mu for _, _, mu, _ in observation.refused_mu
+        )
+        slo_s = self.context.ttft_slo_seconds
+        met = sum(1 for ttft in observation.completed_ttft_s if ttft <= slo_s)
+        asked = (
+            observation.completed_requests
+            + observation.refused_requests
+            + observation.timed_out_requests
+        )
+        self._slo_ticks.append((now, met, asked))
+        while self._slo_ticks and self._slo_ticks[0][0] <= now - SLO_WINDOW_SECONDS:
+            self._slo_ticks.popleft()
+
+    def delivered_slo(self) -> tuple[float | None, int]:
+        """The share of the SLO window's requests within the TTFT SLO, and how many."""
+        met = sum(m for _, m, _ in self._slo_ticks)
+        asked = sum(a for _, _, a in self._slo_ticks)
+        return (met / asked if asked else None), asked
+
+    def refit(self, now: float) -> None:
+        """Fit the forecast again, once a FORECAST_REFIT_SECONDS, on the whole minutes so far."""
+        if self._fitted_at is not None and now - self._fitted_at < FORECAST_REFIT_SECONDS:
+            return
+        whole = int(now // 60)
+        first = min(self._demand_by_minute, default=whole)
+        if whole - first < MIN_HISTORY_MINUTES:
+            return
+        self._fitted_at = now
+        series = [self._demand_by_minute.get(m, 0.0) for m in range(first, whole)]
+        self.forecast = fit_forecast(series, end_s=whole * 60.0)
+
+    def forecast_figures(self, now: float) -> ForecastFigures:
+        """The forecast at this tick as the live snapshot reads it (its rise within the next
+        cold start and tick, from when the measured level stands for)."""
+        return figures(
+            self.forecast,
+            now,
+            horizon_seconds=self.context.cold_start_seconds + self.context.tick_seconds,
+            level_age_seconds=RECENT_WINDOW_SECONDS / 2,
+        )
+
+    def note_prediction(self, now: float, level: float, lift: float) -> None:
+        """The policy's demand for one cold start ahead (the level plus the forecast's rise),
+        scored against the minute it falls in once that minute is complete."""
+        whole = int(now // 60)
+        while self._predictions and self._predictions[0][0] < whole:
+            minute, predicted = self._predictions.popleft()
+            self.prediction_errors.append((predicted, self._demand_by_minute.get(minute, 0.0)))
+            self.prediction_error_minutes.append(minute)
+        ahead = int((now + self.context.cold_start_seconds) // 60)
+        self._predictions.append((ahead, level + lift))
 
     def customers(self, now: float) -> tuple[CustomerDemand, ...]:
         start = self.start_s if self.start_s is not None else now
@@ -207,13 +291,16 @@ class LiveDemand:
             ]
         )
 
-    def bursts(self, now: float) -> Bursts:
+    def _burst_bins(self, now: float) -> list[float]:
         start_s = int(now) - BURST_WINDOW_SECONDS
         bins = [0.0] * (BURST_WINDOW_SECONDS + 1)
         for second, mu in self._starts.items():
             if second >= start_s:
                 bins[second - start_s] += mu
-        return bursts(bins, self.context.ttft_slo_seconds)
+        return bins
+
+    def bursts(self, now: float) -> Bursts:
+        return bursts(self._burst_bins(now), self.context.ttft_slo_seconds)
 
     def snapshot(
         self,
@@ -222,6 +309,8 @@ class LiveDemand:
         recommendations: tuple[tuple[float, int], ...] = (),
         stabilisation_seconds: float = DEFAULT_STABILISATION_SECONDS,
         deployment_recommendations: Sequence[Recommendations] = (),
+        slo_correction: float = 1.0,
+        slo_gain: float = SLO_GAIN,
     ) -> Snapshot:
         """The live tick's snapshot of the simulated model at this observation: one
         deployment with the fleet's observed replicas (`recommendations` its recent ones), or
@@ -237,23 +326,46 @@ class LiveDemand:
         idle = None if self._last_use_s is None else now - self._last_use_s
         recent_bursts = self.bursts(now) if self.track_bursts else Bursts(0.0, 0.0)
         held = min(observation.pending_requests, observation.waiting_requests)
+        model = ModelSnapshot(
+            1,
+            "simulated",
+            self.customers(now),
+            deployments,
+            idle,
+            waiting_mu=(observation.waiting_requests - held) * context.mean_request_mu,
+            gateway_waiting_mu=held * context.mean_request_mu,
+            burst_mu_per_minute=recent_bursts.burst_mu_per_minute,
+            burst_window_busiest_minute_mu=recent_bursts.busiest_minute_mu,
+            demand_trend_mu_per_minute_per_second=self.trend(now),
+        )
+        if self.prediction:
+            model = self._with_prediction(model, now, slo_correction)
         return Snapshot(
-            models=(
-                ModelSnapshot(
-                    1,
-                    "simulated",
-                    self.customers(now),
-                    deployments,
-                    idle,
-                    waiting_mu=(observation.waiting_requests - held) * context.mean_request_mu,
-                    gateway_waiting_mu=held * context.mean_request_mu,
-                    burst_mu_per_minute=recent_bursts.burst_mu_per_minute,
-                    burst_window_busiest_minute_mu=recent_bursts.busiest_minute_mu,
-                    demand_trend_mu_per_minute_per_second=self.trend(now),
-                ),
-            ),
+            models=(model,),
             pools=pools,
-            settings=PolicySettings(stabilisation_window_seconds=stabilisation_seconds),
+            settings=PolicySettings(
+                stabilisation_window_seconds=stabilisation_seconds, slo_gain=slo_gain
+            ),
+        )
+
+    def _with_prediction(
+        self, model: ModelSnapshot, now: float, correction: float
+    ) -> ModelSnapshot:
+        """Rule 3c's inputs, as the live snapshot reads them."""
+        self.refit(now)
+        attainment, asked = self.delivered_slo()
+        seen = self.forecast_figures(now)
+        return replace(
+            model,
+            prediction_enabled=True,
+            history_seconds=now - (self.start_s if self.start_s is not None else now),
+            slo_target=SLO_TARGET,
+            delivered_slo_attainment=attainment,
+            delivered_requests=asked,
+            slo_correction_in_force=correction,
+            forecast_now_mu_per_minute=seen.at_level_mu_per_minute,
+            forecast_ahead_mu_per_minute=seen.ahead_mu_per_minute,
+            forecast_next_hour_peak_mu_per_minute=seen.next_hour_peak_mu_per_minute,
         )
 
     def _fleet_states(
@@ -335,10 +447,17 @@ class ModelUnitAutoscaler:
         context: PolicyContext,
         *,
         stabilisation_seconds: float = DEFAULT_STABILISATION_SECONDS,
+        prediction: bool = True,
+        slo_gain: float = SLO_GAIN,
     ) -> None:
         self.context = context
+        self.slo_gain = slo_gain
         self.stabilisation_seconds = float(stabilisation_seconds)
-        self.demand = LiveDemand(context)
+        # Rule 3c, on as a live model's is by default (ServedModel.prediction_enabled); its
+        # predictions are scored either way (`LiveDemand.prediction_errors`).
+        self.demand = self._live_demand(context, prediction)
+        # The SLO correction in force: the last decision's (capacity.allocation.slo).
+        self.slo_correction = 1.0
         self._recommendations: deque[tuple[float, int]] = deque()
         # A fleet of several deployments: each one's recommendations, and its latest target.
         self._deployment_recommendations: deque[tuple[float, tuple[int, ...]]] = deque()
@@ -349,6 +468,9 @@ class ModelUnitAutoscaler:
         # The policy's whole decision at the last tick, reasons included (what the demo's
         # history stores as the tick's AllocationDecision).
         self.last_decision: DeploymentDecision | None = None
+
+    def _live_demand(self, context: PolicyContext, prediction: bool) -> LiveDemand:
+        return LiveDemand(context, prediction=prediction, scored=True)
 
     def initial_replicas(self) -> int:
         return self.context.warm_replicas
@@ -374,13 +496,27 @@ class ModelUnitAutoscaler:
             observation,
             recommendations=tuple((now - t, r) for t, r in self._recommendations),
             stabilisation_seconds=window,
+            slo_correction=self.slo_correction,
+            slo_gain=self.slo_gain,
         )
-        decisions = decide(snapshot)
+        decisions = self._decide(snapshot, now)
         self.allowances = self.demand.rates(decisions)
         decision = decisions.deployments[0]
         self.last_decision = decision
         self._recommendations.append((now, decision.recommended_replicas))
         return decision.target_replicas
+
+    def _decide(self, snapshot: Snapshot, now: float) -> Decisions:
+        """`decide()`, keeping the SLO correction it reports for the next tick, and noting its
+        next-horizon demand for the forecast's accuracy."""
+        decisions = decide(snapshot)
+        outcome = decisions.models[0]
+        self.slo_correction = outcome.slo_correction
+        if self.demand.scored:
+            model = snapshot.models[0]
+            level = sum(c.recent_mu_per_minute + c.refused_mu_per_minute for c in model.customers)
+            self.demand.note_prediction(now, level, outcome.forecast_lift_mu_per_minute)
+        return decisions
 
     def _decide_deployments(self, fleet: DeploymentFleet, observation: Observation) -> int:
         """As `decide`, over every deployment of the fleet: the replicas of all of them."""
@@ -401,14 +537,58 @@ class ModelUnitAutoscaler:
                 tuple((now - t, counts[index]) for t, counts in recommended)
                 for index in range(len(fleet))
             ],
+            slo_correction=self.slo_correction,
+            slo_gain=self.slo_gain,
         )
-        decisions = decide(snapshot)
+        decisions = self._decide(snapshot, now)
         self.allowances = self.demand.rates(decisions)
         chosen = [decisions.for_deployment(index + 1) for index in range(len(fleet))]
         self.last_decision = chosen[0]
         recommended.append((now, tuple(d.recommended_replicas for d in chosen)))
         self._targets = tuple(d.target_replicas for d in chosen)
         return sum(self._targets)
+
+
+class ClairvoyantDemand(LiveDemand):
+    """LiveDemand whose forecast is exact for the next cold start: at each tick, the forecast
+    "now" is the measured level (so the policy's forecast lift is the exact rise) and the
+    forecast ahead the highest demand of the whole minutes [now, now + cold start + tick]
+    touches, the MU of the requests arriving in each (`context.future_requests`, which only
+    the oracles read). No forecast of the hour: the valley release stays off."""
+
+    def __init__(self, context: PolicyContext) -> None:
+        super().__init__(context, prediction=True)
+        arriving: dict[int, float] = defaultdict(float)
+        for request in context.future_requests:
+            arriving[int(request.arrival_s // 60)] += context.request_mu(request)
+        self._arriving = dict(arriving)
+
+    def refit(self, now: float) -> None:
+        """No fit: the forecast is the future itself."""
+
+    def forecast_figures(self, now: float) -> ForecastFigures:
+        whole = int(now // 60)
+        level = (
+            sum(
+                sum(self._minutes.get(m, {}).values()) + sum(self._refused.get(m, {}).values())
+                for m in range(whole - RECENT_MINUTES, whole)
+            )
+            / RECENT_MINUTES
+        )
+        horizon = self.context.cold_start_seconds + self.context.tick_seconds
+        ahead = max(
+            self._arriving.get(m, 0.0) for m in range(whole, int((now + horizon) // 60) + 1)
+        )
+        return ForecastFigures(level, ahead, None)
+
+
+class ClairvoyantModelUnitAutoscaler(ModelUnitAutoscaler):
+    """The live policy given the exact demand of the next cold start (`ClairvoyantDemand`),
+    prediction otherwise as the live policy's: the limit of what a forecast's lift can save.
+    Reads `context.future_requests`, as the oracle does."""
+
+    def _live_demand(self, context: PolicyContext, prediction: bool) -> LiveDemand:
+        return ClairvoyantDemand(context)
 
 
 class LiveAllowances:

@@ -6,8 +6,8 @@ are unapplied. Rows without a link stay without one, both ways."""
 import pytest
 from django.db import connection
 
-from tests.support.factories import GpuPoolFactory, ServedModelFactory
-from tests.support.migrations import migrate_to
+from tests.support.factories import GpuPoolFactory
+from tests.support.migrations import migrate_to, old_served_model
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.both_databases]
 
@@ -22,7 +22,7 @@ def _stored(apps):
     """Two suites, three deployments (two with a suite), two runs, three cost models (two
     from a run), written through the models of the schema before the move."""
     pool = GpuPoolFactory()
-    served_model = ServedModelFactory(reference_gpu_type=pool.gpu_type)
+    served_model = old_served_model(apps, pool.gpu_type_id)
     Suite = apps.get_model("benchmarking", "BenchmarkSuite")
     Deployment = apps.get_model("capacity", "Deployment")
     Run = apps.get_model("benchmarking", "BenchmarkRun")

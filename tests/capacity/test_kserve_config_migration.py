@@ -35,14 +35,15 @@ def _migrate(targets):
 
 
 def test_stored_kserve_configs_take_their_own_kind_and_the_change_is_audited():
-    from tests.support.factories import GpuPoolFactory, ServedModelFactory
+    from tests.support.factories import GpuPoolFactory
+    from tests.support.migrations import old_served_model
 
     old = _migrate(BEFORE)
     try:
         # Rows as the schema stood at 0021: today's model has columns later migrations add.
         OldDeployment = old.get_model("capacity", "Deployment")
         pool = GpuPoolFactory()
-        served_model = ServedModelFactory(reference_gpu_type=pool.gpu_type)
+        served_model = old_served_model(old, pool.gpu_type_id)
 
         def stored(name, config):
             return OldDeployment.objects.create(

@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 import pytest
 from django_celery_beat.models import CrontabSchedule, PeriodicTask
 
-from tests.support.factories import GpuPoolFactory, ServedModelFactory
-from tests.support.migrations import migrate_to
+from tests.support.factories import GpuPoolFactory
+from tests.support.migrations import migrate_to, old_served_model
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.both_databases]
 
@@ -19,7 +19,7 @@ def test_activated_versions_take_their_approver_from_the_audit_log(back_to_the_l
     CostModel = old.get_model("capacity", "CostModel")
     AuditEntry = old.get_model("controlplane", "AuditEntry")
     pool = GpuPoolFactory()
-    served_model = ServedModelFactory(reference_gpu_type=pool.gpu_type)
+    served_model = old_served_model(old, pool.gpu_type_id)
     when = datetime(2026, 11, 1, tzinfo=UTC)
 
     def version(number, status, activated_at):
@@ -56,7 +56,7 @@ def test_deployments_take_the_hour_their_nightly_row_ran_at(back_to_the_leaf):
     old = migrate_to([("capacity", "0025_cost_model_review")])
     Deployment = old.get_model("capacity", "Deployment")
     pool = GpuPoolFactory()
-    served_model = ServedModelFactory(reference_gpu_type=pool.gpu_type)
+    served_model = old_served_model(old, pool.gpu_type_id)
 
     def deployment(name):
         return Deployment.objects.create(

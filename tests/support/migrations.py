@@ -26,3 +26,16 @@ def back_to_the_leaf():
     """After the test, the schema every other test expects."""
     yield
     migrate_to_the_leaf()
+
+
+def old_served_model(apps, gpu_type_id: int, name: str = "llama-old"):
+    """A served model stored through `apps`' (an old state's) model: today's factory would
+    write columns that later migrations add (issue 36's `prediction_enabled` broke three tests
+    that did)."""
+    return apps.get_model("capacity", "ServedModel").objects.create(
+        name=name,
+        engine_model_id=f"org/{name}",
+        parameters_billions=8.0,
+        reference_gpu_type_id=gpu_type_id,
+        context_length_tokens=8192,
+    )

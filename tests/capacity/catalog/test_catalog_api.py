@@ -1,6 +1,7 @@
 import pytest
 
 from capacity.models import Deployment, GpuPool
+from core.models import AuditEntry
 
 pytestmark = pytest.mark.django_db
 
@@ -306,6 +307,33 @@ def test_a_headroom_patch_on_a_model_sets_it_and_a_bad_one_is_a_400(planner_clie
     assert "headroom" in response.json()["error"]["fields"]
     served_model.refresh_from_db()
     assert served_model.headroom == 0.25
+
+
+@pytest.mark.parametrize("client_name", ["planner_client", "catalog_service_client"])
+def test_prediction_is_switched_per_model_audited(request, client_name, served_model):
+    # The planners' switch of rule 3c (capacity.allocation.policy), by a planner's session and
+    # by a catalog:write key: stored, shown, and in the audit log with who changed it.
+    client = request.getfixturevalue(client_name)
+    url = f"/api/v1/models/{served_model.name}/"
+    assert client.get(url).json()["prediction_enabled"] is True
+    response = client.patch(url, {"prediction_enabled": False}, format="json")
+    assert response.status_code == 200, response.json()
+    assert response.json()["prediction_enabled"] is False
+    served_model.refresh_from_db()
+    assert served_model.prediction_enabled is False
+    entry = AuditEntry.objects.get(action="served_model.update", object_id=str(served_model.pk))
+    assert (entry.before, entry.after) == (
+        {"prediction_enabled": True},
+        {"prediction_enabled": False},
+    )
+    assert entry.actor.startswith("user:" if client_name == "planner_client" else "key:")
+
+    response = client.patch(url, {"prediction_enabled": "maybe"}, format="json")
+    assert response.status_code == 400
+    assert list(error_fields(response)) == ["prediction_enabled"]
+    served_model.refresh_from_db()
+    assert served_model.prediction_enabled is False
+    assert AuditEntry.objects.filter(action="served_model.update").count() == 1
 
 
 def test_an_engine_profile_is_set_through_the_api_and_shown_to_planners(planner_client, deployment):
