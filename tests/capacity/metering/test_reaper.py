@@ -66,7 +66,7 @@ def test_a_dead_workers_requests_are_closed_once_each_as_what_they_were(
 
     assert usage_reap(now_ms=later(30))["reaped"] == 0  # within the grace: its event may come
     result = usage_reap(now_ms=later(61))
-    assert result["reaped"] == 2
+    assert result["reaped"] == 2, result
 
     admitted = UsageEvent.objects.get(event_id="r-admitted")
     assert (admitted.outcome, admitted.admission_class, admitted.verification) == (
