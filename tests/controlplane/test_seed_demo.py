@@ -18,6 +18,7 @@ from capacity.models import (
     CapacitySample,
     CostModel,
     Deployment,
+    ModelPrediction,
     ServedModel,
     UsageMinute,
 )
@@ -71,6 +72,10 @@ def test_every_deployment_is_priced_a_week_is_simulated_and_last_month_invoiced(
     now = timezone.now()
     week_ago = now - timedelta(days=7)
     assert "History:" in seeded and "replayed through the fleet simulator" in seeded
+    # The week's demand fitted at once (prediction's forecast, drawn by the planner).
+    assert "Forecast: 1 model(s) fitted" in seeded
+    fitted = ModelPrediction.objects.get(served_model__name="llama-3.1-8b")
+    assert fitted.forecast["method"] == "holt-winters daily" and fitted.demand_since is not None
     usage = UsageMinute.objects.filter(served_model__name="llama-3.1-8b")
     # Up to now: the thinned replay's quiet hours may hold no request of one customer for
     # most of an hour (at night, UTC), so each customer's last minute is the one its last

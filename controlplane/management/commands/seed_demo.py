@@ -27,6 +27,7 @@ from billing.generation import invoice_generate, invoice_issue
 from billing.models import Invoice, RateCard
 from billing.rates import rate_card_create
 from capacity.actuation.config import actuator_config_problem
+from capacity.allocation.prediction import demand_forecast_fit
 from capacity.models import (
     ActuatorKind,
     CostModel,
@@ -366,6 +367,13 @@ class Command(BaseCommand):
                 f"{seeded.usage_minutes:,} usage minutes, {seeded.capacity_samples:,} capacity "
                 f"samples, {seeded.decisions:,} decisions ({seeded.scale_events} scale events)."
             )
+        # The demand forecast from that week at once (its schedule's first run is an hour
+        # after beat starts): the planner's allocation page draws it, and the tick predicts.
+        fitted = demand_forecast_fit()
+        self.stdout.write(
+            f"Forecast: {fitted['fitted']} model(s) fitted from their recorded demand, "
+            f"{fitted['too_little_history']} with too little history."
+        )
         acme = customers["acme"]
         period = first.date()
         if Invoice.objects.filter(customer=acme, period_start=period).exists():
