@@ -97,11 +97,14 @@ def demand_forecast_fit(*, now: datetime | None = None) -> dict[str, int]:
 
 
 def prediction_readings(
-    now: datetime, cold_start_seconds: dict[int, float], tick_seconds: float
+    now: datetime,
+    enabled: dict[int, bool],
+    cold_start_seconds: dict[int, float],
+    tick_seconds: float,
 ) -> dict[int, PredictionReading]:
-    """Per model, rule 3c's inputs at `now` (`cold_start_seconds`: each model's quickest
-    deployment's, the forecast's horizon with the tick)."""
-    enabled = dict(ServedModel.objects.values_list("pk", "prediction_enabled"))
+    """Per model of `enabled` (its planners' switch, as the snapshot read the model), rule
+    3c's inputs at `now` (`cold_start_seconds`: each model's quickest deployment's, the
+    forecast's horizon with the tick)."""
     stored = {
         row.served_model_id: row
         for row in ModelPrediction.objects.only(

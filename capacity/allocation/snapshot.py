@@ -210,6 +210,10 @@ def build_snapshot(*, now: datetime, window_seconds: float | None = None):
     predictions = prediction_readings(
         now,
         {
+            model_id: model_deployments[0].served_model.prediction_enabled
+            for model_id, model_deployments in by_model.items()
+        },
+        {
             model_id: min((d.cold_start_seconds for d in model_deployments), default=0.0)
             for model_id, model_deployments in by_model.items()
         },
